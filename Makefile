@@ -1,0 +1,88 @@
+# PXQ - one binary `pxq`, a static library of the engine, tests, fuzzers, and the CUDA backend
+# when nvcc is present.  `make`, `make test`, `make test-cuda`, `make bench`, `make fuzz`, `make clean`.
+
+CC      ?= cc
+BUILD   ?= build
+OPT     ?= -O2 -march=native
+SAN     ?=
+PKGS    := libpcre2-8 libcjson libutf8proc
+CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -pthread -Isrc \
+           $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(SAN) -MMD -MP
+LDLIBS  += $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -lcjson -lutf8proc) \
+           -lmicrohttpd -lm -pthread
+
+LIB_SRC := $(wildcard src/*.c)
+CLI_SRC := $(wildcard src/cli/*.c)
+TEST_SRC := $(wildcard tests/test_*.c)
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
+TESTS   := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+
+# CUDA backend: built when nvcc is found (CUDA_ARCH=70 for a V100 build with a CUDA 12 toolchain).
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CU_SRC  := $(wildcard src/cuda/*.cu)
+ifneq ($(NVCC),)
+ifneq ($(CU_SRC),)
+CUDA_ARCH ?= 75 80 86 89 90
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+NVFLAGS := -O3 -std=c++17 -Isrc -lineinfo $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a))
+CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.o)
+CFLAGS  += -DPXQ_CUDA
+LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++ -Wl,-rpath,$(CUDA_HOME)/lib64
+endif
+endif
+
+all: $(BUILD)/pxq
+	@echo "built $(BUILD)/pxq$(if $(CU_OBJ), with the CUDA backend (sm_$(CUDA_ARCH)), (CPU only: no nvcc))"
+
+$(BUILD)/libpxq.a: $(LIB_OBJ) $(CU_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/pxq: $(CLI_OBJ) $(BUILD)/libpxq.a
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libpxq.a $(LDLIBS)
+	@ln -sf $(BUILD)/pxq pxq 2>/dev/null || true
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -MMD -MP -c -o $@ $<
+
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libpxq.a tests/testutil.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libpxq.a $(LDLIBS)
+
+tests: $(TESTS) $(BUILD)/pxq
+
+# The whole CPU suite: unit tests, model tests against the HF reference, the CLI and bad-input tests.
+test: tests
+	@BUILD=$(BUILD) tests/run_tests.sh
+
+# Bad-input tests under AddressSanitizer + UBSan, in their own build directory.
+test-asan:
+	$(MAKE) BUILD=build-asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" tests
+	BUILD=build-asan ASAN_OPTIONS=detect_leaks=1 tests/bad_input.sh
+
+test-cuda: tests
+	@BUILD=$(BUILD) PXQ_TEST_CUDA=1 tests/run_tests.sh cuda
+
+bench: $(BUILD)/pxq
+	$(BUILD)/pxq bench
+
+FUZZ_TARGETS := $(patsubst fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard fuzz/fuzz_*.c))
+fuzz:
+	$(MAKE) BUILD=build-fuzz CC=clang OPT=-O1 SAN="-fsanitize=fuzzer-no-link,address,undefined" build-fuzz/libpxq.a
+	@mkdir -p build-fuzz/fuzz
+	@for f in fuzz/fuzz_*.c; do n=$$(basename $$f .c); \
+	  echo "clang $$f"; clang -std=c11 -g -O1 -D_GNU_SOURCE -Isrc -fsanitize=fuzzer,address,undefined \
+	  $$(pkg-config --cflags $(PKGS)) -o build-fuzz/fuzz/$$n $$f build-fuzz/libpxq.a $(LDLIBS) || exit 1; done
+	@echo "fuzzers in build-fuzz/fuzz; run e.g. build-fuzz/fuzz/fuzz_gguf -max_total_time=180 fuzz/corpus/gguf"
+
+clean:
+	rm -rf build build-asan build-fuzz pxq
+
+.PHONY: all tests test test-asan test-cuda bench fuzz clean
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(CU_OBJ:.o=.d)

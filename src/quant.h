@@ -1,0 +1,41 @@
+/* quant.h - GGUF block types: sizes, dequantization, quantization, dot products.
+ *
+ * Block layouts follow the GGUF spec / ggml `ggml-common.h` exactly (little-endian):
+ *   Q8_0: { f16 d; int8 qs[32]; }                       34 B / 32 weights,  w = d*q
+ *   Q4_0: { f16 d; uint8 qs[16]; }                      18 B / 32 weights,  w = d*(nibble-8);
+ *         element j<16 is the low nibble of qs[j], element j+16 the high nibble of qs[j]
+ *   Q4_1: { f16 d; f16 m; uint8 qs[16]; }               20 B / 32 weights,  w = d*nibble + m
+ *   Q4_K: { f16 d; f16 dmin; uint8 scales[12]; uint8 qs[128]; }          144 B / 256 weights
+ *   Q5_K: { f16 d; f16 dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128]; } 176 B / 256
+ *   Q6_K: { uint8 ql[128]; uint8 qh[64]; int8 scales[16]; f16 d; }       210 B / 256 weights
+ *   F32, F16, BF16: plain arrays (block of 1).
+ */
+#ifndef PXQ_QUANT_H
+#define PXQ_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "tensor.h"
+
+/* Elements per block (32 or 256 for quantized types, 1 for float types); 0 for an unknown type. */
+int64_t type_block_elems(enum pxq_type t);
+/* Bytes per block; 0 for an unknown type. */
+size_t type_block_bytes(enum pxq_type t);
+/* "f32", "q4_0", "q4_K", ... ("?" for unknown). Names as llama.cpp prints them. */
+const char *type_name(enum pxq_type t);
+/* 1 if PXQ can compute with this type. */
+int type_supported(enum pxq_type t);
+/* Bytes of n elements of type t, or 0 if n is not a multiple of the block size or t is unknown. */
+size_t type_row_bytes(enum pxq_type t, int64_t n);
+
+/* Dequantize n elements (n a multiple of the block size) from src into dst[n] float32. */
+void dequantize_row(enum pxq_type t, const void *src, float *dst, int64_t n);
+
+/* Quantize n float32 values into dst (row of type t). Supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1
+ * (round to nearest, scales as llama.cpp's reference quantizers). Returns 0, or -1 for other types. */
+int quantize_row(enum pxq_type t, const float *src, void *dst, int64_t n);
+
+/* Dot product of one weight row (type t, n elements) with float32 x[n], float32 accumulation. */
+float dot_row_f32(enum pxq_type t, const void *row, const float *x, int64_t n);
+
+#endif

@@ -1,0 +1,201 @@
+/* util.c - see util.h. */
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+void die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("pxq: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(1);
+}
+
+int set_err(char *err, size_t errlen, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) die("out of memory allocating %zu bytes", n);
+    return p;
+}
+
+void *xcalloc(size_t n, size_t sz) {
+    void *p = calloc(n ? n : 1, sz ? sz : 1);
+    if (!p) die("out of memory allocating %zu x %zu bytes", n, sz);
+    return p;
+}
+
+void *xrealloc(void *p, size_t n) {
+    p = realloc(p, n ? n : 1);
+    if (!p) die("out of memory reallocating %zu bytes", n);
+    return p;
+}
+
+char *xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    return memcpy(xmalloc(n), s, n);
+}
+
+int mmap_file(struct pxq_mmap *m, const char *path, char *err, size_t errlen) {
+    m->addr = NULL;
+    m->size = 0;
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return set_err(err, errlen, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return set_err(err, errlen, "%s: not a regular file", path);
+    }
+    m->size = (size_t)st.st_size;
+    if (m->size > 0) {
+        m->addr = mmap(NULL, m->size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (m->addr == MAP_FAILED) {
+            m->addr = NULL;
+            close(fd);
+            return set_err(err, errlen, "%s: mmap: %s", path, strerror(errno));
+        }
+    }
+    close(fd);
+    return 0;
+}
+
+void mmap_close(struct pxq_mmap *m) {
+    if (m->addr) munmap(m->addr, m->size);
+    m->addr = NULL;
+    m->size = 0;
+}
+
+char *read_file(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        set_err(err, errlen, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = xmalloc(cap + 1);
+    for (;;) {
+        if (n == cap) {
+            if (cap >= max_bytes) {
+                fclose(f);
+                free(buf);
+                set_err(err, errlen, "%s: larger than %zu bytes", path, max_bytes);
+                return NULL;
+            }
+            cap = cap * 2 > max_bytes ? max_bytes : cap * 2;
+            buf = xrealloc(buf, cap + 1);
+        }
+        size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (r == 0) break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        set_err(err, errlen, "%s: read error", path);
+        return NULL;
+    }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+int path_join(char *out, size_t cap, const char *dir, const char *name) {
+    int n = snprintf(out, cap, "%s/%s", dir, name);
+    return (n < 0 || (size_t)n >= cap) ? -1 : 0;
+}
+
+int is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+float fp16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff, u;
+    if (exp == 0) {
+        if (mant == 0) {
+            u = sign;
+        } else { /* subnormal: normalise */
+            exp = 127 - 15 + 1;
+            while (!(mant & 0x400)) {
+                mant <<= 1;
+                exp--;
+            }
+            u = sign | (exp << 23) | ((mant & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (mant << 13);
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t f32_to_fp16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000;
+    int32_t exp = (int32_t)((u >> 23) & 0xff);
+    uint32_t mant = u & 0x7fffff;
+    if (exp == 255) return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0));
+    exp = exp - 127 + 15;
+    if (exp >= 31) return (uint16_t)(sign | 0x7c00);
+    if (exp <= 0) {
+        if (exp < -10) return (uint16_t)sign;
+        mant |= 0x800000;
+        uint32_t shift = (uint32_t)(14 - exp);
+        uint32_t half = mant >> shift;
+        uint32_t rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (half & 1))) half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t h = sign | ((uint32_t)exp << 10) | (mant >> 13);
+    uint32_t rem = mant & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++; /* may carry into the exponent: correct */
+    return (uint16_t)h;
+}
+
+uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+double now_sec(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int n_cpus(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
