@@ -21,15 +21,30 @@ enum gguf_vtype {
 
 struct gguf_file;
 
+/* Map and parse `path`; NULL with a one-line message in err on any failure. */
 struct gguf_file *gguf_open(const char *path, char *err, size_t errlen);
+/* Parse a GGUF image already in memory (gguf_open uses it on its map; the fuzzer calls it).
+ * buf must outlive the returned file; name is used in messages. */
+struct gguf_file *gguf_open_buffer(const void *buf, size_t len, const char *name, char *err, size_t errlen);
 void gguf_close(struct gguf_file *g);
+
+/* Header facts for `pxq info`: version (2 or 3), general.alignment (default 32), and the byte
+ * offset of the data section in the file. */
+uint32_t gguf_version(const struct gguf_file *g);
+uint32_t gguf_alignment(const struct gguf_file *g);
+size_t   gguf_data_offset(const struct gguf_file *g);
+/* "uint8", "int32", "float32", "bool", "string", "array", ... ("?" for an unknown type). */
+const char *gguf_vtype_name(enum gguf_vtype t);
 
 /* Metadata. Keys are looked up by exact name. */
 int         gguf_n_kv(const struct gguf_file *g);
 const char *gguf_kv_key(const struct gguf_file *g, int i);
 enum gguf_vtype gguf_kv_type(const struct gguf_file *g, int i);
 int         gguf_find_key(const struct gguf_file *g, const char *key); /* index or -1 */
-/* Format value i for display into buf[cap] (arrays: type and length plus the first few items). */
+/* Format value i for display into buf[cap], always NUL-terminated, "..." where cut short.
+ * Scalars: 42, -1, 1e-06, true; strings quoted with control bytes escaped: "qwen3";
+ * arrays: element type and length, then the first 8 items (strings cut at 64 bytes):
+ *   [string x 8192] "!", "\"", "#", ...       nested arrays show only [array x N]. */
 void        gguf_kv_to_string(const struct gguf_file *g, int i, char *buf, size_t cap);
 
 /* Typed getters: 0 on success; -1 if the key is absent or its type does not convert.
@@ -42,7 +57,10 @@ int gguf_get_f32(const struct gguf_file *g, const char *key, float *out);
 int gguf_get_bool(const struct gguf_file *g, const char *key, int *out);
 const char *gguf_get_str(const struct gguf_file *g, const char *key);
 
-/* Arrays: gguf_arr_len returns the length, or -1 if the key is absent or not an array. */
+/* Arrays: gguf_arr_len returns the length, or -1 if the key is absent or not an array.
+ * gguf_arr_type returns the element type, or (enum gguf_vtype)-1 if absent or not an array.
+ * Arrays of arrays are validated at open but their elements are not accessible: the element
+ * getters below return NULL / -1 for them. */
 int64_t         gguf_arr_len(const struct gguf_file *g, const char *key);
 enum gguf_vtype gguf_arr_type(const struct gguf_file *g, const char *key);
 /* Element i of a string array: pointer to its bytes (NOT NUL-terminated) and *len; NULL on error. */
@@ -51,7 +69,11 @@ const char *gguf_arr_str(const struct gguf_file *g, const char *key, int64_t i, 
 int gguf_arr_i64(const struct gguf_file *g, const char *key, int64_t i, int64_t *out);
 int gguf_arr_f32(const struct gguf_file *g, const char *key, int64_t i, float *out);
 
-/* Tensors. Data pointers point into the mmap and stay valid until gguf_close. */
+/* Tensors. Data pointers point into the mmap and stay valid until gguf_close. They are aligned
+ * to general.alignment relative to the file start (so to min(alignment, page size) in memory);
+ * a file may set alignment 1, so readers of f16/bf16/f32 data must tolerate unaligned rows
+ * (quant.c reads through memcpy / byte loads). Types are any known ggml type (type_block_bytes
+ * != 0); check type_supported before computing with a tensor. */
 int gguf_n_tensors(const struct gguf_file *g);
 const struct pxq_tensor *gguf_tensor(const struct gguf_file *g, int i);
 const struct pxq_tensor *gguf_find_tensor(const struct gguf_file *g, const char *name);

@@ -5,10 +5,18 @@
  *   Q4_0: { f16 d; uint8 qs[16]; }                      18 B / 32 weights,  w = d*(nibble-8);
  *         element j<16 is the low nibble of qs[j], element j+16 the high nibble of qs[j]
  *   Q4_1: { f16 d; f16 m; uint8 qs[16]; }               20 B / 32 weights,  w = d*nibble + m
+ *   Q5_0: { f16 d; uint8 qh[4]; uint8 qs[16]; }         22 B / 32 weights,  w = d*(q-16), q = nibble
+ *         | bit j of qh (LE u32) << 4; used by llama.cpp's Q4_K_M for rows not a multiple of 256
+ *   Q5_1: { f16 d; f16 m; uint8 qh[4]; uint8 qs[16]; }  24 B / 32 weights,  w = d*q + m
  *   Q4_K: { f16 d; f16 dmin; uint8 scales[12]; uint8 qs[128]; }          144 B / 256 weights
  *   Q5_K: { f16 d; f16 dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128]; } 176 B / 256
  *   Q6_K: { uint8 ql[128]; uint8 qh[64]; int8 scales[16]; f16 d; }       210 B / 256 weights
  *   F32, F16, BF16: plain arrays (block of 1).
+ * Supported for compute (type_supported): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
+ * Q6_K. Every other ggml type number below PXQ_TYPE_COUNT is known by name and size only.
+ *
+ * Rows may be unaligned (safetensors data starts at 8 + header length, GGUF alignment may be 1):
+ * every function here reads blocks byte-wise / through memcpy, so any address is fine.
  */
 #ifndef PXQ_QUANT_H
 #define PXQ_QUANT_H
@@ -28,14 +36,18 @@ int type_supported(enum pxq_type t);
 /* Bytes of n elements of type t, or 0 if n is not a multiple of the block size or t is unknown. */
 size_t type_row_bytes(enum pxq_type t, int64_t n);
 
-/* Dequantize n elements (n a multiple of the block size) from src into dst[n] float32. */
+/* Dequantize n elements (n a multiple of the block size) from src into dst[n] float32. Formulas are
+ * ggml's dequantize_row_* (ggml-quants.c). An unsupported type or a bad n is a programmer error
+ * (die): loaders reject such tensors first. */
 void dequantize_row(enum pxq_type t, const void *src, float *dst, int64_t n);
 
 /* Quantize n float32 values into dst (row of type t). Supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1
  * (round to nearest, scales as llama.cpp's reference quantizers). Returns 0, or -1 for other types. */
 int quantize_row(enum pxq_type t, const float *src, void *dst, int64_t n);
 
-/* Dot product of one weight row (type t, n elements) with float32 x[n], float32 accumulation. */
+/* Dot product of one weight row (type t, n elements, n a multiple of the block size) with float32
+ * x[n], float32 accumulation; equals dequantize_row + a float dot up to summation order (tests:
+ * relative 1e-5 of sum |w*x|). Thread-safe, no allocation. Unsupported type: die, as above. */
 float dot_row_f32(enum pxq_type t, const void *row, const float *x, int64_t n);
 
 #endif

@@ -6,6 +6,12 @@
  * end - begin, offsets inside the file. Shapes are reversed into ggml order (ne[0] innermost).
  * Tensor names stay HF names ("model.layers.0.self_attn.q_proj.weight").
  * Supported dtypes: F32, F16, BF16; other dtypes are rejected at open, naming the tensor.
+ * Header length is capped at 100 MB; a tensor name appearing twice (in one file or across shards)
+ * is an error. A scalar (shape []) becomes n_dims 1, ne[0] 1; a zero dim gives a 0-byte tensor.
+ *
+ * Alignment: data pointers are map + 8 + N + begin, so they are NOT necessarily aligned (N and
+ * begin are arbitrary). Consumers must read F32/F16/BF16 elements with memcpy or byte loads (as
+ * quant.c's dequantize_row / dot_row_f32 do), or copy the tensor to aligned memory first.
  */
 #ifndef PXQ_SAFETENSORS_H
 #define PXQ_SAFETENSORS_H

@@ -15,6 +15,8 @@ enum pxq_type {
     PXQ_TYPE_F16  = 1,
     PXQ_TYPE_Q4_0 = 2,
     PXQ_TYPE_Q4_1 = 3,
+    PXQ_TYPE_Q5_0 = 6,  /* used by llama.cpp Q4_K_M files for rows not a multiple of 256 */
+    PXQ_TYPE_Q5_1 = 7,
     PXQ_TYPE_Q8_0 = 8,
     PXQ_TYPE_Q4_K = 12,
     PXQ_TYPE_Q5_K = 13,
