@@ -1,0 +1,125 @@
+/* args.c - see args.h. */
+#include "args.h"
+
+#include <errno.h>
+#include <libgen.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "util.h"
+
+void fail(const struct args *a, int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "pxq %s: ", a ? a->cmd : "");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(status);
+}
+
+const char *arg_str(struct args *a) {
+    if (a->i + 1 >= a->argc) fail(a, 2, "%s needs a value", a->argv[a->i]);
+    return a->argv[++a->i];
+}
+
+long arg_int(struct args *a, long lo, long hi) {
+    const char *flag = a->argv[a->i], *s = arg_str(a);
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) fail(a, 2, "%s expects an integer in [%ld, %ld], got '%s'", flag, lo, hi, s);
+    return v;
+}
+
+double arg_num(struct args *a, double lo, double hi) {
+    const char *flag = a->argv[a->i], *s = arg_str(a);
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi) fail(a, 2, "%s expects a number in [%g, %g], got '%s'", flag, lo, hi, s);
+    return v;
+}
+
+int parse_size(const char *s, size_t *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !isfinite(v) || v < 0) return -1;
+    static const struct { const char *suf; double mul; } u[] = {
+        {"", 1},          {"B", 1},           {"K", 1024},      {"KiB", 1024},     {"KB", 1e3},
+        {"M", 1048576.0}, {"MiB", 1048576.0}, {"MB", 1e6},      {"G", 1073741824.0}, {"GiB", 1073741824.0},
+        {"GB", 1e9},      {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12},
+    };
+    for (size_t i = 0; i < sizeof u / sizeof u[0]; i++)
+        if (strcmp(end, u[i].suf) == 0) {
+            double b = v * u[i].mul;
+            if (b > 1e15) return -1;
+            *out = (size_t)b;
+            return 0;
+        }
+    return -1;
+}
+
+void common_init(struct common_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->ep = pxq_engine_default_params();
+}
+
+const char *common_help(void) {
+    return "  -m, --model PATH      GGUF file or HF model directory (default: the bundled tiny model)\n"
+           "  -t, --threads N       CPU threads (default: all cores)\n"
+           "  -c, --ctx-size N      context length per sequence (default: model's, at most 4096)\n"
+           "  -b, --batch-size N    tokens per forward step (default 512)\n"
+           "  --device cpu|cuda     backend (default cpu)\n"
+           "  --gpu-mem SIZE        CUDA memory arena, e.g. 16GiB\n";
+}
+
+int common_parse(struct args *a, struct common_opts *o) {
+    const char *f = a->argv[a->i];
+    if (!strcmp(f, "-m") || !strcmp(f, "--model")) o->model = arg_str(a);
+    else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) o->ep.n_threads = (int)arg_int(a, 1, 1024);
+    else if (!strcmp(f, "-c") || !strcmp(f, "--ctx-size") || !strcmp(f, "--max-model-len")) o->ep.n_ctx = (int)arg_int(a, 2, 1 << 22);
+    else if (!strcmp(f, "-b") || !strcmp(f, "--batch-size")) o->ep.n_batch = (int)arg_int(a, 1, 1 << 16);
+    else if (!strcmp(f, "--device")) {
+        const char *d = arg_str(a);
+        if (!strcmp(d, "cpu")) o->ep.device = PXQ_DEVICE_CPU;
+        else if (!strcmp(d, "cuda")) o->ep.device = PXQ_DEVICE_CUDA;
+        else fail(a, 2, "--device expects cpu or cuda, got '%s'", d);
+    } else if (!strcmp(f, "--gpu-mem")) {
+        const char *s = arg_str(a);
+        if (parse_size(s, &o->ep.gpu_mem) != 0) fail(a, 2, "--gpu-mem expects a size like 16GiB, got '%s'", s);
+    } else
+        return 0;
+    return 1;
+}
+
+const char *default_model_path(void) {
+    static char path[4096];
+    const char *env = getenv("PXQ_MODEL");
+    if (env && *env) return env;
+    const char *rel = "models/tiny-qwen3-Q4_K_M.gguf";
+    char exe[2048];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *dir = dirname(exe);
+        snprintf(path, sizeof path, "%s/%s", dir, rel);
+        if (file_exists(path)) return path;
+        snprintf(path, sizeof path, "%s/../%s", dir, rel);
+        if (file_exists(path)) return path;
+    }
+    return rel;
+}
+
+struct pxq_model *open_model_or_fail(const struct args *a, const char *path) {
+    char err[512] = "";
+    if (!path) path = default_model_path();
+    struct pxq_model *m = model_open(path, err, sizeof err);
+    if (!m) fail(a, 1, "%s", err);
+    return m;
+}

@@ -1,0 +1,46 @@
+/* args.h - command-line parsing shared by the subcommands: typed flag values with clear errors,
+ * the engine flags every subcommand takes, and the bundled default model. */
+#ifndef PXQ_ARGS_H
+#define PXQ_ARGS_H
+
+#include <stddef.h>
+
+#include "engine.h"
+
+struct args {
+    int argc;
+    char **argv;
+    int i;            /* index of the current flag */
+    const char *cmd;  /* subcommand name, for messages */
+};
+
+/* The value following flag argv[i] (advances i); exits with "pxq CMD: FLAG needs a value". */
+const char *arg_str(struct args *a);
+/* Parsed values; exit with a message naming the flag, the value and the accepted range. */
+long   arg_int(struct args *a, long lo, long hi);
+double arg_num(struct args *a, double lo, double hi);
+
+/* Exit with "pxq CMD: ..." (status 1 for run-time errors, 2 for usage errors). */
+void fail(const struct args *a, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Engine flags common to run/perplexity/bench/serve: -m, -t, -c, -b, --device, --gpu-mem.
+ * Returns 1 if argv[i] was one of them (consumed), 0 otherwise. */
+struct common_opts {
+    const char *model;
+    struct pxq_engine_params ep;
+};
+void common_init(struct common_opts *o);
+int  common_parse(struct args *a, struct common_opts *o);
+const char *common_help(void);
+
+/* The model to use when -m is absent: $PXQ_MODEL, else models/tiny-qwen3-Q4_K_M.gguf beside the
+ * binary's directory or its parent, else relative to the working directory. */
+const char *default_model_path(void);
+
+/* Open the model (or exit 1 with the loader's message). */
+struct pxq_model *open_model_or_fail(const struct args *a, const char *path);
+
+/* Parse sizes like "16GiB", "512MiB", "24GB", "1e9". Returns 0 or -1. */
+int parse_size(const char *s, size_t *out);
+
+#endif

@@ -1,0 +1,40 @@
+/* main.c - the `pxq` binary: dispatch to subcommands. */
+#include <stdio.h>
+#include <string.h>
+
+int cmd_run(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} cmds[] = {
+    {"run", cmd_run, "generate text from a prompt"},
+    {"perplexity", cmd_perplexity, "perplexity of a model on a text file"},
+    {"info", cmd_info, "architecture, hyperparameters and tensor types of a model"},
+    {"tokenize", cmd_tokenize, "tokenize text to ids (JSON array)"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: pxq COMMAND [options]   (pxq COMMAND --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) fprintf(f, "  %-12s %s\n", cmds[i].name, cmds[i].help);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "pxq: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

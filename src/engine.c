@@ -1,0 +1,219 @@
+/* engine.c - the public API (engine.h): sequences, batch validation, splitting into ubatches,
+ * KV block reservation, and the output buffer. The math is in forward_cpu.c. */
+#include "engine_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "ops_cpu.h"
+#include "util.h"
+
+struct pxq_engine_params pxq_engine_default_params(void) {
+    struct pxq_engine_params p = {0};
+    p.n_seq_max = 1;
+    p.n_batch = 512;
+    p.kv_block_size = 16;
+    p.device = PXQ_DEVICE_CPU;
+    return p;
+}
+
+static float *vec_f32(const struct pxq_tensor *t) {
+    if (!t) return NULL;
+    float *v = xmalloc((size_t)tensor_nelements(t) * sizeof(float));
+    tensor_row_f32(v, t, 0);
+    return v;
+}
+
+struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_params *p, char *err, size_t errlen) {
+    struct pxq_engine *e = xcalloc(1, sizeof *e);
+    e->m = m;
+    e->hp = model_hparams(m);
+    e->p = p ? *p : pxq_engine_default_params();
+    const struct pxq_hparams *hp = e->hp;
+    if (e->p.n_ctx <= 0) e->p.n_ctx = hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
+    if (e->p.n_seq_max <= 0) e->p.n_seq_max = 1;
+    if (e->p.n_batch <= 0) e->p.n_batch = 512;
+    if (e->p.kv_block_size <= 0) e->p.kv_block_size = 16;
+    if (e->p.n_threads <= 0) e->p.n_threads = n_cpus();
+    if (e->p.device != PXQ_DEVICE_CPU) {
+        set_err(err, errlen, "this build has no CUDA backend (use --device cpu)");
+        free(e);
+        return NULL;
+    }
+    int blocks_per_seq = (e->p.n_ctx + e->p.kv_block_size - 1) / e->p.kv_block_size;
+    if (e->p.kv_blocks <= 0) e->p.kv_blocks = blocks_per_seq * e->p.n_seq_max;
+    int n_kv = 0;
+    for (int il = 0; il < hp->n_layer; il++) e->kv_layer[il] = hp->layer_kind[il] == LAYER_ATTN ? n_kv++ : -1;
+    if (kv_cache_init(&e->kv, n_kv, hp->n_head_kv, hp->head_dim, e->p.kv_block_size, e->p.kv_blocks, err, errlen) != 0) {
+        free(e);
+        return NULL;
+    }
+    e->tp = threadpool_new(e->p.n_threads);
+    e->seqs = xcalloc((size_t)e->p.n_seq_max, sizeof *e->seqs);
+    e->lw = xcalloc((size_t)hp->n_layer, sizeof *e->lw);
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct pxq_layer *L = model_layer(m, il);
+        struct layer_f32 *w = &e->lw[il];
+        w->attn_norm = vec_f32(L->attn_norm);
+        w->ffn_norm = vec_f32(L->ffn_norm);
+        w->q_norm = vec_f32(L->attn_q_norm);
+        w->k_norm = vec_f32(L->attn_k_norm);
+        w->bq = vec_f32(L->attn_q_b);
+        w->bk = vec_f32(L->attn_k_b);
+        w->bv = vec_f32(L->attn_v_b);
+    }
+    e->output_norm = vec_f32(model_output_norm(m));
+    e->inv_freq = xmalloc((size_t)(hp->n_rot / 2 + 1) * sizeof(float));
+    rope_inv_freq(e->inv_freq, hp->n_rot, hp->rope_theta);
+    size_t nb = (size_t)e->p.n_batch;
+    size_t q_dim = (size_t)hp->n_head * hp->head_dim * (hp->attn_output_gate ? 2 : 1);
+    size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    size_t ff = (size_t)(hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp);
+    size_t wide = (size_t)hp->n_embd > q_dim ? (size_t)hp->n_embd : q_dim;
+    e->x = xmalloc(nb * hp->n_embd * sizeof(float));
+    e->xb = xmalloc(nb * wide * sizeof(float));
+    e->xb2 = xmalloc(nb * wide * sizeof(float));
+    e->q = xmalloc(nb * q_dim * sizeof(float));
+    e->k = xmalloc(nb * kv_dim * sizeof(float));
+    e->v = xmalloc(nb * kv_dim * sizeof(float));
+    e->att = xmalloc(nb * q_dim * sizeof(float));
+    e->hb = xmalloc(nb * ff * sizeof(float));
+    e->hb2 = xmalloc(nb * ff * sizeof(float));
+    e->router = xmalloc(nb * (size_t)(hp->n_expert + 1) * sizeof(float));
+    return e;
+}
+
+void pxq_engine_free(struct pxq_engine *e) {
+    if (!e) return;
+    for (int s = 0; s < e->p.n_seq_max; s++) {
+        free(e->seqs[s].kv.blocks);
+        free(e->seqs[s].rstate);
+    }
+    for (int il = 0; il < e->hp->n_layer; il++) {
+        struct layer_f32 *w = &e->lw[il];
+        free(w->attn_norm), free(w->ffn_norm), free(w->q_norm), free(w->k_norm), free(w->bq), free(w->bk), free(w->bv);
+    }
+    free(e->lw);
+    free(e->seqs);
+    free(e->output_norm);
+    free(e->inv_freq);
+    free(e->x), free(e->xb), free(e->xb2), free(e->q), free(e->k), free(e->v), free(e->att);
+    free(e->hb), free(e->hb2), free(e->router), free(e->logits);
+    kv_cache_free(&e->kv);
+    threadpool_free(e->tp);
+    free(e);
+}
+
+struct pxq_model *pxq_engine_model(struct pxq_engine *e) { return e->m; }
+const struct pxq_engine_params *pxq_engine_params(const struct pxq_engine *e) { return &e->p; }
+
+int pxq_seq_new(struct pxq_engine *e) {
+    for (int s = 0; s < e->p.n_seq_max; s++)
+        if (!e->seqs[s].in_use) {
+            e->seqs[s].in_use = 1;
+            e->seqs[s].n_pos = 0;
+            return s;
+        }
+    return -1;
+}
+
+void pxq_seq_free(struct pxq_engine *e, int seq) {
+    if (seq < 0 || seq >= e->p.n_seq_max || !e->seqs[seq].in_use) return;
+    kv_seq_shrink(&e->kv, &e->seqs[seq].kv, 0);
+    free(e->seqs[seq].rstate);
+    e->seqs[seq].rstate = NULL;
+    e->seqs[seq].in_use = 0;
+    e->seqs[seq].n_pos = 0;
+}
+
+int pxq_seq_len(const struct pxq_engine *e, int seq) {
+    if (seq < 0 || seq >= e->p.n_seq_max || !e->seqs[seq].in_use) return -1;
+    return e->seqs[seq].n_pos;
+}
+
+int pxq_seq_truncate(struct pxq_engine *e, int seq, int n_pos) {
+    if (seq < 0 || seq >= e->p.n_seq_max || !e->seqs[seq].in_use) return -1;
+    struct pxq_seq *s = &e->seqs[seq];
+    if (n_pos < 0 || n_pos > s->n_pos) return -1;
+    if (s->rstate && n_pos != s->n_pos && n_pos != 0) return -1; /* recurrent state cannot rewind */
+    if (n_pos == 0 && s->rstate) { /* recreated, zeroed, by the next forward */
+        free(s->rstate);
+        s->rstate = NULL;
+    }
+    s->n_pos = n_pos;
+    kv_seq_shrink(&e->kv, &s->kv, n_pos);
+    return 0;
+}
+
+int pxq_kv_blocks_total(const struct pxq_engine *e) { return e->kv.n_blocks; }
+int pxq_kv_blocks_free(const struct pxq_engine *e) { return e->kv.n_free; }
+int pxq_kv_block_size(const struct pxq_engine *e) { return e->kv.block_size; }
+int pxq_kv_blocks_needed(const struct pxq_engine *e, int seq, int n_pos) {
+    if (seq < 0 || seq >= e->p.n_seq_max) return -1;
+    return kv_seq_blocks_needed(&e->kv, &e->seqs[seq].kv, n_pos);
+}
+
+int pxq_n_outputs(const struct pxq_engine *e) { return e->n_outputs; }
+const float *pxq_logits(const struct pxq_engine *e, int i) {
+    if (i < 0 || i >= e->n_outputs) return NULL;
+    return e->logits + (size_t)i * (size_t)e->hp->n_vocab;
+}
+
+int pxq_decode(struct pxq_engine *e, const struct pxq_batch *b, char *err, size_t errlen) {
+    const int n = b->n_tokens;
+    if (n <= 0 || !b->token || !b->pos || !b->seq_id) return set_err(err, errlen, "empty batch");
+    /* validate; count tokens per sequence to check positions and KV blocks */
+    int *added = xcalloc((size_t)e->p.n_seq_max, sizeof *added);
+    int rc = -1;
+    for (int i = 0; i < n; i++) {
+        int s = b->seq_id[i];
+        if (s < 0 || s >= e->p.n_seq_max || !e->seqs[s].in_use) {
+            set_err(err, errlen, "token %d: sequence %d does not exist", i, s);
+            goto out;
+        }
+        if (b->token[i] < 0 || b->token[i] >= e->hp->n_vocab) {
+            set_err(err, errlen, "token %d: id %d out of range [0, %d)", i, b->token[i], e->hp->n_vocab);
+            goto out;
+        }
+        int want = e->seqs[s].n_pos + added[s];
+        if (b->pos[i] != want) {
+            set_err(err, errlen, "token %d: position %d, expected %d for sequence %d", i, b->pos[i], want, s);
+            goto out;
+        }
+        if (want >= e->p.n_ctx) {
+            set_err(err, errlen, "sequence %d: context full (n_ctx %d)", s, e->p.n_ctx);
+            goto out;
+        }
+        added[s]++;
+    }
+    int need = 0;
+    for (int s = 0; s < e->p.n_seq_max; s++)
+        if (added[s]) need += kv_seq_blocks_needed(&e->kv, &e->seqs[s].kv, e->seqs[s].n_pos + added[s]);
+    if (need > e->kv.n_free) {
+        set_err(err, errlen, "KV cache full: the batch needs %d blocks, %d free", need, e->kv.n_free);
+        goto out;
+    }
+    for (int s = 0; s < e->p.n_seq_max; s++)
+        if (added[s] && kv_seq_reserve(&e->kv, &e->seqs[s].kv, e->seqs[s].n_pos + added[s]) != 0) die("KV reserve after check");
+    /* outputs */
+    int *out_idx = xmalloc((size_t)n * sizeof *out_idx);
+    int n_out = 0;
+    for (int i = 0; i < n; i++) out_idx[i] = (b->logits ? b->logits[i] != 0 : i == n - 1) ? n_out++ : -1;
+    if (n_out > e->logits_cap) {
+        free(e->logits);
+        e->logits = xmalloc((size_t)n_out * (size_t)e->hp->n_vocab * sizeof(float));
+        e->logits_cap = n_out;
+    }
+    e->n_outputs = n_out;
+    for (int i0 = 0; i0 < n; i0 += e->p.n_batch) {
+        struct ubatch ub = {n - i0 < e->p.n_batch ? n - i0 : e->p.n_batch, b->token + i0, b->pos + i0, b->seq_id + i0,
+                            out_idx + i0};
+        forward_cpu(e, &ub);
+        for (int i = 0; i < ub.n; i++) e->seqs[ub.seq_id[i]].n_pos++;
+    }
+    free(out_idx);
+    rc = 0;
+out:
+    free(added);
+    return rc;
+}

@@ -1,0 +1,75 @@
+/* engine.h - PXQ's public API: open a model, create sequences, evaluate a ragged batch, read logits.
+ *
+ * Every client (pxq run, perplexity, serve, bench) goes through this header. A batch is ragged as in
+ * llama.cpp's llama_batch: token i carries its sequence id and position, and tokens of several
+ * sequences may be mixed in one call. Errors: functions return 0 / -1 (or NULL) and write one line
+ * into the caller's err buffer; a failed pxq_decode changes nothing.
+ */
+#ifndef PXQ_ENGINE_H
+#define PXQ_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+
+enum pxq_device { PXQ_DEVICE_CPU = 0, PXQ_DEVICE_CUDA = 1 };
+
+struct pxq_engine_params {
+    int n_ctx;        /* max positions per sequence (0: the model's n_ctx_train, capped at 4096) */
+    int n_seq_max;    /* sequences that may exist at once (default 1) */
+    int n_batch;      /* max tokens per internal forward step; larger batches are split (default 512) */
+    int n_threads;    /* CPU threads (0: all cores) */
+    int kv_block_size;/* positions per KV block (default 16) */
+    int kv_blocks;    /* KV pool size in blocks (0: enough for n_seq_max full sequences) */
+    enum pxq_device device;
+    size_t gpu_mem;   /* CUDA: arena bytes (0: backend default) */
+};
+
+struct pxq_engine;
+
+/* One ragged batch. logits[i] != 0 asks for the logits of token i (NULL: only the last token). */
+struct pxq_batch {
+    int n_tokens;
+    const int32_t *token;   /* [n_tokens] ids < n_vocab */
+    const int32_t *pos;     /* [n_tokens] position of each token in its sequence */
+    const int32_t *seq_id;  /* [n_tokens] */
+    const int8_t  *logits;  /* [n_tokens] or NULL */
+};
+
+/* Defaults for every field (n_threads 0 = all cores). */
+struct pxq_engine_params pxq_engine_default_params(void);
+
+/* Create an engine over an opened model (the model must outlive it). NULL + message on failure
+ * (e.g. the KV pool cannot be allocated). */
+struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_params *p, char *err, size_t errlen);
+void pxq_engine_free(struct pxq_engine *e);
+struct pxq_model *pxq_engine_model(struct pxq_engine *e);
+const struct pxq_engine_params *pxq_engine_params(const struct pxq_engine *e);
+
+/* Sequences: pxq_seq_new returns a free id in [0, n_seq_max), or -1 if all are taken. */
+int  pxq_seq_new(struct pxq_engine *e);
+void pxq_seq_free(struct pxq_engine *e, int seq);
+/* Positions already in the sequence's cache (the next token's position). */
+int  pxq_seq_len(const struct pxq_engine *e, int seq);
+/* Drop positions >= n_pos (rollback). Returns -1 if n_pos is beyond the sequence or the model's
+ * recurrent layers cannot roll back. */
+int  pxq_seq_truncate(struct pxq_engine *e, int seq, int n_pos);
+
+/* Evaluate a batch. Each token's pos must equal its sequence's length plus the number of earlier
+ * tokens of that sequence in this batch (tokens append in order). Returns 0, or -1 with a message
+ * (bad id, bad position, context full, KV pool exhausted) leaving every sequence unchanged.
+ * Shapes: logits of the requested tokens, [n_outputs][n_vocab] float32, in batch order. */
+int pxq_decode(struct pxq_engine *e, const struct pxq_batch *b, char *err, size_t errlen);
+int pxq_n_outputs(const struct pxq_engine *e);
+/* Logits of output i (0 <= i < pxq_n_outputs), [n_vocab]; valid until the next pxq_decode. */
+const float *pxq_logits(const struct pxq_engine *e, int i);
+
+/* KV pool accounting (for admission control and /metrics). */
+int pxq_kv_blocks_total(const struct pxq_engine *e);
+int pxq_kv_blocks_free(const struct pxq_engine *e);
+int pxq_kv_block_size(const struct pxq_engine *e);
+/* Blocks the sequence would need to grow to n_pos positions. */
+int pxq_kv_blocks_needed(const struct pxq_engine *e, int seq, int n_pos);
+
+#endif

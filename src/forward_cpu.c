@@ -1,0 +1,187 @@
+/* forward_cpu.c - the reference forward pass of the Qwen family / Llama over one ubatch.
+ *
+ * Per layer (HF modeling_qwen3.py Qwen3DecoderLayer; qwen2 and llama are the same minus q/k norm):
+ *   h   = x + o_proj(attn(rope(q_norm(q_proj(rms(x)))), rope(k_norm(k_proj(rms(x)))), v_proj(rms(x))))
+ *   x'  = h + down(silu(gate(rms(h))) * up(rms(h)))          (MoE: router top-k over experts)
+ * then logits = lm_head(rms(x)) for the tokens that asked for them.
+ * Buffers (n = ubatch tokens): x, xb, xb2 [n][n_embd]; q, att [n][n_head*head_dim];
+ * k, v [n][n_head_kv*head_dim]; hb, hb2 [n][n_ff]; router [n][n_expert].
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "engine_impl.h"
+#include "ops_cpu.h"
+#include "util.h"
+
+/* ---- attention over the paged cache ---- */
+
+struct attn_args {
+    struct pxq_engine *e;
+    const struct ubatch *ub;
+    int l;           /* attention-layer index in the cache */
+};
+
+static float *scores_get(size_t n) {
+    static __thread float *buf;
+    static __thread size_t cap;
+    if (n > cap) {
+        free(buf);
+        buf = xmalloc(n * sizeof(float));
+        cap = n;
+    }
+    return buf;
+}
+
+/* One (token, head) pair per item: causal softmax(q k^T / sqrt(head_dim)) v over positions 0..pos. */
+static void attn_range(void *arg, int64_t j0, int64_t j1, int ith) {
+    const struct attn_args *a = arg;
+    const struct pxq_engine *e = a->e;
+    const struct pxq_hparams *hp = e->hp;
+    const int hd = hp->head_dim, q_dim = hp->n_head * hd, group = hp->n_head / hp->n_head_kv;
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t j = j0; j < j1; j++) {
+        int t = (int)(j / hp->n_head), h = (int)(j % hp->n_head), kvh = h / group;
+        const struct kv_seq *s = &e->seqs[a->ub->seq_id[t]].kv;
+        const int n_kv = a->ub->pos[t] + 1;
+        const float *q = e->q + (size_t)t * q_dim + (size_t)h * hd;
+        float *sc = scores_get((size_t)n_kv);
+        for (int p = 0; p < n_kv; p++) sc[p] = vec_dot_f32(q, kv_k(&e->kv, s, a->l, p) + kvh * hd, hd) * scale;
+        softmax_cpu(sc, n_kv);
+        float *o = e->att + (size_t)t * q_dim + (size_t)h * hd;
+        memset(o, 0, (size_t)hd * sizeof(float));
+        for (int p = 0; p < n_kv; p++) {
+            const float *v = kv_v(&e->kv, s, a->l, p) + kvh * hd;
+            const float w = sc[p];
+            for (int d = 0; d < hd; d++) o[d] += w * v[d];
+        }
+    }
+}
+
+static void add_bias(float *y, const float *b, int n_rows, int n) {
+    if (!b) return;
+    for (int r = 0; r < n_rows; r++)
+        for (int i = 0; i < n; i++) y[(size_t)r * n + i] += b[i];
+}
+
+static void attention_layer(struct pxq_engine *e, const struct ubatch *ub, int il) {
+    const struct pxq_hparams *hp = e->hp;
+    const struct pxq_layer *L = model_layer(e->m, il);
+    const struct layer_f32 *w = &e->lw[il];
+    const int n = ub->n, hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
+    const int l = e->kv_layer[il];
+    matmul_cpu(e->tp, e->q, L->attn_q, e->xb, n);
+    matmul_cpu(e->tp, e->k, L->attn_k, e->xb, n);
+    matmul_cpu(e->tp, e->v, L->attn_v, e->xb, n);
+    add_bias(e->q, w->bq, n, q_dim);
+    add_bias(e->k, w->bk, n, kv_dim);
+    add_bias(e->v, w->bv, n, kv_dim);
+    for (int t = 0; t < n; t++) {
+        float *q = e->q + (size_t)t * q_dim, *k = e->k + (size_t)t * kv_dim;
+        if (w->q_norm) rmsnorm_cpu(q, q, w->q_norm, hd, hp->n_head, hp->rms_eps); /* before RoPE (Qwen3) */
+        if (w->k_norm) rmsnorm_cpu(k, k, w->k_norm, hd, hp->n_head_kv, hp->rms_eps);
+        rope_cpu(q, hp->n_head, hd, hp->n_rot, ub->pos[t], e->inv_freq, hp->rope_style == ROPE_NEOX);
+        rope_cpu(k, hp->n_head_kv, hd, hp->n_rot, ub->pos[t], e->inv_freq, hp->rope_style == ROPE_NEOX);
+        const struct kv_seq *s = &e->seqs[ub->seq_id[t]].kv;
+        memcpy(kv_k(&e->kv, s, l, ub->pos[t]), k, (size_t)kv_dim * sizeof(float));
+        memcpy(kv_v(&e->kv, s, l, ub->pos[t]), e->v + (size_t)t * kv_dim, (size_t)kv_dim * sizeof(float));
+    }
+    struct attn_args a = {e, ub, l};
+    parallel_for(e->tp, (int64_t)n * hp->n_head, 1, attn_range, &a);
+    matmul_cpu(e->tp, e->xb2, L->attn_output, e->att, n);
+}
+
+/* ---- feed-forward ---- */
+
+static void ffn_dense(struct pxq_engine *e, const struct pxq_layer *L, int n) {
+    const int64_t ff = e->hp->n_ff;
+    matmul_cpu(e->tp, e->hb, L->ffn_gate, e->xb, n);
+    matmul_cpu(e->tp, e->hb2, L->ffn_up, e->xb, n);
+    swiglu_cpu(e->hb, e->hb, e->hb2, ff * n);
+    matmul_cpu(e->tp, e->xb2, L->ffn_down, e->hb, n);
+}
+
+/* Qwen3MoeSparseMoeBlock: softmax over router logits, top-k, renormalise if norm_topk_prob, and sum
+ * the chosen experts' SwiGLU outputs weighted. Tokens routed to one expert are gathered so each
+ * expert runs one matrix-matrix product. */
+static void ffn_moe(struct pxq_engine *e, const struct pxq_layer *L, int n) {
+    const struct pxq_hparams *hp = e->hp;
+    const int ne = hp->n_expert, k = hp->n_expert_used, d = hp->n_embd, ff = hp->n_ff_exp;
+    matmul_cpu(e->tp, e->router, L->ffn_gate_inp, e->xb, n);
+    int *sel = xmalloc((size_t)n * k * sizeof *sel);
+    float *wsel = xmalloc((size_t)n * k * sizeof *wsel);
+    for (int t = 0; t < n; t++) {
+        float *r = e->router + (size_t)t * ne;
+        softmax_cpu(r, ne);
+        float sum = 0;
+        for (int j = 0; j < k; j++) { /* top-k by repeated argmax; ties go to the lower index as torch.topk */
+            int best = -1;
+            for (int x = 0; x < ne; x++) {
+                int taken = 0;
+                for (int y = 0; y < j; y++) taken |= sel[t * k + y] == x;
+                if (!taken && (best < 0 || r[x] > r[best])) best = x;
+            }
+            sel[t * k + j] = best;
+            wsel[t * k + j] = r[best];
+            sum += r[best];
+        }
+        if (hp->norm_topk_prob)
+            for (int j = 0; j < k; j++) wsel[t * k + j] /= sum;
+    }
+    float *acc = xcalloc((size_t)n * d, sizeof(float));
+    float *xin = xmalloc((size_t)n * d * sizeof(float)), *g = xmalloc((size_t)n * ff * sizeof(float));
+    float *u = xmalloc((size_t)n * ff * sizeof(float)), *y = xmalloc((size_t)n * d * sizeof(float));
+    int *rows = xmalloc((size_t)n * sizeof *rows);
+    float *rw = xmalloc((size_t)n * sizeof *rw);
+    for (int x = 0; x < ne; x++) {
+        int m = 0;
+        for (int t = 0; t < n; t++)
+            for (int j = 0; j < k; j++)
+                if (sel[t * k + j] == x) {
+                    rows[m] = t;
+                    rw[m] = wsel[t * k + j];
+                    memcpy(xin + (size_t)m * d, e->xb + (size_t)t * d, (size_t)d * sizeof(float));
+                    m++;
+                }
+        if (!m) continue;
+        matmul_cpu(e->tp, g, L->experts[x].gate, xin, m);
+        matmul_cpu(e->tp, u, L->experts[x].up, xin, m);
+        swiglu_cpu(g, g, u, (int64_t)m * ff);
+        matmul_cpu(e->tp, y, L->experts[x].down, g, m);
+        for (int i = 0; i < m; i++)
+            for (int c = 0; c < d; c++) acc[(size_t)rows[i] * d + c] += rw[i] * y[(size_t)i * d + c];
+    }
+    memcpy(e->xb2, acc, (size_t)n * d * sizeof(float));
+    free(acc), free(xin), free(g), free(u), free(y), free(rows), free(rw), free(sel), free(wsel);
+}
+
+static void add_residual(float *x, const float *y, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+void forward_cpu(struct pxq_engine *e, const struct ubatch *ub) {
+    const struct pxq_hparams *hp = e->hp;
+    const int n = ub->n, d = hp->n_embd;
+    for (int t = 0; t < n; t++) tensor_row_f32(e->x + (size_t)t * d, model_token_embd(e->m), ub->token[t]);
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct pxq_layer *L = model_layer(e->m, il);
+        rmsnorm_cpu(e->xb, e->x, e->lw[il].attn_norm, d, n, hp->rms_eps);
+        attention_layer(e, ub, il);
+        add_residual(e->x, e->xb2, (size_t)n * d);
+        rmsnorm_cpu(e->xb, e->x, e->lw[il].ffn_norm, d, n, hp->rms_eps);
+        if (hp->n_expert)
+            ffn_moe(e, L, n);
+        else
+            ffn_dense(e, L, n);
+        add_residual(e->x, e->xb2, (size_t)n * d);
+    }
+    /* final norm and lm_head, only for the rows that asked for logits (compacted into xb) */
+    int n_out = 0, first = -1;
+    for (int t = 0; t < n; t++)
+        if (ub->out_idx[t] >= 0) {
+            if (first < 0) first = ub->out_idx[t];
+            rmsnorm_cpu(e->xb + (size_t)n_out * d, e->x + (size_t)t * d, e->output_norm, d, 1, hp->rms_eps);
+            n_out++;
+        }
+    if (n_out) matmul_cpu(e->tp, e->logits + (size_t)first * hp->n_vocab, model_output(e->m), e->xb, n_out);
+}

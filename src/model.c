@@ -1,0 +1,622 @@
+/* model.c - load hyperparameters and weights from GGUF or an HF directory; check every shape.
+ *
+ * Both formats end as one table of tensors keyed by GGUF names (sorted, binary-searched), which the
+ * binder walks to fill struct pxq_layer. HF names are renamed through hf_tensor_map; the HF shapes
+ * were already reversed into ggml order by safetensors.c.
+ */
+#include "model.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "gguf.h"
+#include "quant.h"
+#include "safetensors.h"
+#include "tokenizer.h"
+#include "util.h"
+
+struct named_tensor {
+    char name[PXQ_NAME_MAX];
+    const struct pxq_tensor *t;
+};
+
+struct pxq_model {
+    char path[1024];
+    struct pxq_hparams hp;
+    struct gguf_file *gguf;
+    struct st_model *st;
+    struct named_tensor *tab;   /* sorted by name */
+    int n_tab;
+    struct pxq_tensor *owned;   /* views made at load (MoE expert slices) */
+    int n_owned;
+    struct pxq_layer layers[PXQ_MAX_LAYERS];
+    const struct pxq_tensor *token_embd, *output_norm, *output;
+    struct pxq_tokenizer *tok;
+};
+
+const char *arch_name(enum pxq_arch a) {
+    switch (a) {
+    case ARCH_LLAMA: return "llama";
+    case ARCH_QWEN2: return "qwen2";
+    case ARCH_QWEN3: return "qwen3";
+    case ARCH_QWEN3MOE: return "qwen3moe";
+    case ARCH_QWEN35: return "qwen35";
+    }
+    return "?";
+}
+
+/* HF model_type / GGUF general.architecture -> arch. */
+static int arch_from_name(const char *s, enum pxq_arch *a) {
+    static const struct { const char *name; enum pxq_arch arch; } map[] = {
+        {"llama", ARCH_LLAMA},     {"qwen2", ARCH_QWEN2},          {"qwen3", ARCH_QWEN3},
+        {"qwen3moe", ARCH_QWEN3MOE}, {"qwen3_moe", ARCH_QWEN3MOE}, {"qwen35", ARCH_QWEN35},
+        {"qwen3_5", ARCH_QWEN35},  {"qwen3_5_text", ARCH_QWEN35},
+    };
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (strcmp(s, map[i].name) == 0) {
+            *a = map[i].arch;
+            return 0;
+        }
+    return -1;
+}
+
+/* ---- tensor table ---- */
+
+static int cmp_named(const void *a, const void *b) {
+    return strcmp(((const struct named_tensor *)a)->name, ((const struct named_tensor *)b)->name);
+}
+
+static const struct pxq_tensor *find(const struct pxq_model *m, const char *name) {
+    struct named_tensor key;
+    snprintf(key.name, sizeof key.name, "%s", name);
+    struct named_tensor *r = bsearch(&key, m->tab, (size_t)m->n_tab, sizeof *m->tab, cmp_named);
+    return r ? r->t : NULL;
+}
+
+static void tab_add(struct pxq_model *m, int *cap, const char *name, const struct pxq_tensor *t) {
+    if (m->n_tab == *cap) {
+        *cap = *cap ? *cap * 2 : 256;
+        m->tab = xrealloc(m->tab, (size_t)*cap * sizeof *m->tab);
+    }
+    snprintf(m->tab[m->n_tab].name, PXQ_NAME_MAX, "%s", name);
+    m->tab[m->n_tab].t = t;
+    m->n_tab++;
+}
+
+/* HF tensor name -> GGUF tensor name (llama.cpp convert_hf_to_gguf.py / gguf-py tensor_mapping). */
+static const struct { const char *hf, *gguf; } hf_tensor_map[] = {
+    {"input_layernorm.weight", "attn_norm.weight"},
+    {"self_attn.q_proj.weight", "attn_q.weight"},
+    {"self_attn.k_proj.weight", "attn_k.weight"},
+    {"self_attn.v_proj.weight", "attn_v.weight"},
+    {"self_attn.o_proj.weight", "attn_output.weight"},
+    {"self_attn.q_proj.bias", "attn_q.bias"},
+    {"self_attn.k_proj.bias", "attn_k.bias"},
+    {"self_attn.v_proj.bias", "attn_v.bias"},
+    {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+    {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+    {"post_attention_layernorm.weight", "ffn_norm.weight"},
+    {"mlp.gate_proj.weight", "ffn_gate.weight"},
+    {"mlp.up_proj.weight", "ffn_up.weight"},
+    {"mlp.down_proj.weight", "ffn_down.weight"},
+    {"mlp.gate.weight", "ffn_gate_inp.weight"},
+    {"linear_attn.in_proj_qkv.weight", "attn_qkv.weight"},
+    {"linear_attn.in_proj_z.weight", "attn_gate.weight"},
+    {"linear_attn.in_proj_b.weight", "ssm_beta.weight"},
+    {"linear_attn.in_proj_a.weight", "ssm_alpha.weight"},
+    {"linear_attn.conv1d.weight", "ssm_conv1d.weight"},
+    {"linear_attn.dt_bias", "ssm_dt.bias"},
+    {"linear_attn.A_log", "ssm_a"},
+    {"linear_attn.norm.weight", "ssm_norm.weight"},
+    {"linear_attn.out_proj.weight", "ssm_out.weight"},
+};
+
+static int hf_to_gguf_name(const char *hf, char *out, size_t cap) {
+    if (strcmp(hf, "model.embed_tokens.weight") == 0) return snprintf(out, cap, "token_embd.weight"), 0;
+    if (strcmp(hf, "model.norm.weight") == 0) return snprintf(out, cap, "output_norm.weight"), 0;
+    if (strcmp(hf, "lm_head.weight") == 0) return snprintf(out, cap, "output.weight"), 0;
+    int il, n = 0;
+    if (sscanf(hf, "model.layers.%d.%n", &il, &n) != 1 || n == 0) return -1;
+    const char *rest = hf + n;
+    for (size_t i = 0; i < sizeof hf_tensor_map / sizeof hf_tensor_map[0]; i++)
+        if (strcmp(rest, hf_tensor_map[i].hf) == 0) return snprintf(out, cap, "blk.%d.%s", il, hf_tensor_map[i].gguf), 0;
+    int e, n2 = 0;
+    char proj[32];
+    if (sscanf(rest, "mlp.experts.%d.%31[a-z_]%n", &e, proj, &n2) == 2 && strcmp(rest + n2, ".weight") == 0) {
+        const char *g = strcmp(proj, "gate_proj") == 0 ? "ffn_gate" : strcmp(proj, "up_proj") == 0 ? "ffn_up"
+                      : strcmp(proj, "down_proj") == 0 ? "ffn_down" : NULL;
+        if (g) return snprintf(out, cap, "blk.%d.%s.%d.weight", il, g, e), 0; /* per-expert: PXQ-internal name */
+    }
+    return -1;
+}
+
+/* ---- hyperparameters ---- */
+
+/* HF config.json: read an int field; `required` fields missing give an error naming them. */
+static int cfg_int(const cJSON *c, const char *key, int required, int def, int *out, char *err, size_t errlen) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(c, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (required) return set_err(err, errlen, "config.json: missing field '%s'", key);
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 1e9 || v->valuedouble != (int)v->valuedouble)
+        return set_err(err, errlen, "config.json: field '%s' must be a non-negative integer", key);
+    *out = (int)v->valuedouble;
+    return 0;
+}
+
+static double cfg_num(const cJSON *c, const char *key, double def) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(c, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : def;
+}
+
+static int cfg_bool(const cJSON *c, const char *key, int def) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(c, key);
+    return cJSON_IsBool(v) ? cJSON_IsTrue(v) : def;
+}
+
+static void add_eos(struct pxq_hparams *hp, int32_t id) {
+    if (id < 0) return;
+    for (int i = 0; i < hp->n_eos; i++)
+        if (hp->eos_ids[i] == id) return;
+    if (hp->n_eos < PXQ_MAX_EOS) hp->eos_ids[hp->n_eos++] = id;
+}
+
+/* eos_token_id: int or list of ints (config.json and generation_config.json). */
+static void cfg_eos(struct pxq_hparams *hp, const cJSON *c) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(c, "eos_token_id");
+    if (cJSON_IsNumber(v)) add_eos(hp, (int32_t)v->valuedouble);
+    const cJSON *e;
+    if (cJSON_IsArray(v)) cJSON_ArrayForEach(e, v) if (cJSON_IsNumber(e)) add_eos(hp, (int32_t)e->valuedouble);
+}
+
+static cJSON *load_json(const char *dir, const char *name, int required, char *err, size_t errlen, int *failed) {
+    char path[1200];
+    *failed = 0;
+    if (path_join(path, sizeof path, dir, name) != 0 || !file_exists(path)) {
+        if (required) *failed = set_err(err, errlen, "%s/%s: not found", dir, name);
+        return NULL;
+    }
+    size_t len;
+    char *s = read_file(path, 64u << 20, &len, err, errlen);
+    if (!s) {
+        *failed = -1;
+        return NULL;
+    }
+    cJSON *j = cJSON_ParseWithLength(s, len);
+    free(s);
+    if (!j || !cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        *failed = set_err(err, errlen, "%s: not a valid JSON object", path);
+        return NULL;
+    }
+    return j;
+}
+
+static int hparams_from_hf(struct pxq_hparams *hp, const char *dir, char *err, size_t errlen) {
+    int failed;
+    cJSON *root = load_json(dir, "config.json", 1, err, errlen, &failed);
+    if (!root) return -1;
+    const cJSON *c = root;
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(c, "model_type");
+    if (cJSON_IsString(mt) && strcmp(mt->valuestring, "qwen3_5") == 0) { /* multimodal wrapper */
+        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(c, "text_config");
+        if (cJSON_IsObject(tc)) {
+            c = tc;
+        }
+    }
+    int rc = -1;
+    if (!cJSON_IsString(mt)) {
+        set_err(err, errlen, "config.json: missing field 'model_type'");
+        goto out;
+    }
+    if (arch_from_name(mt->valuestring, &hp->arch) != 0) {
+        set_err(err, errlen, "config.json: unsupported model_type '%s' (supported: llama, qwen2, qwen3, qwen3_moe, qwen3_5_text)",
+                mt->valuestring);
+        goto out;
+    }
+    snprintf(hp->arch_name, sizeof hp->arch_name, "%s", arch_name(hp->arch));
+    if (cfg_int(c, "hidden_size", 1, 0, &hp->n_embd, err, errlen) || cfg_int(c, "num_hidden_layers", 1, 0, &hp->n_layer, err, errlen) ||
+        cfg_int(c, "num_attention_heads", 1, 0, &hp->n_head, err, errlen) || cfg_int(c, "vocab_size", 1, 0, &hp->n_vocab, err, errlen) ||
+        cfg_int(c, "intermediate_size", hp->arch != ARCH_QWEN3MOE, 0, &hp->n_ff, err, errlen) ||
+        cfg_int(c, "num_key_value_heads", 0, hp->n_head, &hp->n_head_kv, err, errlen) ||
+        cfg_int(c, "max_position_embeddings", 0, 4096, &hp->n_ctx_train, err, errlen))
+        goto out;
+    if (hp->n_head == 0 || hp->n_embd == 0 || hp->n_layer == 0) {
+        set_err(err, errlen, "config.json: hidden_size, num_hidden_layers and num_attention_heads must be positive");
+        goto out;
+    }
+    if (cfg_int(c, "head_dim", 0, hp->n_embd / hp->n_head, &hp->head_dim, err, errlen)) goto out;
+    hp->rms_eps = (float)cfg_num(c, "rms_norm_eps", 1e-6);
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(c, "rope_parameters");
+    hp->rope_theta = (float)cfg_num(c, "rope_theta", cJSON_IsObject(rp) ? cfg_num(rp, "rope_theta", 10000.0) : 10000.0);
+    double prf = cfg_num(c, "partial_rotary_factor", cJSON_IsObject(rp) ? cfg_num(rp, "partial_rotary_factor", 1.0) : 1.0);
+    hp->n_rot = (int)(hp->head_dim * prf);
+    hp->rope_style = ROPE_NEOX;
+    hp->tie_embd = cfg_bool(c, "tie_word_embeddings", hp->arch == ARCH_QWEN35 ? 0 : 0);
+    if (!cJSON_GetObjectItemCaseSensitive(c, "tie_word_embeddings") && cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings"))
+        hp->tie_embd = cfg_bool(root, "tie_word_embeddings", 0);
+    hp->has_qkv_bias = hp->arch == ARCH_QWEN2 || cfg_bool(c, "attention_bias", 0);
+    hp->has_qk_norm = hp->arch == ARCH_QWEN3 || hp->arch == ARCH_QWEN3MOE || hp->arch == ARCH_QWEN35;
+    if (hp->arch == ARCH_QWEN3MOE) {
+        if (cfg_int(c, "num_experts", 0, 0, &hp->n_expert, err, errlen)) goto out;
+        if (hp->n_expert == 0 && cfg_int(c, "num_local_experts", 1, 0, &hp->n_expert, err, errlen)) goto out;
+        if (cfg_int(c, "num_experts_per_tok", 1, 0, &hp->n_expert_used, err, errlen) ||
+            cfg_int(c, "moe_intermediate_size", 1, 0, &hp->n_ff_exp, err, errlen))
+            goto out;
+        hp->norm_topk_prob = cfg_bool(c, "norm_topk_prob", 0);
+        int step = 1;
+        if (cfg_int(c, "decoder_sparse_step", 0, 1, &step, err, errlen)) goto out;
+        const cJSON *mlp_only = cJSON_GetObjectItemCaseSensitive(c, "mlp_only_layers");
+        if (step != 1 || (cJSON_IsArray(mlp_only) && cJSON_GetArraySize(mlp_only) > 0)) {
+            set_err(err, errlen, "config.json: qwen3_moe with dense layers (decoder_sparse_step/mlp_only_layers) is not supported");
+            goto out;
+        }
+    }
+    if (hp->arch == ARCH_QWEN35) {
+        hp->attn_output_gate = cfg_bool(c, "attn_output_gate", 1);
+        if (cfg_int(c, "linear_conv_kernel_dim", 1, 0, &hp->ssm_conv_kernel, err, errlen) ||
+            cfg_int(c, "linear_num_key_heads", 1, 0, &hp->ssm_n_k_head, err, errlen) ||
+            cfg_int(c, "linear_num_value_heads", 1, 0, &hp->ssm_n_v_head, err, errlen) ||
+            cfg_int(c, "linear_key_head_dim", 1, 0, &hp->ssm_head_k_dim, err, errlen) ||
+            cfg_int(c, "linear_value_head_dim", 1, 0, &hp->ssm_head_v_dim, err, errlen))
+            goto out;
+        const cJSON *lt = cJSON_GetObjectItemCaseSensitive(c, "layer_types");
+        int interval = 4;
+        if (cfg_int(c, "full_attention_interval", 0, 4, &interval, err, errlen)) goto out;
+        for (int il = 0; il < hp->n_layer && il < PXQ_MAX_LAYERS; il++) {
+            const cJSON *e = cJSON_IsArray(lt) ? cJSON_GetArrayItem(lt, il) : NULL;
+            if (e && cJSON_IsString(e))
+                hp->layer_kind[il] = strcmp(e->valuestring, "linear_attention") == 0 ? LAYER_DELTANET : LAYER_ATTN;
+            else
+                hp->layer_kind[il] = (il + 1) % (interval ? interval : 4) == 0 ? LAYER_ATTN : LAYER_DELTANET;
+        }
+    }
+    hp->bos_id = -1;
+    const cJSON *bos = cJSON_GetObjectItemCaseSensitive(c, "bos_token_id");
+    if (cJSON_IsNumber(bos)) hp->bos_id = (int32_t)bos->valuedouble;
+    cfg_eos(hp, c);
+    cJSON *gen = load_json(dir, "generation_config.json", 0, err, errlen, &failed);
+    if (failed) goto out;
+    if (gen) cfg_eos(hp, gen);
+    cJSON_Delete(gen);
+    rc = 0;
+out:
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* GGUF keys: "{arch}.<suffix>" (GGUF spec, "LLM" section). */
+static int gguf_u32_arch(const struct gguf_file *g, const char *arch, const char *suffix, int required, int def, int *out,
+                         char *err, size_t errlen) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    uint32_t v;
+    if (gguf_get_u32(g, key, &v) != 0) {
+        if (required) return set_err(err, errlen, "GGUF: missing or invalid key '%s'", key);
+        *out = def;
+        return 0;
+    }
+    if (v > 1000000000u) return set_err(err, errlen, "GGUF: key '%s' out of range (%u)", key, v);
+    *out = (int)v;
+    return 0;
+}
+
+static float gguf_f32_arch(const struct gguf_file *g, const char *arch, const char *suffix, float def) {
+    char key[128];
+    float v;
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    return gguf_get_f32(g, key, &v) == 0 ? v : def;
+}
+
+static int hparams_from_gguf(struct pxq_hparams *hp, const struct gguf_file *g, char *err, size_t errlen) {
+    const char *a = gguf_arch(g);
+    if (!a) return set_err(err, errlen, "GGUF: missing general.architecture");
+    if (arch_from_name(a, &hp->arch) != 0)
+        return set_err(err, errlen, "GGUF: unsupported architecture '%s' (supported: llama, qwen2, qwen3, qwen3moe, qwen35)", a);
+    snprintf(hp->arch_name, sizeof hp->arch_name, "%s", a);
+    if (gguf_u32_arch(g, a, "embedding_length", 1, 0, &hp->n_embd, err, errlen) ||
+        gguf_u32_arch(g, a, "block_count", 1, 0, &hp->n_layer, err, errlen) ||
+        gguf_u32_arch(g, a, "attention.head_count", 1, 0, &hp->n_head, err, errlen) ||
+        gguf_u32_arch(g, a, "attention.head_count_kv", 0, hp->n_head, &hp->n_head_kv, err, errlen) ||
+        gguf_u32_arch(g, a, "feed_forward_length", hp->arch != ARCH_QWEN3MOE, 0, &hp->n_ff, err, errlen) ||
+        gguf_u32_arch(g, a, "context_length", 0, 4096, &hp->n_ctx_train, err, errlen))
+        return -1;
+    if (hp->n_head == 0 || hp->n_embd == 0 || hp->n_layer == 0)
+        return set_err(err, errlen, "GGUF: embedding_length, block_count and head_count must be positive");
+    if (gguf_u32_arch(g, a, "attention.key_length", 0, hp->n_embd / hp->n_head, &hp->head_dim, err, errlen) ||
+        gguf_u32_arch(g, a, "rope.dimension_count", 0, hp->head_dim, &hp->n_rot, err, errlen))
+        return -1;
+    hp->rope_theta = gguf_f32_arch(g, a, "rope.freq_base", 10000.0f);
+    hp->rms_eps = gguf_f32_arch(g, a, "attention.layer_norm_rms_epsilon", 1e-6f);
+    hp->rope_style = hp->arch == ARCH_LLAMA ? ROPE_NORM : ROPE_NEOX;
+    hp->has_qkv_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
+    hp->has_qk_norm = hp->arch == ARCH_QWEN3 || hp->arch == ARCH_QWEN3MOE || hp->arch == ARCH_QWEN35;
+    const struct pxq_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
+    hp->n_vocab = emb ? (int)emb->ne[1] : 0;
+    hp->tie_embd = gguf_find_tensor(g, "output.weight") == NULL;
+    if (hp->arch == ARCH_QWEN3MOE) {
+        if (gguf_u32_arch(g, a, "expert_count", 1, 0, &hp->n_expert, err, errlen) ||
+            gguf_u32_arch(g, a, "expert_used_count", 1, 0, &hp->n_expert_used, err, errlen) ||
+            gguf_u32_arch(g, a, "expert_feed_forward_length", 1, 0, &hp->n_ff_exp, err, errlen))
+            return -1;
+        hp->norm_topk_prob = 1; /* llama.cpp: qwen3moe always renormalises the top-k weights */
+    }
+    if (hp->arch == ARCH_QWEN35) {
+        int interval = 4;
+        if (gguf_u32_arch(g, a, "ssm.conv_kernel", 1, 0, &hp->ssm_conv_kernel, err, errlen) ||
+            gguf_u32_arch(g, a, "ssm.group_count", 1, 0, &hp->ssm_n_k_head, err, errlen) ||
+            gguf_u32_arch(g, a, "ssm.time_step_rank", 1, 0, &hp->ssm_n_v_head, err, errlen) ||
+            gguf_u32_arch(g, a, "ssm.state_size", 1, 0, &hp->ssm_head_k_dim, err, errlen) ||
+            gguf_u32_arch(g, a, "full_attention_interval", 0, 4, &interval, err, errlen))
+            return -1;
+        int inner = 0;
+        if (gguf_u32_arch(g, a, "ssm.inner_size", 1, 0, &inner, err, errlen)) return -1;
+        hp->ssm_head_v_dim = hp->ssm_n_v_head ? inner / hp->ssm_n_v_head : 0;
+        hp->attn_output_gate = 1;
+        for (int il = 0; il < hp->n_layer && il < PXQ_MAX_LAYERS; il++)
+            hp->layer_kind[il] = (il + 1) % (interval ? interval : 4) == 0 ? LAYER_ATTN : LAYER_DELTANET;
+    }
+    hp->bos_id = -1;
+    uint32_t v;
+    if (gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &v) == 0) hp->bos_id = (int32_t)v;
+    if (gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &v) == 0) add_eos(hp, (int32_t)v);
+    if (gguf_get_u32(g, "tokenizer.ggml.eot_token_id", &v) == 0) add_eos(hp, (int32_t)v);
+    return 0;
+}
+
+/* ---- binding weights with shape checks ---- */
+
+struct binder {
+    struct pxq_model *m;
+    char *err;
+    size_t errlen;
+    int failed;
+};
+
+/* Look up `name` and check its shape (ne order; trailing dims 1). required=0 allows absence. */
+static const struct pxq_tensor *bind(struct binder *b, const char *name, int required, int64_t ne0, int64_t ne1, int64_t ne2) {
+    if (b->failed) return NULL;
+    const struct pxq_tensor *t = find(b->m, name);
+    if (!t) {
+        if (required) b->failed = set_err(b->err, b->errlen, "%s: missing tensor '%s'", b->m->path, name);
+        return NULL;
+    }
+    int64_t want[4] = {ne0, ne1, ne2, 1};
+    int ok = 1;
+    for (int d = 0; d < 4; d++) ok &= t->ne[d] == want[d];
+    if (!ok) {
+        b->failed = set_err(b->err, b->errlen,
+                            "%s: tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld, %lld, 1] (ne order)",
+                            b->m->path, name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                            (long long)t->ne[3], (long long)ne0, (long long)ne1, (long long)ne2);
+        return NULL;
+    }
+    if (!type_supported(t->type) || type_row_bytes(t->type, t->ne[0]) == 0) {
+        b->failed = set_err(b->err, b->errlen, "%s: tensor '%s' has unsupported type %s for its row length %lld",
+                            b->m->path, name, type_name(t->type), (long long)t->ne[0]);
+        return NULL;
+    }
+    return t;
+}
+
+static const struct pxq_tensor *bindl(struct binder *b, int il, const char *suffix, int required, int64_t ne0, int64_t ne1,
+                                      int64_t ne2) {
+    char name[PXQ_NAME_MAX + 16];
+    snprintf(name, sizeof name, "blk.%d.%s", il, suffix);
+    return bind(b, name, required, ne0, ne1, ne2);
+}
+
+/* Make per-expert views of a GGUF 3D expert tensor [ne0, ne1, n_expert]. */
+static const struct pxq_tensor *expert_view(struct pxq_model *m, const struct pxq_tensor *t3, int e) {
+    struct pxq_tensor *v = &m->owned[m->n_owned++];
+    *v = *t3;
+    snprintf(v->name, sizeof v->name, "%.100s[%d]", t3->name, e);
+    v->n_dims = 2;
+    v->ne[2] = 1;
+    size_t slice = type_row_bytes(t3->type, t3->ne[0]) * (size_t)t3->ne[1];
+    v->data = (const char *)t3->data + slice * (size_t)e;
+    v->nbytes = slice;
+    return v;
+}
+
+static int bind_moe(struct binder *b, int il) {
+    struct pxq_model *m = b->m;
+    const struct pxq_hparams *hp = &m->hp;
+    struct pxq_layer *L = &m->layers[il];
+    L->ffn_gate_inp = bindl(b, il, "ffn_gate_inp.weight", 1, hp->n_embd, hp->n_expert, 1);
+    L->experts = xcalloc((size_t)hp->n_expert, sizeof *L->experts);
+    const struct pxq_tensor *g3 = bindl(b, il, "ffn_gate_exps.weight", 0, hp->n_embd, hp->n_ff_exp, hp->n_expert);
+    if (g3) { /* GGUF: stacked experts */
+        const struct pxq_tensor *u3 = bindl(b, il, "ffn_up_exps.weight", 1, hp->n_embd, hp->n_ff_exp, hp->n_expert);
+        const struct pxq_tensor *d3 = bindl(b, il, "ffn_down_exps.weight", 1, hp->n_ff_exp, hp->n_embd, hp->n_expert);
+        if (b->failed) return -1;
+        for (int e = 0; e < hp->n_expert; e++) {
+            L->experts[e].gate = expert_view(m, g3, e);
+            L->experts[e].up = expert_view(m, u3, e);
+            L->experts[e].down = expert_view(m, d3, e);
+        }
+        return 0;
+    }
+    for (int e = 0; e < hp->n_expert && !b->failed; e++) { /* HF: one tensor per expert */
+        char n[96];
+        snprintf(n, sizeof n, "ffn_gate.%d.weight", e);
+        L->experts[e].gate = bindl(b, il, n, 1, hp->n_embd, hp->n_ff_exp, 1);
+        snprintf(n, sizeof n, "ffn_up.%d.weight", e);
+        L->experts[e].up = bindl(b, il, n, 1, hp->n_embd, hp->n_ff_exp, 1);
+        snprintf(n, sizeof n, "ffn_down.%d.weight", e);
+        L->experts[e].down = bindl(b, il, n, 1, hp->n_ff_exp, hp->n_embd, 1);
+    }
+    return b->failed;
+}
+
+/* Defined in model_qwen35.c when the hybrid is built; binds the DeltaNet and gated-attention layers. */
+int model_bind_qwen35_layer(struct pxq_layer *L, const struct pxq_hparams *hp, int il,
+                            const struct pxq_tensor *(*lookup)(void *ctx, int il, const char *suffix, int required,
+                                                               int64_t ne0, int64_t ne1, int64_t ne2),
+                            void *ctx);
+
+static const struct pxq_tensor *bind_cb(void *ctx, int il, const char *suffix, int required, int64_t ne0, int64_t ne1,
+                                        int64_t ne2) {
+    return bindl(ctx, il, suffix, required, ne0, ne1, ne2);
+}
+
+static int bind_weights(struct pxq_model *m, char *err, size_t errlen) {
+    struct pxq_hparams *hp = &m->hp;
+    struct binder b = {m, err, errlen, 0};
+    if (hp->n_layer > PXQ_MAX_LAYERS) return set_err(err, errlen, "%s: %d layers exceed the limit of %d", m->path, hp->n_layer, PXQ_MAX_LAYERS);
+    if (hp->n_expert > PXQ_MAX_EXPERTS) return set_err(err, errlen, "%s: %d experts exceed the limit of %d", m->path, hp->n_expert, PXQ_MAX_EXPERTS);
+    if (hp->n_head_kv == 0 || hp->n_head % hp->n_head_kv != 0)
+        return set_err(err, errlen, "%s: n_head (%d) must be a positive multiple of n_head_kv (%d)", m->path, hp->n_head, hp->n_head_kv);
+    if (hp->head_dim <= 0 || hp->head_dim % 2 || hp->n_rot <= 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2)
+        return set_err(err, errlen, "%s: bad head_dim %d / rotary dims %d", m->path, hp->head_dim, hp->n_rot);
+    const struct pxq_tensor *emb = find(m, "token_embd.weight");
+    if (emb && hp->n_vocab == 0) hp->n_vocab = (int)emb->ne[1];
+    m->token_embd = bind(&b, "token_embd.weight", 1, hp->n_embd, hp->n_vocab, 1);
+    m->output_norm = bind(&b, "output_norm.weight", 1, hp->n_embd, 1, 1);
+    m->output = hp->tie_embd ? m->token_embd : bind(&b, "output.weight", 1, hp->n_embd, hp->n_vocab, 1);
+    if (b.failed) return -1;
+    if (hp->n_expert) m->owned = xcalloc((size_t)hp->n_layer * (size_t)hp->n_expert * 3, sizeof *m->owned);
+    const int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    for (int il = 0; il < hp->n_layer && !b.failed; il++) {
+        struct pxq_layer *L = &m->layers[il];
+        L->attn_norm = bindl(&b, il, "attn_norm.weight", 1, hp->n_embd, 1, 1);
+        if (hp->arch == ARCH_QWEN35) {
+            if (model_bind_qwen35_layer(L, hp, il, bind_cb, &b) != 0 && !b.failed)
+                b.failed = set_err(err, errlen, "%s: layer %d: Qwen3.5 weights could not be bound", m->path, il);
+        } else {
+            L->attn_q = bindl(&b, il, "attn_q.weight", 1, hp->n_embd, q_dim, 1);
+            L->attn_k = bindl(&b, il, "attn_k.weight", 1, hp->n_embd, kv_dim, 1);
+            L->attn_v = bindl(&b, il, "attn_v.weight", 1, hp->n_embd, kv_dim, 1);
+            L->attn_output = bindl(&b, il, "attn_output.weight", 1, q_dim, hp->n_embd, 1);
+            L->attn_q_b = bindl(&b, il, "attn_q.bias", hp->has_qkv_bias, q_dim, 1, 1);
+            L->attn_k_b = bindl(&b, il, "attn_k.bias", hp->has_qkv_bias, kv_dim, 1, 1);
+            L->attn_v_b = bindl(&b, il, "attn_v.bias", hp->has_qkv_bias, kv_dim, 1, 1);
+            L->attn_q_norm = bindl(&b, il, "attn_q_norm.weight", hp->has_qk_norm, hp->head_dim, 1, 1);
+            L->attn_k_norm = bindl(&b, il, "attn_k_norm.weight", hp->has_qk_norm, hp->head_dim, 1, 1);
+        }
+        L->ffn_norm = bindl(&b, il, "ffn_norm.weight", 0, hp->n_embd, 1, 1);
+        if (!L->ffn_norm) L->ffn_norm = bindl(&b, il, "post_attention_norm.weight", 1, hp->n_embd, 1, 1);
+        if (hp->n_expert) {
+            bind_moe(&b, il);
+        } else {
+            L->ffn_gate = bindl(&b, il, "ffn_gate.weight", 1, hp->n_embd, hp->n_ff, 1);
+            L->ffn_up = bindl(&b, il, "ffn_up.weight", 1, hp->n_embd, hp->n_ff, 1);
+            L->ffn_down = bindl(&b, il, "ffn_down.weight", 1, hp->n_ff, hp->n_embd, 1);
+        }
+    }
+    return b.failed ? -1 : 0;
+}
+
+/* ---- open ---- */
+
+static int build_table_gguf(struct pxq_model *m) {
+    int cap = 0;
+    for (int i = 0; i < gguf_n_tensors(m->gguf); i++) {
+        const struct pxq_tensor *t = gguf_tensor(m->gguf, i);
+        tab_add(m, &cap, t->name, t);
+    }
+    qsort(m->tab, (size_t)m->n_tab, sizeof *m->tab, cmp_named);
+    return 0;
+}
+
+static int build_table_hf(struct pxq_model *m) {
+    int cap = 0;
+    char g[PXQ_NAME_MAX];
+    for (int i = 0; i < st_n_tensors(m->st); i++) {
+        const struct pxq_tensor *t = st_tensor(m->st, i);
+        if (hf_to_gguf_name(t->name, g, sizeof g) == 0) tab_add(m, &cap, g, t);
+    }
+    qsort(m->tab, (size_t)m->n_tab, sizeof *m->tab, cmp_named);
+    return 0;
+}
+
+static int is_gguf_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char magic[4] = {0};
+    if (!f) return 0;
+    size_t n = fread(magic, 1, 4, f);
+    fclose(f);
+    return n == 4 && memcmp(magic, "GGUF", 4) == 0;
+}
+
+struct pxq_model *model_open(const char *path, char *err, size_t errlen) {
+    if (!path || !*path) {
+        set_err(err, errlen, "no model path given");
+        return NULL;
+    }
+    if (!is_dir(path) && !file_exists(path)) {
+        set_err(err, errlen, "%s: no such file or directory", path);
+        return NULL;
+    }
+    struct pxq_model *m = xcalloc(1, sizeof *m);
+    snprintf(m->path, sizeof m->path, "%s", path);
+    if (is_dir(path)) {
+        if (hparams_from_hf(&m->hp, path, err, errlen) != 0) goto fail;
+        m->st = st_open_dir(path, err, errlen);
+        if (!m->st) goto fail;
+        build_table_hf(m);
+        char tj[1200];
+        if (path_join(tj, sizeof tj, path, "tokenizer.json") == 0 && file_exists(tj)) {
+            m->tok = tokenizer_load_hf(path, err, errlen);
+            if (!m->tok) goto fail;
+        }
+    } else {
+        if (!is_gguf_file(path)) {
+            set_err(err, errlen, "%s: not a GGUF file (bad magic) nor an HF model directory", path);
+            goto fail;
+        }
+        m->gguf = gguf_open(path, err, errlen);
+        if (!m->gguf) goto fail;
+        if (hparams_from_gguf(&m->hp, m->gguf, err, errlen) != 0) goto fail;
+        build_table_gguf(m);
+        if (gguf_arr_len(m->gguf, "tokenizer.ggml.tokens") > 0) {
+            m->tok = tokenizer_load_gguf(m->gguf, err, errlen);
+            if (!m->tok) goto fail;
+        }
+    }
+    if (bind_weights(m, err, errlen) != 0) goto fail;
+    if (m->tok) {
+        int32_t ids[PXQ_MAX_EOS];
+        int n = tokenizer_eos_ids(m->tok, ids, PXQ_MAX_EOS);
+        for (int i = 0; i < n; i++) add_eos(&m->hp, ids[i]);
+    }
+    return m;
+fail:
+    model_free(m);
+    return NULL;
+}
+
+void model_free(struct pxq_model *m) {
+    if (!m) return;
+    for (int il = 0; il < PXQ_MAX_LAYERS; il++) free(m->layers[il].experts);
+    free(m->owned);
+    free(m->tab);
+    if (m->tok) tokenizer_free(m->tok);
+    if (m->gguf) gguf_close(m->gguf);
+    if (m->st) st_close(m->st);
+    free(m);
+}
+
+const struct pxq_hparams *model_hparams(const struct pxq_model *m) { return &m->hp; }
+const struct pxq_layer *model_layer(const struct pxq_model *m, int il) { return &m->layers[il]; }
+const struct pxq_tensor *model_token_embd(const struct pxq_model *m) { return m->token_embd; }
+const struct pxq_tensor *model_output_norm(const struct pxq_model *m) { return m->output_norm; }
+const struct pxq_tensor *model_output(const struct pxq_model *m) { return m->output; }
+struct pxq_tokenizer *model_tokenizer(const struct pxq_model *m) { return m->tok; }
+const char *model_path(const struct pxq_model *m) { return m->path; }
+int model_is_gguf(const struct pxq_model *m) { return m->gguf != NULL; }
+struct gguf_file *model_gguf(const struct pxq_model *m) { return m->gguf; }
+
+int model_n_tensors(const struct pxq_model *m) { return m->gguf ? gguf_n_tensors(m->gguf) : st_n_tensors(m->st); }
+const struct pxq_tensor *model_tensor(const struct pxq_model *m, int i) {
+    return m->gguf ? gguf_tensor(m->gguf, i) : st_tensor(m->st, i);
+}
+
+size_t model_weight_bytes(const struct pxq_model *m) {
+    size_t n = 0;
+    for (int i = 0; i < m->n_tab; i++) n += m->tab[i].t->nbytes;
+    return n;
+}

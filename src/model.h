@@ -1,0 +1,114 @@
+/* model.h - hyperparameters, weights and loading for the Qwen family (and Llama).
+ *
+ * One table maps the field's names to GGUF keys and HF config.json keys (model.c, hparam_keys);
+ * one table maps HF tensor names to GGUF tensor names (model.c, hf_tensor_map). After loading,
+ * every weight is addressed by its GGUF name in struct pxq_layer, whatever the file format was.
+ *
+ * Formulas follow HF transformers 5.17: modeling_llama.py, modeling_qwen2.py, modeling_qwen3.py,
+ * modeling_qwen3_moe.py, modeling_qwen3_5.py.
+ */
+#ifndef PXQ_MODEL_H
+#define PXQ_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "tensor.h"
+
+#define PXQ_MAX_LAYERS  256
+#define PXQ_MAX_EXPERTS 512
+#define PXQ_MAX_EOS     8
+
+enum pxq_arch { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_QWEN3MOE, ARCH_QWEN35 };
+
+/* How RoPE pairs dimensions. NEOX: dim i pairs with i + n_rot/2 (HF rotate_half; qwen2/qwen3
+ * GGUFs too). NORM: dim 2i pairs with 2i+1 (GGUF llama, whose converter permuted q/k rows for it). */
+enum rope_style { ROPE_NEOX, ROPE_NORM };
+
+enum layer_kind { LAYER_ATTN, LAYER_DELTANET };
+
+struct pxq_hparams {
+    enum pxq_arch arch;
+    char  arch_name[32];   /* GGUF arch string: "qwen3", "qwen2", "llama", "qwen3moe", "qwen35" */
+    int   n_vocab;
+    int   n_embd;          /* hidden_size */
+    int   n_layer;         /* num_hidden_layers */
+    int   n_head;          /* num_attention_heads */
+    int   n_head_kv;       /* num_key_value_heads */
+    int   head_dim;        /* may differ from n_embd / n_head (qwen3) */
+    int   n_ff;            /* intermediate_size */
+    int   n_ctx_train;     /* max_position_embeddings */
+    int   n_rot;           /* rotary dims per head (head_dim, or partial_rotary_factor * head_dim) */
+    float rope_theta;
+    float rms_eps;
+    enum rope_style rope_style;
+    int   tie_embd;        /* lm_head shares token_embd */
+    int   has_qkv_bias;    /* qwen2 */
+    int   has_qk_norm;     /* qwen3, qwen3moe, qwen35 */
+    /* MoE (qwen3moe) */
+    int   n_expert;        /* 0 for dense */
+    int   n_expert_used;   /* top-k */
+    int   n_ff_exp;        /* moe_intermediate_size */
+    int   norm_topk_prob;
+    /* Qwen3.5 hybrid */
+    enum layer_kind layer_kind[PXQ_MAX_LAYERS];
+    int   attn_output_gate;      /* full-attention q_proj carries a per-head gate (qwen35) */
+    int   ssm_conv_kernel;       /* linear_conv_kernel_dim */
+    int   ssm_n_k_head;          /* linear_num_key_heads */
+    int   ssm_n_v_head;          /* linear_num_value_heads */
+    int   ssm_head_k_dim;        /* linear_key_head_dim */
+    int   ssm_head_v_dim;        /* linear_value_head_dim */
+    /* special tokens from config.json + generation_config.json (or GGUF) */
+    int32_t eos_ids[PXQ_MAX_EOS];
+    int   n_eos;
+    int32_t bos_id;        /* -1 if none */
+};
+
+struct pxq_expert {
+    const struct pxq_tensor *gate, *up, *down;  /* [n_embd, n_ff_exp], same, [n_ff_exp, n_embd] */
+};
+
+/* Per-layer weights, named as GGUF names them (blk.N.<name>). NULL where absent. */
+struct pxq_layer {
+    const struct pxq_tensor *attn_norm;              /* [n_embd] */
+    const struct pxq_tensor *attn_q, *attn_k, *attn_v; /* [n_embd, n_head*head_dim(*2 with gate)], [n_embd, n_head_kv*head_dim] */
+    const struct pxq_tensor *attn_q_b, *attn_k_b, *attn_v_b; /* biases (qwen2) */
+    const struct pxq_tensor *attn_q_norm, *attn_k_norm;     /* [head_dim] (qwen3) */
+    const struct pxq_tensor *attn_output;            /* [n_head*head_dim, n_embd] */
+    const struct pxq_tensor *ffn_norm;               /* [n_embd] (post_attention_layernorm) */
+    const struct pxq_tensor *ffn_gate, *ffn_up, *ffn_down; /* dense FFN */
+    const struct pxq_tensor *ffn_gate_inp;           /* MoE router [n_embd, n_expert] */
+    struct pxq_expert *experts;                      /* [n_expert] for MoE layers */
+    /* Gated DeltaNet (qwen35 linear_attention layers); see forward for the formulas. */
+    const struct pxq_tensor *ssm_in_qkv, *ssm_in_z, *ssm_in_b, *ssm_in_a;
+    const struct pxq_tensor *ssm_conv1d;             /* [conv_kernel, conv_dim] */
+    const struct pxq_tensor *ssm_dt_bias, *ssm_a_log, *ssm_norm, *ssm_out;
+};
+
+struct pxq_model;
+
+/* Open a model: an HF directory (config.json, generation_config.json, safetensors, tokenizer.json)
+ * or a GGUF file. Checks the architecture and every tensor's presence and shape; on failure returns
+ * NULL and writes one line naming the problem (e.g. the tensor, expected and actual shapes). */
+struct pxq_model *model_open(const char *path, char *err, size_t errlen);
+void model_free(struct pxq_model *m);
+
+const struct pxq_hparams *model_hparams(const struct pxq_model *m);
+const struct pxq_layer   *model_layer(const struct pxq_model *m, int il);
+const struct pxq_tensor  *model_token_embd(const struct pxq_model *m);  /* [n_embd, n_vocab] */
+const struct pxq_tensor  *model_output_norm(const struct pxq_model *m); /* [n_embd] */
+const struct pxq_tensor  *model_output(const struct pxq_model *m);      /* [n_embd, n_vocab] (token_embd if tied) */
+struct pxq_tokenizer     *model_tokenizer(const struct pxq_model *m);   /* NULL if the model has none */
+const char *model_path(const struct pxq_model *m);
+int model_is_gguf(const struct pxq_model *m);
+
+/* All tensors of the file, for `pxq info` (GGUF names for GGUF, HF names for safetensors). */
+int model_n_tensors(const struct pxq_model *m);
+const struct pxq_tensor *model_tensor(const struct pxq_model *m, int i);
+struct gguf_file *model_gguf(const struct pxq_model *m); /* NULL for HF dirs */
+
+/* Total bytes of the weights the forward uses (for rooflines). */
+size_t model_weight_bytes(const struct pxq_model *m);
+
+const char *arch_name(enum pxq_arch a);
+
+#endif

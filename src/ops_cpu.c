@@ -1,0 +1,144 @@
+/* ops_cpu.c - see ops_cpu.h. */
+#include "ops_cpu.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "quant.h"
+#include "threadpool.h"
+#include "util.h"
+
+typedef float v8f __attribute__((vector_size(32)));
+
+float vec_dot_f32(const float *a, const float *b, int64_t n) {
+    v8f acc0 = {0}, acc1 = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        v8f a0, a1, b0, b1;
+        memcpy(&a0, a + i, 32);
+        memcpy(&b0, b + i, 32);
+        memcpy(&a1, a + i + 8, 32);
+        memcpy(&b1, b + i + 8, 32);
+        acc0 += a0 * b0;
+        acc1 += a1 * b1;
+    }
+    acc0 += acc1;
+    float s = 0;
+    for (int j = 0; j < 8; j++) s += acc0[j];
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* ---- matmul ---- */
+
+#define MM_TILE 8 /* weight rows dequantized together and reused across all tokens */
+
+struct mm_args {
+    float *y;
+    const struct pxq_tensor *w;
+    const float *x;
+    int n_tokens;
+    size_t row_bytes;
+};
+
+static float *scratch_get(size_t n) {
+    static __thread float *buf;
+    static __thread size_t cap;
+    if (n > cap) {
+        free(buf);
+        buf = xmalloc(n * sizeof(float));
+        cap = n;
+    }
+    return buf;
+}
+
+static void mm_vec(void *arg, int64_t r0, int64_t r1, int ith) {
+    const struct mm_args *a = arg;
+    const int64_t n_in = a->w->ne[0];
+    const char *base = a->w->data;
+    for (int64_t r = r0; r < r1; r++) a->y[r] = dot_row_f32(a->w->type, base + (size_t)r * a->row_bytes, a->x, n_in);
+}
+
+static void mm_mat(void *arg, int64_t t0, int64_t t1, int ith) {
+    const struct mm_args *a = arg;
+    const int64_t n_in = a->w->ne[0], n_out = a->w->ne[1];
+    const char *base = a->w->data;
+    float *rows = scratch_get((size_t)MM_TILE * (size_t)n_in);
+    for (int64_t tile = t0; tile < t1; tile++) {
+        int64_t r0 = tile * MM_TILE, nr = n_out - r0 < MM_TILE ? n_out - r0 : MM_TILE;
+        for (int64_t r = 0; r < nr; r++)
+            dequantize_row(a->w->type, base + (size_t)(r0 + r) * a->row_bytes, rows + r * n_in, n_in);
+        for (int t = 0; t < a->n_tokens; t++) {
+            const float *xt = a->x + (size_t)t * (size_t)n_in;
+            float *yt = a->y + (size_t)t * (size_t)n_out + r0;
+            for (int64_t r = 0; r < nr; r++) yt[r] = vec_dot_f32(rows + r * n_in, xt, n_in);
+        }
+    }
+}
+
+void matmul_cpu(struct threadpool *tp, float *y, const struct pxq_tensor *w, const float *x, int n_tokens) {
+    struct mm_args a = {y, w, x, n_tokens, type_row_bytes(w->type, w->ne[0])};
+    if (n_tokens == 1) {
+        parallel_for(tp, w->ne[1], 16, mm_vec, &a);
+    } else {
+        int64_t n_tiles = (w->ne[1] + MM_TILE - 1) / MM_TILE;
+        parallel_for(tp, n_tiles, 1, mm_mat, &a);
+    }
+}
+
+/* ---- small ops ---- */
+
+void rmsnorm_cpu(float *out, const float *x, const float *w, int n, int n_rows, float eps) {
+    for (int r = 0; r < n_rows; r++) {
+        const float *xr = x + (size_t)r * n;
+        float *o = out + (size_t)r * n;
+        float ss = vec_dot_f32(xr, xr, n);
+        float scale = 1.0f / sqrtf(ss / (float)n + eps);
+        for (int i = 0; i < n; i++) o[i] = xr[i] * scale * w[i];
+    }
+}
+
+void rope_inv_freq(float *inv_freq, int n_rot, float theta) {
+    for (int i = 0; i < n_rot / 2; i++) {
+        float ex = (float)(2 * i) / (float)n_rot;
+        inv_freq[i] = 1.0f / powf(theta, ex);
+    }
+}
+
+void rope_cpu(float *x, int n_heads, int head_dim, int n_rot, int pos, const float *inv_freq, int neox) {
+    const int half = n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        float ang = (float)pos * inv_freq[i];
+        float c = cosf(ang), s = sinf(ang);
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + (size_t)h * head_dim;
+            int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+            float a = v[i0], b = v[i1];
+            v[i0] = a * c - b * s;
+            v[i1] = b * c + a * s;
+        }
+    }
+}
+
+void swiglu_cpu(float *out, const float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+void tensor_row_f32(float *out, const struct pxq_tensor *t, int64_t row) {
+    size_t rb = type_row_bytes(t->type, t->ne[0]);
+    dequantize_row(t->type, (const char *)t->data + (size_t)row * rb, out, t->ne[0]);
+}
+
+void softmax_cpu(float *x, int n) {
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    float s = 0;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        s += x[i];
+    }
+    for (int i = 0; i < n; i++) x[i] /= s;
+}

@@ -1,0 +1,39 @@
+/* ops_cpu.h - the CPU reference ops. Outputs first, then inputs, then sizes. Float32 throughout.
+ * Each op has a CUDA twin of the same name with _cuda (src/cuda/), compared in tests. */
+#ifndef PXQ_OPS_CPU_H
+#define PXQ_OPS_CPU_H
+
+#include <stdint.h>
+
+#include "tensor.h"
+
+struct threadpool;
+
+/* y[t][o] = sum_i W[o][i] * x[t][i] for t < n_tokens; W has ne = [n_in, n_out] in any supported type.
+ * Rows of W are dequantized once per call and used for every token (matrix-matrix for prefill). */
+void matmul_cpu(struct threadpool *tp, float *y, const struct pxq_tensor *w, const float *x, int n_tokens);
+
+/* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i], for each of n_rows rows of n (HF LlamaRMSNorm:
+ * the mean is taken in float32). w is [n] float32; out may alias x. */
+void rmsnorm_cpu(float *out, const float *x, const float *w, int n, int n_rows, float eps);
+
+/* Rotary embedding in place on x[n_heads][head_dim] at position pos, rotating the first n_rot dims
+ * of each head (Su et al. 2021, RoFormer; HF apply_rotary_pos_emb). neox=1: dim i pairs with
+ * i + n_rot/2 (rotate_half); neox=0: dim 2i pairs with 2i+1. inv_freq[n_rot/2] from rope_inv_freq. */
+void rope_cpu(float *x, int n_heads, int head_dim, int n_rot, int pos, const float *inv_freq, int neox);
+/* inv_freq[i] = 1 / theta^(2i / n_rot), computed as HF does in float32. */
+void rope_inv_freq(float *inv_freq, int n_rot, float theta);
+
+/* out[i] = silu(gate[i]) * up[i] (SwiGLU, Shazeer 2020). */
+void swiglu_cpu(float *out, const float *gate, const float *up, int64_t n);
+
+/* Dequantize row `row` of a [n, rows] tensor into out[n] (embedding lookup, small vectors). */
+void tensor_row_f32(float *out, const struct pxq_tensor *t, int64_t row);
+
+/* Numerically stable in-place softmax over x[n]. */
+void softmax_cpu(float *x, int n);
+
+/* Float32 dot product with several accumulators (vectorised by the compiler). */
+float vec_dot_f32(const float *a, const float *b, int64_t n);
+
+#endif
