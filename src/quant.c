@@ -6,7 +6,7 @@
  *
  * dot_row_f32 is the CPU decode hot path (one weight row against an activation vector). Q4_0, Q5_0,
  * Q8_0, Q4_K, Q6_K use fused per-block loops; the other types dequantize one block into a stack buffer and dot
- * it. All sums are float32 with 8 independent accumulators so gcc -O2 -march=native vectorizes them.
+ * it. All sums are float32 with 32 independent accumulators so gcc -O2 -march=native vectorizes them.
  */
 #include "quant.h"
 
@@ -80,15 +80,23 @@ static inline void wr16(uint8_t *p, uint16_t v) {
     p[1] = (uint8_t)(v >> 8);
 }
 
-/* float32 dot of two contiguous float arrays, n any length; 8 accumulators. */
+#define ACC 32 /* independent float accumulators in the dot loops (see "dot products") */
+
+static inline float hsum(float *a, int n) {
+    for (int w = n / 2; w > 0; w /= 2)
+        for (int k = 0; k < w; k++) a[k] = a[k] + a[k + w];
+    return a[0];
+}
+
+/* float32 dot of two contiguous float arrays, any n; same summation order as the buffered path of
+ * dot_row_f32, so aligned and unaligned f32 rows give identical results. */
 static inline float dot_f32(const float *a, const float *b, int64_t n) {
-    float acc[8] = {0};
+    float acc[ACC] = {0}, tail = 0;
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) acc[k] += a[i + k] * b[i + k];
-    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
+    for (; i + ACC <= n; i += ACC)
+        for (int k = 0; k < ACC; k++) acc[k] += a[i + k] * b[i + k];
+    for (; i < n; i++) tail += a[i] * b[i];
+    return hsum(acc, ACC) + tail;
 }
 
 /* Q4_K / Q5_K: 8 sub-blocks of 32 with a 6-bit scale and a 6-bit min each, packed in 12 bytes:
@@ -245,7 +253,15 @@ static void f16_to_f32_row(const uint8_t *p, float *y, int64_t n) {
 }
 
 static void bf16_to_f32_row(const uint8_t *p, float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) { /* fixed trip count: gcc -O2 vectorizes it */
+        uint16_t h[16];
+        uint32_t u[16];
+        memcpy(h, p + 2 * i, sizeof h); /* little-endian host, as everywhere in PXQ */
+        for (int k = 0; k < 16; k++) u[k] = (uint32_t)h[k] << 16;
+        memcpy(y + i, u, sizeof u);
+    }
+    for (; i < n; i++) {
         uint32_t u = (uint32_t)rd16(p + 2 * i) << 16;
         memcpy(&y[i], &u, 4);
     }
@@ -335,137 +351,120 @@ int quantize_row(enum pxq_type t, const float *src, void *dst, int64_t n) {
 
 /* ---- dot products -------------------------------------------------------------------------- */
 
-/* Q8_0 fused: per block d * sum(q*x). */
+/* The fused loops below dequantize on the fly, w = scale*q (- min), into ACC independent float
+ * accumulators indexed by the element's position in its (sub-)block, so gcc -O2 -march=native turns
+ * each inner loop into a few wide FMAs on independent registers (2 x 512-bit chains for 32 lanes). */
+/* Q8_0 fused: sum over blocks of (d*q) . x */
 static float dot_q8_0(const uint8_t *b, const float *x, int64_t nb) {
-    float s = 0;
+    float acc[ACC] = {0};
     for (int64_t i = 0; i < nb; i++, b += 34, x += QK) {
         const int8_t *q = (const int8_t *)(b + 2);
-        float acc[8] = {0};
-        for (int j = 0; j < QK; j += 8)
-            for (int k = 0; k < 8; k++) acc[k] += (float)q[j + k] * x[j + k];
-        s += h2f(b) * (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])));
+        float d = h2f(b);
+        for (int j = 0; j < QK; j++) acc[j] += d * (float)q[j] * x[j];
     }
-    return s;
+    return hsum(acc, ACC);
 }
 
-/* Q4_0 fused: per block d * sum((nibble-8)*x). */
+/* Q4_0 fused: element j (low nibble) and j+16 (high nibble) of each block. */
 static float dot_q4_0(const uint8_t *b, const float *x, int64_t nb) {
-    float s = 0;
+    float acc[ACC] = {0};
     for (int64_t i = 0; i < nb; i++, b += 18, x += QK) {
         const uint8_t *q = b + 2;
-        float acc[8] = {0};
-        for (int j = 0; j < QK / 2; j += 8)
-            for (int k = 0; k < 8; k++)
-                acc[k] += (float)((q[j + k] & 0x0f) - 8) * x[j + k] + (float)((q[j + k] >> 4) - 8) * x[j + k + QK / 2];
-        s += h2f(b) * (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])));
+        float d = h2f(b);
+        for (int j = 0; j < QK / 2; j++) {
+            acc[j] += d * (float)((q[j] & 0x0f) - 8) * x[j];
+            acc[j + 16] += d * (float)((q[j] >> 4) - 8) * x[j + 16];
+        }
     }
-    return s;
+    return hsum(acc, ACC);
 }
 
-/* Q5_0 fused: per block d * sum((q-16)*x). */
+/* Q5_0 fused: as Q4_0 with the fifth bit from qh, offset 16. */
 static float dot_q5_0(const uint8_t *b, const float *x, int64_t nb) {
-    float s = 0;
+    float acc[ACC] = {0};
     for (int64_t i = 0; i < nb; i++, b += 22, x += QK) {
         uint32_t qh = (uint32_t)b[2] | (uint32_t)b[3] << 8 | (uint32_t)b[4] << 16 | (uint32_t)b[5] << 24;
         const uint8_t *q = b + 6;
-        float acc[8] = {0};
-        for (int j = 0; j < QK / 2; j += 8)
-            for (int k = 0; k < 8; k++) {
-                int lo = (q[j + k] & 0x0f) | (int)(((qh >> (j + k)) & 1) << 4);
-                int hi = (q[j + k] >> 4) | (int)(((qh >> (j + k + 16)) & 1) << 4);
-                acc[k] += (float)(lo - 16) * x[j + k] + (float)(hi - 16) * x[j + k + QK / 2];
-            }
-        s += h2f(b) * (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])));
+        float d = h2f(b);
+        for (int j = 0; j < QK / 2; j++) {
+            int lo = (q[j] & 0x0f) | (int)(((qh >> j) & 1) << 4);
+            int hi = (q[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+            acc[j] += d * (float)(lo - 16) * x[j];
+            acc[j + 16] += d * (float)(hi - 16) * x[j + 16];
+        }
     }
-    return s;
+    return hsum(acc, ACC);
 }
 
-/* Q4_K fused: per sub-block of 32, d*sc*sum(q*x) - dmin*m*sum(x). */
+/* Q4_K fused: per pair of sub-blocks, w = d1*(q & 15) - m1 (low) and d2*(q >> 4) - m2 (high). */
 static float dot_q4_K(const uint8_t *b, const float *x, int64_t nb) {
-    float s = 0;
+    float acc[2 * ACC] = {0};
     for (int64_t i = 0; i < nb; i++, b += 144) {
         float d = h2f(b), dmin = h2f(b + 2);
         const uint8_t *sc6 = b + 4, *q = b + 16;
-        float bs = 0;
         for (int c = 0; c < 4; c++, q += 32, x += 64) {
-            float a1[8] = {0}, a2[8] = {0}, x1[8] = {0}, x2[8] = {0};
-            for (int l = 0; l < 32; l += 8)
-                for (int k = 0; k < 8; k++) {
-                    a1[k] += (float)(q[l + k] & 0x0f) * x[l + k];
-                    a2[k] += (float)(q[l + k] >> 4) * x[l + k + 32];
-                    x1[k] += x[l + k];
-                    x2[k] += x[l + k + 32];
-                }
-            float s1 = 0, s2 = 0, t1 = 0, t2 = 0;
-            for (int k = 0; k < 8; k++) {
-                s1 += a1[k];
-                s2 += a2[k];
-                t1 += x1[k];
-                t2 += x2[k];
-            }
             uint8_t sc, mn;
             k4_scale_min(2 * c, sc6, &sc, &mn);
-            bs += d * sc * s1 - dmin * mn * t1;
+            float d1 = d * sc, m1 = dmin * mn;
             k4_scale_min(2 * c + 1, sc6, &sc, &mn);
-            bs += d * sc * s2 - dmin * mn * t2;
+            float d2 = d * sc, m2 = dmin * mn;
+            for (int l = 0; l < 32; l++) {
+                acc[l] += (d1 * (float)(q[l] & 0x0f) - m1) * x[l];
+                acc[l + 32] += (d2 * (float)(q[l] >> 4) - m2) * x[l + 32];
+            }
         }
-        s += bs;
     }
-    return s;
+    return hsum(acc, 2 * ACC);
 }
 
-/* Q6_K fused: per 16 elements, d*scale*sum((q-32)*x). */
+/* Q6_K fused: per half of 128, four 32-element groups with scales changing every 16. */
 static float dot_q6_K(const uint8_t *b, const float *x, int64_t nb) {
-    float s = 0;
+    float acc[4 * ACC] = {0};
     for (int64_t i = 0; i < nb; i++, b += 210) {
         const uint8_t *ql = b, *qh = b + 128;
         const int8_t *sc = (const int8_t *)(b + 192);
-        float d = h2f(b + 208), bs = 0;
+        float d = h2f(b + 208);
         for (int h = 0; h < 2; h++, ql += 64, qh += 32, sc += 8, x += 128) {
-            for (int is = 0; is < 2; is++) { /* l in [16*is, 16*is+16) */
-                float a[4][8] = {{0}};
-                for (int l0 = 16 * is; l0 < 16 * is + 16; l0 += 8)
-                    for (int k = 0; k < 8; k++) {
-                        int l = l0 + k;
-                        a[0][k] += (float)((int)((ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32) * x[l];
-                        a[1][k] += (float)((int)((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32) * x[l + 32];
-                        a[2][k] += (float)((int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32) * x[l + 64];
-                        a[3][k] += (float)((int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32) * x[l + 96];
-                    }
-                for (int g = 0; g < 4; g++) {
-                    float t = ((a[g][0] + a[g][4]) + (a[g][1] + a[g][5])) + ((a[g][2] + a[g][6]) + (a[g][3] + a[g][7]));
-                    bs += (float)sc[is + 2 * g] * t;
-                }
+            float s[8];
+            for (int k = 0; k < 8; k++) s[k] = d * (float)sc[k];
+            for (int l = 0; l < 32; l++) {
+                int is = l / 16;
+                int q1 = (int)((ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                int q2 = (int)((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                acc[l] += s[is + 0] * (float)q1 * x[l];
+                acc[l + 32] += s[is + 2] * (float)q2 * x[l + 32];
+                acc[l + 64] += s[is + 4] * (float)q3 * x[l + 64];
+                acc[l + 96] += s[is + 6] * (float)q4 * x[l + 96];
             }
         }
-        s += d * bs;
     }
-    return s;
+    return hsum(acc, 4 * ACC);
 }
 
 float dot_row_f32(enum pxq_type t, const void *row, const float *x, int64_t n) {
     const uint8_t *p = row;
     switch (t) {
-    case PXQ_TYPE_F32: {
+    case PXQ_TYPE_F32:
         if (((uintptr_t)row & 3) == 0) return dot_f32((const float *)row, x, n);
-        float buf[256], s = 0;
-        for (int64_t i = 0; i < n; i += 256) {
-            int64_t m = n - i < 256 ? n - i : 256;
-            memcpy(buf, p + 4 * i, (size_t)m * 4);
-            s += dot_f32(buf, x + i, m);
-        }
-        return s;
-    }
+        /* unaligned rows go through the buffer below */
+        /* fall through */
     case PXQ_TYPE_F16:
     case PXQ_TYPE_BF16: {
-        float buf[256], s = 0;
+        /* One accumulator set across the row, fed from a converted 256-element buffer. */
+        float buf[256], acc[ACC] = {0}, tail = 0;
         for (int64_t i = 0; i < n; i += 256) {
             int64_t m = n - i < 256 ? n - i : 256;
-            if (t == PXQ_TYPE_F16) f16_to_f32_row(p + 2 * i, buf, m);
+            if (t == PXQ_TYPE_F32) memcpy(buf, p + 4 * i, (size_t)m * 4);
+            else if (t == PXQ_TYPE_F16) f16_to_f32_row(p + 2 * i, buf, m);
             else bf16_to_f32_row(p + 2 * i, buf, m);
-            s += dot_f32(buf, x + i, m);
+            int64_t j = 0;
+            for (; j + ACC <= m; j += ACC)
+                for (int k = 0; k < ACC; k++) acc[k] += buf[j + k] * x[i + j + k];
+            for (; j < m; j++) tail += buf[j] * x[i + j];
         }
-        return s;
+        return hsum(acc, ACC) + tail;
     }
     case PXQ_TYPE_Q8_0: return dot_q8_0(p, x, n / QK);
     case PXQ_TYPE_Q4_0: return dot_q4_0(p, x, n / QK);
