@@ -377,9 +377,12 @@ static int parse(struct gguf_file *g, struct rd *r) {
         for (uint32_t i = 0; i < nd; i++) {
             uint64_t ne;
             if (rd_u64(r, &ne, "dimension")) goto fail;
-            if (ne == 0 || ne > (uint64_t)INT64_MAX || nel > (uint64_t)INT64_MAX / ne) {
-                set_err(r->err, r->errlen, "%s: tensor '%s' dimension %u = %" PRIu64 " is zero or overflows the element count",
-                        r->name, t->name, i, ne);
+            if (ne == 0 || ne > (uint64_t)INT64_MAX) {
+                set_err(r->err, r->errlen, "%s: tensor '%s' ne[%u] = %" PRIu64 " (must be 1..2^63-1)", r->name, t->name, i, ne);
+                goto fail;
+            }
+            if (nel > (uint64_t)INT64_MAX / ne) {
+                set_err(r->err, r->errlen, "%s: tensor '%s' element count overflows at ne[%u] = %" PRIu64, r->name, t->name, i, ne);
                 goto fail;
             }
             nel *= ne;
@@ -628,23 +631,28 @@ struct sb {
     int    full;
 };
 
+/* Append n bytes; once the buffer would overflow, cut it so it ends in "..." (when cap >= 4)
+ * without splitting a UTF-8 sequence, and ignore everything after. */
 static void sb_put(struct sb *b, const char *s, size_t n) {
     if (b->full) return;
-    if (b->len + n + 1 > b->cap) { /* keep room for "..." */
-        size_t room = b->cap > b->len + 4 ? b->cap - b->len - 4 : 0;
-        if (room > n) room = n;
-        while (room > 0 && ((uint8_t)s[room] & 0xc0) == 0x80) room--; /* do not split a UTF-8 char */
-        memcpy(b->p + b->len, s, room);
-        b->len += room;
-        size_t dots = b->cap - 1 - b->len < 3 ? b->cap - 1 - b->len : 3;
-        memcpy(b->p + b->len, "...", dots);
-        b->len += dots;
+    if (b->len + n + 1 <= b->cap) {
+        memcpy(b->p + b->len, s, n);
+        b->len += n;
         b->p[b->len] = 0;
-        b->full = 1;
         return;
     }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
+    b->full = 1;
+    size_t fit = b->cap - 1 - b->len; /* bytes of s that fit */
+    memcpy(b->p + b->len, s, fit);
+    b->len += fit;
+    if (b->cap < 4) {
+        b->p[b->len] = 0;
+        return;
+    }
+    size_t keep = b->len < b->cap - 4 ? b->len : b->cap - 4;
+    while (keep > 0 && ((uint8_t)b->p[keep] & 0xc0) == 0x80) keep--;
+    memcpy(b->p + keep, "...", 3);
+    b->len = keep + 3;
     b->p[b->len] = 0;
 }
 
@@ -662,6 +670,7 @@ static void sb_printf(struct sb *b, const char *fmt, ...) {
 static void sb_quote(struct sb *b, const uint8_t *s, uint64_t len, uint64_t max) {
     sb_put(b, "\"", 1);
     uint64_t n = len < max ? len : max;
+    while (n < len && n > 0 && (s[n] & 0xc0) == 0x80) n--; /* cut before a UTF-8 continuation byte */
     for (uint64_t i = 0; i < n && !b->full; i++) {
         uint8_t c = s[i];
         if (c == '"' || c == '\\') {
