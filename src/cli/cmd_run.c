@@ -109,6 +109,7 @@ int cmd_run(int argc, char **argv) {
     struct pxq_engine *e = pxq_engine_new(m, &co.ep, err, sizeof err);
     if (!e) fail(&a, 1, "%s", err);
     const struct pxq_engine_params *ep = pxq_engine_params(e);
+    if (n_ids >= ep->n_ctx) fail(&a, 1, "the prompt has %d tokens, more than the context allows (%d; see -c)", n_ids, ep->n_ctx - 1);
     fprintf(stderr, "pxq run: %s (%s), %d prompt tokens, n_ctx %d, %d threads, seed %llu\n", model_path(m),
             model_hparams(m)->arch_name, n_ids, ep->n_ctx, ep->n_threads, (unsigned long long)gp.sp.seed);
     struct gen_stats st;

@@ -1,0 +1,43 @@
+#!/bin/sh
+# The core CLI end to end: run writes only generated text to stdout, tokenize prints JSON ids,
+# info reports the architecture, and perplexity on frankenstein.txt (-c 256 --chunks 64) lands
+# within the acceptance bounds of the HF reference figure 82.253 (BF16 weights, float32 compute):
+# 0.5% for the HF dir and the BF16 GGUF, 3% for the Q8_0, Q4_0 and Q4_K_M GGUFs.
+set -u
+BUILD=${BUILD:-build}
+PXQ=$BUILD/pxq
+D=tests/data
+fail=0
+check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1"; fail=1; fi; }
+
+out=$($PXQ run -p "Once upon a time" -n 16 --seed 7 -t 2 2>/tmp/pxq-run-err.$$)
+check "run prints generated text on stdout" '[ -n "$out" ]'
+check "run logs go to stderr" 'grep -q "decode 16 tokens" /tmp/pxq-run-err.$$'
+g1=$($PXQ run -m $D/tiny-qwen3 -p "Once upon a time" -n 12 --temp 0 2>/dev/null)
+g2=$($PXQ run -m $D/gguf/tiny-qwen3-bf16.gguf -p "Once upon a time" -n 12 --temp 0 2>/dev/null)
+check "greedy run: HF dir and BF16 GGUF agree" '[ -n "$g1" ] && [ "$g1" = "$g2" ]'
+s1=$($PXQ run -p "The sea" -n 12 --seed 3 2>/dev/null); s2=$($PXQ run -p "The sea" -n 12 --seed 3 2>/dev/null)
+check "same seed, same text" '[ "$s1" = "$s2" ]'
+stop=$($PXQ run -m $D/tiny-qwen3 -p "Once upon a time" -n 40 --temp 0 --stop "man" 2>/dev/null)
+check "stop string ends the text before it" '[ -n "$stop" ] && ! printf "%s" "$stop" | grep -q "man"'
+printf 'Once upon a time' > /tmp/pxq-prompt.$$
+f1=$($PXQ run -m $D/tiny-qwen3 -f /tmp/pxq-prompt.$$ -n 12 --temp 0 2>/dev/null)
+check "-f reads the prompt from a file" '[ "$f1" = "$g1" ]'
+chat=$($PXQ run --chat -p "Hello" -n 8 --seed 1 2>/dev/null; echo "rc=$?")
+check "--chat runs" 'printf "%s" "$chat" | grep -q "rc=0"'
+
+ids=$($PXQ tokenize -m $D/tiny-qwen3 "Once upon a time, there was a little girl named Lily.")
+check "tokenize matches the HF ids" '[ "$ids" = "[46, 1413, 860, 258, 625, 11, 499, 323, 258, 668, 1068, 295, 3279, 461, 761, 13]" ]'
+info=$($PXQ info $D/gguf/tiny-qwen3-Q4_0.gguf)
+check "info names the architecture and types" 'printf "%s" "$info" | grep -q "architecture: qwen3" && printf "%s" "$info" | grep -q "q4_0"'
+
+ppl() { $PXQ perplexity -m "$1" -f $D/frankenstein.txt -c 256 --chunks 64 --json -t 2 2>/dev/null | tail -n 1 | sed 's/.*"ppl": \([0-9.]*\).*/\1/'; }
+within() { awk -v x="$1" -v r="$2" -v tol="$3" 'BEGIN { d = (x - r) / r; if (d < 0) d = -d; exit !(x > 0 && d <= tol) }'; }
+for spec in "$D/tiny-qwen3 0.005" "$D/gguf/tiny-qwen3-bf16.gguf 0.005" "$D/gguf/tiny-qwen3-Q8_0.gguf 0.03" \
+            "$D/gguf/tiny-qwen3-Q4_0.gguf 0.03" "models/tiny-qwen3-Q4_K_M.gguf 0.03"; do
+    set -- $spec
+    p=$(ppl "$1")
+    check "perplexity $1 = $p within $2 of 82.253" 'within "$p" 82.253 $2'
+done
+rm -f /tmp/pxq-run-err.$$ /tmp/pxq-prompt.$$
+exit $fail
