@@ -76,7 +76,16 @@ static void mm_mat(void *arg, int64_t t0, int64_t t1, int ith) {
     }
 }
 
+static _Thread_local matmul_observer_fn mm_observer;
+static _Thread_local void *mm_observer_ctx;
+
+void matmul_cpu_set_observer(matmul_observer_fn fn, void *ctx) {
+    mm_observer = fn;
+    mm_observer_ctx = ctx;
+}
+
 void matmul_cpu(struct threadpool *tp, float *y, const struct pxq_tensor *w, const float *x, int n_tokens) {
+    if (mm_observer) mm_observer(mm_observer_ctx, w, x, n_tokens);
     struct mm_args a = {y, w, x, n_tokens, type_row_bytes(w->type, w->ne[0])};
     if (n_tokens == 1) {
         parallel_for(tp, w->ne[1], 16, mm_vec, &a);

@@ -13,6 +13,13 @@ struct threadpool;
  * Rows of W are dequantized once per call and used for every token (matrix-matrix for prefill). */
 void matmul_cpu(struct threadpool *tp, float *y, const struct pxq_tensor *w, const float *x, int n_tokens);
 
+/* Calibration hook (pxq quantize, src/quantize_calib.c): when set, matmul_cpu calls
+ * fn(ctx, w, x, n_tokens) with its input x[n_tokens][w->ne[0]] before each product on this thread.
+ * Thread-local, so other threads' engines are unaffected; NULL turns it off. Placed here rather
+ * than in the forward so every weight product of every architecture is seen with no per-site edits. */
+typedef void (*matmul_observer_fn)(void *ctx, const struct pxq_tensor *w, const float *x, int n_tokens);
+void matmul_cpu_set_observer(matmul_observer_fn fn, void *ctx);
+
 /* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i], for each of n_rows rows of n (HF LlamaRMSNorm:
  * the mean is taken in float32). w is [n] float32; out may alias x. */
 void rmsnorm_cpu(float *out, const float *x, const float *w, int n, int n_rows, float eps);
