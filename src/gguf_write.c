@@ -2,6 +2,7 @@
 #include "gguf_write.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
