@@ -1,21 +1,30 @@
-/* threadpool.c - see threadpool.h. Workers take chunks from an atomic counter (dynamic scheduling),
- * so uneven chunks (attention over different sequence lengths) balance themselves. */
+/* threadpool.c - see threadpool.h.
+ *
+ * A forward pass issues dozens of short parallel loops per token, so waking workers through a
+ * condition variable each time costs more than the work. Workers spin on an atomic generation
+ * counter for a while after each loop (yielding the CPU between polls) and only then sleep on the
+ * condition variable; the caller spins until the workers are done. Chunks are taken from an atomic
+ * counter (dynamic scheduling), so uneven chunks (attention over different lengths) balance. */
 #include "threadpool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
 #include "util.h"
 
+#define SPIN_SECONDS 0.002 /* how long an idle worker polls before it sleeps */
+
 struct threadpool {
     int n_threads;
     pthread_t *threads;
     pthread_mutex_t mu;
-    pthread_cond_t cv_work, cv_done;
-    uint64_t generation; /* bumped for each loop */
-    int n_busy;
-    int quit;
+    pthread_cond_t cv_work;
+    atomic_ullong generation; /* bumped for each loop */
+    atomic_int n_busy;        /* workers still in the current loop */
+    atomic_int n_sleeping;
+    atomic_int quit;
     /* the current loop */
     range_fn fn;
     void *arg;
@@ -38,18 +47,29 @@ static void *worker(void *v) {
     struct worker_arg wa = *(struct worker_arg *)v;
     free(v);
     struct threadpool *p = wa.p;
-    uint64_t seen = 0;
-    pthread_mutex_lock(&p->mu);
+    unsigned long long seen = 0;
     for (;;) {
-        while (!p->quit && p->generation == seen) pthread_cond_wait(&p->cv_work, &p->mu);
-        if (p->quit) break;
-        seen = p->generation;
-        pthread_mutex_unlock(&p->mu);
+        /* poll, then sleep */
+        double t0 = now_sec();
+        int polls = 0;
+        while (atomic_load(&p->generation) == seen && !atomic_load(&p->quit)) {
+            if (++polls % 64 == 0) {
+                if (now_sec() - t0 > SPIN_SECONDS) {
+                    pthread_mutex_lock(&p->mu);
+                    atomic_fetch_add(&p->n_sleeping, 1);
+                    while (atomic_load(&p->generation) == seen && !atomic_load(&p->quit)) pthread_cond_wait(&p->cv_work, &p->mu);
+                    atomic_fetch_sub(&p->n_sleeping, 1);
+                    pthread_mutex_unlock(&p->mu);
+                    break;
+                }
+                sched_yield();
+            }
+        }
+        if (atomic_load(&p->quit)) break;
+        seen = atomic_load(&p->generation);
         run_chunks(p, wa.ith);
-        pthread_mutex_lock(&p->mu);
-        if (--p->n_busy == 0) pthread_cond_signal(&p->cv_done);
+        atomic_fetch_sub(&p->n_busy, 1);
     }
-    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -58,7 +78,6 @@ struct threadpool *threadpool_new(int n_threads) {
     p->n_threads = n_threads < 1 ? 1 : n_threads;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv_work, NULL);
-    pthread_cond_init(&p->cv_done, NULL);
     p->threads = xcalloc((size_t)p->n_threads, sizeof *p->threads);
     for (int i = 1; i < p->n_threads; i++) {
         struct worker_arg *wa = xmalloc(sizeof *wa);
@@ -72,13 +91,12 @@ struct threadpool *threadpool_new(int n_threads) {
 void threadpool_free(struct threadpool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
-    p->quit = 1;
+    atomic_store(&p->quit, 1);
     pthread_cond_broadcast(&p->cv_work);
     pthread_mutex_unlock(&p->mu);
     for (int i = 1; i < p->n_threads; i++) pthread_join(p->threads[i], NULL);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv_work);
-    pthread_cond_destroy(&p->cv_done);
     free(p->threads);
     free(p);
 }
@@ -94,18 +112,19 @@ void parallel_for(struct threadpool *p, int64_t n, int64_t grain, range_fn fn, v
         fn(arg, 0, n, 0);
         return;
     }
-    pthread_mutex_lock(&p->mu);
     p->fn = fn;
     p->arg = arg;
     p->n = n;
     p->chunk = chunk;
     atomic_store(&p->next, 0);
-    p->n_busy = p->n_threads - 1;
-    p->generation++;
-    pthread_cond_broadcast(&p->cv_work);
-    pthread_mutex_unlock(&p->mu);
+    atomic_store(&p->n_busy, p->n_threads - 1);
+    atomic_fetch_add(&p->generation, 1); /* publishes the loop (seq_cst) */
+    if (atomic_load(&p->n_sleeping) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->cv_work);
+        pthread_mutex_unlock(&p->mu);
+    }
     run_chunks(p, 0);
-    pthread_mutex_lock(&p->mu);
-    while (p->n_busy > 0) pthread_cond_wait(&p->cv_done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    for (int polls = 0; atomic_load(&p->n_busy) > 0;)
+        if (++polls % 64 == 0) sched_yield();
 }
