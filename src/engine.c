@@ -80,6 +80,10 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
     e->hb = xmalloc(nb * ff * sizeof(float));
     e->hb2 = xmalloc(nb * ff * sizeof(float));
     e->router = xmalloc(nb * (size_t)(hp->n_expert + 1) * sizeof(float));
+    if (hp->arch == ARCH_QWEN35 && qwen35_engine_init(e, err, errlen) != 0) {
+        pxq_engine_free(e);
+        return NULL;
+    }
     return e;
 }
 
@@ -89,6 +93,7 @@ void pxq_engine_free(struct pxq_engine *e) {
         free(e->seqs[s].kv.blocks);
         free(e->seqs[s].rstate);
     }
+    qwen35_engine_free(e);
     for (int il = 0; il < e->hp->n_layer; il++) {
         struct layer_f32 *w = &e->lw[il];
         free(w->attn_norm), free(w->ffn_norm), free(w->q_norm), free(w->k_norm), free(w->bq), free(w->bk), free(w->bv);

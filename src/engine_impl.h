@@ -17,6 +17,9 @@ struct pxq_seq {
 /* Small per-layer vectors, converted to float32 once at engine creation. NULL where absent. */
 struct layer_f32 {
     float *attn_norm, *ffn_norm, *q_norm, *k_norm, *bq, *bk, *bv;
+    /* Gated DeltaNet (forward_qwen35.c): A = -exp(A_log) [n_v_head], dt_bias [n_v_head],
+     * gated norm [head_v_dim], conv1d [conv_dim][conv_kernel] */
+    float *ssm_a, *ssm_dt, *ssm_norm, *ssm_conv1d;
 };
 
 /* One forward step's tokens (a slice of a validated pxq_batch). */
@@ -43,9 +46,24 @@ struct pxq_engine {
     float *logits;                  /* [n_outputs][n_vocab] */
     int n_outputs, logits_cap;
     void *backend;                  /* device backend state (CUDA) */
+    /* Qwen3.5 hybrid (forward_qwen35.c) */
+    int dn_layer[PXQ_MAX_LAYERS];   /* layer -> index among DeltaNet layers, or -1 */
+    size_t rstate_floats;           /* per sequence: conv + delta-rule state of all DeltaNet layers */
+    float *ssm_qkv, *ssm_conv, *ssm_z, *ssm_ba, *ssm_o; /* [n_batch][conv_dim], same, [..][value_dim], [..][2*n_v_head], [..][value_dim] */
 };
 
 /* Run the model over one ubatch on the CPU: positions were validated and KV blocks reserved. */
 void forward_cpu(struct pxq_engine *e, const struct ubatch *ub);
+/* Causal attention of the ubatch's q (e->q, [n][n_head*head_dim], after norm and RoPE) over the cache
+ * of attention layer l (this ubatch's K/V already written) into e->att (forward_cpu.c). */
+void attention_core_cpu(struct pxq_engine *e, const struct ubatch *ub, int l);
+
+/* Qwen3.5 hybrid (forward_qwen35.c). qwen35_engine_init: per-layer float32 vectors (norm offsets
+ * folded in), buffers, the per-sequence state size; 0 or -1 with a message. Layers read e->xb
+ * (normed input, [n][n_embd]) and write e->xb2 ([n][n_embd]). */
+int  qwen35_engine_init(struct pxq_engine *e, char *err, size_t errlen);
+void qwen35_engine_free(struct pxq_engine *e);
+void deltanet_layer_cpu(struct pxq_engine *e, const struct ubatch *ub, int il);
+void gated_attention_layer_cpu(struct pxq_engine *e, const struct ubatch *ub, int il);
 
 #endif

@@ -86,9 +86,13 @@ static void attention_layer(struct pxq_engine *e, const struct ubatch *ub, int i
         memcpy(kv_k(&e->kv, s, l, ub->pos[t]), k, (size_t)kv_dim * sizeof(float));
         memcpy(kv_v(&e->kv, s, l, ub->pos[t]), e->v + (size_t)t * kv_dim, (size_t)kv_dim * sizeof(float));
     }
-    struct attn_args a = {e, ub, l};
-    parallel_for(e->tp, (int64_t)n * hp->n_head, 1, attn_range, &a);
+    attention_core_cpu(e, ub, l);
     matmul_cpu(e->tp, e->xb2, L->attn_output, e->att, n);
+}
+
+void attention_core_cpu(struct pxq_engine *e, const struct ubatch *ub, int l) {
+    struct attn_args a = {e, ub, l};
+    parallel_for(e->tp, (int64_t)ub->n * e->hp->n_head, 1, attn_range, &a);
 }
 
 /* ---- feed-forward ---- */
@@ -166,7 +170,12 @@ void forward_cpu(struct pxq_engine *e, const struct ubatch *ub) {
     for (int il = 0; il < hp->n_layer; il++) {
         const struct pxq_layer *L = model_layer(e->m, il);
         rmsnorm_cpu(e->xb, e->x, e->lw[il].attn_norm, d, n, hp->rms_eps);
-        attention_layer(e, ub, il);
+        if (hp->layer_kind[il] == LAYER_DELTANET)
+            deltanet_layer_cpu(e, ub, il); /* forward_qwen35.c */
+        else if (hp->attn_output_gate)
+            gated_attention_layer_cpu(e, ub, il);
+        else
+            attention_layer(e, ub, il);
         add_residual(e->x, e->xb2, (size_t)n * d);
         rmsnorm_cpu(e->xb, e->x, e->lw[il].ffn_norm, d, n, hp->rms_eps);
         if (hp->n_expert)

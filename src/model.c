@@ -101,6 +101,7 @@ static const struct { const char *hf, *gguf; } hf_tensor_map[] = {
     {"mlp.up_proj.weight", "ffn_up.weight"},
     {"mlp.down_proj.weight", "ffn_down.weight"},
     {"mlp.gate.weight", "ffn_gate_inp.weight"},
+    /* Qwen3.5 Gated DeltaNet (llama.cpp gguf-py tensor_mapping for qwen35) */
     {"linear_attn.in_proj_qkv.weight", "attn_qkv.weight"},
     {"linear_attn.in_proj_z.weight", "attn_gate.weight"},
     {"linear_attn.in_proj_b.weight", "ssm_beta.weight"},
@@ -112,11 +113,33 @@ static const struct { const char *hf, *gguf; } hf_tensor_map[] = {
     {"linear_attn.out_proj.weight", "ssm_out.weight"},
 };
 
-static int hf_to_gguf_name(const char *hf, char *out, size_t cap) {
+/* Qwen3.5 MTP head (HF mtp.*) -> llama.cpp's nextn names on layers n_layer.. (as for GLM-4.5). */
+static const struct { const char *hf, *gguf; } hf_mtp_map[] = {
+    {"mtp.fc.weight", "nextn.eh_proj.weight"},
+    {"mtp.pre_fc_norm_embedding.weight", "nextn.enorm.weight"},
+    {"mtp.pre_fc_norm_hidden.weight", "nextn.hnorm.weight"},
+    {"mtp.norm.weight", "nextn.shared_head_norm.weight"},
+};
+
+/* n_layer places the MTP layers after the main ones. The multimodal qwen3_5 checkpoints keep the
+ * text model under model.language_model. (vision weights, model.visual.*, are skipped). */
+static int hf_to_gguf_name(const char *hf, int n_layer, char *out, size_t cap) {
+    if (strncmp(hf, "model.language_model.", 21) == 0) {
+        char tmp[PXQ_NAME_MAX + 16];
+        snprintf(tmp, sizeof tmp, "model.%s", hf + 21);
+        return hf_to_gguf_name(tmp, n_layer, out, cap);
+    }
     if (strcmp(hf, "model.embed_tokens.weight") == 0) return snprintf(out, cap, "token_embd.weight"), 0;
     if (strcmp(hf, "model.norm.weight") == 0) return snprintf(out, cap, "output_norm.weight"), 0;
     if (strcmp(hf, "lm_head.weight") == 0) return snprintf(out, cap, "output.weight"), 0;
+    for (size_t i = 0; i < sizeof hf_mtp_map / sizeof hf_mtp_map[0]; i++)
+        if (strcmp(hf, hf_mtp_map[i].hf) == 0) return snprintf(out, cap, "blk.%d.%s", n_layer, hf_mtp_map[i].gguf), 0;
     int il, n = 0;
+    if (sscanf(hf, "mtp.layers.%d.%n", &il, &n) == 1 && n > 0 && il >= 0 && il < PXQ_MAX_LAYERS) {
+        char tmp[PXQ_NAME_MAX + 32];
+        snprintf(tmp, sizeof tmp, "model.layers.%d.%s", n_layer + il, hf + n);
+        return hf_to_gguf_name(tmp, n_layer, out, cap);
+    }
     if (sscanf(hf, "model.layers.%d.%n", &il, &n) != 1 || n == 0) return -1;
     const char *rest = hf + n;
     for (size_t i = 0; i < sizeof hf_tensor_map / sizeof hf_tensor_map[0]; i++)
@@ -256,6 +279,10 @@ static int hparams_from_hf(struct pxq_hparams *hp, const char *dir, char *err, s
         }
     }
     if (hp->arch == ARCH_QWEN35) {
+        hp->norm_w_offset = 1.0f; /* Qwen3_5RMSNorm: x_hat * (1 + w) */
+        hp->ssm_a_is_log = 1;
+        hp->ssm_v_tiled = 0;      /* repeat_interleave: value head h reads key head h / (n_v / n_k) */
+        if (cfg_int(c, "mtp_num_hidden_layers", 0, 0, &hp->n_mtp_layer, err, errlen)) goto out;
         hp->attn_output_gate = cfg_bool(c, "attn_output_gate", 1);
         if (cfg_int(c, "linear_conv_kernel_dim", 1, 0, &hp->ssm_conv_kernel, err, errlen) ||
             cfg_int(c, "linear_num_key_heads", 1, 0, &hp->ssm_n_k_head, err, errlen) ||
@@ -356,6 +383,11 @@ static int hparams_from_gguf(struct pxq_hparams *hp, const struct gguf_file *g, 
         if (gguf_u32_arch(g, a, "ssm.inner_size", 1, 0, &inner, err, errlen)) return -1;
         hp->ssm_head_v_dim = hp->ssm_n_v_head ? inner / hp->ssm_n_v_head : 0;
         hp->attn_output_gate = 1;
+        hp->ssm_v_tiled = 1; /* llama.cpp's converter reorders value heads so head h reads key head h % n_k */
+        /* llama.cpp counts MTP (nextn) layers in block_count (as for GLM-4.5) */
+        if (gguf_u32_arch(g, a, "nextn_predict_layers", 0, 0, &hp->n_mtp_layer, err, errlen)) return -1;
+        if (hp->n_mtp_layer >= hp->n_layer) return set_err(err, errlen, "GGUF: nextn_predict_layers %d >= block_count %d", hp->n_mtp_layer, hp->n_layer);
+        hp->n_layer -= hp->n_mtp_layer;
         for (int il = 0; il < hp->n_layer && il < PXQ_MAX_LAYERS; il++)
             hp->layer_kind[il] = (il + 1) % (interval ? interval : 4) == 0 ? LAYER_ATTN : LAYER_DELTANET;
     }
@@ -457,6 +489,11 @@ int model_bind_qwen35_layer(struct pxq_layer *L, const struct pxq_hparams *hp, i
                             const struct pxq_tensor *(*lookup)(void *ctx, int il, const char *suffix, int required,
                                                                int64_t ne0, int64_t ne1, int64_t ne2),
                             void *ctx);
+/* The same for MTP layer il (>= n_layer): a whole gated-attention decoder layer plus the nextn tensors. */
+int model_bind_qwen35_mtp_layer(struct pxq_layer *L, const struct pxq_hparams *hp, int il,
+                                const struct pxq_tensor *(*lookup)(void *ctx, int il, const char *suffix, int required,
+                                                                   int64_t ne0, int64_t ne1, int64_t ne2),
+                                void *ctx);
 
 static const struct pxq_tensor *bind_cb(void *ctx, int il, const char *suffix, int required, int64_t ne0, int64_t ne1,
                                         int64_t ne2) {
@@ -507,6 +544,14 @@ static int bind_weights(struct pxq_model *m, char *err, size_t errlen) {
             L->ffn_down = bindl(&b, il, "ffn_down.weight", 1, hp->n_ff, hp->n_embd, 1);
         }
     }
+    if (hp->n_mtp_layer) { /* MTP weights: bound when present (HF drops them when it saves a model) */
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.nextn.eh_proj.weight", hp->n_layer);
+        if (hp->arch != ARCH_QWEN35 || hp->n_layer + hp->n_mtp_layer > PXQ_MAX_LAYERS || !find(m, name)) hp->n_mtp_layer = 0;
+    }
+    for (int il = hp->n_layer; il < hp->n_layer + hp->n_mtp_layer && !b.failed; il++)
+        if (model_bind_qwen35_mtp_layer(&m->layers[il], hp, il, bind_cb, &b) != 0 && !b.failed)
+            b.failed = set_err(err, errlen, "%s: MTP layer %d: weights could not be bound", m->path, il);
     return b.failed ? -1 : 0;
 }
 
@@ -527,7 +572,7 @@ static int build_table_hf(struct pxq_model *m) {
     char g[PXQ_NAME_MAX];
     for (int i = 0; i < st_n_tensors(m->st); i++) {
         const struct pxq_tensor *t = st_tensor(m->st, i);
-        if (hf_to_gguf_name(t->name, g, sizeof g) == 0) tab_add(m, &cap, g, t);
+        if (hf_to_gguf_name(t->name, m->hp.n_layer, g, sizeof g) == 0) tab_add(m, &cap, g, t);
     }
     qsort(m->tab, (size_t)m->n_tab, sizeof *m->tab, cmp_named);
     return 0;

@@ -57,6 +57,15 @@ struct pxq_hparams {
     int   ssm_n_v_head;          /* linear_num_value_heads */
     int   ssm_head_k_dim;        /* linear_key_head_dim */
     int   ssm_head_v_dim;        /* linear_value_head_dim */
+    /* How the file stores Qwen3.5 weights (HF and llama.cpp's converter differ; see model_qwen35.c):
+     * norm_w_offset is added to every RMSNorm weight but the DeltaNet's gated norm (HF Qwen3_5RMSNorm
+     * computes x_hat * (1 + w); the GGUF converter folded the 1 in, so 0 there); ssm_a_is_log: ssm_a
+     * holds HF's A_log (A = -exp(A_log)), else A itself (GGUF); ssm_v_tiled: value head h reads key head
+     * h % n_k_head (GGUF, heads reordered by the converter), else h / (n_v_head / n_k_head) (HF). */
+    float norm_w_offset;
+    int   ssm_a_is_log;
+    int   ssm_v_tiled;
+    int   n_mtp_layer;           /* mtp_num_hidden_layers whose weights are present; layers n_layer.. */
     /* special tokens from config.json + generation_config.json (or GGUF) */
     int32_t eos_ids[PXQ_MAX_EOS];
     int   n_eos;
@@ -78,10 +87,18 @@ struct pxq_layer {
     const struct pxq_tensor *ffn_gate, *ffn_up, *ffn_down; /* dense FFN */
     const struct pxq_tensor *ffn_gate_inp;           /* MoE router [n_embd, n_expert] */
     struct pxq_expert *experts;                      /* [n_expert] for MoE layers */
-    /* Gated DeltaNet (qwen35 linear_attention layers); see forward for the formulas. */
-    const struct pxq_tensor *ssm_in_qkv, *ssm_in_z, *ssm_in_b, *ssm_in_a;
+    /* Gated DeltaNet (qwen35 linear_attention layers; forward_qwen35.c has the formulas).
+     * conv_dim = 2 * n_k_head * head_k_dim + n_v_head * head_v_dim, value_dim = n_v_head * head_v_dim. */
+    const struct pxq_tensor *attn_qkv;               /* [n_embd, conv_dim]   in_proj_qkv */
+    const struct pxq_tensor *attn_gate;              /* [n_embd, value_dim]  in_proj_z */
+    const struct pxq_tensor *ssm_beta, *ssm_alpha;   /* [n_embd, n_v_head]   in_proj_b, in_proj_a */
     const struct pxq_tensor *ssm_conv1d;             /* [conv_kernel, conv_dim] */
-    const struct pxq_tensor *ssm_dt_bias, *ssm_a_log, *ssm_norm, *ssm_out;
+    const struct pxq_tensor *ssm_dt, *ssm_a;         /* [n_v_head] dt_bias; A (or A_log, see hparams) */
+    const struct pxq_tensor *ssm_norm;               /* [head_v_dim] gated RMSNorm weight */
+    const struct pxq_tensor *ssm_out;                /* [value_dim, n_embd]  out_proj */
+    /* MTP head (layers n_layer.. of a qwen35 model; HF mtp.*; names as llama.cpp's nextn tensors). */
+    const struct pxq_tensor *nextn_eh_proj;          /* [2*n_embd, n_embd] fc over [norm(embd) | norm(hidden)] */
+    const struct pxq_tensor *nextn_enorm, *nextn_hnorm, *nextn_shared_head_norm; /* [n_embd] */
 };
 
 struct pxq_model;

@@ -1,0 +1,437 @@
+/* forward_qwen35.c - the CPU reference of Qwen3.5 / 3.6's token mixers (HF transformers 5.17
+ * modeling_qwen3_5.py): Qwen3_5GatedDeltaNet (linear_attention layers) and Qwen3_5Attention (gated
+ * full attention). forward_cpu.c runs the rest of each decoder layer (norms, residuals, MLP), the
+ * same as Qwen3's; every RMSNorm there is Qwen3_5RMSNorm, x_hat * (1 + w), whose 1 qwen35_engine_init
+ * folds into the float32 weights when the file is HF's (llama.cpp's GGUFs have it folded already).
+ *
+ * Gated DeltaNet, per token x (normed hidden state, [n_embd]), with key_dim = n_k * dk,
+ * value_dim = n_v * dv, conv_dim = 2 * key_dim + value_dim:
+ *   qkv = in_proj_qkv x                    [conv_dim]  = [q (n_k heads) | k (n_k heads) | v (n_v heads)]
+ *   qkv = silu(causal depthwise conv1d(qkv)) over this and the K-1 previous tokens (conv state)
+ *   q, k = l2norm(q), l2norm(k) per head (eps 1e-6);  q *= 1 / sqrt(dk)
+ *   beta = sigmoid(in_proj_b x);  g = -exp(A_log) * softplus(in_proj_a x + dt_bias)     [n_v]
+ *   o = gated_delta_rule(q, k, v, g, beta) per value head, key head kh(h) (GQA-like sharing)
+ *   o = rmsnorm(o) * norm_w * silu(in_proj_z x) per value head (Qwen3_5RMSNormGated, no 1 + w)
+ *   y = out_proj o
+ * State per sequence and DeltaNet layer (float32, in struct pxq_seq.rstate):
+ *   conv [K-1][conv_dim] (the last K-1 inputs, oldest first), then S [n_v][dk][dv].
+ *
+ * Gated attention: q_proj gives per head [query (head_dim) | gate (head_dim)] (view(..., n_head,
+ * 2 * head_dim) then chunk); query and key get q_norm/k_norm then partial RoPE (rotate_half over
+ * the first n_rot dims, n_rot = partial_rotary_factor * head_dim; Qwen3.5's interleaved mrope sections
+ * all carry the same position for text, so it is plain RoPE); softmax attention as Qwen3; the output
+ * is multiplied by sigmoid(gate) before o_proj.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "engine_impl.h"
+#include "forward_qwen35.h"
+#include "ops_cpu.h"
+#include "util.h"
+
+/* ---- the gated delta rule ---- */
+
+void gated_delta_rule_recurrent(float *out, float *S, const float *q, const float *k, const float *v, const float *g,
+                                const float *beta, int n, int dk, int dv) {
+    float kv_mem[1024], delta[1024]; /* dv <= 1024 (checked at load) */
+    for (int t = 0; t < n; t++) {
+        const float *qt = q + (size_t)t * dk, *kt = k + (size_t)t * dk, *vt = v + (size_t)t * dv;
+        float *ot = out + (size_t)t * dv;
+        const float decay = expf(g[t]);
+        for (int j = 0; j < dv; j++) kv_mem[j] = 0;
+        for (int i = 0; i < dk; i++) { /* S *= exp(g); kv_mem = k S */
+            float *Si = S + (size_t)i * dv;
+            const float ki = kt[i];
+            for (int j = 0; j < dv; j++) {
+                Si[j] *= decay;
+                kv_mem[j] += Si[j] * ki;
+            }
+        }
+        for (int j = 0; j < dv; j++) delta[j] = (vt[j] - kv_mem[j]) * beta[t];
+        for (int j = 0; j < dv; j++) ot[j] = 0;
+        for (int i = 0; i < dk; i++) { /* S += k^T delta; out = q S */
+            float *Si = S + (size_t)i * dv;
+            const float ki = kt[i], qi = qt[i];
+            for (int j = 0; j < dv; j++) {
+                Si[j] += ki * delta[j];
+                ot[j] += Si[j] * qi;
+            }
+        }
+    }
+}
+
+static float *tls_grow(float **buf, size_t *cap, size_t n) {
+    if (n > *cap) {
+        free(*buf);
+        *buf = xmalloc(n * sizeof(float));
+        *cap = n;
+    }
+    return *buf;
+}
+
+/* torch_chunk_gated_delta_rule, chunk by chunk (no padding: a short last chunk is the same math).
+ * Within a chunk of m tokens, gam_i = sum_{j<=i} g_j and, for j < i,
+ *   A[i][j] = beta_i (k_i . k_j) exp(gam_i - gam_j)                       (ut_system, strictly lower)
+ *   U = (I + A)^-1 (beta v),  W = (I + A)^-1 (beta exp(gam) k)            (forward substitution)
+ *   vnew = U - W S
+ *   out_i = exp(gam_i) q_i S + sum_{j<=i} (q_i . k_j) exp(gam_i - gam_j) vnew_j
+ *   S = exp(gam_last) S + sum_j exp(gam_last - gam_j) k_j^T vnew_j
+ * Every exp has a non-positive argument, so nothing overflows. */
+void gated_delta_rule_chunked(float *out, float *S, const float *q, const float *k, const float *v, const float *g,
+                              const float *beta, int n, int dk, int dv, int chunk) {
+    static __thread float *buf;
+    static __thread size_t cap;
+    const int C = chunk;
+    float *A = tls_grow(&buf, &cap, (size_t)C * C + (size_t)C * (dv + dk + dv + 1));
+    float *U = A + (size_t)C * C, *W = U + (size_t)C * dv, *vnew = W + (size_t)C * dk, *gam = vnew + (size_t)C * dv;
+    for (int c0 = 0; c0 < n; c0 += C) {
+        const int m = n - c0 < C ? n - c0 : C;
+        const float *qc = q + (size_t)c0 * dk, *kc = k + (size_t)c0 * dk, *vc = v + (size_t)c0 * dv;
+        const float *bc = beta + c0;
+        float *oc = out + (size_t)c0 * dv;
+        float acc = 0;
+        for (int i = 0; i < m; i++) gam[i] = acc += g[c0 + i];
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < i; j++)
+                A[i * C + j] = bc[i] * vec_dot_f32(kc + (size_t)i * dk, kc + (size_t)j * dk, dk) * expf(gam[i] - gam[j]);
+        for (int i = 0; i < m; i++) { /* forward substitution, row by row */
+            float *Ui = U + (size_t)i * dv, *Wi = W + (size_t)i * dk;
+            const float *vi = vc + (size_t)i * dv, *ki = kc + (size_t)i * dk;
+            const float wk = bc[i] * expf(gam[i]);
+            for (int x = 0; x < dv; x++) Ui[x] = bc[i] * vi[x];
+            for (int x = 0; x < dk; x++) Wi[x] = wk * ki[x];
+            for (int j = 0; j < i; j++) {
+                const float a = A[i * C + j];
+                const float *Uj = U + (size_t)j * dv, *Wj = W + (size_t)j * dk;
+                for (int x = 0; x < dv; x++) Ui[x] -= a * Uj[x];
+                for (int x = 0; x < dk; x++) Wi[x] -= a * Wj[x];
+            }
+        }
+        for (int i = 0; i < m; i++) { /* vnew = U - W S; out = exp(gam) q S (inter-chunk part) */
+            float *vn = vnew + (size_t)i * dv, *oi = oc + (size_t)i * dv;
+            const float *Wi = W + (size_t)i * dk, *qi = qc + (size_t)i * dk;
+            const float eg = expf(gam[i]);
+            for (int x = 0; x < dv; x++) vn[x] = U[(size_t)i * dv + x], oi[x] = 0;
+            for (int r = 0; r < dk; r++) {
+                const float *Sr = S + (size_t)r * dv;
+                const float w = Wi[r], qq = qi[r] * eg;
+                for (int x = 0; x < dv; x++) {
+                    vn[x] -= w * Sr[x];
+                    oi[x] += qq * Sr[x];
+                }
+            }
+        }
+        for (int i = 0; i < m; i++) { /* intra-chunk part */
+            float *oi = oc + (size_t)i * dv;
+            const float *qi = qc + (size_t)i * dk;
+            for (int j = 0; j <= i; j++) {
+                const float a = vec_dot_f32(qi, kc + (size_t)j * dk, dk) * expf(gam[i] - gam[j]);
+                const float *vn = vnew + (size_t)j * dv;
+                for (int x = 0; x < dv; x++) oi[x] += a * vn[x];
+            }
+        }
+        const float glast = gam[m - 1], dlast = expf(glast);
+        for (int r = 0; r < dk; r++) { /* state update */
+            float *Sr = S + (size_t)r * dv;
+            for (int x = 0; x < dv; x++) Sr[x] *= dlast;
+            for (int j = 0; j < m; j++) {
+                const float kw = kc[(size_t)j * dk + r] * expf(glast - gam[j]);
+                const float *vn = vnew + (size_t)j * dv;
+                for (int x = 0; x < dv; x++) Sr[x] += kw * vn[x];
+            }
+        }
+    }
+}
+
+/* ---- engine set-up ---- */
+
+struct dn_dims {
+    int nk, nv, dk, dv, K, key_dim, value_dim, conv_dim;
+    size_t conv_floats, state_floats, layer_floats; /* per sequence and DeltaNet layer */
+};
+
+static struct dn_dims dn_dims(const struct pxq_hparams *hp) {
+    struct dn_dims d;
+    d.nk = hp->ssm_n_k_head, d.nv = hp->ssm_n_v_head, d.dk = hp->ssm_head_k_dim, d.dv = hp->ssm_head_v_dim;
+    d.K = hp->ssm_conv_kernel;
+    d.key_dim = d.nk * d.dk, d.value_dim = d.nv * d.dv, d.conv_dim = 2 * d.key_dim + d.value_dim;
+    d.conv_floats = (size_t)(d.K - 1) * d.conv_dim;
+    d.state_floats = (size_t)d.nv * d.dk * d.dv;
+    d.layer_floats = d.conv_floats + d.state_floats;
+    return d;
+}
+
+/* All of t's elements as float32, rows in order (conv1d: [conv_dim][K]). */
+static float *all_f32(const struct pxq_tensor *t) {
+    if (!t) return NULL;
+    const int64_t n0 = t->ne[0], rows = tensor_nelements(t) / n0;
+    float *v = xmalloc((size_t)tensor_nelements(t) * sizeof(float));
+    for (int64_t r = 0; r < rows; r++) tensor_row_f32(v + r * n0, t, r);
+    return v;
+}
+
+static void add_offset(float *w, int n, float off) {
+    if (w && off != 0)
+        for (int i = 0; i < n; i++) w[i] += off;
+}
+
+int qwen35_engine_init(struct pxq_engine *e, char *err, size_t errlen) {
+    const struct pxq_hparams *hp = e->hp;
+    const struct dn_dims d = dn_dims(hp);
+    const float off = hp->norm_w_offset;
+    int n_dn = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct pxq_layer *L = model_layer(e->m, il);
+        struct layer_f32 *w = &e->lw[il];
+        add_offset(w->attn_norm, hp->n_embd, off);
+        add_offset(w->ffn_norm, hp->n_embd, off);
+        add_offset(w->q_norm, hp->head_dim, off);
+        add_offset(w->k_norm, hp->head_dim, off);
+        e->dn_layer[il] = -1;
+        if (hp->layer_kind[il] != LAYER_DELTANET) continue;
+        e->dn_layer[il] = n_dn++;
+        w->ssm_a = all_f32(L->ssm_a);
+        if (hp->ssm_a_is_log)
+            for (int h = 0; h < d.nv; h++) w->ssm_a[h] = -expf(w->ssm_a[h]); /* -A_log.float().exp() */
+        w->ssm_dt = all_f32(L->ssm_dt);
+        w->ssm_norm = all_f32(L->ssm_norm);
+        w->ssm_conv1d = all_f32(L->ssm_conv1d);
+    }
+    add_offset(e->output_norm, hp->n_embd, off);
+    if (n_dn && (d.dv > 1024 || d.dk > 1024 || d.nk <= 0 || d.nv % d.nk))
+        return set_err(err, errlen, "qwen35: unsupported DeltaNet heads (k %d x %d, v %d x %d)", d.nk, d.dk, d.nv, d.dv);
+    e->rstate_floats = (size_t)n_dn * d.layer_floats;
+    if (n_dn) {
+        size_t nb = (size_t)e->p.n_batch;
+        e->ssm_qkv = xmalloc(nb * d.conv_dim * sizeof(float));
+        e->ssm_conv = xmalloc(nb * d.conv_dim * sizeof(float));
+        e->ssm_z = xmalloc(nb * d.value_dim * sizeof(float));
+        e->ssm_ba = xmalloc(nb * 2 * d.nv * sizeof(float));
+        e->ssm_o = xmalloc(nb * d.value_dim * sizeof(float));
+    }
+    return 0;
+}
+
+void qwen35_engine_free(struct pxq_engine *e) {
+    if (e->lw)
+        for (int il = 0; il < e->hp->n_layer; il++) {
+            struct layer_f32 *w = &e->lw[il];
+            free(w->ssm_a), free(w->ssm_dt), free(w->ssm_norm), free(w->ssm_conv1d);
+            w->ssm_a = w->ssm_dt = w->ssm_norm = w->ssm_conv1d = NULL;
+        }
+    free(e->ssm_qkv), free(e->ssm_conv), free(e->ssm_z), free(e->ssm_ba), free(e->ssm_o);
+    e->ssm_qkv = e->ssm_conv = e->ssm_z = e->ssm_ba = e->ssm_o = NULL;
+}
+
+/* ---- Gated DeltaNet layer ---- */
+
+/* The ubatch's tokens grouped by sequence ("runs"), each run in batch order (= position order). */
+struct runs {
+    int n_runs;
+    int *seq;   /* [n_runs] */
+    int *off;   /* [n_runs + 1] into tok */
+    int *tok;   /* [n] token indices */
+};
+
+static void runs_build(struct runs *r, const struct ubatch *ub, int n_seq_max) {
+    int *first = xmalloc((size_t)n_seq_max * sizeof *first);
+    for (int s = 0; s < n_seq_max; s++) first[s] = -1;
+    r->seq = xmalloc((size_t)ub->n * sizeof *r->seq);
+    r->off = xcalloc((size_t)ub->n + 1, sizeof *r->off);
+    r->tok = xmalloc((size_t)ub->n * sizeof *r->tok);
+    int *count = xcalloc((size_t)ub->n, sizeof *count);
+    r->n_runs = 0;
+    for (int t = 0; t < ub->n; t++) {
+        int s = ub->seq_id[t];
+        if (first[s] < 0) first[s] = r->n_runs, r->seq[r->n_runs++] = s;
+        count[first[s]]++;
+    }
+    for (int i = 0; i < r->n_runs; i++) r->off[i + 1] = r->off[i] + count[i], count[i] = 0;
+    for (int t = 0; t < ub->n; t++) {
+        int i = first[ub->seq_id[t]];
+        r->tok[r->off[i] + count[i]++] = t;
+    }
+    free(first), free(count);
+}
+
+static void runs_free(struct runs *r) { free(r->seq), free(r->off), free(r->tok); }
+
+struct dn_args {
+    struct pxq_engine *e;
+    const struct ubatch *ub;
+    const struct runs *r;
+    struct dn_dims d;
+    int il, dl;
+};
+
+static float *layer_state(const struct dn_args *a, int run) {
+    return a->e->seqs[a->r->seq[run]].rstate + (size_t)a->dl * a->d.layer_floats;
+}
+
+#define CONV_BLOCK 64
+
+/* Causal depthwise conv1d + SiLU (HF causal_conv1d_fn / causal_conv1d_update): for channel c,
+ * y_t = silu(sum_j w[c][j] x_{t-(K-1)+j}), the inputs before this ubatch coming from the conv state.
+ * Items: (run, block of CONV_BLOCK channels); tokens in order within a run. */
+static void conv_range(void *arg, int64_t i0, int64_t i1, int ith) {
+    const struct dn_args *a = arg;
+    const struct dn_dims *d = &a->d;
+    const int nblk = (d->conv_dim + CONV_BLOCK - 1) / CONV_BLOCK, K = d->K;
+    const float *wconv = a->e->lw[a->il].ssm_conv1d;
+    for (int64_t it = i0; it < i1; it++) {
+        const int run = (int)(it / nblk), c0 = (int)(it % nblk) * CONV_BLOCK;
+        const int c1 = c0 + CONV_BLOCK < d->conv_dim ? c0 + CONV_BLOCK : d->conv_dim;
+        float *cs = layer_state(a, run); /* [K-1][conv_dim] */
+        for (int c = c0; c < c1; c++) {
+            const float *w = wconv + (size_t)c * K;
+            float win[16]; /* K <= 16 (checked at load) */
+            for (int j = 0; j < K - 1; j++) win[j] = cs[(size_t)j * d->conv_dim + c];
+            for (int p = a->r->off[run]; p < a->r->off[run + 1]; p++) {
+                const int t = a->r->tok[p];
+                const float x = a->e->ssm_qkv[(size_t)t * d->conv_dim + c];
+                float acc = w[K - 1] * x;
+                for (int j = 0; j < K - 1; j++) acc += w[j] * win[j];
+                for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
+                if (K > 1) win[K - 2] = x;
+                a->e->ssm_conv[(size_t)t * d->conv_dim + c] = acc / (1.0f + expf(-acc));
+            }
+            for (int j = 0; j < K - 1; j++) cs[(size_t)j * d->conv_dim + c] = win[j];
+        }
+    }
+}
+
+static void l2norm_scale(float *x, int n, float scale) {
+    const float inv = 1.0f / sqrtf(vec_dot_f32(x, x, n) + 1e-6f); /* HF l2norm: x * rsqrt(sum(x^2) + 1e-6) */
+    for (int i = 0; i < n; i++) x[i] = x[i] * inv * scale;
+}
+
+static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); } /* torch F.softplus, threshold 20 */
+
+/* Per token: l2norm q and k heads, q /= sqrt(dk); beta = sigmoid(b) and g = A softplus(a + dt_bias)
+ * in place of b and a (ssm_ba rows: [b (n_v) | a (n_v)]). */
+static void prep_range(void *arg, int64_t t0, int64_t t1, int ith) {
+    const struct dn_args *a = arg;
+    const struct dn_dims *d = &a->d;
+    const struct layer_f32 *w = &a->e->lw[a->il];
+    const float qscale = 1.0f / sqrtf((float)d->dk);
+    for (int64_t t = t0; t < t1; t++) {
+        float *x = a->e->ssm_conv + (size_t)t * d->conv_dim;
+        for (int h = 0; h < d->nk; h++) {
+            l2norm_scale(x + (size_t)h * d->dk, d->dk, qscale);
+            l2norm_scale(x + d->key_dim + (size_t)h * d->dk, d->dk, 1.0f);
+        }
+        float *ba = a->e->ssm_ba + (size_t)t * 2 * d->nv;
+        for (int h = 0; h < d->nv; h++) {
+            ba[h] = 1.0f / (1.0f + expf(-ba[h]));
+            ba[d->nv + h] = w->ssm_a[h] * softplus(ba[d->nv + h] + w->ssm_dt[h]);
+        }
+    }
+}
+
+/* Items: (run, value head). Gathers the run's q, k (key head of h), v, g, beta, runs the recurrent
+ * form for a single token and the chunked form for more, scatters the output into ssm_o. */
+static void rule_range(void *arg, int64_t i0, int64_t i1, int ith) {
+    static __thread float *buf;
+    static __thread size_t cap;
+    const struct dn_args *a = arg;
+    const struct dn_dims *d = &a->d;
+    const struct pxq_hparams *hp = a->e->hp;
+    for (int64_t it = i0; it < i1; it++) {
+        const int run = (int)(it / d->nv), h = (int)(it % d->nv);
+        const int kh = hp->ssm_v_tiled ? h % d->nk : h / (d->nv / d->nk);
+        const int p0 = a->r->off[run], m = a->r->off[run + 1] - p0;
+        float *q = tls_grow(&buf, &cap, (size_t)m * (2 * d->dk + 2 * d->dv + 2));
+        float *k = q + (size_t)m * d->dk, *v = k + (size_t)m * d->dk, *o = v + (size_t)m * d->dv;
+        float *g = o + (size_t)m * d->dv, *beta = g + m;
+        for (int i = 0; i < m; i++) {
+            const int t = a->r->tok[p0 + i];
+            const float *x = a->e->ssm_conv + (size_t)t * d->conv_dim;
+            memcpy(q + (size_t)i * d->dk, x + (size_t)kh * d->dk, (size_t)d->dk * sizeof(float));
+            memcpy(k + (size_t)i * d->dk, x + d->key_dim + (size_t)kh * d->dk, (size_t)d->dk * sizeof(float));
+            memcpy(v + (size_t)i * d->dv, x + 2 * d->key_dim + (size_t)h * d->dv, (size_t)d->dv * sizeof(float));
+            beta[i] = a->e->ssm_ba[(size_t)t * 2 * d->nv + h];
+            g[i] = a->e->ssm_ba[(size_t)t * 2 * d->nv + d->nv + h];
+        }
+        float *S = layer_state(a, run) + d->conv_floats + (size_t)h * d->dk * d->dv;
+        if (m >= DELTANET_CHUNK_MIN)
+            gated_delta_rule_chunked(o, S, q, k, v, g, beta, m, d->dk, d->dv, DELTANET_CHUNK);
+        else
+            gated_delta_rule_recurrent(o, S, q, k, v, g, beta, m, d->dk, d->dv);
+        for (int i = 0; i < m; i++)
+            memcpy(a->e->ssm_o + (size_t)a->r->tok[p0 + i] * d->value_dim + (size_t)h * d->dv, o + (size_t)i * d->dv,
+                   (size_t)d->dv * sizeof(float));
+    }
+}
+
+/* Qwen3_5RMSNormGated per (token, value head): o = o * rsqrt(mean(o^2) + eps) * w * silu(z). */
+static void gated_norm(float *o, const float *z, const float *w, int n_rows, int dv, float eps) {
+    for (int r = 0; r < n_rows; r++) {
+        float *x = o + (size_t)r * dv;
+        const float *zr = z + (size_t)r * dv;
+        const float scale = 1.0f / sqrtf(vec_dot_f32(x, x, dv) / (float)dv + eps);
+        for (int i = 0; i < dv; i++) x[i] = w[i] * (x[i] * scale) * (zr[i] / (1.0f + expf(-zr[i])));
+    }
+}
+
+void deltanet_layer_cpu(struct pxq_engine *e, const struct ubatch *ub, int il) {
+    const struct pxq_layer *L = model_layer(e->m, il);
+    struct dn_args a = {e, ub, NULL, dn_dims(e->hp), il, e->dn_layer[il]};
+    const int n = ub->n;
+    struct runs r;
+    runs_build(&r, ub, e->p.n_seq_max);
+    a.r = &r;
+    for (int i = 0; i < r.n_runs; i++) { /* zeroed state for a fresh (or truncated-to-0) sequence */
+        struct pxq_seq *s = &e->seqs[r.seq[i]];
+        if (!s->rstate) s->rstate = xcalloc(e->rstate_floats, sizeof(float));
+    }
+    matmul_cpu(e->tp, e->ssm_qkv, L->attn_qkv, e->xb, n);
+    matmul_cpu(e->tp, e->ssm_z, L->attn_gate, e->xb, n);
+    float *b = e->ssm_o, *al = e->ssm_o + (size_t)n * a.d.nv; /* ssm_o is free until the rule runs */
+    matmul_cpu(e->tp, b, L->ssm_beta, e->xb, n);
+    matmul_cpu(e->tp, al, L->ssm_alpha, e->xb, n);
+    for (int t = 0; t < n; t++) {
+        memcpy(e->ssm_ba + (size_t)t * 2 * a.d.nv, b + (size_t)t * a.d.nv, (size_t)a.d.nv * sizeof(float));
+        memcpy(e->ssm_ba + (size_t)t * 2 * a.d.nv + a.d.nv, al + (size_t)t * a.d.nv, (size_t)a.d.nv * sizeof(float));
+    }
+    const int nblk = (a.d.conv_dim + CONV_BLOCK - 1) / CONV_BLOCK;
+    parallel_for(e->tp, (int64_t)r.n_runs * nblk, 1, conv_range, &a);
+    parallel_for(e->tp, n, 1, prep_range, &a);
+    parallel_for(e->tp, (int64_t)r.n_runs * a.d.nv, 1, rule_range, &a);
+    gated_norm(e->ssm_o, e->ssm_z, e->lw[il].ssm_norm, n * a.d.nv, a.d.dv, e->hp->rms_eps);
+    matmul_cpu(e->tp, e->xb2, L->ssm_out, e->ssm_o, n);
+    runs_free(&r);
+}
+
+/* ---- gated full attention ---- */
+
+void gated_attention_layer_cpu(struct pxq_engine *e, const struct ubatch *ub, int il) {
+    const struct pxq_hparams *hp = e->hp;
+    const struct pxq_layer *L = model_layer(e->m, il);
+    const struct layer_f32 *w = &e->lw[il];
+    const int n = ub->n, hd = hp->head_dim, nh = hp->n_head, q_dim = nh * hd, kv_dim = hp->n_head_kv * hd;
+    const int l = e->kv_layer[il];
+    float *gate = e->xb2; /* [n][q_dim], free until o_proj writes it */
+    matmul_cpu(e->tp, e->att, L->attn_q, e->xb, n); /* [n][n_head][query | gate] */
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < nh; h++) {
+            const float *src = e->att + (size_t)t * 2 * q_dim + (size_t)h * 2 * hd;
+            memcpy(e->q + (size_t)t * q_dim + (size_t)h * hd, src, (size_t)hd * sizeof(float));
+            memcpy(gate + (size_t)t * q_dim + (size_t)h * hd, src + hd, (size_t)hd * sizeof(float));
+        }
+    matmul_cpu(e->tp, e->k, L->attn_k, e->xb, n);
+    matmul_cpu(e->tp, e->v, L->attn_v, e->xb, n);
+    for (int t = 0; t < n; t++) {
+        float *q = e->q + (size_t)t * q_dim, *k = e->k + (size_t)t * kv_dim;
+        rmsnorm_cpu(q, q, w->q_norm, hd, nh, hp->rms_eps); /* before RoPE */
+        rmsnorm_cpu(k, k, w->k_norm, hd, hp->n_head_kv, hp->rms_eps);
+        rope_cpu(q, nh, hd, hp->n_rot, ub->pos[t], e->inv_freq, 1);
+        rope_cpu(k, hp->n_head_kv, hd, hp->n_rot, ub->pos[t], e->inv_freq, 1);
+        const struct kv_seq *s = &e->seqs[ub->seq_id[t]].kv;
+        memcpy(kv_k(&e->kv, s, l, ub->pos[t]), k, (size_t)kv_dim * sizeof(float));
+        memcpy(kv_v(&e->kv, s, l, ub->pos[t]), e->v + (size_t)t * kv_dim, (size_t)kv_dim * sizeof(float));
+    }
+    attention_core_cpu(e, ub, l);
+    for (size_t i = 0; i < (size_t)n * q_dim; i++) e->att[i] *= 1.0f / (1.0f + expf(-gate[i]));
+    matmul_cpu(e->tp, e->xb2, L->attn_output, e->att, n);
+}

@@ -1,0 +1,332 @@
+/* test_qwen35.c - the Qwen3.5 hybrid (Gated DeltaNet + gated attention) on the CPU, against HF
+ * transformers 5.17 (float32 references in tests/data/qwen35/ref/<model>/).
+ *
+ * Bounds (float32 on both sides; only summation order and the delta-rule form differ):
+ *   - logits: max |logit - ref| <= 1e-4 absolute (logits are O(10)), top-1 agreement on every row,
+ *     the first 16 greedy tokens equal greedy_ids;
+ *   - the chunked delta rule against the recurrent one on random inputs (3 chunks and a partial one,
+ *     carried state): max |diff| <= 1e-6 on outputs and final state (both O(1));
+ *   - engine: one-shot prefill (chunked form) vs token-by-token decode (recurrent form), a ragged batch
+ *     of 4 sequences vs each alone, n_batch 7 vs one shot: max |logit diff| <= 1e-4;
+ *   - truncating a sequence to 0 resets its recurrent state (same logits again, exactly);
+ *     truncating to a middle position is refused (the state cannot rewind).
+ * A second, differently shaped model (tools/make_qwen35_ref.py: more heads, head_dim 256, DeltaNet
+ * heads 128 wide, several attention layers, MTP weights) is checked the same way when its fixture is
+ * present in tests/data/qwen35/random-qwen35. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "forward_qwen35.h"
+#include "sampler.h"
+#include "testutil.h"
+#include "util.h"
+
+#define LOGIT_TOL 1e-4
+#define RULE_TOL 1e-6
+
+static char *data_path(char *buf, size_t cap, const char *rel) {
+    snprintf(buf, cap, "%s/qwen35/%s", test_data_dir(), rel);
+    return buf;
+}
+
+static cJSON *load_ref(const char *name, float **logits, size_t *n_floats) {
+    char path[512], rel[256], err[256];
+    snprintf(rel, sizeof rel, "ref/%s/reference.json", name);
+    char *s = read_file(data_path(path, sizeof path, rel), 64 << 20, NULL, err, sizeof err);
+    if (!s) {
+        fprintf(stderr, "%s\n", err);
+        return NULL;
+    }
+    cJSON *j = cJSON_Parse(s);
+    free(s);
+    snprintf(rel, sizeof rel, "ref/%s/reference_logits.bin", name);
+    size_t len = 0;
+    *logits = (float *)read_file(data_path(path, sizeof path, rel), 256 << 20, &len, err, sizeof err);
+    *n_floats = len / 4;
+    return j;
+}
+
+static int json_ids(const cJSON *arr, int32_t *out, int cap) {
+    int n = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, arr) if (n < cap) out[n++] = (int32_t)e->valuedouble;
+    return n;
+}
+
+/* Decode ids into a fresh sequence, logits for every row. Returns the sequence or -1. */
+static int run_all_logits(struct pxq_engine *e, const int32_t *ids, int n) {
+    int seq = pxq_seq_new(e);
+    int32_t *pos = xmalloc((size_t)n * 4), *sid = xmalloc((size_t)n * 4);
+    int8_t *want = xmalloc((size_t)n);
+    for (int i = 0; i < n; i++) pos[i] = i, sid[i] = seq, want[i] = 1;
+    struct pxq_batch b = {n, ids, pos, sid, want};
+    char err[256];
+    int rc = pxq_decode(e, &b, err, sizeof err);
+    if (rc) fprintf(stderr, "decode: %s\n", err);
+    free(pos), free(sid), free(want);
+    return rc ? -1 : seq;
+}
+
+static double max_diff(const float *a, const float *b, size_t n) {
+    double md = 0;
+    for (size_t i = 0; i < n; i++) md = fmax(md, fabs((double)a[i] - b[i]));
+    return md;
+}
+
+/* ---- against HF ---- */
+
+static void check_ref(const char *model_rel, const char *ref_name) {
+    char path[512], err[512] = "";
+    data_path(path, sizeof path, model_rel);
+    struct pxq_model *m = model_open(path, err, sizeof err);
+    CHECK(m != NULL, "open %s: %s", path, err);
+    if (!m) return;
+    float *ref = NULL;
+    size_t n_ref = 0;
+    cJSON *j = load_ref(ref_name, &ref, &n_ref);
+    CHECK(j && ref, "reference for %s", ref_name);
+    if (!j || !ref) {
+        model_free(m);
+        return;
+    }
+    const int n_vocab = model_hparams(m)->n_vocab;
+    struct pxq_engine_params ep = pxq_engine_default_params();
+    ep.n_ctx = 256;
+    struct pxq_engine *e = pxq_engine_new(m, &ep, err, sizeof err);
+    CHECK(e != NULL, "engine: %s", err);
+    size_t row0 = 0;
+    double worst = 0;
+    int rows = 0, top1 = 0;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "cases")) {
+        int32_t ids[512], greedy[64];
+        int n = json_ids(cJSON_GetObjectItem(c, "input_ids"), ids, 512);
+        int ng = json_ids(cJSON_GetObjectItem(c, "greedy_ids"), greedy, 64);
+        int seq = run_all_logits(e, ids, n);
+        CHECK(seq >= 0, "decode %s", path);
+        if (seq < 0) break;
+        CHECK((row0 + n) * (size_t)n_vocab <= n_ref, "reference rows");
+        for (int r = 0; r < n && (row0 + r + 1) * (size_t)n_vocab <= n_ref; r++) {
+            const float *got = pxq_logits(e, r), *want = ref + (row0 + (size_t)r) * n_vocab;
+            worst = fmax(worst, max_diff(got, want, (size_t)n_vocab));
+            top1 += argmax_f32(got, n_vocab) == argmax_f32(want, n_vocab);
+            rows++;
+        }
+        row0 += (size_t)n;
+        int32_t out[16], next = argmax_f32(pxq_logits(e, n - 1), n_vocab);
+        int k = 0;
+        for (; k < 16 && k < ng; k++) {
+            out[k] = next;
+            int32_t p = n + k;
+            struct pxq_batch b = {1, &next, &p, &seq, NULL};
+            if (pxq_decode(e, &b, err, sizeof err) != 0) break;
+            next = argmax_f32(pxq_logits(e, 0), n_vocab);
+        }
+        int same = k == 16 || k == ng;
+        for (int i = 0; i < k; i++) same &= out[i] == greedy[i];
+        CHECK(same, "%s: greedy tokens differ from HF (case with %d prompt tokens)", path, n);
+        pxq_seq_free(e, seq);
+    }
+    fprintf(stderr, "%s: %d rows, max |logit diff| %.3g, top-1 agreement %d/%d\n", path, rows, worst, top1, rows);
+    CHECK(rows > 0, "%s: no rows compared", path);
+    CHECK(worst <= LOGIT_TOL, "%s: max |logit diff| %.3g > %.1g", path, worst, LOGIT_TOL);
+    CHECK(top1 == rows, "%s: top-1 agreement %d/%d", path, top1, rows);
+    pxq_engine_free(e);
+    cJSON_Delete(j);
+    free(ref);
+    model_free(m);
+}
+
+/* ---- the two forms of the gated delta rule ---- */
+
+static float frand(unsigned *r) {
+    *r = *r * 1103515245u + 12345u;
+    return (float)((*r >> 8) & 0xffff) / 65536.0f;
+}
+
+static void l2n(float *x, int n, float scale) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += (double)x[i] * x[i];
+    for (int i = 0; i < n; i++) x[i] = (float)(x[i] / sqrt(s + 1e-6) * scale);
+}
+
+static void check_rule(int n, int dk, int dv, int chunk, float gmin) {
+    unsigned r = 777u + (unsigned)(n * 31 + dk);
+    float *q = xmalloc((size_t)n * dk * 4), *k = xmalloc((size_t)n * dk * 4), *v = xmalloc((size_t)n * dv * 4);
+    float *g = xmalloc((size_t)n * 4), *beta = xmalloc((size_t)n * 4);
+    float *o1 = xmalloc((size_t)n * dv * 4), *o2 = xmalloc((size_t)n * dv * 4);
+    float *S1 = xmalloc((size_t)dk * dv * 4), *S2 = xmalloc((size_t)dk * dv * 4);
+    for (int i = 0; i < n; i++) {
+        for (int x = 0; x < dk; x++) q[(size_t)i * dk + x] = frand(&r) - 0.5f, k[(size_t)i * dk + x] = frand(&r) - 0.5f;
+        for (int x = 0; x < dv; x++) v[(size_t)i * dv + x] = 2 * frand(&r) - 1;
+        l2n(q + (size_t)i * dk, dk, 1.0f / sqrtf((float)dk));
+        l2n(k + (size_t)i * dk, dk, 1.0f);
+        g[i] = gmin * frand(&r); /* log-decay in [gmin, 0] */
+        beta[i] = frand(&r);
+    }
+    for (size_t i = 0; i < (size_t)dk * dv; i++) S1[i] = S2[i] = 0.1f * (frand(&r) - 0.5f); /* carried-in state */
+    gated_delta_rule_recurrent(o1, S1, q, k, v, g, beta, n, dk, dv);
+    gated_delta_rule_chunked(o2, S2, q, k, v, g, beta, n, dk, dv, chunk);
+    double dout = max_diff(o1, o2, (size_t)n * dv), dst = max_diff(S1, S2, (size_t)dk * dv);
+    double mag = 0;
+    for (size_t i = 0; i < (size_t)dk * dv; i++) mag = fmax(mag, fabs(S1[i]));
+    fprintf(stderr, "delta rule n %d dk %d dv %d chunk %d g>=%.0f: chunked vs recurrent max diff out %.3g, state %.3g (|S| %.2g)\n",
+            n, dk, dv, chunk, gmin, dout, dst, mag);
+    CHECK(dout <= RULE_TOL && dst <= RULE_TOL, "chunked delta rule differs: out %.3g state %.3g", dout, dst);
+    free(q), free(k), free(v), free(g), free(beta), free(o1), free(o2), free(S1), free(S2);
+}
+
+/* ---- engine equivalences ---- */
+
+static void check_engine(const char *model_rel) {
+    char path[512], err[512] = "";
+    data_path(path, sizeof path, model_rel);
+    struct pxq_model *m = model_open(path, err, sizeof err);
+    CHECK(m != NULL, "open %s: %s", path, err);
+    if (!m) return;
+    const int n_vocab = model_hparams(m)->n_vocab;
+    enum { NS = 4, MAXL = 150 };
+    const int lens[NS] = {5, 17, 1, 150}; /* 150: three chunks of the delta rule, the last partial */
+    int32_t toks[NS][MAXL];
+    unsigned r = 12345;
+    for (int s = 0; s < NS; s++)
+        for (int i = 0; i < lens[s]; i++) toks[s][i] = (int32_t)((r = r * 1103515245u + 12345u) >> 8) % n_vocab;
+    struct pxq_engine_params ep = pxq_engine_default_params();
+    ep.n_ctx = 256;
+    ep.n_seq_max = NS;
+    struct pxq_engine *e = pxq_engine_new(m, &ep, err, sizeof err);
+    CHECK(e != NULL, "engine: %s", err);
+    if (!e) {
+        model_free(m);
+        return;
+    }
+    float *alone[NS];
+    for (int s = 0; s < NS; s++) { /* one shot: the chunked form */
+        int seq = run_all_logits(e, toks[s], lens[s]);
+        CHECK(seq >= 0, "prefill");
+        alone[s] = xmalloc((size_t)lens[s] * n_vocab * sizeof(float));
+        for (int i = 0; i < lens[s]; i++) memcpy(alone[s] + (size_t)i * n_vocab, pxq_logits(e, i), (size_t)n_vocab * 4);
+        pxq_seq_free(e, seq);
+    }
+    /* token by token: the recurrent form */
+    int seq = pxq_seq_new(e);
+    double worst = 0;
+    for (int i = 0; i < lens[3]; i++) {
+        int32_t p = i;
+        struct pxq_batch b = {1, &toks[3][i], &p, &seq, NULL};
+        CHECK(pxq_decode(e, &b, err, sizeof err) == 0, "decode: %s", err);
+        worst = fmax(worst, max_diff(pxq_logits(e, 0), alone[3] + (size_t)i * n_vocab, (size_t)n_vocab));
+    }
+    fprintf(stderr, "%s: one-shot prefill (chunked) vs token by token (recurrent), %d tokens: max diff %.3g\n", path,
+            lens[3], worst);
+    CHECK(worst <= LOGIT_TOL, "chunked prefill vs token by token: %.3g", worst);
+    /* truncation: to a middle position is refused; to 0 resets the state */
+    CHECK(pxq_seq_truncate(e, seq, 10) != 0 && pxq_seq_len(e, seq) == lens[3], "truncate into the recurrent state refused");
+    CHECK(pxq_seq_truncate(e, seq, 0) == 0 && pxq_seq_len(e, seq) == 0, "truncate to 0");
+    {
+        int32_t pos[MAXL], sid[MAXL];
+        int8_t want[MAXL];
+        for (int i = 0; i < lens[1]; i++) pos[i] = i, sid[i] = seq, want[i] = 1;
+        struct pxq_batch b = {lens[1], toks[1], pos, sid, want};
+        CHECK(pxq_decode(e, &b, err, sizeof err) == 0, "decode after truncate: %s", err);
+        double d = 0;
+        for (int i = 0; i < lens[1]; i++) d = fmax(d, max_diff(pxq_logits(e, i), alone[1] + (size_t)i * n_vocab, (size_t)n_vocab));
+        CHECK(d == 0, "after truncate to 0 the sequence starts afresh (diff %.3g)", d);
+    }
+    pxq_seq_free(e, seq);
+    /* ragged batch of NS sequences, interleaved token by token */
+    int32_t tk[NS * MAXL], pos[NS * MAXL], sid[NS * MAXL];
+    int8_t want[NS * MAXL];
+    int n = 0, seqs[NS], at[NS] = {0};
+    for (int s = 0; s < NS; s++) seqs[s] = pxq_seq_new(e);
+    for (int more = 1; more;) {
+        more = 0;
+        for (int s = 0; s < NS; s++)
+            if (at[s] < lens[s]) {
+                tk[n] = toks[s][at[s]], pos[n] = at[s], sid[n] = seqs[s], want[n] = 1, n++;
+                at[s]++;
+                more = 1;
+            }
+    }
+    struct pxq_batch b = {n, tk, pos, sid, want};
+    CHECK(pxq_decode(e, &b, err, sizeof err) == 0, "ragged batch: %s", err);
+    worst = 0;
+    for (int i = 0; i < n; i++) {
+        int s = 0;
+        while (seqs[s] != sid[i]) s++;
+        worst = fmax(worst, max_diff(pxq_logits(e, i), alone[s] + (size_t)pos[i] * n_vocab, (size_t)n_vocab));
+    }
+    fprintf(stderr, "%s: ragged batch of %d sequences vs each alone: max diff %.3g\n", path, NS, worst);
+    CHECK(worst <= LOGIT_TOL, "batch vs alone differ by %.3g", worst);
+    pxq_engine_free(e);
+    /* n_batch 7: the runs are cut across ubatches, the state carried between them */
+    ep.n_batch = 7;
+    e = pxq_engine_new(m, &ep, err, sizeof err);
+    seq = run_all_logits(e, toks[3], lens[3]);
+    worst = 0;
+    for (int i = 0; i < lens[3] && seq >= 0; i++)
+        worst = fmax(worst, max_diff(pxq_logits(e, i), alone[3] + (size_t)i * n_vocab, (size_t)n_vocab));
+    fprintf(stderr, "%s: n_batch 7 vs one shot: max diff %.3g\n", path, worst);
+    CHECK(seq >= 0 && worst <= LOGIT_TOL, "n_batch 7 differs by %.3g", worst);
+    pxq_engine_free(e);
+    for (int s = 0; s < NS; s++) free(alone[s]);
+    model_free(m);
+}
+
+/* The GGUFs load with the hparams of the HF config (keys of llama.cpp's qwen35 arch). */
+static void check_gguf_hparams(const char *file) {
+    char path[512], hfp[512], err[512] = "";
+    struct pxq_model *g = model_open(data_path(path, sizeof path, file), err, sizeof err);
+    CHECK(g != NULL, "open %s: %s", path, err);
+    struct pxq_model *h = model_open(data_path(hfp, sizeof hfp, "tiny-qwen35"), err, sizeof err);
+    CHECK(h != NULL, "open %s: %s", hfp, err);
+    if (!g || !h) {
+        model_free(g), model_free(h);
+        return;
+    }
+    const struct pxq_hparams *a = model_hparams(g), *b = model_hparams(h);
+    int same = a->n_layer == b->n_layer && a->n_embd == b->n_embd && a->n_head == b->n_head &&
+               a->n_head_kv == b->n_head_kv && a->head_dim == b->head_dim && a->n_rot == b->n_rot &&
+               a->ssm_conv_kernel == b->ssm_conv_kernel && a->ssm_n_k_head == b->ssm_n_k_head &&
+               a->ssm_n_v_head == b->ssm_n_v_head && a->ssm_head_k_dim == b->ssm_head_k_dim &&
+               a->ssm_head_v_dim == b->ssm_head_v_dim && a->rope_theta == b->rope_theta && a->n_ff == b->n_ff;
+    for (int il = 0; il < a->n_layer; il++) same &= a->layer_kind[il] == b->layer_kind[il];
+    CHECK(same, "%s: hparams differ from the HF config", path);
+    CHECK(b->layer_kind[3] == LAYER_ATTN && b->layer_kind[0] == LAYER_DELTANET, "layer_types");
+    model_free(g), model_free(h);
+}
+
+static int have(const char *rel) {
+    char p[512];
+    return file_exists(data_path(p, sizeof p, rel)) || is_dir(p);
+}
+
+int main(void) {
+    check_rule(150, 48, 48, 64, -2.0f);
+    check_rule(64, 128, 128, 64, -0.5f);
+    check_rule(5, 16, 32, 64, -30.0f); /* strong decay: exp underflows in the chunked form */
+    check_rule(200, 32, 16, 16, -1.0f);
+    check_ref("tiny-qwen35", "tiny-qwen35");
+    check_gguf_hparams("tiny-qwen35-Q8_0.gguf");
+    check_engine("tiny-qwen35");
+    check_engine("tiny-qwen35-Q4_K_M.gguf");
+    if (have("random-qwen35/config.json")) {
+        check_ref("random-qwen35", "random-qwen35");
+        check_engine("random-qwen35");
+        char p[512], err[512] = "";
+        struct pxq_model *m = model_open(data_path(p, sizeof p, "random-qwen35"), err, sizeof err);
+        if (m) {
+            const struct pxq_hparams *hp = model_hparams(m);
+            CHECK(hp->n_mtp_layer == 1 && model_layer(m, hp->n_layer)->nextn_eh_proj && model_layer(m, hp->n_layer)->attn_q,
+                  "random-qwen35: MTP layer bound (n_mtp_layer %d)", hp->n_mtp_layer);
+            model_free(m);
+        }
+    } else {
+        fprintf(stderr, "test_qwen35: no tests/data/qwen35/random-qwen35 (make it with tools/make_qwen35_ref.py): second shape skipped\n");
+    }
+    return test_summary("test_qwen35");
+}
