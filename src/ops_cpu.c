@@ -59,6 +59,29 @@ static void mm_vec(void *arg, int64_t r0, int64_t r1, int ith) {
     for (int64_t r = r0; r < r1; r++) a->y[r] = dot_row_f32(a->w->type, base + (size_t)r * a->row_bytes, a->x, n_in);
 }
 
+/* 4 weight rows x 2 tokens per step: 8 vector accumulators, each loaded vector used twice. */
+static void dot_4x2(const float *w, int64_t n, const float *x0, const float *x1, float out[4][2]) {
+    v8f acc[4][2] = {{{0}}};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8f a, b, wv;
+        memcpy(&a, x0 + i, 32);
+        memcpy(&b, x1 + i, 32);
+        for (int r = 0; r < 4; r++) {
+            memcpy(&wv, w + r * n + i, 32);
+            acc[r][0] += wv * a;
+            acc[r][1] += wv * b;
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < 2; c++) {
+            float s = 0;
+            for (int j = 0; j < 8; j++) s += acc[r][c][j];
+            for (int64_t k = i; k < n; k++) s += w[r * n + k] * (c ? x1 : x0)[k];
+            out[r][c] = s;
+        }
+}
+
 static void mm_mat(void *arg, int64_t t0, int64_t t1, int ith) {
     const struct mm_args *a = arg;
     const int64_t n_in = a->w->ne[0], n_out = a->w->ne[1];
@@ -68,7 +91,20 @@ static void mm_mat(void *arg, int64_t t0, int64_t t1, int ith) {
         int64_t r0 = tile * MM_TILE, nr = n_out - r0 < MM_TILE ? n_out - r0 : MM_TILE;
         for (int64_t r = 0; r < nr; r++)
             dequantize_row(a->w->type, base + (size_t)(r0 + r) * a->row_bytes, rows + r * n_in, n_in);
-        for (int t = 0; t < a->n_tokens; t++) {
+        int t = 0;
+        if (nr == MM_TILE) /* register-blocked main part */
+            for (; t + 2 <= a->n_tokens; t += 2) {
+                const float *x0 = a->x + (size_t)t * (size_t)n_in, *x1 = x0 + n_in;
+                for (int64_t r = 0; r < MM_TILE; r += 4) {
+                    float o[4][2];
+                    dot_4x2(rows + r * n_in, n_in, x0, x1, o);
+                    for (int k = 0; k < 4; k++) {
+                        a->y[(size_t)t * (size_t)n_out + (size_t)(r0 + r + k)] = o[k][0];
+                        a->y[(size_t)(t + 1) * (size_t)n_out + (size_t)(r0 + r + k)] = o[k][1];
+                    }
+                }
+            }
+        for (; t < a->n_tokens; t++) {
             const float *xt = a->x + (size_t)t * (size_t)n_in;
             float *yt = a->y + (size_t)t * (size_t)n_out + r0;
             for (int64_t r = 0; r < nr; r++) yt[r] = vec_dot_f32(rows + r * n_in, xt, n_in);
