@@ -5,10 +5,10 @@ CC      ?= cc
 BUILD   ?= build
 OPT     ?= -O2 -march=native
 SAN     ?=
-PKGS    := libpcre2-8 libcjson libutf8proc
+PKGS    := libpcre2-8 libcjson libutf8proc nettle
 CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -pthread -Isrc \
            $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(SAN) -MMD -MP
-LDLIBS  += $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -lcjson -lutf8proc) \
+LDLIBS  += $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -lcjson -lutf8proc -lnettle) \
            -lmicrohttpd -lm -pthread
 
 LIB_SRC := $(wildcard src/*.c)

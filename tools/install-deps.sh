@@ -10,7 +10,7 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential pkg-config xz-utils ca-certificates curl \
-    libpcre2-dev libcjson-dev libutf8proc-dev libmicrohttpd-dev \
+    libpcre2-dev libcjson-dev libutf8proc-dev libmicrohttpd-dev nettle-dev \
     clang libclang-rt-dev nodejs npm >/dev/null
 if [ -f tests/server/package.json ]; then
     (cd tests/server && npm install --no-audit --no-fund --silent)

@@ -1,0 +1,81 @@
+/* cmd_quantize.c - `pxq quantize`: HF checkpoint -> GGUF with Q4_0 / Q4_1 / Q8_0 weights, by
+ * round-to-nearest or calibrated (AWQ scaling, GPTQ error compensation). See src/quantize.h and
+ * docs/QUANT.md. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "args.h"
+#include "quant.h"
+#include "quantize.h"
+
+static const char *usage_text =
+    "usage: pxq quantize --model HF_DIR --output OUT.gguf [options]\n"
+    "  --dtype int4|int8        weight integer type (default int4)\n"
+    "  --group-size N           weights per scale (32: the GGUF types' block; others are rejected)\n"
+    "  --sym | --asym           int4: Q4_0 (symmetric, default) or Q4_1 (with a minimum); int8: Q8_0\n"
+    "  --method M               rtn (default), awq, gptq, or awq+gptq (both)\n"
+    "  --calib-file FILE        calibration text: a JSON list of strings, or plain text\n"
+    "  --calib-size N           calibration sequences (default 128)\n"
+    "  --calib-seq-len L        tokens per sequence (default 512)\n"
+    "  --keep-f16 PATTERN       store tensors whose GGUF name matches the glob in F16 (repeatable)\n"
+    "  --embd-type T            token_embd type: f32 f16 bf16 q8_0 q4_0 q4_1 (default: the weight type)\n"
+    "  --output-type T          lm_head type, also token_embd when tied (default q8_0)\n"
+    "  -t, --threads N          CPU threads (default: all)\n"
+    "  --no-progress            no progress bar (it is drawn only when stderr is a terminal)\n";
+
+static enum pxq_type parse_type(struct args *a) {
+    const char *flag = a->argv[a->i], *s = arg_str(a);
+    static const enum pxq_type ok[] = {PXQ_TYPE_F32, PXQ_TYPE_F16, PXQ_TYPE_BF16, PXQ_TYPE_Q8_0, PXQ_TYPE_Q4_0, PXQ_TYPE_Q4_1};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+        if (!strcasecmp(s, type_name(ok[i]))) return ok[i];
+    fail(a, 2, "%s: unsupported type '%s' (f32, f16, bf16, q8_0, q4_0, q4_1)", flag, s);
+    return PXQ_TYPE_F32;
+}
+
+int cmd_quantize(int argc, char **argv) {
+    struct args a = {argc, argv, 0, "quantize"};
+    struct quantize_params p = quantize_default_params();
+    const char *dtype = "int4", *method = "rtn";
+    int sym = 1, progress = isatty(2);
+    for (a.i = 1; a.i < argc; a.i++) {
+        const char *f = argv[a.i];
+        if (!strcmp(f, "--model") || !strcmp(f, "-m")) p.model_dir = arg_str(&a);
+        else if (!strcmp(f, "--output") || !strcmp(f, "-o")) p.output = arg_str(&a);
+        else if (!strcmp(f, "--dtype")) dtype = arg_str(&a);
+        else if (!strcmp(f, "--group-size")) p.group_size = (int)arg_int(&a, 1, 1 << 20);
+        else if (!strcmp(f, "--sym")) sym = 1;
+        else if (!strcmp(f, "--asym")) sym = 0;
+        else if (!strcmp(f, "--method")) {
+            const char *m = method = arg_str(&a);
+            if (!strcmp(m, "rtn")) p.method = QUANT_RTN;
+            else if (!strcmp(m, "awq")) p.method = QUANT_AWQ;
+            else if (!strcmp(m, "gptq")) p.method = QUANT_GPTQ;
+            else if (!strcmp(m, "awq+gptq")) p.method = QUANT_AWQ_GPTQ;
+            else fail(&a, 2, "--method: unknown method '%s' (rtn, awq, gptq, awq+gptq)", m);
+        } else if (!strcmp(f, "--calib-file")) p.calib_file = arg_str(&a);
+        else if (!strcmp(f, "--calib-size")) p.calib_size = (int)arg_int(&a, 1, 1 << 20);
+        else if (!strcmp(f, "--calib-seq-len")) p.calib_seq_len = (int)arg_int(&a, 2, 1 << 16);
+        else if (!strcmp(f, "--keep-f16")) {
+            if (p.n_keep_f16 == QUANTIZE_MAX_KEEP) fail(&a, 2, "--keep-f16: at most %d patterns", QUANTIZE_MAX_KEEP);
+            p.keep_f16[p.n_keep_f16++] = arg_str(&a);
+        } else if (!strcmp(f, "--embd-type")) p.embd_type = parse_type(&a);
+        else if (!strcmp(f, "--output-type")) p.output_type = parse_type(&a);
+        else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) p.n_threads = (int)arg_int(&a, 1, 1024);
+        else if (!strcmp(f, "--no-progress")) progress = 0;
+        else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
+            fputs(usage_text, stdout);
+            return 0;
+        } else
+            fail(&a, 2, "unknown option '%s'", f);
+    }
+    if (!p.model_dir) fail(&a, 2, "no model: give --model HF_DIR");
+    if (!p.output) fail(&a, 2, "no output: give --output OUT.gguf");
+    char err[1024] = "";
+    if (quantize_pick_type(dtype, p.group_size, sym, &p.wtype, err, sizeof err) != 0) fail(&a, 2, "%s", err);
+    if (p.method != QUANT_RTN && !p.calib_file) fail(&a, 2, "--method %s needs --calib-file FILE", method);
+    p.progress = progress;
+    if (quantize_model(&p, err, sizeof err) != 0) fail(&a, 1, "%s", err);
+    return 0;
+}

@@ -1,0 +1,245 @@
+/* quantize_calib.c - see quantize_calib.h. */
+#include "quantize_calib.h"
+
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <nettle/sha2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "ops_cpu.h"
+#include "threadpool.h"
+#include "tokenizer.h"
+#include "util.h"
+
+int file_sha256_hex(const char *path, char *hex, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return set_err(err, errlen, "%s: %s", path, strerror(errno));
+    struct sha256_ctx ctx;
+    sha256_init(&ctx);
+    uint8_t buf[1 << 16];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) sha256_update(&ctx, n, buf);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) return set_err(err, errlen, "%s: read error", path);
+    uint8_t dig[SHA256_DIGEST_SIZE];
+    sha256_digest(&ctx, sizeof dig, dig);
+    for (int i = 0; i < SHA256_DIGEST_SIZE; i++) snprintf(hex + 2 * i, 3, "%02x", dig[i]);
+    return 0;
+}
+
+static int ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+/* Append the tokens of text[len] to *all. */
+static int append_tokens(const struct pxq_tokenizer *tok, const char *text, size_t len, int32_t **all, size_t *n, size_t *cap) {
+    int32_t *ids = NULL;
+    int k = 0;
+    if (tokenizer_encode(tok, text, len, 0, &ids, &k) != 0) {
+        free(ids);
+        return -1;
+    }
+    if (*n + (size_t)k > *cap) {
+        *cap = (*n + (size_t)k) * 2 + 1024;
+        *all = xrealloc(*all, *cap * sizeof **all);
+    }
+    memcpy(*all + *n, ids, (size_t)k * sizeof *ids);
+    *n += (size_t)k;
+    free(ids);
+    return 0;
+}
+
+int calib_load(const char *path, const struct pxq_tokenizer *tok, int n_seq, int seq_len, int32_t **tokens, int *n_seq_out,
+               int *seq_len_out, char *sha256_hex, char *err, size_t errlen) {
+    *tokens = NULL;
+    if (!tok) return set_err(err, errlen, "the model has no tokenizer: calibration text cannot be tokenized");
+    size_t len;
+    char *text = read_file(path, 1u << 30, &len, err, errlen);
+    if (!text) return -1;
+    if (file_sha256_hex(path, sha256_hex, err, errlen) != 0) {
+        free(text);
+        return -1;
+    }
+    size_t i0 = 0;
+    while (i0 < len && isspace((unsigned char)text[i0])) i0++;
+    if (i0 == len) {
+        free(text);
+        return set_err(err, errlen, "calibration file %s is empty", path);
+    }
+    int32_t *all = NULL;
+    size_t n = 0, cap = 0;
+    int rc = -1;
+    cJSON *j = NULL;
+    if (text[i0] == '[' || ends_with(path, ".json")) {
+        j = cJSON_ParseWithLength(text, len);
+        if (!j && ends_with(path, ".json")) {
+            set_err(err, errlen, "calibration file %s: not valid JSON (expected a list of strings)", path);
+            goto out;
+        }
+    }
+    if (j) {
+        if (!cJSON_IsArray(j)) {
+            set_err(err, errlen, "calibration file %s: JSON must be a list of strings", path);
+            goto out;
+        }
+        int k = 0, n_items = cJSON_GetArraySize(j);
+        if (n_items == 0) {
+            set_err(err, errlen, "calibration file %s: the list of texts is empty", path);
+            goto out;
+        }
+        const cJSON *it;
+        cJSON_ArrayForEach(it, j) {
+            if (!cJSON_IsString(it)) {
+                set_err(err, errlen, "calibration file %s: item %d is not a string", path, k);
+                goto out;
+            }
+            if (append_tokens(tok, it->valuestring, strlen(it->valuestring), &all, &n, &cap) != 0) {
+                set_err(err, errlen, "calibration file %s: item %d could not be tokenized", path, k);
+                goto out;
+            }
+            k++;
+        }
+    } else if (append_tokens(tok, text, len, &all, &n, &cap) != 0) {
+        set_err(err, errlen, "calibration file %s could not be tokenized", path);
+        goto out;
+    }
+    if (n < 2) {
+        set_err(err, errlen, "calibration file %s: %zu tokens, too few to calibrate on", path, n);
+        goto out;
+    }
+    if (n < (size_t)seq_len) { /* one shorter sequence */
+        *n_seq_out = 1;
+        *seq_len_out = (int)n;
+    } else {
+        size_t avail = n / (size_t)seq_len;
+        *n_seq_out = avail < (size_t)n_seq ? (int)avail : n_seq;
+        *seq_len_out = seq_len;
+    }
+    *tokens = all;
+    all = NULL;
+    rc = 0;
+out:
+    cJSON_Delete(j);
+    free(all);
+    free(text);
+    return rc;
+}
+
+int calib_add_site(struct calib *c, const struct pxq_tensor *leader) {
+    int i = calib_find_site(c, leader);
+    if (i >= 0) return i;
+    c->sites = xrealloc(c->sites, (size_t)(c->n_sites + 1) * sizeof *c->sites);
+    struct calib_site *s = &c->sites[c->n_sites];
+    memset(s, 0, sizeof *s);
+    s->leader = leader;
+    s->n_in = leader->ne[0];
+    s->H = xcalloc((size_t)(s->n_in * s->n_in), sizeof *s->H);
+    s->abs_sum = xcalloc((size_t)s->n_in, sizeof *s->abs_sum);
+    return c->n_sites++;
+}
+
+int calib_find_site(const struct calib *c, const struct pxq_tensor *leader) {
+    for (int i = 0; i < c->n_sites; i++)
+        if (c->sites[i].leader == leader) return i;
+    return -1;
+}
+
+void calib_free(struct calib *c) {
+    for (int i = 0; i < c->n_sites; i++) free(c->sites[i].H), free(c->sites[i].abs_sum);
+    free(c->sites);
+    c->sites = NULL;
+    c->n_sites = 0;
+}
+
+/* ---- accumulation through the matmul observer ---- */
+
+struct obs {
+    struct calib *c;
+    struct threadpool *tp;
+};
+
+struct acc_args {
+    struct calib_site *s;
+    const float *x;
+    int n_tok;
+    float *scratch; /* [n_threads][n_in] */
+};
+
+/* Rows i of H: H[i][j] += sum_t x[t][i] x[t][j] for j >= i (float within one call, then double). */
+static void acc_rows(void *arg, int64_t i0, int64_t i1, int ith) {
+    const struct acc_args *a = arg;
+    const int64_t n = a->s->n_in;
+    float *acc = a->scratch + (size_t)ith * (size_t)n;
+    for (int64_t i = i0; i < i1; i++) {
+        memset(acc + i, 0, (size_t)(n - i) * sizeof *acc);
+        for (int t = 0; t < a->n_tok; t++) {
+            const float *xt = a->x + (size_t)t * (size_t)n;
+            const float xi = xt[i];
+            if (xi == 0) continue;
+            for (int64_t j = i; j < n; j++) acc[j] += xi * xt[j];
+        }
+        double *h = a->s->H + i * n;
+        for (int64_t j = i; j < n; j++) h[j] += acc[j];
+    }
+}
+
+static void observe(void *ctx, const struct pxq_tensor *w, const float *x, int n_tokens) {
+    struct obs *o = ctx;
+    int i = calib_find_site(o->c, w);
+    if (i < 0 || n_tokens <= 0) return;
+    struct calib_site *s = &o->c->sites[i];
+    const int64_t n = s->n_in;
+    static _Thread_local float *scratch;
+    static _Thread_local size_t scratch_cap;
+    size_t need = (size_t)threadpool_size(o->tp) * (size_t)n;
+    if (need > scratch_cap) {
+        free(scratch);
+        scratch = xmalloc(need * sizeof *scratch);
+        scratch_cap = need;
+    }
+    struct acc_args a = {s, x, n_tokens, scratch};
+    parallel_for(o->tp, n, 8, acc_rows, &a);
+    for (int t = 0; t < n_tokens; t++)
+        for (int64_t k = 0; k < n; k++) s->abs_sum[k] += fabs((double)x[(size_t)t * (size_t)n + k]);
+    s->n_tok += n_tokens;
+}
+
+int calib_run(struct calib *c, struct pxq_model *m, const int32_t *tokens, int n_seq, int seq_len, int n_threads,
+              void (*progress)(void *ctx, int done, int total), void *pctx, char *err, size_t errlen) {
+    struct pxq_engine_params ep = pxq_engine_default_params();
+    ep.n_ctx = seq_len;
+    ep.n_batch = seq_len;
+    ep.n_seq_max = 1;
+    ep.n_threads = n_threads;
+    struct pxq_engine *e = pxq_engine_new(m, &ep, err, errlen);
+    if (!e) return -1;
+    struct obs o = {c, threadpool_new(n_threads > 0 ? n_threads : n_cpus())};
+    int32_t *pos = xmalloc((size_t)seq_len * sizeof *pos), *sid = xmalloc((size_t)seq_len * sizeof *sid);
+    int rc = 0;
+    matmul_cpu_set_observer(observe, &o);
+    for (int q = 0; q < n_seq && rc == 0; q++) {
+        int seq = pxq_seq_new(e);
+        for (int i = 0; i < seq_len; i++) pos[i] = i, sid[i] = seq;
+        struct pxq_batch b = {seq_len, tokens + (size_t)q * seq_len, pos, sid, NULL};
+        rc = pxq_decode(e, &b, err, errlen);
+        pxq_seq_free(e, seq);
+        if (progress) progress(pctx, q + 1, n_seq);
+    }
+    matmul_cpu_set_observer(NULL, NULL);
+    for (int i = 0; i < c->n_sites; i++) { /* mirror the upper triangle */
+        struct calib_site *s = &c->sites[i];
+        for (int64_t r = 0; r < s->n_in; r++)
+            for (int64_t k = 0; k < r; k++) s->H[r * s->n_in + k] = s->H[k * s->n_in + r];
+    }
+    free(pos), free(sid);
+    threadpool_free(o.tp);
+    pxq_engine_free(e);
+    return rc;
+}
