@@ -11,7 +11,7 @@ CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE 
 LDLIBS  += $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -lcjson -lutf8proc -lnettle) \
            -lmicrohttpd -lm -pthread
 
-LIB_SRC := $(wildcard src/*.c)
+LIB_SRC := $(wildcard src/*.c) $(wildcard src/server/*.c)
 CLI_SRC := $(wildcard src/cli/*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)

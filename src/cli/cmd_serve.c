@@ -1,0 +1,131 @@
+/* cmd_serve.c - `pxq serve`: an OpenAI-compatible HTTP server with continuous batching
+ * (src/server/). Flags are vLLM's where vLLM has one. SIGTERM / SIGINT: stop accepting, let the
+ * requests in flight finish (up to --shutdown-timeout seconds, then end them with
+ * finish_reason "length"), close, exit 0. */
+#include <libgen.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "args.h"
+#include "server/http.h"
+#include "server/metrics.h"
+#include "server/scheduler.h"
+#include "util.h"
+
+static const char *usage =
+    "usage: pxq serve [-m PATH] [options]\n"
+    "  --host HOST                      address to bind (default 127.0.0.1)\n"
+    "  --port N                         TCP port (default 8000; 0: any free port, printed at start)\n"
+    "  --max-model-len N                context per sequence: prompt + max_tokens (default: model's, at most 4096)\n"
+    "  --max-num-seqs N                 sequences batched at once (default 16)\n"
+    "  --max-num-batched-tokens N       tokens per scheduler step, decodes + prefill chunks (default 512)\n"
+    "  --block-size N                   positions per KV block (default 16)\n"
+    "  --num-gpu-blocks-override N      KV pool size in blocks (default: max-num-seqs full contexts)\n"
+    "  --gpu-memory-utilization F       CUDA: fraction of device memory (not in this build: use --gpu-mem)\n"
+    "  --api-key KEY                    require 'Authorization: Bearer KEY' on /v1 (default: $PXQ_API_KEY)\n"
+    "  --served-model-name NAME         model id in the API (default: the -m argument)\n"
+    "  --shutdown-timeout S             on SIGTERM, seconds in-flight requests may still run (default 30)\n"
+    "  --max-body-bytes N               largest request body (default 4194304)\n";
+
+int cmd_serve(int argc, char **argv) {
+    struct args a = {argc, argv, 0, "serve"};
+    struct common_opts co;
+    common_init(&co);
+    struct http_config hc = {"127.0.0.1", 8000, NULL, 4u << 20, 512, 60, 0};
+    struct sched_config sc = {16, 512};
+    const char *name = NULL;
+    double gpu_util = 0, grace = 30;
+    int kv_blocks = 0, batched_set = 0;
+    for (a.i = 1; a.i < argc; a.i++) {
+        const char *f = argv[a.i];
+        if (common_parse(&a, &co)) continue;
+        if (!strcmp(f, "--host")) hc.host = arg_str(&a);
+        else if (!strcmp(f, "--port")) hc.port = (int)arg_int(&a, 0, 65535);
+        else if (!strcmp(f, "--max-num-seqs")) sc.max_num_seqs = (int)arg_int(&a, 1, 4096);
+        else if (!strcmp(f, "--max-num-batched-tokens")) sc.max_num_batched_tokens = (int)arg_int(&a, 1, 1 << 20), batched_set = 1;
+        else if (!strcmp(f, "--block-size")) co.ep.kv_block_size = (int)arg_int(&a, 1, 4096);
+        else if (!strcmp(f, "--num-gpu-blocks-override")) kv_blocks = (int)arg_int(&a, 1, 1 << 30);
+        else if (!strcmp(f, "--gpu-memory-utilization")) gpu_util = arg_num(&a, 1e-3, 1);
+        else if (!strcmp(f, "--api-key")) hc.api_key = arg_str(&a);
+        else if (!strcmp(f, "--served-model-name")) name = arg_str(&a);
+        else if (!strcmp(f, "--shutdown-timeout")) grace = arg_num(&a, 0, 86400);
+        else if (!strcmp(f, "--max-body-bytes")) hc.max_body = (size_t)arg_int(&a, 1024, 1L << 30);
+        else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
+            printf("%s%s", usage, common_help());
+            return 0;
+        } else
+            fail(&a, 2, "unknown option '%s' (see pxq serve --help)", f);
+    }
+    if (gpu_util > 0 && co.ep.device == PXQ_DEVICE_CUDA && !co.ep.gpu_mem)
+        fail(&a, 2, "--gpu-memory-utilization is not supported by this build's engine yet; give --gpu-mem SIZE");
+    if (!hc.api_key) {
+        const char *k = getenv("PXQ_API_KEY");
+        if (k && *k) hc.api_key = k;
+    }
+    if (hc.api_key && !*hc.api_key) fail(&a, 2, "--api-key must not be empty");
+    if (!batched_set && sc.max_num_batched_tokens < sc.max_num_seqs) sc.max_num_batched_tokens = sc.max_num_seqs;
+    if (sc.max_num_batched_tokens < sc.max_num_seqs)
+        fail(&a, 2, "--max-num-batched-tokens (%d) must be at least --max-num-seqs (%d)", sc.max_num_batched_tokens,
+             sc.max_num_seqs);
+
+    struct pxq_model *m = open_model_or_fail(&a, co.model);
+    struct pxq_tokenizer *tok = model_tokenizer(m);
+    if (!tok) fail(&a, 1, "%s has no tokenizer; pxq serve needs one", model_path(m));
+    char served[1024];
+    if (name) snprintf(served, sizeof served, "%s", name);
+    else if (co.model) snprintf(served, sizeof served, "%s", co.model);
+    else {
+        char tmp[1024];
+        snprintf(tmp, sizeof tmp, "%s", model_path(m));
+        snprintf(served, sizeof served, "%s", basename(tmp));
+    }
+    co.ep.n_seq_max = sc.max_num_seqs;
+    co.ep.kv_blocks = kv_blocks;
+    char err[512] = "";
+    struct pxq_engine *e = pxq_engine_new(m, &co.ep, err, sizeof err);
+    if (!e) fail(&a, 1, "%s", err);
+    const struct pxq_engine_params *ep = pxq_engine_params(e);
+
+    /* signals: handled by sigwait below, blocked in every thread started from here */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct srv_metrics *met = metrics_new();
+    struct scheduler *sched = sched_new(e, tok, &sc, met, err, sizeof err);
+    if (!sched) fail(&a, 1, "%s", err);
+    struct srv_limits lim = {served, tok, model_hparams(m)->n_vocab, ep->n_ctx,
+                             pxq_kv_blocks_total(e) * pxq_kv_block_size(e)};
+    hc.max_model_len = ep->n_ctx;
+    struct http_server *h = http_start(&hc, &lim, sched, met, err, sizeof err);
+    if (!h) fail(&a, 1, "%s", err);
+    fprintf(stderr,
+            "pxq serve: %s (%s) as '%s': max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d, "
+            "KV %d blocks of %d, %d threads%s\n",
+            model_path(m), model_hparams(m)->arch_name, served, ep->n_ctx, sc.max_num_seqs, sc.max_num_batched_tokens,
+            pxq_kv_blocks_total(e), pxq_kv_block_size(e), ep->n_threads, hc.api_key ? ", API key required" : "");
+    fprintf(stderr, "pxq serve: listening on http://%s:%d\n", hc.host, http_port(h));
+    fflush(stderr);
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "pxq serve: %s: finishing %d request(s) in flight (up to %g s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+            sched_in_flight(sched), grace);
+    http_quiesce(h);
+    sched_drain(sched, grace);
+    for (int i = 0; i < 500 && http_active(h) > 0; i++) usleep(10000); /* let the last bytes go out */
+    http_stop(h);
+    sched_free(sched);
+    metrics_free(met);
+    pxq_engine_free(e);
+    model_free(m);
+    fprintf(stderr, "pxq serve: stopped\n");
+    return 0;
+}

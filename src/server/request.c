@@ -1,0 +1,640 @@
+/* request.c - see request.h: request parsing and validation, and the response / chunk / error JSON. */
+#include "request.h"
+
+#include <cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "util.h"
+
+/* ---- UTF-8 ---- */
+
+/* Length of the valid UTF-8 sequence at s[0..n), or 0 if it is invalid (RFC 3629 table 3.7). */
+static size_t utf8_seq(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    if (c < 0x80) return 1;
+    size_t len;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c == 0xE0) len = 3, lo = 0xA0;
+    else if (c >= 0xE1 && c <= 0xEC) len = 3;
+    else if (c == 0xED) len = 3, hi = 0x9F;
+    else if (c >= 0xEE && c <= 0xEF) len = 3;
+    else if (c == 0xF0) len = 4, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3) len = 4;
+    else if (c == 0xF4) len = 4, hi = 0x8F;
+    else return 0;
+    if (n < len) return 0;
+    if (s[1] < lo || s[1] > hi) return 0;
+    for (size_t i = 2; i < len; i++)
+        if (s[i] < 0x80 || s[i] > 0xBF) return 0;
+    return len;
+}
+
+int srv_utf8_valid(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_seq(u + i, n - i);
+        if (!k) return 0;
+        i += k;
+    }
+    return 1;
+}
+
+/* Copy of s[n] with each invalid byte replaced by U+FFFD (token strings can be partial characters). */
+static char *utf8_sanitize(const char *s, size_t n) {
+    char *o = xmalloc(n * 3 + 1);
+    size_t j = 0;
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_seq(u + i, n - i);
+        if (k) {
+            memcpy(o + j, s + i, k), j += k, i += k;
+        } else {
+            memcpy(o + j, "\xEF\xBF\xBD", 3), j += 3, i++;
+        }
+    }
+    o[j] = 0;
+    return o;
+}
+
+/* ---- lifetime ---- */
+
+void srv_req_retain(struct srv_req *r) {
+    pthread_mutex_lock(&r->mu);
+    r->refs++;
+    pthread_mutex_unlock(&r->mu);
+}
+
+void srv_req_release(struct srv_req *r) {
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    int left = --r->refs;
+    pthread_mutex_unlock(&r->mu);
+    if (left > 0) return;
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r->model);
+    free(r->prompt);
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->text);
+    free(r->toks);
+    free(r->top);
+    free(r->staged);
+    free(r->all);
+    sampler_free(r->smp);
+    stop_free(&r->sm);
+    free(r);
+}
+
+void srv_req_append_text(struct srv_req *r, const char *s, size_t n) {
+    if (r->n_text + n + 1 > r->cap_text) {
+        r->cap_text = (r->n_text + n + 1) * 2;
+        r->text = xrealloc(r->text, r->cap_text);
+    }
+    memcpy(r->text + r->n_text, s, n);
+    r->n_text += n;
+    r->text[r->n_text] = 0;
+}
+
+void srv_req_append_tok(struct srv_req *r, int32_t id, float logprob, const struct srv_top *top, int n_top) {
+    if (r->n_toks == r->cap_toks) {
+        r->cap_toks = r->cap_toks ? r->cap_toks * 2 : 64;
+        r->toks = xrealloc(r->toks, (size_t)r->cap_toks * sizeof *r->toks);
+    }
+    if (r->n_top + n_top > r->cap_top) {
+        r->cap_top = (r->n_top + n_top) * 2;
+        r->top = xrealloc(r->top, (size_t)r->cap_top * sizeof *r->top);
+    }
+    if (n_top) memcpy(r->top + r->n_top, top, (size_t)n_top * sizeof *top);
+    r->toks[r->n_toks++] = (struct srv_tok){id, logprob, r->n_text, r->n_top};
+    r->n_top += n_top;
+}
+
+/* ---- parsing ---- */
+
+struct pctx {
+    int *status;
+    char *msg, *param;
+    size_t msglen, paramlen;
+};
+
+static struct srv_req *bad(struct pctx *c, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static struct srv_req *bad(struct pctx *c, int status, const char *param, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->msg, c->msglen, fmt, ap);
+    va_end(ap);
+    snprintf(c->param, c->paramlen, "%s", param ? param : "");
+    *c->status = status;
+    return NULL;
+}
+
+/* A field that is absent or JSON null counts as not given. */
+static const cJSON *field(const cJSON *o, const char *name) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+/* Number field in [lo, hi] (integer: must be whole). 0 ok (absent leaves *out), -1 bad. */
+static int get_num(struct pctx *c, const cJSON *o, const char *name, int integer, double lo, double hi, double *out) {
+    const cJSON *v = field(o, name);
+    if (!v) return 0;
+    if (!cJSON_IsNumber(v)) return bad(c, 400, name, "'%s' must be a number", name), -1;
+    double d = v->valuedouble;
+    if (!isfinite(d)) return bad(c, 400, name, "'%s' is out of range", name), -1;
+    if (integer && d != floor(d)) return bad(c, 400, name, "'%s' must be an integer", name), -1;
+    if (d < lo || d > hi) return bad(c, 400, name, "'%s' must be in [%g, %g], got %g", name, lo, hi, d), -1;
+    *out = d;
+    return 0;
+}
+
+static int get_bool(struct pctx *c, const cJSON *o, const char *name, int *out) {
+    const cJSON *v = field(o, name);
+    if (!v) return 0;
+    if (!cJSON_IsBool(v)) return bad(c, 400, name, "'%s' must be a boolean", name), -1;
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+static int is_token_array(const cJSON *a) {
+    if (!cJSON_IsArray(a) || !cJSON_GetArraySize(a)) return 0;
+    for (const cJSON *x = a->child; x; x = x->next)
+        if (!cJSON_IsNumber(x)) return 0;
+    return 1;
+}
+
+static int tokens_from_array(struct pctx *c, const cJSON *a, int n_vocab, struct srv_req *r) {
+    int n = cJSON_GetArraySize(a);
+    r->prompt = xmalloc((size_t)n * sizeof *r->prompt);
+    r->n_prompt = 0;
+    for (const cJSON *x = a->child; x; x = x->next) {
+        double d = x->valuedouble;
+        if (!(d >= 0 && d < n_vocab && d == floor(d))) return bad(c, 400, "prompt", "token id %g is out of range [0, %d)", d, n_vocab), -1;
+        r->prompt[r->n_prompt++] = (int32_t)d;
+    }
+    return 0;
+}
+
+static int tokenize(struct pctx *c, const struct srv_limits *lim, const char *text, const char *param, struct srv_req *r) {
+    if (tokenizer_encode(lim->tok, text, strlen(text), 1, &r->prompt, &r->n_prompt) != 0)
+        return bad(c, 400, param, "the prompt could not be tokenized"), -1;
+    return 0;
+}
+
+static int parse_prompt(struct pctx *c, const cJSON *root, const struct srv_limits *lim, struct srv_req *r) {
+    const cJSON *p = field(root, "prompt");
+    if (!p) return bad(c, 400, "prompt", "'prompt' is required"), -1;
+    if (cJSON_IsString(p)) return tokenize(c, lim, p->valuestring, "prompt", r);
+    if (is_token_array(p)) return tokens_from_array(c, p, lim->n_vocab, r);
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1) {
+        if (cJSON_IsString(p->child)) return tokenize(c, lim, p->child->valuestring, "prompt", r);
+        if (is_token_array(p->child)) return tokens_from_array(c, p->child, lim->n_vocab, r);
+    }
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 1 && !is_token_array(p))
+        return bad(c, 400, "prompt", "batched prompts are not supported: send one prompt per request"), -1;
+    return bad(c, 400, "prompt", "'prompt' must be a string, an array of token ids, or an array holding one of those"), -1;
+}
+
+/* Message content: a string, null, or an array of {"type": "text", "text": ...} parts (joined). */
+static char *message_content(struct pctx *c, const cJSON *m) {
+    const cJSON *v = field(m, "content");
+    if (!v) return xstrdup("");
+    if (cJSON_IsString(v)) return xstrdup(v->valuestring);
+    if (!cJSON_IsArray(v)) return bad(c, 400, "messages", "message content must be a string or an array of text parts"), NULL;
+    size_t n = 0;
+    for (const cJSON *part = v->child; part; part = part->next) {
+        const cJSON *type = field(part, "type"), *text = field(part, "text");
+        if (!cJSON_IsObject(part) || !cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text))
+            return bad(c, 400, "messages", "only content parts of type 'text' with a string 'text' are supported"), NULL;
+        n += strlen(text->valuestring);
+    }
+    char *s = xmalloc(n + 1);
+    size_t j = 0;
+    for (const cJSON *part = v->child; part; part = part->next) {
+        const char *t = field(part, "text")->valuestring;
+        size_t k = strlen(t);
+        memcpy(s + j, t, k), j += k;
+    }
+    s[j] = 0;
+    return s;
+}
+
+static int parse_messages(struct pctx *c, const cJSON *root, const struct srv_limits *lim, struct srv_req *r) {
+    const cJSON *ms = field(root, "messages");
+    if (!ms) return bad(c, 400, "messages", "'messages' is required"), -1;
+    if (!cJSON_IsArray(ms) || !cJSON_GetArraySize(ms)) return bad(c, 400, "messages", "'messages' must be a non-empty array"), -1;
+    int n = cJSON_GetArraySize(ms), k = 0, rc = -1;
+    struct chat_msg *msgs = xcalloc((size_t)n, sizeof *msgs);
+    char **contents = xcalloc((size_t)n, sizeof *contents);
+    for (const cJSON *m = ms->child; m; m = m->next, k++) {
+        const cJSON *role = field(m, "role");
+        if (!cJSON_IsObject(m) || !cJSON_IsString(role)) {
+            bad(c, 400, "messages", "messages[%d] must be an object with a string 'role'", k);
+            goto out;
+        }
+        if (!(contents[k] = message_content(c, m))) goto out;
+        msgs[k] = (struct chat_msg){role->valuestring, contents[k]};
+    }
+    int add_gen = 1;
+    if (get_bool(c, root, "add_generation_prompt", &add_gen)) goto out;
+    char err[256] = "";
+    char *text = tokenizer_apply_chat(lim->tok, msgs, n, add_gen, err, sizeof err);
+    if (!text) {
+        bad(c, 400, "messages", "%s", err);
+        goto out;
+    }
+    rc = tokenize(c, lim, text, "messages", r);
+    free(text);
+out:
+    for (int i = 0; i < n; i++) free(contents[i]);
+    free(contents);
+    free(msgs);
+    return rc;
+}
+
+static int parse_stop(struct pctx *c, const cJSON *root, struct srv_req *r) {
+    const cJSON *s = field(root, "stop");
+    if (!s) return 0;
+    if (cJSON_IsString(s)) {
+        if (*s->valuestring) r->stop[r->n_stop++] = xstrdup(s->valuestring);
+        return 0;
+    }
+    if (!cJSON_IsArray(s)) return bad(c, 400, "stop", "'stop' must be a string or an array of strings"), -1;
+    if (cJSON_GetArraySize(s) > PXQ_MAX_STOP) return bad(c, 400, "stop", "at most %d stop strings are supported", PXQ_MAX_STOP), -1;
+    for (const cJSON *x = s->child; x; x = x->next) {
+        if (!cJSON_IsString(x)) return bad(c, 400, "stop", "'stop' must be a string or an array of strings"), -1;
+        if (*x->valuestring) r->stop[r->n_stop++] = xstrdup(x->valuestring);
+    }
+    return 0;
+}
+
+static uint64_t id_rng(void) {
+    static _Atomic uint64_t ctr;
+    uint64_t x = atomic_fetch_add(&ctr, 1) + 1;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    x = x * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_nsec * 0xBF58476D1CE4E5B9ull ^ (uint64_t)ts.tv_sec;
+    x ^= x >> 31;
+    x *= 0x94D049BB133111EBull;
+    return x ^ (x >> 29);
+}
+
+struct srv_req *srv_req_parse(enum srv_kind kind, const char *body, size_t len, const struct srv_limits *lim,
+                              int *status, char *msg, size_t msglen, char *param, size_t paramlen) {
+    struct pctx c = {status, msg, param, msglen, paramlen};
+    if (!srv_utf8_valid(body, len)) return bad(&c, 400, NULL, "the request body is not valid UTF-8");
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root) return bad(&c, 400, NULL, "the request body is not valid JSON");
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return bad(&c, 400, NULL, "the request body must be a JSON object");
+    }
+    struct srv_req *r = xcalloc(1, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    r->refs = 1;
+    r->seq = -1;
+    r->kind = kind;
+    r->t_arrival = now_sec();
+    r->created = (int64_t)time(NULL);
+    snprintf(r->id, sizeof r->id, "%s-%016llx", kind == SRV_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)id_rng());
+    r->model = xstrdup(lim->served_model_name);
+    r->tok = lim->tok;
+    r->sp = sampler_default_params();
+    r->sp.temperature = 1.0f;       /* OpenAI's default */
+    r->sp.repeat_last_n = 0;        /* OpenAI penalties count the whole output */
+    r->sp.seed = id_rng();
+    const cJSON *v;
+    double d;
+    int ok = 0;
+
+    if ((v = field(root, "model"))) {
+        if (!cJSON_IsString(v)) {
+            bad(&c, 400, "model", "'model' must be a string");
+            goto out;
+        }
+        if (strcmp(v->valuestring, lim->served_model_name)) {
+            bad(&c, 404, "model", "The model '%.200s' does not exist (this server serves '%.200s')", v->valuestring,
+                lim->served_model_name);
+            goto out;
+        }
+    }
+    d = 1;
+    if (get_num(&c, root, "n", 1, 1, 1e18, &d)) goto out;
+    if (d != 1) {
+        bad(&c, 400, "n", "only n = 1 is supported");
+        goto out;
+    }
+    if (get_num(&c, root, "best_of", 1, 1, 1, &d)) goto out;
+    if ((v = field(root, "echo")) && (!cJSON_IsBool(v) || cJSON_IsTrue(v))) {
+        bad(&c, 400, "echo", "'echo' is not supported");
+        goto out;
+    }
+    /* sampling */
+    d = r->sp.temperature;
+    if (get_num(&c, root, "temperature", 0, 0, 2, &d)) goto out;
+    r->sp.temperature = (float)d;
+    d = 1;
+    if (get_num(&c, root, "top_p", 0, 0, 1, &d)) goto out;
+    if (d <= 0) {
+        bad(&c, 400, "top_p", "'top_p' must be in (0, 1]");
+        goto out;
+    }
+    r->sp.top_p = (float)d;
+    d = 0;
+    if (get_num(&c, root, "top_k", 1, -1, 2147483647.0, &d)) goto out; /* vLLM: -1 or 0 = off */
+    r->sp.top_k = d < 0 ? 0 : (int)d;
+    d = 0;
+    if (get_num(&c, root, "min_p", 0, 0, 1, &d)) goto out;
+    r->sp.min_p = (float)d;
+    d = 0;
+    if (get_num(&c, root, "presence_penalty", 0, -2, 2, &d)) goto out;
+    r->sp.presence_penalty = (float)d;
+    d = 0;
+    if (get_num(&c, root, "frequency_penalty", 0, -2, 2, &d)) goto out;
+    r->sp.frequency_penalty = (float)d;
+    d = 1;
+    if (get_num(&c, root, "repetition_penalty", 0, 0, 2, &d)) goto out;
+    if (d <= 0) {
+        bad(&c, 400, "repetition_penalty", "'repetition_penalty' must be in (0, 2]");
+        goto out;
+    }
+    r->sp.repeat_penalty = (float)d;
+    if ((v = field(root, "seed"))) {
+        if (get_num(&c, root, "seed", 1, -9223372036854775808.0, 18446744073709551615.0, &d)) goto out;
+        r->sp.seed = d < 0 ? (uint64_t)(int64_t)d : (uint64_t)d;
+    }
+    if (parse_stop(&c, root, r)) goto out;
+    if (get_bool(&c, root, "ignore_eos", &r->ignore_eos)) goto out;
+    if (get_bool(&c, root, "stream", &r->stream)) goto out;
+    if ((v = field(root, "stream_options"))) {
+        if (!cJSON_IsObject(v)) {
+            bad(&c, 400, "stream_options", "'stream_options' must be an object");
+            goto out;
+        }
+        if (get_bool(&c, v, "include_usage", &r->include_usage)) goto out;
+    }
+    /* logprobs: completions take an integer (number of alternatives), chat a boolean + top_logprobs */
+    if (kind == SRV_COMPLETION) {
+        d = -1;
+        if (get_num(&c, root, "logprobs", 1, 0, SRV_MAX_TOP_LOGPROBS, &d)) goto out;
+        if (d >= 0) r->logprobs = 1, r->top_logprobs = (int)d;
+    } else {
+        if (get_bool(&c, root, "logprobs", &r->logprobs)) goto out;
+        d = 0;
+        if (get_num(&c, root, "top_logprobs", 1, 0, SRV_MAX_TOP_LOGPROBS, &d)) goto out;
+        if (d > 0 && !r->logprobs) {
+            bad(&c, 400, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+            goto out;
+        }
+        r->top_logprobs = (int)d;
+    }
+    /* prompt */
+    if (kind == SRV_COMPLETION ? parse_prompt(&c, root, lim, r) : parse_messages(&c, root, lim, r)) goto out;
+    const char *pname = kind == SRV_CHAT ? "messages" : "prompt";
+    if (r->n_prompt == 0) {
+        bad(&c, 400, pname, "the prompt is empty");
+        goto out;
+    }
+    if (r->n_prompt >= lim->max_model_len) {
+        bad(&c, 400, pname, "the prompt has %d tokens; this model's maximum context length is %d tokens", r->n_prompt,
+            lim->max_model_len);
+        goto out;
+    }
+    /* max_tokens: completions default to 16 (OpenAI), chat to the rest of the context (vLLM) */
+    const char *mt_name = field(root, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    d = kind == SRV_COMPLETION ? 16 : lim->max_model_len - r->n_prompt;
+    int given = field(root, mt_name) != NULL;
+    if (get_num(&c, root, mt_name, 1, 1, 1e15, &d)) goto out;
+    if (given && d + r->n_prompt > lim->max_model_len) {
+        bad(&c, 400, mt_name,
+            "This model's maximum context length is %d tokens. However, you requested %.0f tokens (%d in the prompt, %.0f "
+            "for the completion). Please reduce the prompt or max_tokens.",
+            lim->max_model_len, d + r->n_prompt, r->n_prompt, d);
+        goto out;
+    }
+    if (d + r->n_prompt > lim->max_model_len) d = lim->max_model_len - r->n_prompt;
+    r->max_tokens = (int)d;
+    if (r->n_prompt + r->max_tokens > lim->kv_positions) {
+        bad(&c, 400, mt_name, "prompt + max_tokens (%d) exceed the KV cache of this server (%d positions)",
+            r->n_prompt + r->max_tokens, lim->kv_positions);
+        goto out;
+    }
+    ok = 1;
+out:
+    cJSON_Delete(root);
+    if (!ok) {
+        srv_req_release(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* ---- responses ---- */
+
+static const char *status_type(int status) {
+    if (status == 401) return "invalid_request_error";
+    if (status == 404) return "invalid_request_error";
+    if (status == 429) return "rate_limit_error";
+    if (status >= 500) return "server_error";
+    return "invalid_request_error";
+}
+
+char *srv_json_error(int status, const char *msg, const char *param, const char *code) {
+    cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
+    /* messages may quote request bytes: keep the JSON valid UTF-8 */
+    char *m = utf8_sanitize(msg, strlen(msg));
+    cJSON_AddStringToObject(e, "message", m);
+    free(m);
+    cJSON_AddStringToObject(e, "type", status_type(status));
+    if (param && *param) cJSON_AddStringToObject(e, "param", param);
+    else cJSON_AddNullToObject(e, "param");
+    if (code && *code) cJSON_AddStringToObject(e, "code", code);
+    else cJSON_AddNullToObject(e, "code");
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+static cJSON *usage_obj(const struct srv_req *r) {
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", r->n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", r->n_toks);
+    cJSON_AddNumberToObject(u, "total_tokens", r->n_prompt + r->n_toks);
+    return u;
+}
+
+static cJSON *envelope(const struct srv_req *r, int chunk) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", r->id);
+    cJSON_AddStringToObject(o, "object",
+                            r->kind == SRV_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion");
+    cJSON_AddNumberToObject(o, "created", (double)r->created);
+    cJSON_AddStringToObject(o, "model", r->model);
+    return o;
+}
+
+static double lp_num(float lp) { return isfinite(lp) ? lp : -9999.0; }
+
+static void add_token_string(cJSON *o, const char *key, const struct pxq_tokenizer *tok, int32_t id, cJSON *bytes_into) {
+    size_t n = 0;
+    const char *b = tok ? tokenizer_token_bytes(tok, id, &n) : NULL;
+    if (!b) b = "", n = 0;
+    char *s = utf8_sanitize(b, n);
+    cJSON_AddStringToObject(o, key, s);
+    free(s);
+    if (bytes_into) {
+        cJSON *arr = cJSON_AddArrayToObject(bytes_into, "bytes");
+        for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber((unsigned char)b[i]));
+    }
+}
+
+/* Logprobs of tokens [t0, t1). Completions: {tokens, token_logprobs, top_logprobs, text_offset};
+ * chat: {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}. */
+static cJSON *logprobs_obj(const struct srv_req *r, const struct pxq_tokenizer *tok, int t0, int t1) {
+    cJSON *o = cJSON_CreateObject();
+    if (r->kind == SRV_CHAT) {
+        cJSON *content = cJSON_AddArrayToObject(o, "content");
+        for (int i = t0; i < t1; i++) {
+            const struct srv_tok *t = &r->toks[i];
+            cJSON *e = cJSON_CreateObject();
+            add_token_string(e, "token", tok, t->id, e);
+            cJSON_AddNumberToObject(e, "logprob", lp_num(t->logprob));
+            cJSON *tops = cJSON_AddArrayToObject(e, "top_logprobs");
+            for (int k = 0; k < r->top_logprobs; k++) {
+                const struct srv_top *tp = &r->top[t->top_off + k];
+                cJSON *x = cJSON_CreateObject();
+                add_token_string(x, "token", tok, tp->id, x);
+                cJSON_AddNumberToObject(x, "logprob", lp_num(tp->logprob));
+                cJSON_AddItemToArray(tops, x);
+            }
+            cJSON_AddItemToArray(content, e);
+        }
+        return o;
+    }
+    cJSON *tokens = cJSON_AddArrayToObject(o, "tokens"), *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"), *offs = cJSON_AddArrayToObject(o, "text_offset");
+    for (int i = t0; i < t1; i++) {
+        const struct srv_tok *t = &r->toks[i];
+        cJSON *holder = cJSON_CreateObject();
+        add_token_string(holder, "t", tok, t->id, NULL);
+        cJSON_AddItemToArray(tokens, cJSON_CreateString(cJSON_GetObjectItem(holder, "t")->valuestring));
+        cJSON_Delete(holder);
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(lp_num(t->logprob)));
+        cJSON *m = cJSON_CreateObject();
+        for (int k = 0; k < r->top_logprobs; k++) {
+            const struct srv_top *tp = &r->top[t->top_off + k];
+            size_t n = 0;
+            const char *b = tok ? tokenizer_token_bytes(tok, tp->id, &n) : NULL;
+            char *s = utf8_sanitize(b ? b : "", b ? n : 0);
+            if (!cJSON_GetObjectItemCaseSensitive(m, s)) cJSON_AddNumberToObject(m, s, lp_num(tp->logprob));
+            free(s);
+        }
+        cJSON_AddItemToArray(tops, m);
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(i ? r->toks[i - 1].text_end : 0)));
+    }
+    return o;
+}
+
+char *srv_json_response(struct srv_req *r) {
+    cJSON *o = envelope(r, 0), *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", 0);
+    if (r->kind == SRV_CHAT) {
+        cJSON *m = cJSON_AddObjectToObject(c, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddStringToObject(m, "content", r->text ? r->text : "");
+    } else {
+        cJSON_AddStringToObject(c, "text", r->text ? r->text : "");
+    }
+    if (r->logprobs) cJSON_AddItemToObject(c, "logprobs", logprobs_obj(r, r->tok, 0, r->n_toks));
+    else cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddStringToObject(c, "finish_reason", r->finish_reason ? r->finish_reason : "stop");
+    cJSON_AddItemToArray(choices, c);
+    cJSON_AddItemToObject(o, "usage", usage_obj(r));
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+static void stage(struct srv_req *r, const char *s) {
+    size_t n = strlen(s);
+    if (r->staged_off && r->staged_off == r->n_staged) r->staged_off = r->n_staged = 0;
+    char *p = xrealloc(r->staged, r->n_staged + n + 1);
+    r->staged = p;
+    memcpy(p + r->n_staged, s, n + 1);
+    r->n_staged += n;
+}
+
+static void stage_obj(struct srv_req *r, cJSON *o) {
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    stage(r, "data: ");
+    stage(r, s);
+    stage(r, "\n\n");
+    free(s);
+}
+
+/* One chunk: delta text (may be NULL for none), logprobs of tokens [t0, t1), finish reason. */
+static void stage_chunk(struct srv_req *r, const char *text, size_t n, int t0, int t1, const char *finish, int role) {
+    cJSON *o = envelope(r, 1), *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", 0);
+    char *t = xmalloc(n + 1);
+    if (n) memcpy(t, text, n);
+    t[n] = 0;
+    if (r->kind == SRV_CHAT) {
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        if (role) cJSON_AddStringToObject(d, "role", "assistant");
+        if (text) cJSON_AddStringToObject(d, "content", t);
+    } else {
+        cJSON_AddStringToObject(c, "text", t);
+    }
+    free(t);
+    if (r->logprobs && t1 > t0) cJSON_AddItemToObject(c, "logprobs", logprobs_obj(r, r->tok, t0, t1));
+    else cJSON_AddNullToObject(c, "logprobs");
+    if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
+    else cJSON_AddNullToObject(c, "finish_reason");
+    cJSON_AddItemToArray(choices, c);
+    stage_obj(r, o);
+}
+
+void srv_stream_stage(struct srv_req *r) {
+    if (r->sent_final) return;
+    if (!r->sent_role) {
+        if (r->kind == SRV_CHAT) stage_chunk(r, "", 0, 0, 0, NULL, 1);
+        r->sent_role = 1;
+    }
+    while (r->n_sent_toks < r->n_toks) {
+        const struct srv_tok *t = &r->toks[r->n_sent_toks];
+        size_t n = t->text_end - r->n_sent_text;
+        if (n || r->logprobs) stage_chunk(r, r->text + r->n_sent_text, n, r->n_sent_toks, r->n_sent_toks + 1, NULL, 0);
+        r->n_sent_text = t->text_end;
+        r->n_sent_toks++;
+    }
+    if (!r->finished) return;
+    if (r->error_status) {
+        cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
+        cJSON_AddStringToObject(e, "message", r->error_msg);
+        cJSON_AddStringToObject(e, "type", status_type(r->error_status));
+        cJSON_AddNullToObject(e, "param");
+        cJSON_AddNumberToObject(e, "code", r->error_status);
+        stage_obj(r, o);
+    } else {
+        if (r->n_text > r->n_sent_text) stage_chunk(r, r->text + r->n_sent_text, r->n_text - r->n_sent_text, 0, 0, NULL, 0);
+        r->n_sent_text = r->n_text;
+        stage_chunk(r, r->kind == SRV_CHAT ? NULL : "", 0, 0, 0, r->finish_reason ? r->finish_reason : "stop", 0);
+        if (r->include_usage) {
+            cJSON *o = envelope(r, 1);
+            cJSON_AddArrayToObject(o, "choices");
+            cJSON_AddItemToObject(o, "usage", usage_obj(r));
+            stage_obj(r, o);
+        }
+    }
+    stage(r, "data: [DONE]\n\n");
+    r->sent_final = 1;
+}

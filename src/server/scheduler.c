@@ -1,0 +1,412 @@
+/* scheduler.c - see scheduler.h. */
+#include "scheduler.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util.h"
+
+struct batch_entry {
+    struct srv_req *r;
+    int take;       /* tokens of r in this batch */
+    int output;     /* 1: the batch asks for logits of r's last token here */
+};
+
+struct scheduler {
+    struct pxq_engine *e;
+    const struct pxq_tokenizer *tok;
+    const struct pxq_hparams *hp;
+    struct sched_config cfg;
+    struct srv_metrics *met;
+    int n_ctx, n_vocab, block_size;
+    pthread_t th;
+    int started;
+
+    pthread_mutex_t mu;                 /* guards the fields up to `quit` */
+    pthread_cond_t cv;
+    struct srv_req *inbox, *inbox_tail; /* submitted, not yet seen by the thread */
+    int n_inbox;
+    int n_inflight;                     /* inbox + waiting + running */
+    int stopping, force_end, quit;
+
+    /* scheduler thread only */
+    struct srv_req **running;           /* [n_running] in admission order (oldest first) */
+    int n_running;
+    struct srv_req **waiting;           /* [n_waiting] FIFO */
+    int n_waiting, cap_waiting;
+    int32_t *b_tok, *b_pos, *b_seq;     /* [b_cap] the step's batch */
+    int8_t *b_logits;
+    struct batch_entry *ent;            /* [max_num_seqs] */
+    int b_cap;
+};
+
+/* ---- lists ---- */
+
+static void waiting_insert(struct scheduler *s, struct srv_req *r, int front) {
+    if (s->n_waiting == s->cap_waiting) {
+        s->cap_waiting = s->cap_waiting ? s->cap_waiting * 2 : 64;
+        s->waiting = xrealloc(s->waiting, (size_t)s->cap_waiting * sizeof *s->waiting);
+    }
+    if (front) {
+        memmove(s->waiting + 1, s->waiting, (size_t)s->n_waiting * sizeof *s->waiting);
+        s->waiting[0] = r;
+        s->n_waiting++;
+    } else {
+        s->waiting[s->n_waiting++] = r;
+    }
+}
+
+static void list_remove(struct srv_req **list, int *n, struct srv_req *r) {
+    for (int i = 0; i < *n; i++)
+        if (list[i] == r) {
+            memmove(list + i, list + i + 1, (size_t)(*n - i - 1) * sizeof *list);
+            (*n)--;
+            return;
+        }
+}
+
+/* ---- finishing ---- */
+
+/* End of output for eos / length: what the UTF-8 decoder and the stop matcher still hold is text. */
+static void flush_text(struct scheduler *s, struct srv_req *r) {
+    char piece[16];
+    size_t n = tok_stream_flush(&r->ts, piece, sizeof piece), emit = 0;
+    int hit = stop_push(&r->sm, piece, n, &emit);
+    pthread_mutex_lock(&r->mu);
+    srv_req_append_text(r, r->sm.pending, hit ? emit : r->sm.n_pending);
+    pthread_mutex_unlock(&r->mu);
+    stop_consume(&r->sm, r->sm.n_pending);
+}
+
+/* Take r out of the scheduler: free its sequence, publish the end, drop the scheduler's reference.
+ * reason: "stop" / "length", or "abort" (client gone) / NULL with err_status (failure). */
+static void finish(struct scheduler *s, struct srv_req *r, const char *reason, int err_status, const char *err_msg) {
+    if (r->seq >= 0) pxq_seq_free(s->e, r->seq);
+    r->seq = -1;
+    r->done = 1;
+    list_remove(s->running, &s->n_running, r);
+    list_remove(s->waiting, &s->n_waiting, r);
+    int n_prompt = r->n_prompt, n_gen = r->n_all - r->n_prompt;
+    double e2e = now_sec() - r->t_arrival;
+    pthread_mutex_lock(&r->mu);
+    r->finish_reason = reason && strcmp(reason, "abort") ? reason : NULL;
+    if (err_status) {
+        r->error_status = err_status;
+        snprintf(r->error_msg, sizeof r->error_msg, "%s", err_msg ? err_msg : "internal error");
+    }
+    r->finished = 1;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    metrics_request_done(s->met, err_status ? "error" : reason ? reason : "abort", n_prompt, n_gen, e2e);
+    srv_req_release(r);
+    pthread_mutex_lock(&s->mu);
+    s->n_inflight--;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- sampling ---- */
+
+/* log_softmax of the raw logits at id, and the top n_top (id, logprob) pairs, best first. */
+static float raw_logprobs(const float *l, int n_vocab, int32_t id, struct srv_top *top, int n_top) {
+    float mx = l[0];
+    for (int i = 1; i < n_vocab; i++) mx = l[i] > mx ? l[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < n_vocab; i++) sum += exp((double)(l[i] - mx));
+    double lse = mx + log(sum);
+    int k = 0;
+    for (int i = 0; i < n_vocab && n_top > 0; i++) {
+        if (k == n_top && l[i] <= top[k - 1].logprob) continue;
+        int j = k < n_top ? k++ : k - 1;
+        while (j > 0 && top[j - 1].logprob < l[i]) top[j] = top[j - 1], j--;
+        top[j] = (struct srv_top){i, l[i]};
+    }
+    for (int j = 0; j < k; j++) top[j].logprob = (float)(top[j].logprob - lse);
+    return (float)(l[id] - lse);
+}
+
+/* r's known tokens are all in its cache and `logits` are those of the last: sample, publish, and
+ * finish r on eos / stop string / max_tokens. */
+static void sample_one(struct scheduler *s, struct srv_req *r, const float *logits) {
+    const int n_gen0 = r->n_all - r->n_prompt;
+    int32_t id = sampler_sample(r->smp, logits, r->all + r->n_prompt, n_gen0, NULL);
+    struct srv_top top[SRV_MAX_TOP_LOGPROBS];
+    float lp = 0;
+    if (r->logprobs) lp = raw_logprobs(logits, s->n_vocab, id, top, r->top_logprobs);
+    double t = now_sec();
+    if (n_gen0 == 0) metrics_ttft(s->met, t - r->t_arrival);
+    else metrics_itl(s->met, t - r->t_last_tok);
+    r->t_last_tok = t;
+    r->all[r->n_all++] = id;
+    const int eos = !r->ignore_eos && is_eos(s->hp, id);
+    int hit = 0;
+    size_t emit = 0;
+    if (!eos) {
+        char piece[1024];
+        size_t n = tok_stream_push(s->tok, &r->ts, id, 1, piece, sizeof piece);
+        hit = stop_push(&r->sm, piece, n, &emit);
+    }
+    pthread_mutex_lock(&r->mu);
+    if (emit) srv_req_append_text(r, r->sm.pending, emit);
+    srv_req_append_tok(r, id, lp, top, r->logprobs ? r->top_logprobs : 0);
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    stop_consume(&r->sm, emit);
+    if (eos) {
+        flush_text(s, r);
+        finish(s, r, "stop", 0, NULL);
+    } else if (hit) {
+        finish(s, r, "stop", 0, NULL); /* the stop string and what followed it are dropped */
+    } else if (r->n_all - r->n_prompt >= r->max_tokens || r->n_all >= s->n_ctx) {
+        flush_text(s, r);
+        finish(s, r, "length", 0, NULL);
+    }
+}
+
+/* ---- one step ---- */
+
+static void preempt(struct scheduler *s, struct srv_req *r) {
+    pxq_seq_free(s->e, r->seq);
+    r->seq = -1;
+    r->n_done = 0;
+    list_remove(s->running, &s->n_running, r);
+    waiting_insert(s, r, 1);
+}
+
+/* Blocks the running sequences need this step: decodes their next position, prefilling ones the
+ * rest of their known tokens + 1 (promised at admission). */
+static int blocks_promised(struct scheduler *s) {
+    int need = 0;
+    for (int i = 0; i < s->n_running; i++) {
+        struct srv_req *r = s->running[i];
+        int upto = r->n_all - r->n_done == 1 ? r->n_done + 1 : r->n_all + 1;
+        if (upto > s->n_ctx) upto = s->n_ctx;
+        need += pxq_kv_blocks_needed(s->e, r->seq, upto);
+    }
+    return need;
+}
+
+static void add_tokens(struct scheduler *s, int *nb, int *n_ent, struct srv_req *r, int take) {
+    for (int j = 0; j < take; j++) {
+        s->b_tok[*nb] = r->all[r->n_done + j];
+        s->b_pos[*nb] = r->n_done + j;
+        s->b_seq[*nb] = r->seq;
+        s->b_logits[*nb] = 0;
+        (*nb)++;
+    }
+    int output = r->n_done + take == r->n_all;
+    if (output) s->b_logits[*nb - 1] = 1;
+    s->ent[(*n_ent)++] = (struct batch_entry){r, take, output};
+}
+
+static void step(struct scheduler *s) {
+    /* drop requests whose clients went away */
+    for (int i = s->n_running - 1; i >= 0; i--)
+        if (atomic_load(&s->running[i]->cancelled)) finish(s, s->running[i], "abort", 0, NULL);
+    for (int i = s->n_waiting - 1; i >= 0; i--)
+        if (atomic_load(&s->waiting[i]->cancelled)) finish(s, s->waiting[i], "abort", 0, NULL);
+
+    /* KV growth: preempt the youngest until the running sequences fit */
+    int n_preempt = 0, free_blocks = pxq_kv_blocks_free(s->e), promised;
+    while ((promised = blocks_promised(s)) > free_blocks) {
+        struct srv_req *victim = s->running[s->n_running - 1];
+        if (s->n_running == 1) { /* cannot grow even alone: the pool is smaller than its context */
+            flush_text(s, victim);
+            finish(s, victim, "length", 0, NULL);
+        } else {
+            preempt(s, victim);
+            n_preempt++;
+        }
+        free_blocks = pxq_kv_blocks_free(s->e);
+    }
+    int budget = s->cfg.max_num_batched_tokens, nb = 0, n_ent = 0;
+    /* decodes, then prefill chunks of running sequences, oldest first */
+    for (int i = 0; i < s->n_running; i++) {
+        struct srv_req *r = s->running[i];
+        if (r->n_all - r->n_done == 1) add_tokens(s, &nb, &n_ent, r, 1), budget--;
+    }
+    for (int i = 0; i < s->n_running && budget > 0; i++) {
+        struct srv_req *r = s->running[i];
+        int rem = r->n_all - r->n_done;
+        if (rem <= 1) continue;
+        int take = rem < budget ? rem : budget;
+        add_tokens(s, &nb, &n_ent, r, take);
+        budget -= take;
+    }
+    /* admission: FIFO, while a slot, the budget and unpromised blocks allow */
+    int avail = free_blocks - promised;
+    while (s->n_waiting && s->n_running < s->cfg.max_num_seqs && budget > 0) {
+        struct srv_req *r = s->waiting[0];
+        int upto = r->n_all + 1 < s->n_ctx ? r->n_all + 1 : s->n_ctx;
+        int need = (upto + s->block_size - 1) / s->block_size;
+        if (need > avail) break;
+        int seq = pxq_seq_new(s->e);
+        if (seq < 0) break;
+        r->seq = seq;
+        r->n_done = 0;
+        memmove(s->waiting, s->waiting + 1, (size_t)(s->n_waiting - 1) * sizeof *s->waiting);
+        s->n_waiting--;
+        s->running[s->n_running++] = r;
+        avail -= need;
+        int take = r->n_all < budget ? r->n_all : budget;
+        add_tokens(s, &nb, &n_ent, r, take);
+        budget -= take;
+    }
+    if (nb > 0) {
+        struct pxq_batch b = {nb, s->b_tok, s->b_pos, s->b_seq, s->b_logits};
+        char err[256] = "";
+        if (pxq_decode(s->e, &b, err, sizeof err) != 0) {
+            fprintf(stderr, "pxq serve: batch of %d tokens failed: %s\n", nb, err);
+            for (int i = 0; i < n_ent; i++) finish(s, s->ent[i].r, NULL, 500, err);
+        } else {
+            int oi = 0;
+            for (int i = 0; i < n_ent; i++) {
+                struct srv_req *r = s->ent[i].r;
+                r->n_done += s->ent[i].take;
+                if (s->ent[i].output) sample_one(s, r, pxq_logits(s->e, oi++));
+            }
+        }
+    }
+    int total = pxq_kv_blocks_total(s->e), fr = pxq_kv_blocks_free(s->e);
+    pthread_mutex_lock(&s->mu);
+    int waiting = s->n_waiting + s->n_inbox;
+    pthread_mutex_unlock(&s->mu);
+    metrics_sched(s->met, s->n_running, waiting, total - fr, fr, n_preempt, nb);
+}
+
+static void end_all(struct scheduler *s) {
+    while (s->n_running) {
+        flush_text(s, s->running[0]);
+        finish(s, s->running[0], "length", 0, NULL);
+    }
+    while (s->n_waiting) {
+        flush_text(s, s->waiting[0]);
+        finish(s, s->waiting[0], "length", 0, NULL);
+    }
+}
+
+static void *sched_main(void *arg) {
+    struct scheduler *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->quit && !s->force_end && !s->inbox && !s->n_running && !s->n_waiting) pthread_cond_wait(&s->cv, &s->mu);
+        struct srv_req *in = s->inbox;
+        s->inbox = s->inbox_tail = NULL;
+        s->n_inbox = 0;
+        int force = s->force_end, quit = s->quit;
+        pthread_mutex_unlock(&s->mu);
+        while (in) {
+            struct srv_req *next = in->next;
+            in->next = NULL;
+            waiting_insert(s, in, 0);
+            in = next;
+        }
+        if (force) end_all(s);
+        if (quit && !s->n_running && !s->n_waiting) break;
+        step(s);
+    }
+    return NULL;
+}
+
+/* ---- public ---- */
+
+struct scheduler *sched_new(struct pxq_engine *e, const struct pxq_tokenizer *tok, const struct sched_config *cfg,
+                            struct srv_metrics *met, char *err, size_t errlen) {
+    const struct pxq_engine_params *ep = pxq_engine_params(e);
+    if (cfg->max_num_seqs < 1 || cfg->max_num_seqs > ep->n_seq_max)
+        return set_err(err, errlen, "max_num_seqs %d outside [1, %d]", cfg->max_num_seqs, ep->n_seq_max), NULL;
+    if (cfg->max_num_batched_tokens < cfg->max_num_seqs)
+        return set_err(err, errlen, "max_num_batched_tokens (%d) must be >= max_num_seqs (%d)", cfg->max_num_batched_tokens,
+                       cfg->max_num_seqs), NULL;
+    struct scheduler *s = xcalloc(1, sizeof *s);
+    s->e = e;
+    s->tok = tok;
+    s->hp = model_hparams(pxq_engine_model(e));
+    s->cfg = *cfg;
+    s->met = met;
+    s->n_ctx = ep->n_ctx;
+    s->n_vocab = s->hp->n_vocab;
+    s->block_size = pxq_kv_block_size(e);
+    s->b_cap = cfg->max_num_batched_tokens;
+    s->b_tok = xmalloc((size_t)s->b_cap * sizeof *s->b_tok);
+    s->b_pos = xmalloc((size_t)s->b_cap * sizeof *s->b_pos);
+    s->b_seq = xmalloc((size_t)s->b_cap * sizeof *s->b_seq);
+    s->b_logits = xmalloc((size_t)s->b_cap);
+    s->ent = xmalloc((size_t)cfg->max_num_seqs * sizeof *s->ent);
+    s->running = xmalloc((size_t)cfg->max_num_seqs * sizeof *s->running);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    if (pthread_create(&s->th, NULL, sched_main, s) != 0) {
+        set_err(err, errlen, "could not start the scheduler thread");
+        sched_free(s);
+        return NULL;
+    }
+    s->started = 1;
+    return s;
+}
+
+int sched_submit(struct scheduler *s, struct srv_req *r) {
+    char err[256];
+    if (!r->smp && !(r->smp = sampler_new(&r->sp, s->n_vocab, err, sizeof err))) return -1;
+    stop_init(&r->sm, (const char *const *)r->stop, r->n_stop);
+    memset(&r->ts, 0, sizeof r->ts);
+    r->all = xmalloc(((size_t)r->n_prompt + (size_t)r->max_tokens + 1) * sizeof *r->all);
+    memcpy(r->all, r->prompt, (size_t)r->n_prompt * sizeof *r->all);
+    r->n_all = r->n_prompt;
+    r->n_done = 0;
+    r->seq = -1;
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping) {
+        pthread_mutex_unlock(&s->mu);
+        return -1;
+    }
+    srv_req_retain(r);
+    r->next = NULL;
+    if (s->inbox_tail) s->inbox_tail->next = r;
+    else s->inbox = r;
+    s->inbox_tail = r;
+    s->n_inbox++;
+    s->n_inflight++;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+int sched_in_flight(struct scheduler *s) {
+    pthread_mutex_lock(&s->mu);
+    int n = s->n_inflight;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+void sched_drain(struct scheduler *s, double grace_s) {
+    pthread_mutex_lock(&s->mu);
+    s->stopping = 1;
+    pthread_mutex_unlock(&s->mu);
+    double deadline = now_sec() + grace_s;
+    while (sched_in_flight(s) > 0 && now_sec() < deadline) usleep(10000);
+    pthread_mutex_lock(&s->mu);
+    if (s->n_inflight > 0) s->force_end = 1;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    while (sched_in_flight(s) > 0) usleep(10000);
+}
+
+void sched_free(struct scheduler *s) {
+    if (!s) return;
+    if (s->started) {
+        pthread_mutex_lock(&s->mu);
+        s->stopping = s->quit = s->force_end = 1;
+        pthread_cond_signal(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->th, NULL);
+    }
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s->running), free(s->waiting), free(s->ent);
+    free(s->b_tok), free(s->b_pos), free(s->b_seq), free(s->b_logits);
+    free(s);
+}
