@@ -30,6 +30,9 @@ struct pxq_model {
     int n_tab;
     struct pxq_tensor *owned;   /* views made at load (MoE expert slices) */
     int n_owned;
+    struct pxq_tensor *own_tensors; /* model_from_tensors: caller-made tensors and their data, owned */
+    int n_own_tensors;
+    void *own_data;
     struct pxq_layer layers[PXQ_MAX_LAYERS];
     const struct pxq_tensor *token_embd, *output_norm, *output;
     struct pxq_tokenizer *tok;
@@ -195,11 +198,22 @@ static void cfg_eos(struct pxq_hparams *hp, const cJSON *c) {
     if (cJSON_IsArray(v)) cJSON_ArrayForEach(e, v) if (cJSON_IsNumber(e)) add_eos(hp, (int32_t)e->valuedouble);
 }
 
+static cJSON *load_json_path(const char *path, char *err, size_t errlen, int *failed);
+
 static cJSON *load_json(const char *dir, const char *name, int required, char *err, size_t errlen, int *failed) {
     char path[1200];
     *failed = 0;
     if (path_join(path, sizeof path, dir, name) != 0 || !file_exists(path)) {
         if (required) *failed = set_err(err, errlen, "%s/%s: not found", dir, name);
+        return NULL;
+    }
+    return load_json_path(path, err, errlen, failed);
+}
+
+static cJSON *load_json_path(const char *path, char *err, size_t errlen, int *failed) {
+    *failed = 0;
+    if (!file_exists(path)) {
+        *failed = set_err(err, errlen, "%s: not found", path);
         return NULL;
     }
     size_t len;
@@ -218,9 +232,10 @@ static cJSON *load_json(const char *dir, const char *name, int required, char *e
     return j;
 }
 
-static int hparams_from_hf(struct pxq_hparams *hp, const char *dir, char *err, size_t errlen) {
+/* config_path: an HF config.json; gen_dir: where generation_config.json may be (NULL: nowhere). */
+static int hparams_from_config(struct pxq_hparams *hp, const char *config_path, const char *gen_dir, char *err, size_t errlen) {
     int failed;
-    cJSON *root = load_json(dir, "config.json", 1, err, errlen, &failed);
+    cJSON *root = load_json_path(config_path, err, errlen, &failed);
     if (!root) return -1;
     const cJSON *c = root;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(c, "model_type");
@@ -305,14 +320,26 @@ static int hparams_from_hf(struct pxq_hparams *hp, const char *dir, char *err, s
     const cJSON *bos = cJSON_GetObjectItemCaseSensitive(c, "bos_token_id");
     if (cJSON_IsNumber(bos)) hp->bos_id = (int32_t)bos->valuedouble;
     cfg_eos(hp, c);
-    cJSON *gen = load_json(dir, "generation_config.json", 0, err, errlen, &failed);
-    if (failed) goto out;
+    cJSON *gen = gen_dir ? load_json(gen_dir, "generation_config.json", 0, err, errlen, &failed) : NULL;
+    if (gen_dir && failed) goto out;
     if (gen) cfg_eos(hp, gen);
     cJSON_Delete(gen);
     rc = 0;
 out:
     cJSON_Delete(root);
     return rc;
+}
+
+static int hparams_from_hf(struct pxq_hparams *hp, const char *dir, char *err, size_t errlen) {
+    char path[1200];
+    if (path_join(path, sizeof path, dir, "config.json") != 0 || !file_exists(path))
+        return set_err(err, errlen, "%s/config.json: not found", dir);
+    return hparams_from_config(hp, path, dir, err, errlen);
+}
+
+int model_hparams_from_config(struct pxq_hparams *hp, const char *config_path, char *err, size_t errlen) {
+    memset(hp, 0, sizeof *hp);
+    return hparams_from_config(hp, config_path, NULL, err, errlen);
 }
 
 /* GGUF keys: "{arch}.<suffix>" (GGUF spec, "LLM" section). */
@@ -634,8 +661,28 @@ fail:
     return NULL;
 }
 
+struct pxq_model *model_from_tensors(const char *name, const struct pxq_hparams *hp, struct pxq_tensor *tensors, int n,
+                                     void *data, char *err, size_t errlen) {
+    struct pxq_model *m = xcalloc(1, sizeof *m);
+    snprintf(m->path, sizeof m->path, "%s", name);
+    m->hp = *hp;
+    m->own_tensors = tensors;
+    m->n_own_tensors = n;
+    m->own_data = data;
+    int cap = 0;
+    for (int i = 0; i < n; i++) tab_add(m, &cap, tensors[i].name, &tensors[i]);
+    qsort(m->tab, (size_t)m->n_tab, sizeof *m->tab, cmp_named);
+    if (bind_weights(m, err, errlen) != 0) {
+        model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
 void model_free(struct pxq_model *m) {
     if (!m) return;
+    free(m->own_tensors);
+    free(m->own_data);
     for (int il = 0; il < PXQ_MAX_LAYERS; il++) free(m->layers[il].experts);
     free(m->owned);
     free(m->tab);
@@ -655,9 +702,11 @@ const char *model_path(const struct pxq_model *m) { return m->path; }
 int model_is_gguf(const struct pxq_model *m) { return m->gguf != NULL; }
 struct gguf_file *model_gguf(const struct pxq_model *m) { return m->gguf; }
 
-int model_n_tensors(const struct pxq_model *m) { return m->gguf ? gguf_n_tensors(m->gguf) : st_n_tensors(m->st); }
+int model_n_tensors(const struct pxq_model *m) {
+    return m->gguf ? gguf_n_tensors(m->gguf) : m->st ? st_n_tensors(m->st) : m->n_own_tensors;
+}
 const struct pxq_tensor *model_tensor(const struct pxq_model *m, int i) {
-    return m->gguf ? gguf_tensor(m->gguf, i) : st_tensor(m->st, i);
+    return m->gguf ? gguf_tensor(m->gguf, i) : m->st ? st_tensor(m->st, i) : &m->own_tensors[i];
 }
 
 size_t model_weight_bytes(const struct pxq_model *m) {

@@ -109,6 +109,21 @@ struct pxq_model;
 struct pxq_model *model_open(const char *path, char *err, size_t errlen);
 void model_free(struct pxq_model *m);
 
+/* Hyperparameters from an HF config.json file alone (no generation_config.json, no weights); the
+ * `text_config` of a multimodal qwen3_5 config is used. Returns 0, or -1 with a message. */
+int model_hparams_from_config(struct pxq_hparams *hp, const char *config_path, char *err, size_t errlen);
+
+/* A model over caller-made tensors named as in GGUF (takes ownership of tensors[n] and of data, which
+ * model_free frees, also on failure). Checks every shape like model_open. `name` is the model_path. */
+struct pxq_model *model_from_tensors(const char *name, const struct pxq_hparams *hp, struct pxq_tensor *tensors, int n,
+                                     void *data, char *err, size_t errlen);
+
+/* --load-format dummy: a model with random weights of type dtype (q4_0, q4_k, q8_0, f16; norms and
+ * other vectors f32) for the hparams of an HF config.json, filled in parallel with a PRNG seeded by
+ * `seed` (model_dummy.c). Weights live in one host allocation. NULL + message on failure. */
+struct pxq_model *model_open_dummy(const char *config_json_path, enum pxq_type dtype, uint64_t seed, int n_threads,
+                                   char *err, size_t errlen);
+
 const struct pxq_hparams *model_hparams(const struct pxq_model *m);
 const struct pxq_layer   *model_layer(const struct pxq_model *m, int il);
 const struct pxq_tensor  *model_token_embd(const struct pxq_model *m);  /* [n_embd, n_vocab] */

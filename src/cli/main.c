@@ -6,8 +6,10 @@ int cmd_run(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
-int cmd_serve(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -18,8 +20,10 @@ static const struct {
     {"perplexity", cmd_perplexity, "perplexity of a model on a text file"},
     {"info", cmd_info, "architecture, hyperparameters and tensor types of a model"},
     {"tokenize", cmd_tokenize, "tokenize text to ids (JSON array)"},
-    {"serve", cmd_serve, "OpenAI-compatible HTTP server with continuous batching"},
     {"quantize", cmd_quantize, "HF checkpoint to a Q4_0/Q4_1/Q8_0 GGUF, RTN or calibrated (AWQ, GPTQ)"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server with continuous batching"},
+    {"plan", cmd_plan, "device memory plan of a model, context and --gpu-mem budget (no GPU needed)"},
+    {"bench", cmd_bench, "prefill/decode throughput with protocol and roofline (llama-bench style)"},
 };
 
 static void usage(FILE *f) {

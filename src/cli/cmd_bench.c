@@ -1,0 +1,449 @@
+/* cmd_bench.c - `pxq bench`: prefill and decode throughput, llama-bench style, with the protocol and
+ * the roofline on every row (DESIGN.md "Benchmark protocol"). Drives the engine through engine.h only.
+ *
+ * Tests, for each batch b (concurrent sequences) and depth d:
+ *   ppP: b sequences, each first filled with d random tokens (not timed), then one ragged batch of
+ *        b x P tokens (logits for each sequence's last token) is timed. tok/s = b*P / t.
+ *   tgN: b sequences filled with d tokens (not timed), then N steps of b tokens (one per sequence,
+ *        logits for all) are timed. tok/s = b*N / t. Tokens are random ids, not sampled (as llama-bench).
+ * Each test runs once untimed (warm-up, unless --no-warmup), then -r times; mean and sample sd.
+ *
+ * Figures (formulas also printed in the header):
+ *   decode GB/s = bytes per step x steps / t, bytes per step = weights read (all but token_embd, which
+ *     is a row gather; MoE: shared weights + expected distinct experts b' = E(1-(1-k/E)^b) per layer,
+ *     uniform routing) + KV read (b x kv_bytes/token x (d + (N+1)/2) average positions) + recurrent
+ *     state read + written (2 x b x state bytes/seq). % of roofline = GB/s / copy bandwidth.
+ *   prefill TFLOP/s = FLOPs / t, FLOPs = 2 x (matmul params per token: layers, MoE active experts
+ *     only) x b*P + 2 x n_vocab x n_embd x b (lm_head on the outputs) + attention 4 x n_head x
+ *     head_dim x sum of context lengths x attention layers. % of roofline = TFLOP/s / GEMM rate.
+ * KV element size: 4 B on the CPU backend (float32 cache), 2 B (f16) on CUDA.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "args.h"
+#include "engine.h"
+#include "load_opts.h"
+#include "memplan.h"
+#include "quant.h"
+#include "roofline.h"
+#include "util.h"
+
+#define MAX_LIST 16
+
+static const char *usage =
+    "usage: pxq bench (-m PATH | --load-format dummy --config FILE.json [--dtype T]) [options]\n"
+    "  -p, --n-prompt LIST    prompt tokens per sequence, timed as one batch (default 512; 0: none)\n"
+    "  -n, --n-gen LIST       generated tokens per sequence (default 128; 0: none)\n"
+    "  -b, --batch LIST       concurrent sequences (default 1), e.g. 1,4,16\n"
+    "  -d, --depth LIST       tokens already in context before timing, filled by prefill (default 0)\n"
+    "  -r, --repetitions N    timed repetitions (default 5)\n"
+    "  -t, --threads N        CPU threads (default: all cores)\n"
+    "  -ub, --ubatch-size N   max tokens per forward step (default 512)\n"
+    "  --device cpu|cuda      backend (default cpu)\n"
+    "  --gpu-mem SIZE         CUDA arena, e.g. 16GiB\n"
+    "  --no-warmup            skip the untimed run before each test\n"
+    "  --json                 JSON array of rows instead of markdown\n";
+
+struct opts {
+    const char *model;
+    struct load_opts lo;
+    int p[MAX_LIST], np, n[MAX_LIST], nn, b[MAX_LIST], nb, d[MAX_LIST], nd;
+    int reps, warmup, json;
+    struct pxq_engine_params ep;
+};
+
+static int parse_list(struct args *a, int *out, int lo, int hi) {
+    const char *flag = a->argv[a->i], *s = arg_str(a);
+    int k = 0;
+    const char *q = s;
+    while (*q) {
+        char *end;
+        long v = strtol(q, &end, 10);
+        if (end == q || v < lo || v > hi || (*end && *end != ',') || k == MAX_LIST)
+            fail(a, 2, "%s expects up to %d comma-separated integers in [%d, %d], got '%s'", flag, MAX_LIST, lo, hi, s);
+        out[k++] = (int)v;
+        q = *end ? end + 1 : end;
+    }
+    if (k == 0) fail(a, 2, "%s expects a list of integers, got '%s'", flag, s);
+    return k;
+}
+
+/* ---- what a step reads, from the model's tensors ---- */
+
+struct model_account {
+    double dense_bytes;      /* every weight except token_embd (unless tied: lm_head reads it) and experts */
+    double expert_bytes;     /* all experts of all layers */
+    double dense_params;     /* matmul params per token, without lm_head and experts */
+    double expert_params;
+    double head_params;      /* n_vocab x n_embd */
+    double kv_per_token;     /* bytes, at the backend's KV element size */
+    double state_per_seq;    /* bytes */
+    int n_attn;
+};
+
+static int is_expert(const char *name) {
+    int il, e, n = 0;
+    char proj[16];
+    return strstr(name, "_exps") != NULL ||
+           (sscanf(name, "blk.%d.%15[a-z_].%d.weight%n", &il, proj, &e, &n) == 3 && n > 0) ||
+           strstr(name, ".mlp.experts.") != NULL;
+}
+
+static void account(struct model_account *ma, const struct pxq_model *m, enum pxq_device dev) {
+    const struct pxq_hparams *hp = model_hparams(m);
+    memset(ma, 0, sizeof *ma);
+    for (int i = 0; i < model_n_tensors(m); i++) {
+        const struct pxq_tensor *t = model_tensor(m, i);
+        int embd = !strcmp(t->name, "token_embd.weight") || !strcmp(t->name, "model.embed_tokens.weight");
+        int head = !strcmp(t->name, "output.weight") || !strcmp(t->name, "lm_head.weight");
+        double ne = (double)tensor_nelements(t);
+        if (is_expert(t->name)) {
+            ma->expert_bytes += (double)t->nbytes;
+            ma->expert_params += ne;
+        } else if (embd) {
+            if (hp->tie_embd) ma->dense_bytes += (double)t->nbytes; /* read whole as the lm_head */
+        } else {
+            ma->dense_bytes += (double)t->nbytes;
+            if (!head && t->n_dims >= 2) ma->dense_params += ne;
+        }
+    }
+    ma->head_params = (double)hp->n_vocab * hp->n_embd;
+    ma->kv_per_token = (double)memplan_kv_bytes_per_token(hp, dev == PXQ_DEVICE_CUDA ? PXQ_TYPE_F16 : PXQ_TYPE_F32);
+    ma->state_per_seq = (double)memplan_state_bytes_per_seq(hp);
+    for (int il = 0; il < hp->n_layer; il++) ma->n_attn += hp->layer_kind[il] == LAYER_ATTN;
+}
+
+/* Expected weight bytes read by one decode step of b tokens. */
+static double step_weight_bytes(const struct model_account *ma, const struct pxq_hparams *hp, int b) {
+    double w = ma->dense_bytes;
+    if (hp->n_expert > 0) {
+        double E = hp->n_expert, k = hp->n_expert_used;
+        double distinct = E * (1.0 - pow(1.0 - k / E, b));
+        w += ma->expert_bytes * distinct / E;
+    }
+    return w;
+}
+
+/* ---- running tests ---- */
+
+struct result {
+    const char *kind;  /* "pp" or "tg" */
+    int b, len, depth;
+    double ts[64];     /* tok/s per repetition */
+    int n_ts;
+    double mean, sd, value, pct;  /* value: GB/s (tg) or TFLOP/s (pp) */
+    size_t peak;
+};
+
+static uint64_t rng_state = 0x853c49e6748fea9bull;
+static int32_t rand_tok(int n_vocab) {
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (int32_t)((rng_state >> 33) % (uint64_t)n_vocab);
+}
+
+struct batchbuf {
+    int32_t *tok, *pos, *seq;
+    int8_t *lg;
+    int cap;
+};
+
+static void bb_reserve(struct batchbuf *bb, int n) {
+    if (n <= bb->cap) return;
+    bb->tok = xrealloc(bb->tok, (size_t)n * sizeof *bb->tok);
+    bb->pos = xrealloc(bb->pos, (size_t)n * sizeof *bb->pos);
+    bb->seq = xrealloc(bb->seq, (size_t)n * sizeof *bb->seq);
+    bb->lg = xrealloc(bb->lg, (size_t)n);
+    bb->cap = n;
+}
+
+/* Append `len` tokens to each of the b sequences in one ragged batch (sequence-major); logits for each
+ * sequence's last token only if last_logits, for every token if all_logits. */
+static int feed(struct pxq_engine *e, struct batchbuf *bb, const int *seqs, int b, int len, int all_logits, char *err, size_t errlen) {
+    int nv = model_hparams(pxq_engine_model(e))->n_vocab, k = 0;
+    bb_reserve(bb, b * len);
+    for (int s = 0; s < b; s++) {
+        int p0 = pxq_seq_len(e, seqs[s]);
+        for (int i = 0; i < len; i++, k++) {
+            bb->tok[k] = rand_tok(nv);
+            bb->pos[k] = p0 + i;
+            bb->seq[k] = seqs[s];
+            bb->lg[k] = (int8_t)(all_logits || i == len - 1);
+        }
+    }
+    struct pxq_batch batch = {k, bb->tok, bb->pos, bb->seq, bb->lg};
+    return pxq_decode(e, &batch, err, errlen);
+}
+
+/* One repetition; returns seconds of the timed part, or -1. */
+static double run_once(struct pxq_engine *e, struct batchbuf *bb, const char *kind, int b, int len, int depth, char *err, size_t errlen) {
+    int seqs[1024];
+    double t = -1;
+    int made = 0;
+    for (; made < b; made++)
+        if ((seqs[made] = pxq_seq_new(e)) < 0) {
+            set_err(err, errlen, "no free sequence (n_seq_max too small)");
+            goto out;
+        }
+    if (depth > 0 && feed(e, bb, seqs, b, depth, 0, err, errlen) != 0) goto out;
+    double t0 = now_sec();
+    if (!strcmp(kind, "pp")) {
+        if (feed(e, bb, seqs, b, len, 0, err, errlen) != 0) goto out;
+    } else {
+        for (int i = 0; i < len; i++)
+            if (feed(e, bb, seqs, b, 1, 1, err, errlen) != 0) goto out;
+    }
+    (void)pxq_logits(e, 0); /* the step is complete when pxq_decode returns (logits are on the host) */
+    t = now_sec() - t0;
+out:
+    for (int s = 0; s < made; s++) pxq_seq_free(e, seqs[s]);
+    return t;
+}
+
+static size_t peak_mem(const struct pxq_engine *e, enum pxq_device dev) {
+    if (dev == PXQ_DEVICE_CUDA) return pxq_engine_device_mem_peak ? pxq_engine_device_mem_peak(e) : 0;
+    /* VmHWM (peak RSS), reset after the roofline's buffers were freed (reset_peak_rss) */
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %zu kB", &kib) == 1) break;
+    if (f) fclose(f);
+    if (kib) return kib * 1024;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (size_t)ru.ru_maxrss * 1024; /* Linux: KiB */
+}
+
+/* Linux: writing 5 to clear_refs resets the peak RSS (proc(5)), so the figure is the model's and the
+ * engine's, not the roofline probe's. */
+static void reset_peak_rss(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f) fputs("5", f), fclose(f);
+}
+
+/* "q4_0" or, for a mix, the types by bytes: "q5_0+q6_K+q4_K" (at most 3). */
+static void quant_name(char *out, size_t cap, const struct memplan *mp) {
+    int used[PXQ_TYPE_COUNT] = {0};
+    out[0] = 0;
+    for (int k = 0; k < 3; k++) {
+        int best = -1;
+        for (int t = 0; t < PXQ_TYPE_COUNT; t++)
+            if (!used[t] && mp->weight_bytes_by_type[t] && t != PXQ_TYPE_F32 &&
+                (best < 0 || mp->weight_bytes_by_type[t] > mp->weight_bytes_by_type[best]))
+                best = t;
+        if (best < 0) break;
+        used[best] = 1;
+        size_t n = strlen(out);
+        snprintf(out + n, cap - n, "%s%s", n ? "+" : "", type_name((enum pxq_type)best));
+    }
+    if (!out[0]) snprintf(out, cap, "f32");
+}
+
+static void json_str(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+int cmd_bench(int argc, char **argv) {
+    struct args a = {argc, argv, 0, "bench"};
+    struct opts o;
+    memset(&o, 0, sizeof o);
+    load_opts_init(&o.lo);
+    o.ep = pxq_engine_default_params();
+    o.p[0] = 512, o.np = 1, o.n[0] = 128, o.nn = 1, o.b[0] = 1, o.nb = 1, o.d[0] = 0, o.nd = 1;
+    o.reps = 5, o.warmup = 1;
+    for (a.i = 1; a.i < argc; a.i++) {
+        const char *f = argv[a.i];
+        if (load_opts_parse(&a, &o.lo)) continue;
+        if (!strcmp(f, "-m") || !strcmp(f, "--model")) o.model = arg_str(&a);
+        else if (!strcmp(f, "-p") || !strcmp(f, "--n-prompt")) o.np = parse_list(&a, o.p, 0, 1 << 20);
+        else if (!strcmp(f, "-n") || !strcmp(f, "--n-gen")) o.nn = parse_list(&a, o.n, 0, 1 << 20);
+        else if (!strcmp(f, "-b") || !strcmp(f, "--batch")) o.nb = parse_list(&a, o.b, 1, 1024);
+        else if (!strcmp(f, "-d") || !strcmp(f, "--depth")) o.nd = parse_list(&a, o.d, 0, 1 << 22);
+        else if (!strcmp(f, "-r") || !strcmp(f, "--repetitions")) o.reps = (int)arg_int(&a, 1, 64);
+        else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) o.ep.n_threads = (int)arg_int(&a, 1, 1024);
+        else if (!strcmp(f, "-ub") || !strcmp(f, "--ubatch-size")) o.ep.n_batch = (int)arg_int(&a, 1, 1 << 16);
+        else if (!strcmp(f, "--device")) {
+            const char *d = arg_str(&a);
+            if (!strcmp(d, "cpu")) o.ep.device = PXQ_DEVICE_CPU;
+            else if (!strcmp(d, "cuda")) o.ep.device = PXQ_DEVICE_CUDA;
+            else fail(&a, 2, "--device expects cpu or cuda, got '%s'", d);
+        } else if (!strcmp(f, "--gpu-mem")) {
+            const char *s = arg_str(&a);
+            if (parse_size(s, &o.ep.gpu_mem) != 0) fail(&a, 2, "--gpu-mem expects a size like 16GiB, got '%s'", s);
+        } else if (!strcmp(f, "--no-warmup")) o.warmup = 0;
+        else if (!strcmp(f, "--json")) o.json = 1;
+        else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
+            printf("%s%s", usage, load_opts_help());
+            return 0;
+        } else
+            fail(&a, 2, "unknown option '%s' (see pxq bench --help)", f);
+    }
+    load_opts_check(&a, &o.lo, o.model);
+    int any = 0;
+    for (int i = 0; i < o.np; i++) any |= o.p[i] > 0;
+    for (int i = 0; i < o.nn; i++) any |= o.n[i] > 0;
+    if (!any) fail(&a, 2, "nothing to measure: -p and -n are all 0");
+    if (o.ep.n_threads <= 0) o.ep.n_threads = n_cpus();
+    const enum pxq_device dev = o.ep.device;
+    char err[512] = "";
+
+    /* roofline first, before the model takes the memory */
+    struct roofline rl;
+    if (dev == PXQ_DEVICE_CUDA) {
+        if (roofline_measure_cuda(&rl, err, sizeof err) != 0) fail(&a, 1, "%s", err);
+    } else {
+        roofline_measure_cpu(&rl, o.ep.n_threads);
+    }
+
+    if (dev == PXQ_DEVICE_CPU) reset_peak_rss();
+    double t_load = now_sec();
+    struct pxq_model *m = load_opts_open(&a, &o.lo, o.model, o.ep.n_threads);
+    t_load = now_sec() - t_load;
+    const struct pxq_hparams *hp = model_hparams(m);
+    int max_b = 0, max_len = 0, kv_blocks = 0, max_ctx = 0;
+    const int bs = o.ep.kv_block_size > 0 ? o.ep.kv_block_size : 16;
+    for (int i = 0; i < o.np; i++) max_len = o.p[i] > max_len ? o.p[i] : max_len;
+    for (int i = 0; i < o.nn; i++) max_len = o.n[i] > max_len ? o.n[i] : max_len;
+    for (int i = 0; i < o.nb; i++) {
+        max_b = o.b[i] > max_b ? o.b[i] : max_b;
+        for (int j = 0; j < o.nd; j++) {
+            int ctx = o.d[j] + max_len + 1;
+            int need = o.b[i] * ((ctx + bs - 1) / bs);
+            kv_blocks = need > kv_blocks ? need : kv_blocks;
+            max_ctx = ctx > max_ctx ? ctx : max_ctx;
+        }
+    }
+    struct pxq_engine_params ep = o.ep;
+    ep.n_seq_max = max_b;
+    ep.n_ctx = max_ctx;
+    ep.kv_blocks = kv_blocks; /* the pool of the largest (batch, depth) combination */
+    struct pxq_engine *e = pxq_engine_new(m, &ep, err, sizeof err);
+    if (!e) fail(&a, 1, "%s", err);
+
+    struct memplan mp;
+    memset(&mp, 0, sizeof mp);
+    memplan_weights_from_model(&mp, m);
+    char quant[64];
+    quant_name(quant, sizeof quant, &mp);
+    struct model_account ma;
+    account(&ma, m, dev);
+    char model_name[256];
+    const char *path = model_path(m), *slash = strrchr(path, '/');
+    snprintf(model_name, sizeof model_name, "%s", slash && !o.lo.dummy ? slash + 1 : path);
+    char backend[256];
+    const char *dev_name = dev == PXQ_DEVICE_CUDA && pxq_engine_device_name ? pxq_engine_device_name(e) : rl.device;
+
+    if (!o.json) {
+        time_t now = time(NULL);
+        char date[64];
+        strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
+        printf("pxq bench, %s, device: %s\n", date, dev_name);
+        printf("roofline: copy %.1f GB/s (%s); GEMM %.3f TFLOP/s (%s)\n", rl.copy_gbs, rl.copy_method, rl.gemm_tflops, rl.gemm_method);
+        printf("model: %s, %s, %.3f B params, %.3f GiB weights (%s), loaded in %.1f s\n", model_name, hp->arch_name,
+               mp.n_params / 1e9, mp.weight_bytes / 1073741824.0, o.lo.dummy ? "dummy" : "file", t_load);
+        printf("decode GB/s = (weights read + KV read + state read/written) per step / step time; "
+               "prefill TFLOP/s = (2 x matmul params x tokens + lm_head + attention) / time\n\n");
+        printf("| model | quant | resident | backend | b | test | depth | t/s | GB/s or TFLOP/s | %% roofline | peak mem |\n");
+        printf("| ----- | ----- | -------- | ------- | -: | ---- | ----: | --: | --------------: | ---------: | -------: |\n");
+    } else {
+        printf("[\n");
+    }
+    fflush(stdout);
+
+    struct batchbuf bb = {0};
+    int n_rows = 0, rc = 0;
+    for (int ib = 0; ib < o.nb; ib++)
+        for (int id = 0; id < o.nd; id++)
+            for (int kind = 0; kind < 2; kind++) {
+                int *lens = kind == 0 ? o.p : o.n, nl = kind == 0 ? o.np : o.nn;
+                for (int il = 0; il < nl; il++) {
+                    struct result r = {kind == 0 ? "pp" : "tg", o.b[ib], lens[il], o.d[id], {0}, 0, 0, 0, 0, 0, 0};
+                    if (r.len == 0) continue;
+                    if (o.warmup && run_once(e, &bb, r.kind, r.b, r.len, r.depth, err, sizeof err) < 0) {
+                        fprintf(stderr, "pxq bench: %s%d b=%d d=%d: %s\n", r.kind, r.len, r.b, r.depth, err);
+                        rc = 1;
+                        continue;
+                    }
+                    int ok = 1;
+                    for (int rep = 0; rep < o.reps && ok; rep++) {
+                        double t = run_once(e, &bb, r.kind, r.b, r.len, r.depth, err, sizeof err);
+                        if (t < 0) ok = 0;
+                        else r.ts[r.n_ts++] = (double)r.b * r.len / (t > 0 ? t : 1e-9);
+                    }
+                    if (!ok) {
+                        fprintf(stderr, "pxq bench: %s%d b=%d d=%d: %s\n", r.kind, r.len, r.b, r.depth, err);
+                        rc = 1;
+                        continue;
+                    }
+                    for (int i = 0; i < r.n_ts; i++) r.mean += r.ts[i] / r.n_ts;
+                    for (int i = 0; i < r.n_ts; i++) r.sd += (r.ts[i] - r.mean) * (r.ts[i] - r.mean);
+                    r.sd = r.n_ts > 1 ? sqrt(r.sd / (r.n_ts - 1)) : 0;
+                    if (kind == 1) { /* decode: bytes per step x steps per second */
+                        double bytes = step_weight_bytes(&ma, hp, r.b) + r.b * ma.kv_per_token * (r.depth + (r.len + 1) / 2.0) +
+                                       2.0 * r.b * ma.state_per_seq;
+                        r.value = bytes * (r.mean / r.b) / 1e9;
+                        r.pct = 100.0 * r.value / rl.copy_gbs;
+                    } else { /* prefill FLOPs per second */
+                        double tokens = (double)r.b * r.len;
+                        double active = ma.dense_params + (hp->n_expert ? ma.expert_params * hp->n_expert_used / hp->n_expert : 0);
+                        double ctx_sum = (double)r.len * (2.0 * r.depth + r.len + 1) / 2.0; /* sum of (pos+1) */
+                        double flops = 2.0 * active * tokens + 2.0 * ma.head_params * r.b +
+                                       4.0 * hp->n_head * hp->head_dim * ctx_sum * ma.n_attn * r.b;
+                        r.value = flops * (r.mean / tokens) / 1e12;
+                        r.pct = 100.0 * r.value / rl.gemm_tflops;
+                    }
+                    r.peak = peak_mem(e, dev);
+                    if (dev == PXQ_DEVICE_CUDA) /* the path the last pxq_decode took */
+                        snprintf(backend, sizeof backend, "%s", pxq_engine_kernel_path ? pxq_engine_kernel_path(e) : "cuda");
+                    else
+                        snprintf(backend, sizeof backend, "cpu: matmul_cpu (dequantized row tiles, f32 dot), %d threads",
+                                 pxq_engine_params(e)->n_threads);
+                    char test[64];
+                    snprintf(test, sizeof test, "%s%d", r.kind, r.len);
+                    if (o.json) {
+                        printf("%s  {\"model\": ", n_rows ? ",\n" : "");
+                        json_str(stdout, model_name);
+                        printf(", \"arch\": \"%s\", \"quant\": \"%s\", \"dummy\": %s, \"weights_resident\": \"yes\", \"backend\": \"%s\", \"kernel_path\": ",
+                               hp->arch_name, quant, o.lo.dummy ? "true" : "false", dev == PXQ_DEVICE_CUDA ? "cuda" : "cpu");
+                        json_str(stdout, backend);
+                        printf(", \"device\": ");
+                        json_str(stdout, dev_name);
+                        printf(", \"n_threads\": %d, \"batch\": %d, \"test\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, \"depth\": %d, \"reps\": %d",
+                               pxq_engine_params(e)->n_threads, r.b, test, kind == 0 ? r.len : 0, kind == 1 ? r.len : 0, r.depth, r.n_ts);
+                        printf(", \"samples_ts\": [");
+                        for (int i = 0; i < r.n_ts; i++) printf("%s%.4f", i ? ", " : "", r.ts[i]);
+                        printf("], \"avg_ts\": %.4f, \"stddev_ts\": %.4f, \"metric\": \"%s\", \"value\": %.6f", r.mean, r.sd,
+                               kind ? "GB/s" : "TFLOP/s", r.value);
+                        printf(", \"roofline\": %.6f, \"roofline_metric\": \"%s\", \"roofline_pct\": %.3f", kind ? rl.copy_gbs : rl.gemm_tflops,
+                               kind ? "copy GB/s" : "GEMM TFLOP/s", r.pct);
+                        printf(", \"weight_bytes\": %zu, \"peak_mem_bytes\": %zu, \"peak_mem_kind\": \"%s\"}", mp.weight_bytes, r.peak,
+                               dev == PXQ_DEVICE_CUDA ? "device arena" : "host RSS");
+                    } else {
+                        char peak[32];
+                        if (r.peak) snprintf(peak, sizeof peak, "%.2f GiB%s", r.peak / 1073741824.0, dev == PXQ_DEVICE_CUDA ? "" : " RSS");
+                        else snprintf(peak, sizeof peak, "n/a");
+                        printf("| %s | %s | yes | %s | %d | %s | %d | %.2f ± %.2f | %.3f %s | %.1f%% | %s |\n", model_name, quant,
+                               backend, r.b, test, r.depth, r.mean, r.sd, r.value, kind ? "GB/s" : "TFLOP/s", r.pct, peak);
+                    }
+                    fflush(stdout);
+                    n_rows++;
+                }
+            }
+    if (o.json) printf("\n]\n");
+    free(bb.tok), free(bb.pos), free(bb.seq), free(bb.lg);
+    pxq_engine_free(e);
+    model_free(m);
+    return rc;
+}

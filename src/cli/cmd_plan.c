@@ -1,0 +1,87 @@
+/* cmd_plan.c - `pxq plan`: the device memory account of a model, context and budget, without a GPU
+ * (memplan.h). For --load-format dummy only the hyperparameters are read: no weight is allocated, so
+ * a 32B plan runs on any machine. Exit 0 if it fits (or no budget is given), 1 if not. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "args.h"
+#include "load_opts.h"
+#include "memplan.h"
+#include "model_dummy.h"
+#include "quant.h"
+#include "util.h"
+
+static const char *usage =
+    "usage: pxq plan (-m PATH | --load-format dummy --config FILE.json [--dtype T]) [-c CTX] [--gpu-mem SIZE] [options]\n"
+    "  -m, --model PATH        GGUF file or HF directory (its tensors' own types)\n"
+    "  -c, --ctx-size N        context per sequence (default 4096; alias --max-model-len)\n"
+    "  --gpu-mem SIZE          device memory budget, e.g. 16GiB (none: just print the account)\n"
+    "  --max-num-seqs N        concurrent sequences (default 1)\n"
+    "  -b, --batch-size N      max tokens per forward step, sizes the activations (default 512)\n"
+    "  --kv-cache-type T       f16 (default), bf16, f32, q8_0, q4_0\n"
+    "  --kv-block-size N       positions per KV block (default 16)\n"
+    "  --workspace SIZE        cuBLAS workspace (default 32MiB)\n"
+    "  --cuda-context SIZE     CUDA context estimate (default 500MiB)\n";
+
+static enum pxq_type parse_kv_type(const struct args *a, const char *s) {
+    static const struct { const char *n; enum pxq_type t; } m[] = {
+        {"f16", PXQ_TYPE_F16}, {"bf16", PXQ_TYPE_BF16}, {"f32", PXQ_TYPE_F32}, {"q8_0", PXQ_TYPE_Q8_0}, {"q4_0", PXQ_TYPE_Q4_0}};
+    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++)
+        if (!strcmp(s, m[i].n)) return m[i].t;
+    fail(a, 2, "--kv-cache-type expects f16, bf16, f32, q8_0 or q4_0, got '%s'", s);
+    return PXQ_TYPE_F16;
+}
+
+static size_t size_arg(struct args *a) {
+    const char *flag = a->argv[a->i], *s = arg_str(a);
+    size_t v;
+    if (parse_size(s, &v) != 0) fail(a, 2, "%s expects a size like 512MiB, got '%s'", flag, s);
+    return v;
+}
+
+int cmd_plan(int argc, char **argv) {
+    struct args a = {argc, argv, 0, "plan"};
+    const char *model = NULL;
+    struct load_opts lo;
+    load_opts_init(&lo);
+    struct memplan_params p = memplan_default_params();
+    for (a.i = 1; a.i < argc; a.i++) {
+        const char *f = argv[a.i];
+        if (load_opts_parse(&a, &lo)) continue;
+        if (!strcmp(f, "-m") || !strcmp(f, "--model")) model = arg_str(&a);
+        else if (!strcmp(f, "-c") || !strcmp(f, "--ctx-size") || !strcmp(f, "--max-model-len")) p.n_ctx = (int)arg_int(&a, 1, 1 << 30);
+        else if (!strcmp(f, "--gpu-mem")) p.budget = size_arg(&a);
+        else if (!strcmp(f, "--max-num-seqs")) p.n_seq = (int)arg_int(&a, 1, 1 << 16);
+        else if (!strcmp(f, "-b") || !strcmp(f, "--batch-size")) p.n_batch = (int)arg_int(&a, 1, 1 << 20);
+        else if (!strcmp(f, "--kv-cache-type")) p.kv_type = parse_kv_type(&a, arg_str(&a));
+        else if (!strcmp(f, "--kv-block-size")) p.kv_block_size = (int)arg_int(&a, 1, 1 << 16);
+        else if (!strcmp(f, "--workspace")) p.workspace = size_arg(&a);
+        else if (!strcmp(f, "--cuda-context")) p.cuda_context = size_arg(&a);
+        else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
+            printf("%s%s", usage, load_opts_help());
+            return 0;
+        } else
+            fail(&a, 2, "unknown option '%s' (see pxq plan --help)", f);
+    }
+    load_opts_check(&a, &lo, model);
+    char err[512] = "", title[1400];
+    struct memplan mp;
+    memset(&mp, 0, sizeof mp);
+    struct pxq_hparams hp;
+    struct pxq_model *m = NULL;
+    if (lo.dummy) {
+        if (model_hparams_from_config(&hp, lo.config, err, sizeof err) != 0) fail(&a, 1, "%s", err);
+        if (memplan_weights_from_hparams(&mp, &hp, lo.dtype, err, sizeof err) != 0) fail(&a, 1, "%s", err);
+        snprintf(title, sizeof title, "%s, dummy %s weights", lo.config, type_name(lo.dtype));
+    } else {
+        m = open_model_or_fail(&a, model);
+        hp = *model_hparams(m);
+        memplan_weights_from_model(&mp, m);
+        snprintf(title, sizeof title, "%s", model_path(m));
+    }
+    if (memplan_compute(&mp, &hp, &p, err, sizeof err) != 0) fail(&a, 1, "%s", err);
+    memplan_print(stdout, &mp, &hp, &p, title);
+    model_free(m);
+    return mp.fits ? 0 : 1;
+}

@@ -1,0 +1,197 @@
+/* memplan.c - see memplan.h for the terms and their sources. */
+#include "memplan.h"
+
+#include <stdlib.h>
+
+#include "model_dummy.h"
+#include "quant.h"
+#include "util.h"
+
+struct memplan_params memplan_default_params(void) {
+    struct memplan_params p = {0};
+    p.n_ctx = 4096;
+    p.n_seq = 1;
+    p.n_batch = 512;
+    p.kv_block_size = 16;
+    p.kv_type = PXQ_TYPE_F16;
+    p.workspace = MEMPLAN_WORKSPACE_DEFAULT;
+    p.cuda_context = MEMPLAN_CONTEXT_DEFAULT;
+    return p;
+}
+
+void memplan_weights_add(struct memplan *mp, enum pxq_type t, int64_t n_elements, int is_token_embd) {
+    int64_t be = type_block_elems(t);
+    size_t bytes = be > 0 ? (size_t)((n_elements + be - 1) / be) * type_block_bytes(t) : 0;
+    mp->weight_bytes += bytes;
+    if ((unsigned)t < PXQ_TYPE_COUNT) {
+        mp->weight_bytes_by_type[t] += bytes;
+        mp->params_by_type[t] += n_elements;
+    }
+    mp->n_params += n_elements;
+    if (is_token_embd) {
+        mp->n_params_token_embd += n_elements;
+        mp->token_embd_bytes += bytes;
+    }
+}
+
+static int is_embd_name(const char *n) {
+    return strcmp(n, "token_embd.weight") == 0 || strcmp(n, "model.embed_tokens.weight") == 0;
+}
+
+void memplan_weights_from_model(struct memplan *mp, const struct pxq_model *m) {
+    for (int i = 0; i < model_n_tensors(m); i++) {
+        const struct pxq_tensor *t = model_tensor(m, i);
+        memplan_weights_add(mp, t->type, tensor_nelements(t), is_embd_name(t->name));
+    }
+}
+
+int memplan_weights_from_hparams(struct memplan *mp, const struct pxq_hparams *hp, enum pxq_type dtype, char *err,
+                                 size_t errlen) {
+    struct dummy_tensor *d;
+    int n = dummy_manifest(hp, dtype, &d, err, errlen);
+    if (n < 0) return -1;
+    for (int i = 0; i < n; i++) memplan_weights_add(mp, d[i].type, d[i].ne[0] * d[i].ne[1] * d[i].ne[2], is_embd_name(d[i].name));
+    free(d);
+    return 0;
+}
+
+static int n_attn_layers(const struct pxq_hparams *hp) {
+    int n = 0;
+    for (int il = 0; il < hp->n_layer && il < PXQ_MAX_LAYERS; il++) n += hp->layer_kind[il] == LAYER_ATTN;
+    return n;
+}
+
+size_t memplan_kv_bytes_per_token(const struct pxq_hparams *hp, enum pxq_type kv_type) {
+    size_t row = type_row_bytes(kv_type, hp->head_dim);
+    return (size_t)n_attn_layers(hp) * 2 * (size_t)hp->n_head_kv * row;
+}
+
+size_t memplan_state_bytes_per_seq(const struct pxq_hparams *hp) {
+    if (hp->arch != ARCH_QWEN35) return 0;
+    size_t conv_dim = 2 * (size_t)hp->ssm_n_k_head * hp->ssm_head_k_dim + (size_t)hp->ssm_n_v_head * hp->ssm_head_v_dim;
+    size_t conv = (size_t)(hp->ssm_conv_kernel > 0 ? hp->ssm_conv_kernel - 1 : 0) * conv_dim;
+    size_t rec = (size_t)hp->ssm_n_v_head * hp->ssm_head_k_dim * hp->ssm_head_v_dim;
+    return (size_t)(hp->n_layer - n_attn_layers(hp)) * (conv + rec) * sizeof(float);
+}
+
+/* Float32 activations per token, as the engine's buffers (engine.c): x [n_embd]; xb, xb2
+ * [max(n_embd, q_total)]; q, att [q_total] (q_total = n_head*head_dim, x2 with the qwen35 output
+ * gate); k, v [n_head_kv*head_dim]; hb, hb2 [max(n_ff, n_ff_exp)]; router [n_expert + 1]; and for
+ * DeltaNet layers qkv before and after the conv [2 x conv_dim], z and core output [2 x value_dim],
+ * beta and alpha [2 x n_v_head]. All are counted as live at once. */
+static size_t act_floats(const struct pxq_hparams *hp) {
+    size_t q_total = (size_t)hp->n_head * hp->head_dim * (hp->attn_output_gate ? 2 : 1);
+    size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    size_t wide = (size_t)hp->n_embd > q_total ? (size_t)hp->n_embd : q_total;
+    size_t ff = (size_t)(hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp);
+    size_t n = (size_t)hp->n_embd + 2 * wide + 2 * q_total + 2 * kv_dim + 2 * ff + (size_t)hp->n_expert + 1;
+    if (hp->arch == ARCH_QWEN35 && hp->n_layer > n_attn_layers(hp)) {
+        size_t val_dim = (size_t)hp->ssm_n_v_head * hp->ssm_head_v_dim;
+        size_t conv_dim = 2 * (size_t)hp->ssm_n_k_head * hp->ssm_head_k_dim + val_dim;
+        n += 2 * conv_dim + 2 * val_dim + 2 * (size_t)hp->ssm_n_v_head;
+    }
+    return n;
+}
+
+int memplan_compute(struct memplan *mp, const struct pxq_hparams *hp, const struct memplan_params *p, char *err,
+                    size_t errlen) {
+    if (p->n_ctx <= 0 || p->n_seq <= 0 || p->n_batch <= 0 || p->kv_block_size <= 0)
+        return set_err(err, errlen, "memory plan: context, sequences, batch and KV block size must be positive");
+    if (hp->n_layer > PXQ_MAX_LAYERS) return set_err(err, errlen, "memory plan: %d layers exceed %d", hp->n_layer, PXQ_MAX_LAYERS);
+    if (p->kv_type != PXQ_TYPE_F16 && p->kv_type != PXQ_TYPE_F32 && p->kv_type != PXQ_TYPE_BF16 && p->kv_type != PXQ_TYPE_Q8_0 &&
+        p->kv_type != PXQ_TYPE_Q4_0)
+        return set_err(err, errlen, "memory plan: KV cache type %s not supported (f16, bf16, f32, q8_0, q4_0)", type_name(p->kv_type));
+    if (type_row_bytes(p->kv_type, hp->head_dim) == 0)
+        return set_err(err, errlen, "memory plan: head_dim %d is not a multiple of the %s block", hp->head_dim, type_name(p->kv_type));
+    mp->n_layer_kv = n_attn_layers(hp);
+    mp->n_layer_ssm = hp->arch == ARCH_QWEN35 ? hp->n_layer - mp->n_layer_kv : 0;
+    mp->kv_bytes_per_token = memplan_kv_bytes_per_token(hp, p->kv_type);
+    int64_t ctx_blocks = ((int64_t)p->n_ctx + p->kv_block_size - 1) / p->kv_block_size;
+    mp->kv_positions = ctx_blocks * p->kv_block_size * p->n_seq;
+    mp->kv_bytes = mp->kv_bytes_per_token * (size_t)mp->kv_positions;
+    mp->state_bytes_per_seq = memplan_state_bytes_per_seq(hp);
+    mp->state_bytes = mp->state_bytes_per_seq * (size_t)p->n_seq;
+    mp->act_floats_per_token = act_floats(hp);
+    mp->act_bytes = mp->act_floats_per_token * (size_t)p->n_batch * sizeof(float);
+    mp->logits_bytes = (size_t)p->n_seq * (size_t)hp->n_vocab * sizeof(float);
+    mp->workspace = p->workspace;
+    mp->cuda_context = p->cuda_context;
+    size_t fixed = mp->weight_bytes + mp->state_bytes + mp->act_bytes + mp->logits_bytes + mp->workspace;
+    mp->total = fixed + mp->kv_bytes;
+    mp->device_total = mp->total + mp->cuda_context;
+    mp->budget = p->budget;
+    mp->fits = p->budget == 0 || mp->total <= p->budget;
+    if (p->budget == 0) mp->max_ctx = 0;
+    else if (mp->kv_bytes_per_token == 0) mp->max_ctx = fixed <= p->budget ? INT64_MAX : -1;
+    else if (fixed >= p->budget) mp->max_ctx = -1;
+    else {
+        int64_t pos = (int64_t)((p->budget - fixed) / (mp->kv_bytes_per_token * (size_t)p->n_seq));
+        mp->max_ctx = pos / p->kv_block_size * p->kv_block_size;
+        if (mp->max_ctx == 0) mp->max_ctx = -1;
+    }
+    return 0;
+}
+
+/* "17.16 GiB", "256.00 KiB", "0 B" */
+static const char *hsize(char *buf, size_t cap, double b) {
+    static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (b >= 1024 && i < 4) b /= 1024, i++;
+    if (i == 0) snprintf(buf, cap, "%.0f B", b);
+    else snprintf(buf, cap, "%.2f %s", b, u[i]);
+    return buf;
+}
+
+void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *hp, const struct memplan_params *p,
+                   const char *title) {
+    char a[32], b[32], c[32];
+    const double GiB = 1073741824.0;
+    fprintf(f, "memory plan: %s\n", title);
+    fprintf(f, "  model: %s, %d layers (%d attention, %d DeltaNet), n_embd %d, vocab %d, %.3f B params\n", hp->arch_name,
+            hp->n_layer, mp->n_layer_kv, mp->n_layer_ssm, hp->n_embd, hp->n_vocab, mp->n_params / 1e9);
+    fprintf(f, "  %-18s %12s  %lld bytes;", "weights", hsize(a, sizeof a, (double)mp->weight_bytes), (long long)mp->weight_bytes);
+    for (int t = 0; t < PXQ_TYPE_COUNT; t++)
+        if (mp->params_by_type[t])
+            fprintf(f, " %s %.3f B params = %s;", type_name((enum pxq_type)t), mp->params_by_type[t] / 1e9,
+                    hsize(b, sizeof b, (double)mp->weight_bytes_by_type[t]));
+    fprintf(f, " token_embd %s of it\n", hsize(c, sizeof c, (double)mp->token_embd_bytes));
+    fprintf(f, "  %-18s %12s  %s/token (%d attention layers x 2 x %d kv heads x %zu B/head of %d %s) x %lld positions (%d ctx in blocks of %d, x %d seq)\n",
+            "KV cache", hsize(a, sizeof a, (double)mp->kv_bytes), hsize(b, sizeof b, (double)mp->kv_bytes_per_token), mp->n_layer_kv,
+            hp->n_head_kv, type_row_bytes(p->kv_type, hp->head_dim), hp->head_dim, type_name(p->kv_type),
+            (long long)mp->kv_positions, p->n_ctx, p->kv_block_size, p->n_seq);
+    if (mp->n_layer_ssm) {
+        size_t conv_dim = 2 * (size_t)hp->ssm_n_k_head * hp->ssm_head_k_dim + (size_t)hp->ssm_n_v_head * hp->ssm_head_v_dim;
+        fprintf(f, "  %-18s %12s  %s/seq x %d seq = %d DeltaNet layers x ((%d-1) x %zu conv + %d x %d x %d state) x 4 B\n",
+                "recurrent state", hsize(a, sizeof a, (double)mp->state_bytes), hsize(b, sizeof b, (double)mp->state_bytes_per_seq),
+                p->n_seq, mp->n_layer_ssm, hp->ssm_conv_kernel, conv_dim, hp->ssm_n_v_head, hp->ssm_head_k_dim, hp->ssm_head_v_dim);
+    } else {
+        fprintf(f, "  %-18s %12s  (no DeltaNet layers)\n", "recurrent state", "0 B");
+    }
+    fprintf(f, "  %-18s %12s  %d batch tokens x %zu floats x 4 B (x, xb, xb2, q, k, v, att, hb, hb2, router%s)\n", "activations",
+            hsize(a, sizeof a, (double)mp->act_bytes), p->n_batch, mp->act_floats_per_token, mp->n_layer_ssm ? ", DeltaNet qkv/z/out" : "");
+    fprintf(f, "  %-18s %12s  %d outputs x %d vocab x 4 B\n", "logits", hsize(a, sizeof a, (double)mp->logits_bytes), p->n_seq,
+            hp->n_vocab);
+    fprintf(f, "  %-18s %12s  cuBLAS workspace\n", "workspace", hsize(a, sizeof a, (double)mp->workspace));
+    fprintf(f, "  %-18s %12s  %lld bytes (the arena: the terms above)\n", "total", hsize(a, sizeof a, (double)mp->total),
+            (long long)mp->total);
+    fprintf(f, "  %-18s %12s  estimate, not measured (driver context, kernels, library handles), outside the arena\n",
+            "CUDA context", hsize(a, sizeof a, (double)mp->cuda_context));
+    fprintf(f, "  %-18s %12s  total + CUDA context: what the card must have\n", "device total",
+            hsize(a, sizeof a, (double)mp->device_total));
+    if (!mp->budget) {
+        fprintf(f, "  no budget given (--gpu-mem)\n");
+        return;
+    }
+    fprintf(f, "  %-18s %12s  %lld bytes\n", "budget (--gpu-mem)", hsize(a, sizeof a, (double)mp->budget), (long long)mp->budget);
+    if (mp->fits)
+        fprintf(f, "fits: %.2f GiB to spare\n", (double)(mp->budget - mp->total) / GiB);
+    else
+        fprintf(f, "does not fit: short by %.2f GiB\n", (double)(mp->total - mp->budget) / GiB);
+    if (mp->max_ctx == INT64_MAX)
+        fprintf(f, "largest context that fits: no limit from memory (no KV cache)\n");
+    else if (mp->max_ctx < 0)
+        fprintf(f, "largest context that fits: none (weights, state, activations and workspace alone exceed the budget)\n");
+    else
+        fprintf(f, "largest context that fits: %lld tokens per sequence x %d seq (model's n_ctx_train %d)\n", (long long)mp->max_ctx,
+                p->n_seq, hp->n_ctx_train);
+}

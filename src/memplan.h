@@ -1,0 +1,98 @@
+/* memplan.h - the device memory account ("memory plan") of a model, a context and a budget.
+ *
+ * DESIGN.md "The physics": weights + KV (bytes/token x context x sequences) + recurrent state +
+ * activations (max batch tokens x widths) + workspace (cuBLAS) + CUDA context, against the budget
+ * (--gpu-mem). `pxq plan` prints it without a GPU; the CUDA backend can call memplan_compute and
+ * memplan_print to refuse a model before loading it, with the same numbers.
+ *
+ * The terms (all bytes):
+ *   weights      sum over the tensors the forward binds of type_row_bytes(type, n_elements)
+ *   KV           n_layer_kv x 2 (K, V) x n_head_kv x row_bytes(kv_type, head_dim) per position,
+ *                x n_ctx rounded up to kv_block_size, x n_seq; only attention layers have KV
+ *   state        per sequence, per DeltaNet layer: conv state (conv_kernel - 1) x conv_dim floats plus
+ *                n_v_head x head_k_dim x head_v_dim floats of delta-rule state, float32 (HF
+ *                Qwen3_5GatedDeltaNet; conv_dim = 2 n_k_head head_k_dim + n_v_head head_v_dim)
+ *   activations  n_batch tokens x act_floats_per_token x 4 B (see memplan.c for the widths), plus
+ *                logits max(n_seq, 1) x n_vocab x 4 B
+ *   workspace    fixed (cuBLAS workspace; default 32 MiB)
+ *   CUDA context an estimate (default 500 MiB): driver context, module images, library handles. Not
+ *                measured. It lives outside the arena, so it is not counted against the budget (the
+ *                arena is sized by --gpu-mem, as the CUDA backend does); it is added to device_total,
+ *                the memory the card needs: a 16 GB card holds an arena of about 16 GiB minus it.
+ */
+#ifndef PXQ_MEMPLAN_H
+#define PXQ_MEMPLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "model.h"
+
+#define MEMPLAN_WORKSPACE_DEFAULT (32u << 20)
+#define MEMPLAN_CONTEXT_DEFAULT   (500u << 20)
+
+struct memplan_params {
+    int n_ctx;              /* positions per sequence */
+    int n_seq;              /* concurrent sequences (--max-num-seqs) */
+    int n_batch;            /* max tokens per forward step (sizes the activations) */
+    int kv_block_size;      /* KV is allocated in blocks of this many positions (16) */
+    enum pxq_type kv_type;  /* KV element type (f16 default; f32, bf16, q8_0, q4_0) */
+    size_t budget;          /* --gpu-mem in bytes; 0: no budget (fits is 1, max_ctx 0) */
+    size_t workspace;       /* bytes */
+    size_t cuda_context;    /* bytes, an estimate */
+};
+
+struct memplan {
+    /* weights, filled by memplan_weights_from_* (or memplan_weights_add) */
+    size_t weight_bytes;
+    size_t weight_bytes_by_type[PXQ_TYPE_COUNT];
+    int64_t params_by_type[PXQ_TYPE_COUNT];
+    int64_t n_params;
+    int64_t n_params_token_embd;  /* the embedding table's share (a row gather, not a matmul) */
+    size_t token_embd_bytes;
+    /* the rest, filled by memplan_compute */
+    int n_layer_kv, n_layer_ssm;
+    size_t kv_bytes_per_token, kv_bytes;
+    int64_t kv_positions;         /* n_ctx rounded up to blocks, x n_seq */
+    size_t state_bytes_per_seq, state_bytes;
+    size_t act_floats_per_token, act_bytes, logits_bytes;
+    size_t workspace, cuda_context;
+    size_t total;                 /* the arena: weights + KV + state + activations + logits + workspace */
+    size_t device_total;          /* total + cuda_context */
+    size_t budget;
+    int fits;                     /* total <= budget (or no budget) */
+    int64_t max_ctx;              /* largest n_ctx per sequence that fits (multiple of kv_block_size);
+                                   * -1: none fits; INT64_MAX: the model has no KV (no limit from memory) */
+};
+
+/* Defaults: n_ctx 4096, n_seq 1, n_batch 512, kv_block_size 16, f16 KV, no budget, 32 MiB workspace,
+ * 500 MiB CUDA context. */
+struct memplan_params memplan_default_params(void);
+
+/* Add n_elements of type t to the weights (bytes via type_row_bytes of whole blocks). */
+void memplan_weights_add(struct memplan *mp, enum pxq_type t, int64_t n_elements, int is_token_embd);
+/* Weights of an opened model: every tensor of its file (model_tensor). */
+void memplan_weights_from_model(struct memplan *mp, const struct pxq_model *m);
+/* Weights of a dummy model of type dtype, from hparams alone (model_dummy.h manifest; allocates no
+ * weights). Returns 0, or -1 with a message. */
+int memplan_weights_from_hparams(struct memplan *mp, const struct pxq_hparams *hp, enum pxq_type dtype, char *err,
+                                 size_t errlen);
+
+/* Bytes of KV per position for all attention layers (K and V) at element type kv_type; 0 if
+ * head_dim is not a multiple of the type's block. */
+size_t memplan_kv_bytes_per_token(const struct pxq_hparams *hp, enum pxq_type kv_type);
+/* Bytes of DeltaNet state (conv + recurrent, float32) per sequence, all DeltaNet layers. */
+size_t memplan_state_bytes_per_seq(const struct pxq_hparams *hp);
+
+/* Fill the rest of mp (weights already added) for hp and p. Returns 0, or -1 with a message
+ * (bad parameters, KV type unusable for head_dim). */
+int memplan_compute(struct memplan *mp, const struct pxq_hparams *hp, const struct memplan_params *p, char *err,
+                    size_t errlen);
+
+/* Print the account, one term a line with its formula, then "fits" or "does not fit: short by X GiB"
+ * and the largest context that fits. `title` names the model. */
+void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *hp, const struct memplan_params *p,
+                   const char *title);
+
+#endif
