@@ -1,9 +1,11 @@
 /* tokenizer.h - byte-level BPE (GPT-2 / Qwen2 style), from HF tokenizer.json or GGUF metadata.
  *
  * Pipeline (HF tokenizers semantics): split out added tokens (special tokens written in the text
- * are recognised when parse_special is set) -> normalizer (NFC when tokenizer.json says so; GGUF
- * pre-tokenizer "qwen2" implies NFC... see tokenizer.c) -> pre-tokenizer regex (PCRE2, UTF mode) ->
- * ByteLevel byte-to-unicode mapping -> BPE merges by rank -> ids.
+ * are recognised when parse_special is set; non-special added tokens such as Qwen3's <think> always
+ * are) -> normalizer (NFC when tokenizer.json says so; GGUF pre-tokenizer "qwen2"/"qwen35" implies
+ * NFC, see tokenizer.c) -> pre-tokenizer regex (PCRE2, UTF+UCP) -> ByteLevel byte-to-unicode
+ * mapping -> BPE merges by rank -> ids. Encode never adds BOS/EOS (Qwen's post-processor adds none).
+ * A loaded tokenizer is read-only: encode/decode may run concurrently from several threads.
  */
 #ifndef PXQ_TOKENIZER_H
 #define PXQ_TOKENIZER_H
@@ -15,52 +17,72 @@ struct gguf_file;
 struct pxq_tokenizer;
 
 /* Load from a directory holding tokenizer.json (and optionally tokenizer_config.json and
- * chat_template.jinja for the chat template and special-token names), or from a path to a
- * tokenizer.json file. NULL with a message on failure. */
+ * chat_template.jinja for the chat template and eos_token), or from a path to a tokenizer.json file
+ * (its directory is searched for the other two). NULL with a message on failure: unsupported
+ * normalizer / pre-tokenizer / model options are named, not ignored. */
 struct pxq_tokenizer *tokenizer_load_hf(const char *path, char *err, size_t errlen);
-/* Load from GGUF metadata: tokenizer.ggml.model ("gpt2"), .pre, .tokens, .token_type, .merges,
- * .eos_token_id, .bos_token_id and tokenizer.chat_template. */
+/* Load from GGUF metadata: tokenizer.ggml.model ("gpt2"), .pre, .tokens, .token_type (3 CONTROL ->
+ * special added token, 4 USER_DEFINED -> non-special added token), .merges, .eos_token_id
+ * (plus .eot/.eom_token_id), .bos_token_id and tokenizer.chat_template. .pre must be one of qwen2,
+ * qwen35, deepseek-r1-qwen, stablelm2, llama-bpe/llama3, gpt-2 or default (llama.cpp's regexes). */
 struct pxq_tokenizer *tokenizer_load_gguf(const struct gguf_file *g, char *err, size_t errlen);
-/* Parse a tokenizer.json image in memory (used by the fuzzer). */
+/* Parse a tokenizer.json image of len bytes in memory (need not be NUL-terminated; used by the
+ * fuzzer and tests). No chat template or eos ids (those live in tokenizer_config.json). */
 struct pxq_tokenizer *tokenizer_load_hf_buffer(const char *json, size_t len, char *err, size_t errlen);
 void tokenizer_free(struct pxq_tokenizer *t);
 
 int tokenizer_n_vocab(const struct pxq_tokenizer *t);   /* largest id + 1 */
 
 /* Encode text[len] (UTF-8; invalid bytes are handled as HF does: replaced by U+FFFD before BPE).
- * *ids gets a malloc'd array of *n_ids ids (caller frees). Returns 0 or -1. */
+ * parse_special: 1 = special added tokens written in the text become their ids (HF's default,
+ * split_special_tokens=False); 0 = they are tokenized as plain text.
+ * *ids gets a malloc'd array of *n_ids ids (caller frees; non-NULL even when *n_ids is 0).
+ * Returns 0, or -1 on bad arguments or a regex engine failure (match limit). */
 int tokenizer_encode(const struct pxq_tokenizer *t, const char *text, size_t len, int parse_special,
                      int32_t **ids, int *n_ids);
 
-/* Raw bytes of token id (byte-level decoded; added tokens give their content). NULL if out of range. */
+/* Raw bytes of token id (byte-level decoded; added tokens give their content), not NUL-terminated
+ * for the caller's purposes (*len bytes). NULL if out of range or an unused id. */
 const char *tokenizer_token_bytes(const struct pxq_tokenizer *t, int32_t id, size_t *len);
-/* Id of an exact token string (vocab or added token), or -1. */
+/* Id of an exact token string, or -1: an added token's content ("<|im_end|>") or a vocab entry in
+ * the vocab's own byte-level spelling ("Ġthe" for " the"). */
 int32_t tokenizer_token_id(const struct pxq_tokenizer *t, const char *s);
 /* 1 if id is an added token marked special. */
 int tokenizer_is_special(const struct pxq_tokenizer *t, int32_t id);
 
-/* Decode ids to a malloc'd NUL-terminated UTF-8 string (skip_special: omit special tokens). */
+/* Decode ids to a malloc'd NUL-terminated UTF-8 string (skip_special: omit special tokens).
+ * Out-of-range ids are skipped; invalid UTF-8 comes out as U+FFFD (HF: from_utf8_lossy). */
 char *tokenizer_decode(const struct pxq_tokenizer *t, const int32_t *ids, int n, int skip_special);
 
 /* Streaming decode: push one id, get the bytes that now form complete UTF-8 characters.
- * Incomplete trailing sequences are held back until completed; invalid sequences come out as
- * U+FFFD. Returns the number of bytes written to out (out needs room for the token plus 8). */
+ * Incomplete trailing sequences (at most 3 bytes) are held back until completed; invalid sequences
+ * come out as U+FFFD, exactly as tokenizer_decode would give them. Start with a zeroed tok_stream.
+ * Returns the number of bytes written to out (not NUL-terminated). out needs room for the token
+ * plus 8 when the bytes are valid UTF-8; invalid bytes grow 3x (each may become U+FFFD). Nothing
+ * is written past cap: a character that does not fit is dropped. Out-of-range ids and (with
+ * skip_special) special tokens write nothing and leave held-back bytes pending. */
 struct tok_stream { unsigned char pend[8]; int n_pend; };
 size_t tok_stream_push(const struct pxq_tokenizer *t, struct tok_stream *s, int32_t id, int skip_special,
                        char *out, size_t cap);
-/* Flush what is held back at end of stream (as U+FFFD replacements). */
+/* Flush what is held back at end of stream (one U+FFFD for an incomplete sequence, 3 bytes). */
 size_t tok_stream_flush(struct tok_stream *s, char *out, size_t cap);
 
 /* Ids the tokenizer names as end of sequence (eos_token from tokenizer_config.json /
- * tokenizer.ggml.eos_token_id). Fills up to cap ids, returns how many. */
+ * tokenizer.ggml.eos_token_id, .eot_token_id, .eom_token_id). generation_config.json is the model's
+ * business (model.c). Fills up to cap ids, returns how many. */
 int tokenizer_eos_ids(const struct pxq_tokenizer *t, int32_t *ids, int cap);
 
-/* Chat rendering with the model's template. Supported: ChatML templates (the template uses
- * <|im_start|> / <|im_end|>), which covers Qwen2/2.5/3/3.5; anything else fails with a message.
- * Output as HF apply_chat_template(messages, add_generation_prompt) renders it. */
+/* Chat rendering with the model's template (chat_template.jinja, else tokenizer_config.json
+ * "chat_template", or GGUF tokenizer.chat_template). Supported: ChatML templates (the template uses
+ * <|im_start|> / <|im_end|>), which covers Qwen2/2.5/3; anything else fails with a message.
+ * Output (malloc'd) as HF apply_chat_template(messages, add_generation_prompt) renders it, for the
+ * cases listed at the top of chat.c (Qwen3: <think> handling of assistant turns; no tools). */
 struct chat_msg { const char *role; const char *content; };
 char *tokenizer_apply_chat(const struct pxq_tokenizer *t, const struct chat_msg *msgs, int n_msgs,
                            int add_generation_prompt, char *err, size_t errlen);
+/* The same with a template given as text (e.g. a --chat-template override); chat.c. */
+char *chat_apply_template(const char *tmpl, const struct chat_msg *msgs, int n_msgs,
+                          int add_generation_prompt, char *err, size_t errlen);
 /* 1 if a chat template was found. */
 int tokenizer_has_chat_template(const struct pxq_tokenizer *t);
 

@@ -1,0 +1,1133 @@
+/* tokenizer.c - byte-level BPE (GPT-2 / Qwen2 family), see tokenizer.h.
+ *
+ * Reference behaviour: HF `tokenizers` (Rust crate, tokenizer.json schema) for encode/decode, and
+ * llama.cpp's llama-vocab.cpp for what the GGUF keys mean. Encode, step by step:
+ *   1. Invalid UTF-8 in the input is replaced by U+FFFD (maximal-subpart rule, as Python/Rust lossy
+ *      decoding does), since HF only ever sees valid strings.
+ *   2. Added tokens are cut out of the raw text (AddedVocabulary::find_matches): leftmost match,
+ *      longest at that position. A special token found while parse_special is off is skipped as text
+ *      (HF split_special_tokens), and the text under it is not searched again, as in HF. Non-special
+ *      added tokens (e.g. Qwen3's <think>) always match. lstrip/rstrip/single_word are honoured.
+ *      Tokens with normalized=true are matched in a second pass on the normalized text.
+ *   3. Normalizer: NFC (utf8proc) or none.
+ *   4. Pre-tokenizer steps: Split(Regex|String, Isolated) any number of times, then ByteLevel
+ *      (add_prefix_space prepends ' ' to every piece not starting with one; use_regex splits with the
+ *      GPT-2 regex). Regexes run in PCRE2 with UTF+UCP. Known difference from HF's Oniguruma: PCRE2's
+ *      \s leaves out U+0085 (NEL). With the Qwen vocab it cannot change ids (no merge joins NEL's
+ *      bytes C2 85 to a neighbour; checked against HF on probe strings), so it is left alone.
+ *   5. BPE on each piece (tokenizers/src/models/bpe/word.rs merge_all): symbols are the piece's bytes
+ *      through the GPT-2 byte->unicode map; a min-heap on (rank, position) merges pairs, skipping
+ *      stale entries whose pair now maps to a different token. O(n log n) per piece. ignore_merges:
+ *      a piece that is itself in the vocab maps straight to its id.
+ * Decode: vocab tokens go back through the byte-level map (a token with a char outside the map gives
+ * its own UTF-8 bytes, as HF's ByteLevel decoder does); added tokens give their content; the result
+ * is lossy UTF-8 (each invalid maximal subpart -> U+FFFD).
+ *
+ * Added-token ids follow HF's AddedVocabulary::add_tokens, not the "id" written in tokenizer.json
+ * (HF only warns when they differ): content already in the vocab takes the vocab id, new content
+ * takes max(vocab size, last added id + 1). For real files the two agree.
+ *
+ * GGUF: tokenizer.ggml.pre selects the regexes llama.cpp uses for that name. "qwen2" and "qwen35"
+ * also get NFC, because Qwen's tokenizer.json has it (llama.cpp itself does not normalize); the aim
+ * is HF's ids for the same model. Missing .pre means "default", as in llama.cpp. Ids are positions.
+ *
+ * Checked against HF (tests/test_tokenizer.c): the 28 Qwen3 reference strings, 3000 seeded random
+ * strings through Qwen3 and 600 through each of 6 tokenizer.json variants, lossy decodes, and the
+ * tiny model's prompts and book (from tokenizer.json and from GGUF), all id-for-id.
+ * Limits (bad input fails at load with a message): ids < 2^24 and at most 2 * entries + 65536,
+ * at most 8 pre-tokenizer steps, patterns up to 4 KiB. Encode fails (-1) only if PCRE2 hits its
+ * match limit (10M backtracking steps in one match).
+ */
+#include "tokenizer.h"
+
+#include "gguf.h"
+#include "util.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <utf8proc.h>
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#define MAX_ID      (1 << 24)
+#define MAX_STEPS   8
+#define MAX_PATTERN 4096
+#define MAX_EOS     8
+
+/* The GGUF pre-tokenizer regexes (llama.cpp llama-vocab.cpp, by tokenizer.ggml.pre). */
+static const char RE_GPT2[] =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+static const char RE_QWEN2[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char RE_QWEN35[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+"
+    "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char RE_LLAMA3[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char *const RE_DEFAULT[] = {
+    "[\\p{P}\\$\\+<=>\\^~\\|]+",
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)", "\\p{N}+",
+    "[0-9][0-9][0-9]"};
+/* tokenizer.ggml.pre -> regex (NULL: RE_DEFAULT), NFC (Qwen's tokenizer.json has it), ignore_merges */
+static const struct { const char *name, *re; int nfc, ignore_merges; } GGUF_PRE[] = {
+    {"qwen2", RE_QWEN2, 1, 0}, {"deepseek-r1-qwen", RE_QWEN2, 1, 0}, {"qwen35", RE_QWEN35, 1, 0},
+    {"stablelm2", RE_QWEN2, 0, 0}, {"llama3", RE_LLAMA3, 0, 1}, {"llama-v3", RE_LLAMA3, 0, 1},
+    {"llama-bpe", RE_LLAMA3, 0, 1}, {"gpt-2", RE_GPT2, 0, 0}, {"default", NULL, 0, 0}};
+
+enum { STEP_SPLIT, STEP_BYTELEVEL };
+struct pre_step {
+    int kind;
+    pcre2_code *re;        /* STEP_SPLIT: the pattern; STEP_BYTELEVEL with use_regex: GPT-2 regex */
+    int add_prefix_space;  /* STEP_BYTELEVEL */
+};
+
+struct added_tok {
+    const char *s; /* content as matched (in the arena); NFC'd for normalized tokens under NFC */
+    uint32_t off, len;
+    int32_t id;
+    uint8_t special, normalized, lstrip, rstrip, single_word;
+};
+
+struct merge_val { uint32_t rank; int32_t id; };
+
+struct pxq_tokenizer {
+    int n_vocab;              /* largest id + 1 */
+    char *arena;              /* all token strings */
+    size_t arena_len, arena_cap;
+    uint32_t *mtext_off, *mtext_len; /* [n_vocab] vocab spelling (byte-level chars); len UINT32_MAX: none */
+    uint32_t *raw_off, *raw_len;     /* [n_vocab] decoded bytes; len UINT32_MAX: no token */
+    uint8_t *special;                /* [n_vocab] 1: added token marked special */
+    int32_t *vocab_slot;             /* open addressing: vocab string -> id, -1 empty */
+    uint32_t vocab_mask;
+    uint64_t *merge_key;             /* open addressing: (left id << 32 | right id) -> merge_val */
+    struct merge_val *merge_val;
+    uint32_t merge_mask;
+    struct added_tok *added;         /* sorted by (first byte, length descending) */
+    int n_added, n_added_norm;
+    int added_first[257];            /* added[added_first[c] .. added_first[c+1]) start with byte c */
+    int32_t byte_id[256];            /* id of each single byte's byte-level char, -1 if absent */
+    uint16_t byte_cp[256];           /* GPT-2 bytes_to_unicode */
+    int nfc, ignore_merges, fuse_unk;
+    int32_t unk_id;
+    struct pre_step steps[MAX_STEPS];
+    int n_steps;
+    int32_t eos[MAX_EOS];
+    int n_eos;
+    char *chat_template;
+};
+
+/* ---- UTF-8 ------------------------------------------------------------------------------------ */
+
+/* Length of the valid UTF-8 character at s[0..n): > 0 when complete and valid; -k when the first k
+ * bytes are an invalid maximal subpart (Unicode 3.9, "U+FFFD substitution of maximal subparts");
+ * 0 when s is a valid but incomplete prefix that runs to the end of the buffer. */
+static int utf8_next(const unsigned char *s, size_t n, uint32_t *cp) {
+    unsigned c = s[0];
+    int need;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c < 0x80) { if (cp) *cp = c; return 1; }
+    if (c >= 0xC2 && c <= 0xDF) need = 2;
+    else if (c >= 0xE0 && c <= 0xEF) { need = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
+    else if (c >= 0xF0 && c <= 0xF4) { need = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
+    else return -1;
+    uint32_t v = c & (0x7F >> need);
+    for (int i = 1; i < need; i++) {
+        if ((size_t)i >= n) return 0;
+        unsigned b = s[i];
+        if (b < (i == 1 ? lo : 0x80) || b > (i == 1 ? hi : 0xBF)) return -i;
+        v = (v << 6) | (b & 0x3F);
+    }
+    if (cp) *cp = v;
+    return need;
+}
+
+struct buf { char *p; size_t n, cap; };
+static void buf_put(struct buf *b, const void *s, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        b->cap = (b->n + n + 1) * 2;
+        b->p = xrealloc(b->p, b->cap);
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+/* Append s[0..n) to b with every invalid maximal subpart (and an incomplete tail) as U+FFFD. */
+static void put_lossy(struct buf *b, const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0, run = 0;
+    while (i < n) {
+        int r = utf8_next(u + i, n - i, NULL);
+        if (r > 0) { i += r; run += r; continue; }
+        buf_put(b, u + i - run, run);
+        buf_put(b, "\xEF\xBF\xBD", 3);
+        run = 0;
+        i += r < 0 ? (size_t)-r : n - i;
+    }
+    buf_put(b, u + i - run, run);
+}
+
+/* Rust char::is_whitespace (Unicode White_Space). */
+static int is_ws(uint32_t c) {
+    return (c >= 9 && c <= 13) || c == 32 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+           c == 0x3000;
+}
+
+/* ---- hash tables -------------------------------------------------------------------------------- */
+
+static uint64_t hash_bytes(const char *s, size_t n) { /* FNV-1a, then a final mix */
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h ^ (h >> 29);
+}
+static uint64_t hash_u64(uint64_t x) {
+    x ^= x >> 33; x *= 0xff51afd7ed558ccdull; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ull;
+    return x ^ (x >> 33);
+}
+static uint32_t table_size(size_t n) { /* power of two >= 2n */
+    uint32_t c = 16;
+    while (c < 2 * n) c <<= 1;
+    return c;
+}
+
+static int32_t vocab_find(const struct pxq_tokenizer *t, const char *s, size_t n) {
+    if (!t->vocab_slot) return -1;
+    for (uint32_t i = (uint32_t)hash_bytes(s, n) & t->vocab_mask;; i = (i + 1) & t->vocab_mask) {
+        int32_t id = t->vocab_slot[i];
+        if (id < 0) return -1;
+        if (t->mtext_len[id] == n && memcmp(t->arena + t->mtext_off[id], s, n) == 0) return id;
+    }
+}
+
+static const struct merge_val *merge_find(const struct pxq_tokenizer *t, int32_t a, int32_t b) {
+    if (!t->merge_key) return NULL;
+    uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+    for (uint32_t i = (uint32_t)hash_u64(key) & t->merge_mask;; i = (i + 1) & t->merge_mask) {
+        if (t->merge_key[i] == UINT64_MAX) return NULL;
+        if (t->merge_key[i] == key) return &t->merge_val[i];
+    }
+}
+
+/* ---- building a tokenizer (shared by the tokenizer.json and GGUF loaders) ------------------------ */
+
+struct tok_src { const char *s; size_t len; int64_t id; }; /* a vocab entry */
+struct added_src {
+    const char *s; size_t len; int64_t id;
+    int special, normalized, lstrip, rstrip, single_word;
+};
+struct merge_src { const char *a; size_t alen; const char *b; size_t blen; };
+
+struct tok_spec {
+    struct tok_src *vocab; int n_vocab;
+    struct added_src *added; int n_added;
+    struct merge_src *merges; int n_merges;
+    const char *patterns[MAX_STEPS]; int literal[MAX_STEPS]; int n_split; /* Split steps, in order */
+    int bytelevel_prefix, bytelevel_regex;
+    int nfc, ignore_merges, fuse_unk;
+    int hf_ids; /* assign added-token ids as HF does (else keep the given ones) */
+    const char *unk; size_t unk_len;
+};
+
+static uint32_t arena_add(struct pxq_tokenizer *t, const char *s, size_t n) {
+    if (t->arena_len + n + 1 > t->arena_cap) {
+        t->arena_cap = (t->arena_len + n + 1) * 2;
+        t->arena = xrealloc(t->arena, t->arena_cap);
+    }
+    uint32_t off = (uint32_t)t->arena_len;
+    memcpy(t->arena + off, s, n);
+    t->arena[off + n] = 0;
+    t->arena_len += n + 1;
+    return off;
+}
+
+/* Byte-level decode of a vocab token (HF decoders/byte_level.rs): every char back to its byte; if a
+ * char is outside the map, the token's own bytes. Appends to the arena. */
+static void add_raw(struct pxq_tokenizer *t, int32_t id, const char *s, size_t n, const int16_t *cp_byte) {
+    char tmp[256];
+    char *out = n <= sizeof tmp ? tmp : xmalloc(n);
+    size_t k = 0, i = 0;
+    while (i < n) {
+        uint32_t c;
+        int r = utf8_next((const unsigned char *)s + i, n - i, &c);
+        if (r <= 0 || c >= 324 || cp_byte[c] < 0) break;
+        out[k++] = (char)cp_byte[c];
+        i += r;
+    }
+    if (i < n) { memcpy(out, s, n); k = n; }
+    t->raw_off[id] = arena_add(t, out, k);
+    t->raw_len[id] = (uint32_t)k;
+    if (out != tmp) free(out);
+}
+
+static pcre2_code *compile_re(const char *pat, int literal, char *err, size_t errlen);
+
+static int cmp_added(const void *pa, const void *pb) {
+    const struct added_tok *a = pa, *b = pb;
+    int ca = a->len ? (unsigned char)a->s[0] : -1, cb = b->len ? (unsigned char)b->s[0] : -1;
+    if (ca != cb) return ca - cb;
+    if (a->len != b->len) return a->len > b->len ? -1 : 1;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+static char *nfc(const char *s, size_t n, size_t *out_len) {
+    utf8proc_uint8_t *dst = NULL;
+    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst,
+                                      UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    if (r < 0) { free(dst); return NULL; }
+    *out_len = (size_t)r;
+    return (char *)dst;
+}
+
+static struct pxq_tokenizer *build(const struct tok_spec *sp, char *err, size_t errlen) {
+    int64_t max_id = -1;
+    for (int i = 0; i < sp->n_vocab; i++) if (sp->vocab[i].id > max_id) max_id = sp->vocab[i].id;
+    for (int i = 0; !sp->hf_ids && i < sp->n_added; i++) if (sp->added[i].id > max_id) max_id = sp->added[i].id;
+    if (max_id >= MAX_ID || max_id >= 2 * (int64_t)(sp->n_vocab + sp->n_added) + 65536) {
+        set_err(err, errlen, "tokenizer: id %lld out of range for %d entries", (long long)max_id,
+                sp->n_vocab + sp->n_added);
+        return NULL;
+    }
+    /* room for every id: vocab ids, plus (HF) one new id per added token past the vocab */
+    int64_t cap = max_id + 1;
+    if (sp->hf_ids && cap < (int64_t)sp->n_vocab + sp->n_added) cap = (int64_t)sp->n_vocab + sp->n_added;
+    if (cap <= 0) { set_err(err, errlen, "tokenizer: empty vocabulary"); return NULL; }
+    struct pxq_tokenizer *t = xcalloc(1, sizeof *t);
+    int n = (int)cap;
+    t->n_vocab = (int)max_id + 1;
+    t->mtext_off = xmalloc(n * sizeof(uint32_t));
+    t->mtext_len = xmalloc(n * sizeof(uint32_t));
+    t->raw_off = xmalloc(n * sizeof(uint32_t));
+    t->raw_len = xmalloc(n * sizeof(uint32_t));
+    t->special = xcalloc(n, 1);
+    memset(t->mtext_len, 0xFF, n * sizeof(uint32_t));
+    memset(t->raw_len, 0xFF, n * sizeof(uint32_t));
+    t->unk_id = -1;
+    t->nfc = sp->nfc;
+    t->ignore_merges = sp->ignore_merges;
+    t->fuse_unk = sp->fuse_unk;
+
+    int16_t cp_byte[324];
+    memset(cp_byte, 0xFF, sizeof cp_byte);
+    for (int b = 0, k = 0; b < 256; b++) {
+        int printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+        t->byte_cp[b] = (uint16_t)(printable ? b : 256 + k++);
+        cp_byte[t->byte_cp[b]] = (int16_t)b;
+    }
+
+    /* vocab: id -> spelling, spelling -> id (first entry wins for a repeated spelling) */
+    t->vocab_mask = table_size(sp->n_vocab) - 1;
+    t->vocab_slot = xmalloc((size_t)(t->vocab_mask + 1) * sizeof(int32_t));
+    memset(t->vocab_slot, 0xFF, (size_t)(t->vocab_mask + 1) * sizeof(int32_t));
+    int64_t n_entries = 0; /* distinct spellings: HF's vocab size */
+    for (int i = 0; i < sp->n_vocab; i++) {
+        const struct tok_src *v = &sp->vocab[i];
+        if (v->id < 0 || v->len > UINT32_MAX / 2) {
+            set_err(err, errlen, "tokenizer: vocab entry %d has id %lld", i, (long long)v->id);
+            goto fail;
+        }
+        int32_t id = (int32_t)v->id;
+        if (t->mtext_len[id] != UINT32_MAX) {
+            set_err(err, errlen, "tokenizer: vocab id %d is used twice", id);
+            goto fail;
+        }
+        if (vocab_find(t, v->s, v->len) >= 0) continue;
+        t->mtext_off[id] = arena_add(t, v->s, v->len);
+        t->mtext_len[id] = (uint32_t)v->len;
+        add_raw(t, id, v->s, v->len, cp_byte);
+        uint32_t h = (uint32_t)hash_bytes(v->s, v->len) & t->vocab_mask;
+        while (t->vocab_slot[h] >= 0) h = (h + 1) & t->vocab_mask;
+        t->vocab_slot[h] = id;
+        n_entries++;
+    }
+    for (int b = 0; b < 256; b++) {
+        char u[2];
+        int cp = t->byte_cp[b], k = 0;
+        if (cp < 0x80) u[k++] = (char)cp;
+        else { u[k++] = (char)(0xC0 | cp >> 6); u[k++] = (char)(0x80 | (cp & 0x3F)); }
+        t->byte_id[b] = vocab_find(t, u, k);
+    }
+    if (sp->unk && (t->unk_id = vocab_find(t, sp->unk, sp->unk_len)) < 0) {
+        set_err(err, errlen, "tokenizer: unk_token \"%.40s\" is not in the vocab", sp->unk);
+        goto fail;
+    }
+
+    /* merges: rank = position; a repeated pair keeps its last rank (HF builds a HashMap) */
+    t->merge_mask = table_size(sp->n_merges) - 1;
+    t->merge_key = xmalloc((size_t)(t->merge_mask + 1) * sizeof(uint64_t));
+    t->merge_val = xmalloc((size_t)(t->merge_mask + 1) * sizeof(struct merge_val));
+    memset(t->merge_key, 0xFF, (size_t)(t->merge_mask + 1) * sizeof(uint64_t));
+    struct buf cat = {0};
+    for (int i = 0; i < sp->n_merges; i++) {
+        const struct merge_src *m = &sp->merges[i];
+        int32_t a = vocab_find(t, m->a, m->alen), b = vocab_find(t, m->b, m->blen);
+        cat.n = 0;
+        buf_put(&cat, m->a, m->alen);
+        buf_put(&cat, m->b, m->blen);
+        int32_t c = vocab_find(t, cat.p, cat.n);
+        if (a < 0 || b < 0 || c < 0) {
+            set_err(err, errlen, "tokenizer: merge %d (\"%.*s\" + \"%.*s\") uses a token not in the vocab",
+                    i, (int)(m->alen < 40 ? m->alen : 40), m->a, (int)(m->blen < 40 ? m->blen : 40), m->b);
+            free(cat.p);
+            goto fail;
+        }
+        uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+        uint32_t h = (uint32_t)hash_u64(key) & t->merge_mask;
+        while (t->merge_key[h] != UINT64_MAX && t->merge_key[h] != key) h = (h + 1) & t->merge_mask;
+        t->merge_key[h] = key;
+        t->merge_val[h] = (struct merge_val){(uint32_t)i, c};
+    }
+    free(cat.p);
+
+    /* added tokens. HF (AddedVocabulary::add_tokens) ignores the ids written in tokenizer.json: a
+     * token whose content is in the vocab takes that id, a repeated content keeps its first id (the
+     * later entry's options win), any other gets max(added ids so far) + 1, or the vocab size if
+     * that is larger. GGUF keeps the positional ids. */
+    t->added = xcalloc(sp->n_added ? sp->n_added : 1, sizeof *t->added);
+    uint32_t amask = table_size(sp->n_added) - 1;
+    int32_t *aslot = xmalloc((size_t)(amask + 1) * sizeof(int32_t));
+    memset(aslot, 0xFF, (size_t)(amask + 1) * sizeof(int32_t));
+    int64_t max_added = -1;
+    for (int i = 0; i < sp->n_added; i++) {
+        const struct added_src *a = &sp->added[i];
+        if (a->len == 0) continue; /* HF skips empty added tokens */
+        if (a->id < 0 || a->len > 65536) {
+            set_err(err, errlen, "tokenizer: added token %d: bad id %lld or content over 64 KiB", i, (long long)a->id);
+            free(aslot);
+            goto fail;
+        }
+        uint32_t h = (uint32_t)hash_bytes(a->s, a->len) & amask;
+        for (; aslot[h] >= 0; h = (h + 1) & amask) {
+            const struct added_tok *o = &t->added[aslot[h]];
+            if (t->raw_len[o->id] == a->len && !memcmp(t->arena + t->raw_off[o->id], a->s, a->len)) break;
+        }
+        int64_t id = a->id;
+        if (aslot[h] >= 0) id = t->added[aslot[h]].id;
+        else if (sp->hf_ids && (id = vocab_find(t, a->s, a->len)) < 0)
+            id = max_added >= n_entries ? max_added + 1 : n_entries;
+        if (id >= cap) { /* GGUF ids are positional, within cap by construction */
+            set_err(err, errlen, "tokenizer: added token id %lld out of range", (long long)id);
+            free(aslot);
+            goto fail;
+        }
+        if (id > max_added) max_added = id;
+        if (aslot[h] < 0) aslot[h] = t->n_added++;
+        struct added_tok *d = &t->added[aslot[h]];
+        d->id = (int32_t)id;
+        d->special = (uint8_t)a->special;
+        d->normalized = (uint8_t)a->normalized;
+        d->lstrip = (uint8_t)a->lstrip;
+        d->rstrip = (uint8_t)a->rstrip;
+        d->single_word = (uint8_t)a->single_word;
+        t->raw_off[id] = arena_add(t, a->s, a->len);
+        t->raw_len[id] = (uint32_t)a->len;
+        t->special[id] = (uint8_t)a->special;
+        if (id >= t->n_vocab) t->n_vocab = (int)id + 1;
+    }
+    free(aslot);
+    for (int i = 0; i < t->n_added; i++) { /* the form matched in the text */
+        struct added_tok *d = &t->added[i];
+        size_t clen = t->raw_len[d->id];
+        char *norm = d->normalized && sp->nfc ? nfc(t->arena + t->raw_off[d->id], clen, &clen) : NULL;
+        d->off = norm ? arena_add(t, norm, clen) : t->raw_off[d->id];
+        d->len = (uint32_t)clen;
+        free(norm);
+    }
+    for (int i = 0; i < t->n_added; i++) { /* not matched in text: empty after NFC, or not UTF-8 */
+        const unsigned char *u = (const unsigned char *)t->arena + t->added[i].off;
+        size_t j = 0;
+        for (int r; j < t->added[i].len && (r = utf8_next(u + j, t->added[i].len - j, NULL)) > 0;) j += r;
+        if (t->added[i].len == 0 || j < t->added[i].len) t->added[i--] = t->added[--t->n_added];
+    }
+    /* the arena stops growing here, so pointers into it stay valid */
+    for (int i = 0; i < t->n_added; i++) {
+        t->added[i].s = t->arena + t->added[i].off;
+        t->n_added_norm += t->added[i].normalized;
+    }
+    qsort(t->added, t->n_added, sizeof *t->added, cmp_added);
+    for (int c = 0, i = 0; c <= 256; c++) {
+        while (i < t->n_added && (unsigned char)t->added[i].s[0] < c) i++;
+        t->added_first[c] = i;
+    }
+
+    /* pre-tokenizer */
+    for (int i = 0; i < sp->n_split; i++) {
+        t->steps[t->n_steps].kind = STEP_SPLIT;
+        if (!(t->steps[t->n_steps++].re = compile_re(sp->patterns[i], sp->literal[i], err, errlen)))
+            goto fail;
+    }
+    t->steps[t->n_steps].kind = STEP_BYTELEVEL;
+    t->steps[t->n_steps].add_prefix_space = sp->bytelevel_prefix;
+    if (sp->bytelevel_regex && !(t->steps[t->n_steps].re = compile_re(RE_GPT2, 0, err, errlen))) goto fail;
+    t->n_steps++;
+    return t;
+fail:
+    tokenizer_free(t);
+    return NULL;
+}
+
+static pcre2_code *compile_re(const char *pat, int literal, char *err, size_t errlen) {
+    if (strlen(pat) > MAX_PATTERN) {
+        set_err(err, errlen, "tokenizer: pre-tokenizer pattern longer than %d bytes", MAX_PATTERN);
+        return NULL;
+    }
+    int ec;
+    PCRE2_SIZE eo;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED,
+                                   PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP | PCRE2_NEVER_BACKSLASH_C), &ec, &eo, NULL);
+    if (!re) {
+        PCRE2_UCHAR msg[160];
+        pcre2_get_error_message(ec, msg, sizeof msg);
+        set_err(err, errlen, "tokenizer: pre-tokenizer regex \"%.60s\": %s at offset %zu", pat,
+                (const char *)msg, (size_t)eo);
+        return NULL;
+    }
+    pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* optional: falls back to the interpreter */
+    return re;
+}
+
+void tokenizer_free(struct pxq_tokenizer *t) {
+    if (!t) return;
+    for (int i = 0; i < t->n_steps; i++) pcre2_code_free(t->steps[i].re);
+    free(t->arena);
+    free(t->mtext_off); free(t->mtext_len); free(t->raw_off); free(t->raw_len); free(t->special);
+    free(t->vocab_slot); free(t->merge_key); free(t->merge_val); free(t->added);
+    free(t->chat_template);
+    free(t);
+}
+
+/* ---- encode ------------------------------------------------------------------------------------- */
+
+struct enc {
+    int32_t *ids; int n, cap;
+    struct sym { int32_t id, prev, next; } *sym;
+    struct heap_e { uint32_t rank, pos; int32_t id; } *heap;
+    int sym_cap, heap_cap, heap_n;
+    struct buf word;
+    int failed;
+};
+
+static void emit(struct enc *e, int32_t id) {
+    if (e->n == e->cap) e->ids = xrealloc(e->ids, (e->cap = e->cap ? 2 * e->cap : 64) * sizeof(int32_t));
+    e->ids[e->n++] = id;
+}
+
+static int heap_less(const struct heap_e *a, const struct heap_e *b) {
+    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+}
+static void heap_push(struct enc *e, uint32_t rank, uint32_t pos, int32_t id) {
+    if (e->heap_n == e->heap_cap)
+        e->heap = xrealloc(e->heap, (e->heap_cap = e->heap_cap ? 2 * e->heap_cap : 64) * sizeof *e->heap);
+    int i = e->heap_n++;
+    e->heap[i] = (struct heap_e){rank, pos, id};
+    while (i > 0 && heap_less(&e->heap[i], &e->heap[(i - 1) / 2])) {
+        struct heap_e tmp = e->heap[i];
+        e->heap[i] = e->heap[(i - 1) / 2];
+        e->heap[(i - 1) / 2] = tmp;
+        i = (i - 1) / 2;
+    }
+}
+static struct heap_e heap_pop(struct enc *e) {
+    struct heap_e top = e->heap[0];
+    e->heap[0] = e->heap[--e->heap_n];
+    for (int i = 0;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < e->heap_n && heap_less(&e->heap[l], &e->heap[m])) m = l;
+        if (r < e->heap_n && heap_less(&e->heap[r], &e->heap[m])) m = r;
+        if (m == i) break;
+        struct heap_e tmp = e->heap[i];
+        e->heap[i] = e->heap[m];
+        e->heap[m] = tmp;
+        i = m;
+    }
+    return top;
+}
+
+/* BPE on one pre-token of raw bytes (HF models/bpe/model.rs merge_word + word.rs merge_all). */
+static void bpe_piece(const struct pxq_tokenizer *t, struct enc *e, const unsigned char *s, size_t n) {
+    if (t->ignore_merges) {
+        e->word.n = 0;
+        for (size_t i = 0; i < n; i++) {
+            int cp = t->byte_cp[s[i]];
+            char u[2] = {(char)(0xC0 | cp >> 6), (char)(0x80 | (cp & 0x3F))};
+            if (cp < 0x80) buf_put(&e->word, &s[i], 1);
+            else buf_put(&e->word, u, 2);
+        }
+        int32_t id = vocab_find(t, e->word.p, e->word.n);
+        if (id >= 0) { emit(e, id); return; }
+    }
+    if (n > (size_t)e->sym_cap) e->sym = xrealloc(e->sym, (e->sym_cap = (int)n) * sizeof *e->sym);
+    int m = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t id = t->byte_id[s[i]];
+        if (id < 0) {
+            if (t->unk_id < 0) continue; /* no unk token: the char is dropped, as in HF */
+            if (t->fuse_unk && m > 0 && e->sym[m - 1].id == t->unk_id) continue;
+            id = t->unk_id;
+        }
+        e->sym[m] = (struct sym){id, m - 1, -1};
+        if (m > 0) e->sym[m - 1].next = m;
+        m++;
+    }
+    e->heap_n = 0;
+    for (int i = 0; i + 1 < m; i++) {
+        const struct merge_val *mv = merge_find(t, e->sym[i].id, e->sym[i + 1].id);
+        if (mv) heap_push(e, mv->rank, (uint32_t)i, mv->id);
+    }
+    while (e->heap_n > 0) {
+        struct heap_e top = heap_pop(e);
+        struct sym *a = &e->sym[top.pos];
+        if (a->id < 0 || a->next < 0) continue; /* merged away, or last symbol */
+        struct sym *b = &e->sym[a->next];
+        const struct merge_val *mv = merge_find(t, a->id, b->id);
+        if (!mv || mv->id != top.id) continue; /* stale entry */
+        a->id = top.id;
+        b->id = -1;
+        a->next = b->next;
+        if (a->next >= 0) e->sym[a->next].prev = (int32_t)top.pos;
+        if (a->prev >= 0 && (mv = merge_find(t, e->sym[a->prev].id, a->id)))
+            heap_push(e, mv->rank, (uint32_t)a->prev, mv->id);
+        if (a->next >= 0 && (mv = merge_find(t, a->id, e->sym[a->next].id)))
+            heap_push(e, mv->rank, top.pos, mv->id);
+    }
+    for (int i = m > 0 ? 0 : -1; i >= 0; i = e->sym[i].next) emit(e, e->sym[i].id);
+}
+
+static void pretok(const struct pxq_tokenizer *t, struct enc *e, int step, const char *s, size_t n);
+
+/* Split s by re (Isolated: matches and the gaps between them are pieces) into step + 1. */
+static void split_re(const struct pxq_tokenizer *t, struct enc *e, int step, const pcre2_code *re,
+                     const char *s, size_t n) {
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    size_t pos = 0, prev = 0;
+    while (pos <= n && !e->failed) {
+        int rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md, NULL);
+        if (rc == PCRE2_ERROR_JIT_STACKLIMIT) /* deep backtracking: the interpreter uses the heap */
+            rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, NULL);
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) { e->failed = 1; break; }
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        size_t ms = ov[0], me = ov[1];
+        if (me < ms) { e->failed = 1; break; } /* \K games */
+        if (me == ms) { /* empty match: no piece; step one character on */
+            if (ms >= n) break;
+            int r = utf8_next((const unsigned char *)s + ms, n - ms, NULL);
+            pos = ms + (r > 0 ? (size_t)r : 1);
+            continue;
+        }
+        if (ms > prev) pretok(t, e, step + 1, s + prev, ms - prev);
+        pretok(t, e, step + 1, s + ms, me - ms);
+        prev = pos = me;
+    }
+    if (prev < n && !e->failed) pretok(t, e, step + 1, s + prev, n - prev);
+    pcre2_match_data_free(md);
+}
+
+static void pretok(const struct pxq_tokenizer *t, struct enc *e, int step, const char *s, size_t n) {
+    if (n == 0 || e->failed) return;
+    if (step == t->n_steps) { bpe_piece(t, e, (const unsigned char *)s, n); return; }
+    const struct pre_step *ps = &t->steps[step];
+    if (ps->kind == STEP_BYTELEVEL && ps->add_prefix_space && s[0] != ' ') {
+        char *tmp = xmalloc(n + 1);
+        tmp[0] = ' ';
+        memcpy(tmp + 1, s, n);
+        if (ps->re) split_re(t, e, step, ps->re, tmp, n + 1);
+        else pretok(t, e, step + 1, tmp, n + 1);
+        free(tmp);
+    } else if (ps->re) split_re(t, e, step, ps->re, s, n);
+    else pretok(t, e, step + 1, s, n);
+}
+
+static int word_char(const char *s, size_t n, int last) { /* HF single_word: alphanumeric or '_' */
+    if (n == 0) return 0;
+    size_t i = 0;
+    if (last) { i = n - 1; while (i > 0 && ((unsigned char)s[i] & 0xC0) == 0x80) i--; }
+    uint32_t c;
+    if (utf8_next((const unsigned char *)s + i, n - i, &c) <= 0) return 0;
+    if (c < 0x80) return (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z') || c == '_';
+    utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)c);
+    return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) ||
+           (k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO);
+}
+
+static void normalized_part(const struct pxq_tokenizer *t, struct enc *e, const char *s, size_t n,
+                            int parse_special);
+
+/* Cut added tokens with normalized == pass out of s (HF AddedVocabulary::find_matches); text in
+ * between goes on to normalization (pass 0) or to the pre-tokenizer (pass 1). */
+static void split_added(const struct pxq_tokenizer *t, struct enc *e, const char *s, size_t n,
+                        int parse_special, int pass) {
+    size_t start_off = 0, i = 0;
+    while (i < n && !e->failed) {
+        const struct added_tok *hit = NULL;
+        unsigned char c = (unsigned char)s[i];
+        for (int k = t->added_first[c]; k < t->added_first[c + 1]; k++) {
+            const struct added_tok *a = &t->added[k];
+            if (a->normalized == pass && a->len <= n - i && memcmp(s + i, a->s, a->len) == 0) { hit = a; break; }
+        }
+        if (!hit) { /* whole characters: s is valid UTF-8 here */
+            int r = utf8_next((const unsigned char *)s + i, n - i, NULL);
+            i += r > 0 ? (size_t)r : 1;
+            continue;
+        }
+        size_t ms = i, me = i + hit->len;
+        i = me;
+        if (hit->special && !parse_special) continue;
+        if (hit->single_word && (word_char(s, ms, 1) || word_char(s + me, n - me, 0))) continue;
+        if (hit->lstrip) {
+            while (ms > start_off) {
+                size_t p = ms - 1;
+                while (p > start_off && ((unsigned char)s[p] & 0xC0) == 0x80) p--;
+                uint32_t cp;
+                if (utf8_next((const unsigned char *)s + p, ms - p, &cp) <= 0 || !is_ws(cp)) break;
+                ms = p;
+            }
+        }
+        if (hit->rstrip) {
+            uint32_t cp;
+            int r;
+            while (me < n && (r = utf8_next((const unsigned char *)s + me, n - me, &cp)) > 0 && is_ws(cp)) me += r;
+            i = me;
+        }
+        if (ms > start_off) {
+            if (pass == 0) normalized_part(t, e, s + start_off, ms - start_off, parse_special);
+            else pretok(t, e, 0, s + start_off, ms - start_off);
+        }
+        emit(e, hit->id);
+        start_off = me;
+    }
+    if (start_off < n && !e->failed) {
+        if (pass == 0) normalized_part(t, e, s + start_off, n - start_off, parse_special);
+        else pretok(t, e, 0, s + start_off, n - start_off);
+    }
+}
+
+static void normalized_part(const struct pxq_tokenizer *t, struct enc *e, const char *s, size_t n,
+                            int parse_special) {
+    char *norm = NULL;
+    size_t nn = n;
+    if (t->nfc) {
+        if (!(norm = nfc(s, n, &nn))) { e->failed = 1; return; }
+        s = norm;
+    }
+    if (t->n_added_norm) split_added(t, e, s, nn, parse_special, 1);
+    else pretok(t, e, 0, s, nn);
+    free(norm);
+}
+
+int tokenizer_encode(const struct pxq_tokenizer *t, const char *text, size_t len, int parse_special,
+                     int32_t **ids, int *n_ids) {
+    if (ids) *ids = NULL;
+    if (n_ids) *n_ids = 0;
+    if (!t || !ids || !n_ids || (!text && len) || len > (size_t)1 << 30) return -1;
+    struct enc e = {0};
+    struct buf clean = {0};
+    const char *s = text;
+    for (size_t i = 0; i < len;) { /* sanitize only if needed */
+        int r = utf8_next((const unsigned char *)text + i, len - i, NULL);
+        if (r > 0) { i += r; continue; }
+        put_lossy(&clean, text, len);
+        s = clean.p;
+        len = clean.n;
+        break;
+    }
+    split_added(t, &e, s ? s : "", len, parse_special, 0);
+    free(clean.p);
+    free(e.sym);
+    free(e.heap);
+    free(e.word.p);
+    if (e.failed) { free(e.ids); return -1; }
+    *ids = e.ids ? e.ids : xmalloc(sizeof(int32_t));
+    *n_ids = e.n;
+    return 0;
+}
+
+/* ---- ids <-> text ------------------------------------------------------------------------------- */
+
+int tokenizer_n_vocab(const struct pxq_tokenizer *t) { return t ? t->n_vocab : 0; }
+
+const char *tokenizer_token_bytes(const struct pxq_tokenizer *t, int32_t id, size_t *len) {
+    if (!t || id < 0 || id >= t->n_vocab || t->raw_len[id] == UINT32_MAX) return NULL;
+    if (len) *len = t->raw_len[id];
+    return t->arena + t->raw_off[id];
+}
+
+int32_t tokenizer_token_id(const struct pxq_tokenizer *t, const char *s) {
+    if (!t || !s) return -1;
+    size_t n = strlen(s);
+    for (int i = 0; i < t->n_added; i++) /* raw content of added tokens */
+        if (t->raw_len[t->added[i].id] == n && memcmp(t->arena + t->raw_off[t->added[i].id], s, n) == 0)
+            return t->added[i].id;
+    return vocab_find(t, s, n);
+}
+
+int tokenizer_is_special(const struct pxq_tokenizer *t, int32_t id) {
+    return t && id >= 0 && id < t->n_vocab && t->special[id];
+}
+
+char *tokenizer_decode(const struct pxq_tokenizer *t, const int32_t *ids, int n, int skip_special) {
+    struct buf raw = {0}, out = {0};
+    for (int i = 0; t && ids && i < n; i++) {
+        size_t l;
+        const char *b = tokenizer_token_bytes(t, ids[i], &l);
+        if (b && !(skip_special && t->special[ids[i]])) buf_put(&raw, b, l);
+    }
+    put_lossy(&out, raw.p ? raw.p : "", raw.n);
+    free(raw.p);
+    if (!out.p) buf_put(&out, "", 0);
+    return out.p;
+}
+
+/* Copy what fits of s[0..n) into out[*w..cap) without cutting a character. */
+static void put_out(char *out, size_t cap, size_t *w, const void *s, size_t n) {
+    if (*w + n <= cap) { memcpy(out + *w, s, n); *w += n; }
+}
+
+size_t tok_stream_push(const struct pxq_tokenizer *t, struct tok_stream *s, int32_t id, int skip_special,
+                       char *out, size_t cap) {
+    size_t bl, w = 0;
+    const unsigned char *b = (const unsigned char *)tokenizer_token_bytes(t, id, &bl);
+    if (!s || !b || (skip_special && t->special[id])) return 0;
+    if (s->n_pend < 0 || s->n_pend > 3) s->n_pend = 0;
+    size_t i = 0;
+    while (s->n_pend > 0 && i < bl) { /* complete the held-back prefix byte by byte */
+        s->pend[s->n_pend++] = b[i++];
+        int r = utf8_next(s->pend, (size_t)s->n_pend, NULL);
+        if (r == 0) continue;
+        if (r > 0) put_out(out, cap, &w, s->pend, (size_t)r);
+        else put_out(out, cap, &w, "\xEF\xBF\xBD", 3), i--; /* the held bytes were the bad part: */
+        s->n_pend = 0;                                        /* the new byte starts afresh */
+    }
+    while (i < bl && s->n_pend == 0) {
+        int r = utf8_next(b + i, bl - i, NULL);
+        if (r == 0) { memcpy(s->pend, b + i, bl - i); s->n_pend = (int)(bl - i); break; }
+        if (r > 0) put_out(out, cap, &w, b + i, (size_t)r);
+        else put_out(out, cap, &w, "\xEF\xBF\xBD", 3);
+        i += r > 0 ? (size_t)r : (size_t)-r;
+    }
+    return w;
+}
+
+size_t tok_stream_flush(struct tok_stream *s, char *out, size_t cap) {
+    size_t w = 0;
+    if (s && s->n_pend > 0) put_out(out, cap, &w, "\xEF\xBF\xBD", 3);
+    if (s) s->n_pend = 0;
+    return w;
+}
+
+int tokenizer_eos_ids(const struct pxq_tokenizer *t, int32_t *ids, int cap) {
+    int n = 0;
+    for (int i = 0; t && i < t->n_eos && n < cap; i++) ids[n++] = t->eos[i];
+    return n;
+}
+
+int tokenizer_has_chat_template(const struct pxq_tokenizer *t) { return t && t->chat_template; }
+
+char *tokenizer_apply_chat(const struct pxq_tokenizer *t, const struct chat_msg *msgs, int n_msgs,
+                           int add_generation_prompt, char *err, size_t errlen) {
+    if (!t || !t->chat_template) {
+        set_err(err, errlen, "chat: the tokenizer has no chat template");
+        return NULL;
+    }
+    return chat_apply_template(t->chat_template, msgs, n_msgs, add_generation_prompt, err, errlen);
+}
+
+static void add_eos(struct pxq_tokenizer *t, int64_t id) {
+    if (id < 0 || id >= t->n_vocab || t->raw_len[id] == UINT32_MAX || t->n_eos == MAX_EOS) return;
+    for (int i = 0; i < t->n_eos; i++) if (t->eos[i] == id) return;
+    t->eos[t->n_eos++] = (int32_t)id;
+}
+
+/* ---- tokenizer.json ----------------------------------------------------------------------------- */
+
+static int jbool(const cJSON *o, const char *k, int def) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsBool(v) ? cJSON_IsTrue(v) : def;
+}
+static const char *jtype(const cJSON *o) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "type");
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+static int jid(const cJSON *v, int64_t *out) {
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < MAX_ID) ||
+        v->valuedouble != (double)(int64_t)v->valuedouble)
+        return -1;
+    *out = (int64_t)v->valuedouble;
+    return 0;
+}
+
+static int parse_normalizer(const cJSON *nz, struct tok_spec *sp, int depth, char *err, size_t errlen) {
+    if (!nz || cJSON_IsNull(nz)) return 0;
+    const char *ty = jtype(nz);
+    if (!strcmp(ty, "NFC")) { sp->nfc = 1; return 0; }
+    if (!strcmp(ty, "Sequence") && depth < 4) {
+        const cJSON *arr = cJSON_GetObjectItemCaseSensitive(nz, "normalizers"), *x;
+        if (!cJSON_IsArray(arr)) return set_err(err, errlen, "tokenizer.json: normalizer Sequence without a list");
+        cJSON_ArrayForEach(x, arr) if (parse_normalizer(x, sp, depth + 1, err, errlen)) return -1;
+        return 0;
+    }
+    return set_err(err, errlen, "tokenizer.json: unsupported normalizer \"%.40s\" (NFC or none only)", ty);
+}
+
+static int parse_pretok(const cJSON *pt, struct tok_spec *sp, int *have_bl, int depth, char *err, size_t errlen) {
+    const char *ty = jtype(pt);
+    if (*have_bl) return set_err(err, errlen, "tokenizer.json: pre-tokenizer after ByteLevel is not supported");
+    if (!strcmp(ty, "Sequence") && depth < 4) {
+        const cJSON *arr = cJSON_GetObjectItemCaseSensitive(pt, "pretokenizers"), *x;
+        if (!cJSON_IsArray(arr)) return set_err(err, errlen, "tokenizer.json: pre_tokenizer Sequence without a list");
+        cJSON_ArrayForEach(x, arr) if (parse_pretok(x, sp, have_bl, depth + 1, err, errlen)) return -1;
+        return 0;
+    }
+    if (!strcmp(ty, "ByteLevel")) {
+        *have_bl = 1;
+        sp->bytelevel_prefix = jbool(pt, "add_prefix_space", 1);
+        sp->bytelevel_regex = jbool(pt, "use_regex", 1);
+        return 0;
+    }
+    if (!strcmp(ty, "Split")) {
+        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(pt, "pattern");
+        const cJSON *beh = cJSON_GetObjectItemCaseSensitive(pt, "behavior");
+        const cJSON *re = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
+        const cJSON *str = cJSON_GetObjectItemCaseSensitive(pat, "String");
+        if (!cJSON_IsString(beh) || strcmp(beh->valuestring, "Isolated") || jbool(pt, "invert", 0))
+            return set_err(err, errlen, "tokenizer.json: Split supports behavior \"Isolated\" without invert only");
+        if (!cJSON_IsString(re) && !cJSON_IsString(str))
+            return set_err(err, errlen, "tokenizer.json: Split without a Regex or String pattern");
+        if (sp->n_split == MAX_STEPS - 1) return set_err(err, errlen, "tokenizer.json: too many Split steps");
+        sp->literal[sp->n_split] = !cJSON_IsString(re);
+        sp->patterns[sp->n_split++] = cJSON_IsString(re) ? re->valuestring : str->valuestring;
+        return 0;
+    }
+    return set_err(err, errlen, "tokenizer.json: unsupported pre_tokenizer \"%.40s\"", ty);
+}
+
+/* Fill sp from a parsed tokenizer.json; pointers in sp point into root. */
+static int parse_hf(const cJSON *root, struct tok_spec *sp, char *err, size_t errlen) {
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model"), *x;
+    if (!cJSON_IsObject(model)) return set_err(err, errlen, "tokenizer.json: no \"model\" object");
+    if (cJSON_GetObjectItemCaseSensitive(model, "type") && strcmp(jtype(model), "BPE"))
+        return set_err(err, errlen, "tokenizer.json: model type \"%.40s\" is not BPE", jtype(model));
+    const char *bad[] = {"continuing_subword_prefix", "end_of_word_suffix"};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(model, bad[i]);
+        if (v && !cJSON_IsNull(v) && !(cJSON_IsString(v) && !v->valuestring[0]))
+            return set_err(err, errlen, "tokenizer.json: model.%s is not supported", bad[i]);
+    }
+    if (jbool(model, "byte_fallback", 0)) return set_err(err, errlen, "tokenizer.json: byte_fallback is not supported");
+    sp->ignore_merges = jbool(model, "ignore_merges", 0);
+    sp->fuse_unk = jbool(model, "fuse_unk", 0);
+    const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
+    if (cJSON_IsString(unk)) { sp->unk = unk->valuestring; sp->unk_len = strlen(unk->valuestring); }
+
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    if (!cJSON_IsObject(vocab)) return set_err(err, errlen, "tokenizer.json: model.vocab is not an object");
+    int nv = cJSON_GetArraySize(vocab);
+    sp->vocab = xcalloc(nv ? nv : 1, sizeof *sp->vocab);
+    cJSON_ArrayForEach(x, vocab) {
+        struct tok_src *v = &sp->vocab[sp->n_vocab];
+        if (jid(x, &v->id)) return set_err(err, errlen, "tokenizer.json: vocab \"%.40s\": id is not an integer in [0, 2^24)", x->string);
+        v->s = x->string;
+        v->len = strlen(x->string);
+        sp->n_vocab++;
+    }
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    if (merges && !cJSON_IsArray(merges)) return set_err(err, errlen, "tokenizer.json: model.merges is not a list");
+    int nm = cJSON_GetArraySize(merges);
+    sp->merges = xcalloc(nm ? nm : 1, sizeof *sp->merges);
+    cJSON_ArrayForEach(x, merges) {
+        struct merge_src *m = &sp->merges[sp->n_merges];
+        if (cJSON_IsString(x)) { /* "a b"; HF skips "#version" lines */
+            const char *s = x->valuestring, *sp1 = s[0] ? strchr(s + 1, ' ') : NULL;
+            if (!strncmp(s, "#version", 8)) continue;
+            if (!sp1 || strchr(sp1 + 1, ' '))
+                return set_err(err, errlen, "tokenizer.json: merge %d \"%.40s\" is not \"a b\"", sp->n_merges, s);
+            *m = (struct merge_src){s, (size_t)(sp1 - s), sp1 + 1, strlen(sp1 + 1)};
+        } else if (cJSON_GetArraySize(x) == 2 && cJSON_IsString(x->child) && cJSON_IsString(x->child->next)) {
+            const char *a = x->child->valuestring, *b = x->child->next->valuestring;
+            *m = (struct merge_src){a, strlen(a), b, strlen(b)};
+        } else {
+            return set_err(err, errlen, "tokenizer.json: merge %d is neither \"a b\" nor [a, b]", sp->n_merges);
+        }
+        sp->n_merges++;
+    }
+    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
+    if (added && !cJSON_IsNull(added) && !cJSON_IsArray(added))
+        return set_err(err, errlen, "tokenizer.json: added_tokens is not a list");
+    int na = cJSON_IsArray(added) ? cJSON_GetArraySize(added) : 0;
+    sp->added = xcalloc(na ? na : 1, sizeof *sp->added);
+    for (x = na ? added->child : NULL; x; x = x->next) {
+        struct added_src *a = &sp->added[sp->n_added];
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(x, "content");
+        if (!cJSON_IsString(c) || jid(cJSON_GetObjectItemCaseSensitive(x, "id"), &a->id))
+            return set_err(err, errlen, "tokenizer.json: added_tokens[%d] needs a string content and an id in [0, 2^24)", sp->n_added);
+        a->s = c->valuestring;
+        a->len = strlen(c->valuestring);
+        a->special = jbool(x, "special", 0);
+        a->normalized = jbool(x, "normalized", !a->special);
+        a->lstrip = jbool(x, "lstrip", 0);
+        a->rstrip = jbool(x, "rstrip", 0);
+        a->single_word = jbool(x, "single_word", 0);
+        sp->n_added++;
+    }
+    if (parse_normalizer(cJSON_GetObjectItemCaseSensitive(root, "normalizer"), sp, 0, err, errlen)) return -1;
+    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
+    int have_bl = 0;
+    if (pt && !cJSON_IsNull(pt) && parse_pretok(pt, sp, &have_bl, 0, err, errlen)) return -1;
+    if (!have_bl) return set_err(err, errlen, "tokenizer.json: no ByteLevel pre-tokenizer (only byte-level BPE is supported)");
+    const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
+    if (dec && !cJSON_IsNull(dec) && strcmp(jtype(dec), "ByteLevel"))
+        return set_err(err, errlen, "tokenizer.json: unsupported decoder \"%.40s\" (ByteLevel only)", jtype(dec));
+    return 0;
+}
+
+static void free_spec(struct tok_spec *sp) {
+    free(sp->vocab);
+    free(sp->added);
+    free(sp->merges);
+}
+
+struct pxq_tokenizer *tokenizer_load_hf_buffer(const char *json, size_t len, char *err, size_t errlen) {
+    if (!json) { set_err(err, errlen, "tokenizer.json: no data"); return NULL; }
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        size_t off = at && at >= json && at <= json + len ? (size_t)(at - json) : 0;
+        set_err(err, errlen, "tokenizer.json: malformed JSON near byte %zu", off);
+        return NULL;
+    }
+    struct tok_spec sp = {.hf_ids = 1};
+    struct pxq_tokenizer *t = NULL;
+    if (parse_hf(root, &sp, err, errlen) == 0) t = build(&sp, err, errlen);
+    free_spec(&sp);
+    cJSON_Delete(root);
+    return t;
+}
+
+/* eos_token of tokenizer_config.json: "<|im_end|>" or {"content": "<|im_end|>", ...}. */
+static void read_tokenizer_config(struct pxq_tokenizer *t, const char *dir) {
+    char path[4096], e[256];
+    size_t n;
+    if (path_join(path, sizeof path, dir, "chat_template.jinja") == 0 && file_exists(path))
+        t->chat_template = read_file(path, 1 << 20, &n, e, sizeof e);
+    if (path_join(path, sizeof path, dir, "tokenizer_config.json") != 0) return;
+    char *txt = file_exists(path) ? read_file(path, 64 << 20, &n, e, sizeof e) : NULL;
+    cJSON *cfg = txt ? cJSON_ParseWithLength(txt, n) : NULL;
+    free(txt);
+    const cJSON *eos = cJSON_GetObjectItemCaseSensitive(cfg, "eos_token");
+    if (cJSON_IsObject(eos)) eos = cJSON_GetObjectItemCaseSensitive(eos, "content");
+    if (cJSON_IsString(eos)) add_eos(t, tokenizer_token_id(t, eos->valuestring));
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template"), *x;
+    if (!t->chat_template && cJSON_IsString(ct)) t->chat_template = xstrdup(ct->valuestring);
+    if (!t->chat_template && cJSON_IsArray(ct)) /* [{"name": "default", "template": "..."}, ...] */
+        cJSON_ArrayForEach(x, ct) {
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(x, "name");
+            const cJSON *tp = cJSON_GetObjectItemCaseSensitive(x, "template");
+            if (cJSON_IsString(nm) && !strcmp(nm->valuestring, "default") && cJSON_IsString(tp))
+                t->chat_template = xstrdup(tp->valuestring);
+        }
+    cJSON_Delete(cfg);
+}
+
+struct pxq_tokenizer *tokenizer_load_hf(const char *path, char *err, size_t errlen) {
+    char file[4096], dir[4096];
+    if (!path) { set_err(err, errlen, "tokenizer: no path"); return NULL; }
+    if (is_dir(path)) {
+        snprintf(dir, sizeof dir, "%s", path);
+        if (path_join(file, sizeof file, path, "tokenizer.json")) { set_err(err, errlen, "tokenizer: path too long"); return NULL; }
+    } else {
+        snprintf(file, sizeof file, "%s", path);
+        snprintf(dir, sizeof dir, "%s", path);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
+    }
+    size_t n;
+    char *json = read_file(file, (size_t)1 << 30, &n, err, errlen);
+    if (!json) return NULL;
+    struct pxq_tokenizer *t = tokenizer_load_hf_buffer(json, n, err, errlen);
+    free(json);
+    if (t) read_tokenizer_config(t, dir);
+    return t;
+}
+
+/* ---- GGUF metadata (llama.cpp llama-vocab.cpp) -------------------------------------------------- */
+
+struct pxq_tokenizer *tokenizer_load_gguf(const struct gguf_file *g, char *err, size_t errlen) {
+    const char *model = g ? gguf_get_str(g, "tokenizer.ggml.model") : NULL;
+    if (!model || strcmp(model, "gpt2")) {
+        set_err(err, errlen, "gguf: tokenizer.ggml.model is \"%.40s\", only \"gpt2\" (byte-level BPE) is supported",
+                model ? model : "(missing)");
+        return NULL;
+    }
+    const char *pre = gguf_get_str(g, "tokenizer.ggml.pre");
+    int k = 0, n_pre = (int)(sizeof GGUF_PRE / sizeof *GGUF_PRE);
+    while (k < n_pre && strcmp(pre ? pre : "default", GGUF_PRE[k].name)) k++;
+    if (k == n_pre) {
+        set_err(err, errlen, "gguf: unknown tokenizer.ggml.pre \"%.40s\" (supported: qwen2, qwen35, "
+                "deepseek-r1-qwen, stablelm2, llama-bpe, llama3, llama-v3, gpt-2, default)", pre);
+        return NULL;
+    }
+    struct tok_spec sp = {.nfc = GGUF_PRE[k].nfc, .ignore_merges = GGUF_PRE[k].ignore_merges, .n_split = 1};
+    sp.patterns[0] = GGUF_PRE[k].re;
+    if (!GGUF_PRE[k].re) {
+        sp.n_split = 4;
+        for (int i = 0; i < 4; i++) sp.patterns[i] = RE_DEFAULT[i];
+    }
+    int64_t n = gguf_arr_len(g, "tokenizer.ggml.tokens");
+    if (n <= 0 || n >= MAX_ID || gguf_arr_type(g, "tokenizer.ggml.tokens") != GGUF_STRING) {
+        set_err(err, errlen, "gguf: tokenizer.ggml.tokens must be a non-empty string array under 2^24 entries");
+        return NULL;
+    }
+    int64_t nt = gguf_arr_len(g, "tokenizer.ggml.token_type");
+    if (nt >= 0 && nt != n) {
+        set_err(err, errlen, "gguf: tokenizer.ggml.token_type has %lld entries, tokens has %lld",
+                (long long)nt, (long long)n);
+        return NULL;
+    }
+    int64_t nm = gguf_arr_len(g, "tokenizer.ggml.merges");
+    if (nm >= MAX_ID || (nm > 0 && gguf_arr_type(g, "tokenizer.ggml.merges") != GGUF_STRING)) {
+        set_err(err, errlen, "gguf: tokenizer.ggml.merges must be a string array under 2^24 entries");
+        return NULL;
+    }
+    struct pxq_tokenizer *t = NULL;
+    sp.vocab = xcalloc(n, sizeof *sp.vocab);
+    sp.added = xcalloc(n, sizeof *sp.added);
+    sp.merges = xcalloc(nm > 0 ? nm : 1, sizeof *sp.merges);
+    for (int64_t i = 0; i < n; i++) {
+        size_t len;
+        const char *s = gguf_arr_str(g, "tokenizer.ggml.tokens", i, &len);
+        int64_t ty = 1;
+        if (!s || (nt > 0 && gguf_arr_i64(g, "tokenizer.ggml.token_type", i, &ty))) {
+            set_err(err, errlen, "gguf: tokenizer.ggml.tokens/token_type entry %lld unreadable", (long long)i);
+            goto out;
+        }
+        if (ty == 3 || ty == 4) /* CONTROL -> special added token; USER_DEFINED -> added, not special */
+            sp.added[sp.n_added++] = (struct added_src){s, len, i, ty == 3, 0, 0, 0, 0};
+        else
+            sp.vocab[sp.n_vocab++] = (struct tok_src){s, len, i};
+    }
+    for (int64_t i = 0; i < nm; i++) {
+        size_t len;
+        const char *s = gguf_arr_str(g, "tokenizer.ggml.merges", i, &len);
+        const char *sp1 = s && len > 1 ? memchr(s + 1, ' ', len - 1) : NULL;
+        if (!sp1) {
+            set_err(err, errlen, "gguf: tokenizer.ggml.merges[%lld] is not \"a b\"", (long long)i);
+            goto out;
+        }
+        sp.merges[sp.n_merges++] = (struct merge_src){s, (size_t)(sp1 - s), sp1 + 1, len - (size_t)(sp1 - s) - 1};
+    }
+    if (!(t = build(&sp, err, errlen))) goto out;
+    const char *keys[] = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
+    for (int i = 0; i < 3; i++) {
+        int64_t id;
+        if (gguf_get_i64(g, keys[i], &id) == 0) add_eos(t, id);
+    }
+    const char *tmpl = gguf_get_str(g, "tokenizer.chat_template");
+    if (tmpl) t->chat_template = xstrdup(tmpl);
+out:
+    free_spec(&sp);
+    return t;
+}
