@@ -18,6 +18,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #include "quant.h"
 #include "threadpool.h"
@@ -157,8 +158,6 @@ static inline float gauss(uint64_t *s) {
     float a = (float)(r & 0xffff) + (float)((r >> 16) & 0xffff) + (float)((r >> 32) & 0xffff) + (float)(r >> 48);
     return (a * (1.0f / 65536.0f) - 2.0f) * 1.7320508f;
 }
-/* a positive f16 scale d * U(0.75, 1.25) */
-static inline uint16_t scale16(uint64_t *s, float d) { return f32_to_fp16(d * (0.75f + 0.5f * unif(s))); }
 static inline void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8); }
 
 static float fill_value(enum dummy_fill f, uint64_t *s) {
@@ -188,51 +187,71 @@ static void pack_k4_scales(uint8_t q[12], const uint8_t sc[8], const uint8_t mn[
     }
 }
 
+/* 256 f16 scales d * U(0.75, 1.25), indexed by 8 random bits (no float work per block). */
+static void scale_table(uint16_t tab[256], float d) {
+    for (int i = 0; i < 256; i++) tab[i] = f32_to_fp16(d * (0.75f + 0.5f * (float)i / 255.0f));
+}
+
 /* Fill blocks [b0, b1) of a tensor of type t at data (b counts blocks; elements for float types). */
 static void fill_blocks(enum pxq_type t, enum dummy_fill fill, uint8_t *data, int64_t b0, int64_t b1, uint64_t *s) {
-    const size_t bs = type_block_bytes(t);
-    for (int64_t b = b0; b < b1; b++) {
-        uint8_t *p = data + (size_t)b * bs;
-        switch (t) {
-        case PXQ_TYPE_Q4_0: {
-            put16(p, scale16(s, DUMMY_STD / 4.18f));
+    uint16_t tab[256];
+    uint64_t sc_bits = 0;
+    switch (t) {
+    case PXQ_TYPE_Q4_0:
+        scale_table(tab, DUMMY_STD / 4.18f);
+        for (int64_t b = b0; b < b1; b++, sc_bits >>= 8) {
+            uint8_t *p = data + (size_t)b * 18;
+            if (((b - b0) & 7) == 0) sc_bits = next64(s);
+            put16(p, tab[sc_bits & 255]);
             uint64_t r0 = nonzero_nibbles(next64(s)), r1 = nonzero_nibbles(next64(s));
             memcpy(p + 2, &r0, 8), memcpy(p + 10, &r1, 8);
-            break;
         }
-        case PXQ_TYPE_Q8_0: {
-            put16(p, scale16(s, DUMMY_STD / 73.5f));
+        break;
+    case PXQ_TYPE_Q8_0:
+        scale_table(tab, DUMMY_STD / 73.5f);
+        for (int64_t b = b0; b < b1; b++, sc_bits >>= 8) {
+            uint8_t *p = data + (size_t)b * 34;
+            if (((b - b0) & 7) == 0) sc_bits = next64(s);
+            put16(p, tab[sc_bits & 255]);
             for (int i = 0; i < 32; i += 8) {
                 uint64_t r = next64(s);
+                /* byte 0x80 (-128) becomes 0: codes in [-127, 127] as ggml's quantizer makes, mean 0 */
+                uint64_t x = r ^ 0x8080808080808080ull; /* 0x80 bytes become 0x00 */
+                uint64_t z = ~(((x & 0x7f7f7f7f7f7f7f7full) + 0x7f7f7f7f7f7f7f7full) | x) & 0x8080808080808080ull;
+                r &= ~(z | (z >> 7) * 0x7f); /* clear the bytes that were 0x80 */
                 memcpy(p + 2 + i, &r, 8);
             }
-            for (int i = 0; i < 32; i++)
-                if (p[2 + i] == 0x80) p[2 + i] = 0; /* codes in [-127, 127] as ggml's quantizer makes, mean 0 */
-            break;
         }
-        case PXQ_TYPE_Q4_K: {
-            /* w = d*sc*q - dmin*m; with m = sc and dmin = 7.5 d the mean is zero, std 4.61*d*sc */
-            uint8_t sc[8], mn[8];
+        break;
+    case PXQ_TYPE_Q4_K: {
+        /* w = d*sc*q - dmin*m; with m = sc and dmin = 7.5 d the mean is zero, std 4.61*d*sc */
+        scale_table(tab, DUMMY_STD / (4.61f * 47.5f));
+        for (int64_t b = b0; b < b1; b++) {
+            uint8_t *p = data + (size_t)b * 144;
+            uint8_t sc[8];
             uint64_t r = next64(s);
-            for (int j = 0; j < 8; j++) sc[j] = mn[j] = (uint8_t)(32 + ((r >> (8 * j)) & 31)); /* 32..63 */
-            float d = DUMMY_STD / (4.61f * 47.5f) * (0.75f + 0.5f * unif(s));
-            put16(p, f32_to_fp16(d));
-            put16(p + 2, f32_to_fp16(7.5f * d));
-            pack_k4_scales(p + 4, sc, mn);
+            for (int j = 0; j < 8; j++) sc[j] = (uint8_t)(32 + ((r >> (8 * j)) & 31)); /* 32..63 */
+            uint16_t d = tab[(r >> 5) & 255];
+            put16(p, d);
+            put16(p + 2, f32_to_fp16(7.5f * fp16_to_f32(d)));
+            pack_k4_scales(p + 4, sc, sc);
             for (int i = 0; i < 128; i += 8) {
                 uint64_t q = next64(s);
                 memcpy(p + 16 + i, &q, 8);
             }
-            break;
         }
-        case PXQ_TYPE_F16: put16(p, f32_to_fp16(fill_value(fill, s))); break;
-        case PXQ_TYPE_F32: {
+        break;
+    }
+    case PXQ_TYPE_F16:
+        for (int64_t b = b0; b < b1; b++) put16(data + (size_t)b * 2, f32_to_fp16(fill_value(fill, s)));
+        break;
+    case PXQ_TYPE_F32:
+        for (int64_t b = b0; b < b1; b++) {
             float v = fill_value(fill, s);
-            memcpy(p, &v, 4);
-            break;
+            memcpy(data + (size_t)b * 4, &v, 4);
         }
-        default: die("dummy: no filler for type %s", type_name(t));
-        }
+        break;
+    default: die("dummy: no filler for type %s", type_name(t));
     }
 }
 
@@ -285,11 +304,12 @@ struct pxq_model *model_open_dummy(const char *config_json_path, enum pxq_type d
         total += (type_row_bytes(d[i].type, ne) + 63) & ~(size_t)63;
     }
     uint8_t *data = NULL;
-    if (posix_memalign((void **)&data, 64, total ? total : 64) != 0) {
+    if (posix_memalign((void **)&data, 2u << 20, total ? total : 64) != 0) {
         free(d);
         set_err(err, errlen, "dummy weights: cannot allocate %.2f GiB of host memory", total / 1073741824.0);
         return NULL;
     }
+    madvise(data, total, MADV_HUGEPAGE); /* 512x fewer page faults while filling; advisory only */
     struct pxq_tensor *t = xcalloc((size_t)n, sizeof *t);
     int64_t *chunk0 = xmalloc((size_t)(n + 1) * sizeof *chunk0);
     size_t off = 0;
