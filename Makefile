@@ -25,9 +25,9 @@ ifneq ($(NVCC),)
 ifneq ($(CU_SRC),)
 CUDA_ARCH ?= 75 80 86 89 90
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-NVFLAGS := -O3 -std=c++17 -Isrc -lineinfo $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a))
+NVFLAGS := -O3 -std=c++17 -Isrc -lineinfo --threads 0 $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a))
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.o)
-CFLAGS  += -DPXQ_CUDA
+CFLAGS  += -DPXQ_CUDA -I$(CUDA_HOME)/include
 LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++ -Wl,-rpath,$(CUDA_HOME)/lib64
 endif
 endif

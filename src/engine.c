@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "cuda/backend.h"
 #include "ops_cpu.h"
 #include "util.h"
 
@@ -35,11 +36,13 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
     if (e->p.n_batch <= 0) e->p.n_batch = 512;
     if (e->p.kv_block_size <= 0) e->p.kv_block_size = 16;
     if (e->p.n_threads <= 0) e->p.n_threads = n_cpus();
+#ifndef PXQ_CUDA
     if (e->p.device != PXQ_DEVICE_CPU) {
         set_err(err, errlen, "this build has no CUDA backend (use --device cpu)");
         free(e);
         return NULL;
     }
+#endif
     int blocks_per_seq = (e->p.n_ctx + e->p.kv_block_size - 1) / e->p.kv_block_size;
     if (e->p.kv_blocks <= 0) e->p.kv_blocks = blocks_per_seq * e->p.n_seq_max;
     int n_kv = 0;
@@ -84,11 +87,24 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
         pxq_engine_free(e);
         return NULL;
     }
+#ifdef PXQ_CUDA
+    if (e->p.device == PXQ_DEVICE_CUDA) { /* KV lives on the device; the host pool keeps only the block accounting */
+        free(e->kv.k), free(e->kv.v);
+        e->kv.k = e->kv.v = NULL;
+        if (cuda_backend_new(e, err, errlen) != 0) {
+            pxq_engine_free(e);
+            return NULL;
+        }
+    }
+#endif
     return e;
 }
 
 void pxq_engine_free(struct pxq_engine *e) {
     if (!e) return;
+#ifdef PXQ_CUDA
+    cuda_backend_free(e);
+#endif
     for (int s = 0; s < e->p.n_seq_max; s++) {
         free(e->seqs[s].kv.blocks);
         free(e->seqs[s].rstate);
@@ -213,7 +229,11 @@ int pxq_decode(struct pxq_engine *e, const struct pxq_batch *b, char *err, size_
     for (int i0 = 0; i0 < n; i0 += e->p.n_batch) {
         struct ubatch ub = {n - i0 < e->p.n_batch ? n - i0 : e->p.n_batch, b->token + i0, b->pos + i0, b->seq_id + i0,
                             out_idx + i0};
-        forward_cpu(e, &ub);
+#ifdef PXQ_CUDA
+        if (e->backend) forward_cuda(e, &ub);
+        else
+#endif
+            forward_cpu(e, &ub);
         for (int i = 0; i < ub.n; i++) e->seqs[ub.seq_id[i]].n_pos++;
     }
     free(out_idx);

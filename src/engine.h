@@ -72,4 +72,15 @@ int pxq_kv_block_size(const struct pxq_engine *e);
 /* Blocks the sequence would need to grow to n_pos positions. */
 int pxq_kv_blocks_needed(const struct pxq_engine *e, int seq, int n_pos);
 
+/* Device backend facts for `pxq bench` rows (the CPU backend answers 0 / "cpu"). The memory plan
+ * itself is memplan.h's; the CUDA backend refuses a model that exceeds --gpu-mem before loading it.
+ * Peak bytes in use in the CUDA backend's one device arena (weights + KV + activations + workspace;
+ * at most the arena size, params.gpu_mem); the CUDA context and cuBLAS's own handle are outside it. */
+size_t pxq_engine_device_mem_peak(const struct pxq_engine *e);
+/* The device's name, e.g. "NVIDIA H200", or "cpu". */
+const char *pxq_engine_device_name(const struct pxq_engine *e);
+/* The kernel path the last pxq_decode took: "cpu", "cuda gemv q4_0 graph" (fused dequant mat-vec,
+ * replayed CUDA graph), "cuda gemv q4_0" (eager), "cuda cublas-f16 q4_0" (prefill: f16 tiles + cuBLAS). */
+const char *pxq_engine_kernel_path(const struct pxq_engine *e);
+
 #endif

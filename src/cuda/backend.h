@@ -1,0 +1,80 @@
+/* backend.h - the CUDA backend as the engine sees it, in plain C (no CUDA headers): device weight
+ * formats, the device memory plan, and backend creation / forward / accessors.
+ *
+ * The plan and the format sizes are plain C (src/forward_cuda.c, built always); the rest exists only
+ * in builds with PXQ_CUDA (src/cuda/backend.cu).
+ */
+#ifndef PXQ_CUDA_BACKEND_H
+#define PXQ_CUDA_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Device weight formats. Rows are [n_out] of n_in elements; quantized formats work in groups of
+ * 32 (Q8M: 16) consecutive elements of a row, each with its own scale:
+ *   F32, F16, BF16: q = plain [n_out][n_in] array.
+ *   Q4_0: q = nibbles [n_out][n_in/2] (group of 32 in 16 bytes: byte j low nibble = element j,
+ *         high nibble = element j+16, as GGUF Q4_0), s = f16 d [n_out][n_in/32]; w = d*(nib - 8).
+ *   Q8_0: q = int8 [n_out][n_in], s = f16 d [n_out][n_in/32]; w = d*q.
+ *   Q4M:  q as Q4_0, s = float2 (d, m) [n_out][n_in/32]; w = d*nib + m.  (from Q4_1, Q4_K)
+ *   Q8M:  q as Q8_0, s = float2 (d, m) [n_out][n_in/16]; w = d*q + m.    (from Q5_0, Q5_1, Q5_K, Q6_K)
+ * Every conversion is exact: the (d, m) pairs are the float products the CPU dequantizer forms
+ * (e.g. Q4_K: d*sc and -dmin*m), so w equals dequantize_row's value up to one fma rounding. */
+enum cuda_wfmt { WFMT_F32, WFMT_F16, WFMT_BF16, WFMT_Q4_0, WFMT_Q8_0, WFMT_Q4M, WFMT_Q8M, WFMT_COUNT };
+
+/* Device format of a tensor type (-1 if unsupported), its name, and the bytes of the quants (q)
+ * and scales (s) of an [n_out][n_in] matrix in it. */
+int  cuda_wfmt_of(enum pxq_type t);
+const char *cuda_wfmt_name(int fmt);
+void cuda_weight_sizes(int fmt, int64_t n_in, int64_t n_out, size_t *q_bytes, size_t *s_bytes);
+
+/* Every device allocation is rounded up to this (16-byte loads, coalesced rows). */
+#define CUDA_ALIGN 256
+/* Prefill: weight rows are dequantized to f16 in tiles of at most this many elements. */
+#define CUDA_W16_MAX_ELEMS ((size_t)64 << 20)
+#define CUDA_CUBLAS_WS ((size_t)32 << 20)
+/* Attention: positions per split of split-K flash-decoding. */
+#define CUDA_SPLIT_LEN 256
+/* Decode steps (at most this many tokens) use the fused mat-vec and CUDA graphs. */
+#define CUDA_DECODE_MAX 16
+
+/* What the backend carves from its arena, in bytes, each allocation rounded up to CUDA_ALIGN
+ * (backend.cu allocates exactly these items; memplan.h is the user-facing account). */
+struct cuda_plan {
+    size_t weights, kv, kv_per_token, activations, workspace, total;
+    int64_t kv_tokens;
+};
+/* The plan for model m under params p resolved as pxq_engine_new resolves them, with kv_elt bytes
+ * per KV element (2: f16, 4: f32). Returns 0, or -1 with a message if the CUDA backend cannot run
+ * the model (MoE, DeltaNet, a weight type or head_dim it has no kernel for). */
+int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, int kv_elt, struct cuda_plan *plan,
+                  char *err, size_t errlen);
+/* One line: "weights X GiB + KV Y GiB (Z KiB/token x N tokens) + activations A MiB + workspace B MiB = T GiB". */
+void cuda_mem_plan_str(const struct cuda_plan *plan, char *out, size_t cap);
+
+#ifdef PXQ_CUDA
+struct pxq_engine;
+struct ubatch;
+/* Create the backend for e (params resolved, KV accounting initialised): arena, weights, KV, graphs.
+ * Returns 0, or -1 with a message (no device, model too large for --gpu-mem with the plan, ...). */
+int  cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen);
+void cuda_backend_free(struct pxq_engine *e);
+/* forward_cpu's twin: runs ub on the device and writes the requested rows of e->logits. */
+void forward_cuda(struct pxq_engine *e, const struct ubatch *ub);
+size_t cuda_backend_peak(const struct pxq_engine *e);
+const char *cuda_backend_device(const struct pxq_engine *e);
+const char *cuda_backend_path(const struct pxq_engine *e);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

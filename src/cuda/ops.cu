@@ -1,0 +1,503 @@
+/* ops.cu - CUDA kernels, the twins of ops_cpu.c and the CPU forward's attention (ops_cuda.h).
+ *
+ * Every kernel here runs on sm_70 and up: plain loads, shuffles and fp32 FMAs, no cp.async, no
+ * tensor cores (the prefill GEMM goes through cuBLAS, backend.cu). */
+#include <math.h>
+#include <stdint.h>
+
+#include <cuda_fp16.h>
+
+#include "cuda/ops_cuda.h"
+
+#define FULL_MASK 0xffffffffu
+
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+static __device__ __forceinline__ float bf16_bits_to_f32(uint32_t b) { return __uint_as_float(b << 16); }
+static __device__ __forceinline__ float half_bits_to_f32(uint16_t b) { return __half2float(__ushort_as_half(b)); }
+
+/* ---- weight groups: 32 consecutive elements of a row, dequantized (layouts: ops_cuda.h) ---- */
+
+template <int F>
+static __device__ __forceinline__ void load32(const cuda_weight &w, int64_t row, int g, float *v) {
+    const int64_t n_in = w.n_in;
+    if (F == WFMT_F32) {
+        const float4 *p = (const float4 *)((const float *)w.q + row * n_in + g * 32);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            float4 a = __ldg(p + k);
+            v[4 * k] = a.x, v[4 * k + 1] = a.y, v[4 * k + 2] = a.z, v[4 * k + 3] = a.w;
+        }
+    } else if (F == WFMT_F16 || F == WFMT_BF16) {
+        const uint4 *p = (const uint4 *)((const uint16_t *)w.q + row * n_in + g * 32);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            uint4 a = __ldg(p + k);
+            uint32_t u[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                if (F == WFMT_F16) {
+                    v[8 * k + 2 * j] = half_bits_to_f32((uint16_t)(u[j] & 0xffff));
+                    v[8 * k + 2 * j + 1] = half_bits_to_f32((uint16_t)(u[j] >> 16));
+                } else {
+                    v[8 * k + 2 * j] = bf16_bits_to_f32(u[j] & 0xffff);
+                    v[8 * k + 2 * j + 1] = bf16_bits_to_f32(u[j] >> 16);
+                }
+            }
+        }
+    } else if (F == WFMT_Q4_0 || F == WFMT_Q4M) {
+        const uint4 a = __ldg((const uint4 *)((const uint8_t *)w.q + (row * n_in + g * 32) / 2));
+        float d, m;
+        if (F == WFMT_Q4_0) {
+            d = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * (n_in / 32) + g));
+            m = -8.0f * d;
+        } else {
+            float2 dm = __ldg((const float2 *)w.s + row * (n_in / 32) + g);
+            d = dm.x, m = dm.y;
+        }
+        uint32_t u[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            uint32_t byte = (u[j / 4] >> (8 * (j % 4))) & 0xff;
+            v[j] = fmaf(d, (float)(byte & 15), m);
+            v[j + 16] = fmaf(d, (float)(byte >> 4), m);
+        }
+    } else { /* Q8_0, Q8M */
+        const uint4 *p = (const uint4 *)((const int8_t *)w.q + row * n_in + g * 32);
+        uint4 a0 = __ldg(p), a1 = __ldg(p + 1);
+        uint32_t u[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+        float d0, m0, d1, m1;
+        if (F == WFMT_Q8_0) {
+            d0 = d1 = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * (n_in / 32) + g));
+            m0 = m1 = 0.0f;
+        } else {
+            float4 dm = __ldg((const float4 *)((const float2 *)w.s + row * (n_in / 16) + 2 * g));
+            d0 = dm.x, m0 = dm.y, d1 = dm.z, m1 = dm.w;
+        }
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            int q = (int)(int8_t)((u[j / 4] >> (8 * (j % 4))) & 0xff);
+            v[j] = j < 16 ? fmaf(d0, (float)q, m0) : fmaf(d1, (float)q, m1);
+        }
+    }
+}
+
+/* One element of a dense row (rows whose length is not a multiple of 32). */
+template <int F>
+static __device__ __forceinline__ float load1(const cuda_weight &w, int64_t row, int64_t i) {
+    const int64_t k = row * w.n_in + i;
+    if (F == WFMT_F32) return ((const float *)w.q)[k];
+    if (F == WFMT_F16) return half_bits_to_f32(((const uint16_t *)w.q)[k]);
+    if (F == WFMT_BF16) return bf16_bits_to_f32(((const uint16_t *)w.q)[k]);
+    return 0.0f; /* quantized rows are always whole groups */
+}
+
+/* ---- matmul: fused dequant mat-vec ---- */
+
+#define GEMV_WARPS 4
+#define GEMV_ROWS 2   /* rows per warp: each x load serves both */
+
+/* Warp per GEMV_ROWS rows; lane handles groups lane, lane+32, ...; NT token columns per weight read. */
+template <int F, int NT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32) matmul_gemv_kernel(float *__restrict__ y, const cuda_weight w,
+                                                                    const float *__restrict__ x, int n_tok, int ldy) {
+    const int lane = threadIdx.x & 31;
+    const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_ROWS;
+    if (row0 >= w.n_out) return;
+    const int n_in = w.n_in;
+    const int ng = (n_in % 32 == 0) ? n_in / 32 : 0;
+    float acc[GEMV_ROWS][NT];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    for (int g = lane; g < ng; g += 32) {
+        float wv[GEMV_ROWS][32];
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) load32<F>(w, min(row0 + r, w.n_out - 1), g, wv[r]);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t < n_tok) {
+                const float4 *xp = (const float4 *)(x + (size_t)t * n_in + g * 32);
+                float xv[32];
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    float4 a = __ldg(xp + k);
+                    xv[4 * k] = a.x, xv[4 * k + 1] = a.y, xv[4 * k + 2] = a.z, xv[4 * k + 3] = a.w;
+                }
+#pragma unroll
+                for (int r = 0; r < GEMV_ROWS; r++) {
+                    float s = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < 32; j++) s = fmaf(wv[r][j], xv[j], s);
+                    acc[r][t] += s;
+                }
+            }
+        }
+    }
+    if (F == WFMT_F32 || F == WFMT_F16 || F == WFMT_BF16) {
+        for (int i = ng * 32 + lane; i < n_in; i += 32) {
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++) {
+                float wr = load1<F>(w, min(row0 + r, w.n_out - 1), i);
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+                    if (t < n_tok) acc[r][t] = fmaf(wr, x[(size_t)t * n_in + i], acc[r][t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float s = warp_sum(acc[r][t]);
+            if (lane == 0 && row0 + r < w.n_out && t < n_tok) y[(size_t)t * ldy + row0 + r] = s;
+        }
+}
+
+template <int F>
+static void gemv_launch(float *y, const cuda_weight &w, const float *x, int n_tok, int ldy, cudaStream_t st) {
+    dim3 grid((w.n_out + GEMV_WARPS * GEMV_ROWS - 1) / (GEMV_WARPS * GEMV_ROWS)), block(GEMV_WARPS * 32);
+    if (n_tok <= 1) matmul_gemv_kernel<F, 1><<<grid, block, 0, st>>>(y, w, x, n_tok, ldy);
+    else if (n_tok <= 2) matmul_gemv_kernel<F, 2><<<grid, block, 0, st>>>(y, w, x, n_tok, ldy);
+    else if (n_tok <= 4) matmul_gemv_kernel<F, 4><<<grid, block, 0, st>>>(y, w, x, n_tok, ldy);
+    else if (n_tok <= 8) matmul_gemv_kernel<F, 8><<<grid, block, 0, st>>>(y, w, x, n_tok, ldy);
+    else matmul_gemv_kernel<F, 16><<<grid, block, 0, st>>>(y, w, x, n_tok, ldy);
+}
+
+extern "C" void matmul_gemv_cuda(float *y, const struct cuda_weight *w, const float *x, int n_tokens, int ldy,
+                                 cudaStream_t st) {
+    for (int t0 = 0; t0 < n_tokens; t0 += 16) {
+        int nt = n_tokens - t0 < 16 ? n_tokens - t0 : 16;
+        float *yt = y + (size_t)t0 * ldy;
+        const float *xt = x + (size_t)t0 * w->n_in;
+        switch (w->fmt) {
+        case WFMT_F32: gemv_launch<WFMT_F32>(yt, *w, xt, nt, ldy, st); break;
+        case WFMT_F16: gemv_launch<WFMT_F16>(yt, *w, xt, nt, ldy, st); break;
+        case WFMT_BF16: gemv_launch<WFMT_BF16>(yt, *w, xt, nt, ldy, st); break;
+        case WFMT_Q4_0: gemv_launch<WFMT_Q4_0>(yt, *w, xt, nt, ldy, st); break;
+        case WFMT_Q8_0: gemv_launch<WFMT_Q8_0>(yt, *w, xt, nt, ldy, st); break;
+        case WFMT_Q4M: gemv_launch<WFMT_Q4M>(yt, *w, xt, nt, ldy, st); break;
+        case WFMT_Q8M: gemv_launch<WFMT_Q8M>(yt, *w, xt, nt, ldy, st); break;
+        }
+    }
+}
+
+/* ---- dequantized rows (embedding, prefill tiles) ---- */
+
+template <int F, typename T>
+__global__ void dequant_rows_kernel(T *__restrict__ out, const cuda_weight w, const int32_t *__restrict__ rows,
+                                    int64_t r0) {
+    const int64_t row = rows ? (int64_t)rows[blockIdx.x] : r0 + blockIdx.x;
+    const int n_in = w.n_in;
+    const int ng = (n_in % 32 == 0) ? n_in / 32 : 0;
+    T *o = out + (size_t)blockIdx.x * n_in;
+    for (int g = threadIdx.x; g < ng; g += blockDim.x) {
+        float v[32];
+        load32<F>(w, row, g, v);
+#pragma unroll
+        for (int j = 0; j < 32; j++) o[g * 32 + j] = (T)v[j];
+    }
+    if (F == WFMT_F32 || F == WFMT_F16 || F == WFMT_BF16)
+        for (int i = ng * 32 + threadIdx.x; i < n_in; i += blockDim.x) o[i] = (T)load1<F>(w, row, i);
+}
+
+template <typename T>
+static void dequant_launch(T *out, const cuda_weight &w, const int32_t *rows, int64_t r0, int n_rows, cudaStream_t st) {
+    dim3 grid(n_rows), block(128);
+    switch (w.fmt) {
+    case WFMT_F32: dequant_rows_kernel<WFMT_F32, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
+    case WFMT_F16: dequant_rows_kernel<WFMT_F16, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
+    case WFMT_BF16: dequant_rows_kernel<WFMT_BF16, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
+    case WFMT_Q4_0: dequant_rows_kernel<WFMT_Q4_0, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
+    case WFMT_Q8_0: dequant_rows_kernel<WFMT_Q8_0, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
+    case WFMT_Q4M: dequant_rows_kernel<WFMT_Q4M, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
+    case WFMT_Q8M: dequant_rows_kernel<WFMT_Q8M, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
+    }
+}
+
+extern "C" void dequant_rows_cuda(void *out, int out_half, const struct cuda_weight *w, const int32_t *rows, int64_t r0,
+                                  int n_rows, cudaStream_t st) {
+    if (n_rows <= 0) return;
+    if (out_half) dequant_launch<__half>((__half *)out, *w, rows, r0, n_rows, st);
+    else dequant_launch<float>((float *)out, *w, rows, r0, n_rows, st);
+}
+
+__global__ void f32_to_f16_kernel(__half *out, const float *x, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = __float2half(x[i]);
+}
+
+extern "C" void f32_to_f16_cuda(void *out, const float *x, int64_t n, cudaStream_t st) {
+    int64_t blocks = (n + 255) / 256;
+    f32_to_f16_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, st>>>((__half *)out, x, n);
+}
+
+/* ---- small ops ---- */
+
+/* Block per row; the sum of squares in float32 as HF LlamaRMSNorm. */
+__global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int n, float eps, const int32_t *rows) {
+    __shared__ float red[32];
+    const float *xr = x + (size_t)(rows ? rows[blockIdx.x] : blockIdx.x) * n;
+    float *o = out + (size_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) red[0] = v;
+    }
+    __syncthreads();
+    const float scale = 1.0f / sqrtf(red[0] / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = xr[i] * scale * w[i];
+}
+
+extern "C" void rmsnorm_cuda(float *out, const float *x, const float *w, int n, int n_rows, float eps,
+                             const int32_t *rows, cudaStream_t st) {
+    if (n_rows <= 0) return;
+    int threads = n >= 1024 ? 256 : n >= 256 ? 128 : 32;
+    rmsnorm_kernel<<<n_rows, threads, 0, st>>>(out, x, w, n, eps, rows);
+}
+
+/* Block per token. Angles as rope_cpu: (float)pos * inv_freq[i], cosf/sinf. */
+__global__ void rope_kernel(float *x, int n_heads, int head_dim, int n_rot, const int32_t *pos, const float *inv_freq,
+                            int neox, int ld) {
+    const int half = n_rot / 2;
+    const float p = (float)pos[blockIdx.x];
+    float *xt = x + (size_t)blockIdx.x * ld;
+    for (int idx = threadIdx.x; idx < n_heads * half; idx += blockDim.x) {
+        int h = idx / half, i = idx - h * half;
+        float ang = p * inv_freq[i];
+        float c = cosf(ang), s = sinf(ang);
+        float *v = xt + (size_t)h * head_dim;
+        int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        float a = v[i0], b = v[i1];
+        v[i0] = a * c - b * s;
+        v[i1] = b * c + a * s;
+    }
+}
+
+extern "C" void rope_cuda(float *x, int n_heads, int head_dim, int n_rot, const int32_t *pos, const float *inv_freq,
+                          int neox, int n_tokens, int ld, cudaStream_t st) {
+    if (n_tokens <= 0) return;
+    rope_kernel<<<n_tokens, 256, 0, st>>>(x, n_heads, head_dim, n_rot, pos, inv_freq, neox, ld);
+}
+
+__global__ void swiglu_kernel(float *out, const float *gate, const float *up, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+static unsigned grid_for(int64_t n) {
+    int64_t b = (n + 255) / 256;
+    return (unsigned)(b < 65536 ? (b > 0 ? b : 1) : 65536);
+}
+
+extern "C" void swiglu_cuda(float *out, const float *gate, const float *up, int64_t n, cudaStream_t st) {
+    swiglu_kernel<<<grid_for(n), 256, 0, st>>>(out, gate, up, n);
+}
+
+__global__ void add_bias_kernel(float *y, const float *b, int n, int64_t total) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += b[i % n];
+}
+
+extern "C" void add_bias_cuda(float *y, const float *b, int n_rows, int n, cudaStream_t st) {
+    int64_t total = (int64_t)n_rows * n;
+    add_bias_kernel<<<grid_for(total), 256, 0, st>>>(y, b, n, total);
+}
+
+__global__ void add_residual_kernel(float *x, const float *y, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] += y[i];
+}
+
+extern "C" void add_residual_cuda(float *x, const float *y, int64_t n, cudaStream_t st) {
+    add_residual_kernel<<<grid_for(n), 256, 0, st>>>(x, y, n);
+}
+
+/* ---- paged KV ---- */
+
+static __device__ __forceinline__ size_t kv_off(const cuda_kv &kv, int l, const int32_t *tab, int p) {
+    return (((size_t)tab[p / kv.block_size] * kv.n_layer_kv + l) * kv.block_size + p % kv.block_size) * kv.kv_dim;
+}
+
+__global__ void kv_store_kernel(const cuda_kv kv, int l, const float *k, const float *v, const int32_t *pos,
+                                const int32_t *seq_id) {
+    const int t = blockIdx.x;
+    const int32_t *tab = kv.block_tab + (size_t)seq_id[t] * kv.max_blocks;
+    const size_t off = kv_off(kv, l, tab, pos[t]);
+    for (int i = threadIdx.x; i < kv.kv_dim; i += blockDim.x) {
+        float kk = k[(size_t)t * kv.kv_dim + i], vv = v[(size_t)t * kv.kv_dim + i];
+        if (kv.kv_f32) {
+            ((float *)kv.k)[off + i] = kk;
+            ((float *)kv.v)[off + i] = vv;
+        } else {
+            ((__half *)kv.k)[off + i] = __float2half(kk);
+            ((__half *)kv.v)[off + i] = __float2half(vv);
+        }
+    }
+}
+
+extern "C" void kv_store_cuda(const struct cuda_kv *kv, int l, const float *k, const float *v, const int32_t *pos,
+                              const int32_t *seq_id, int n_tokens, cudaStream_t st) {
+    if (n_tokens <= 0) return;
+    kv_store_kernel<<<n_tokens, 128, 0, st>>>(*kv, l, k, v, pos, seq_id);
+}
+
+/* ---- attention: split-K flash-decoding over the paged cache ---- */
+
+#define ATT_TILE 32 /* positions per shared-memory tile: one per lane when scoring */
+
+extern "C" size_t attention_smem_bytes(int head_dim, int group) {
+    return (size_t)(ATT_TILE * (head_dim + 1) + ATT_TILE * head_dim + group * head_dim) * sizeof(float);
+}
+
+/* 8 consecutive K/V elements at off (off a multiple of 8; head_dim a multiple of 32) as float. */
+template <typename KV>
+static __device__ __forceinline__ void load8(const void *base, size_t off, float *o) {
+    if (sizeof(KV) == 2) {
+        uint4 a = *(const uint4 *)((const __half *)base + off);
+        const __half2 *h = (const __half2 *)&a;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float2 f = __half22float2(h[j]);
+            o[2 * j] = f.x, o[2 * j + 1] = f.y;
+        }
+    } else {
+        const float4 *p = (const float4 *)((const float *)base + off);
+        float4 a = p[0], b = p[1];
+        o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
+    }
+}
+
+/* grid (n_tokens, n_head_kv, n_split), block group*32: warp w is query head kvh*group + w. Each
+ * block reads its split's K/V tiles once for all heads of the group (GQA), keeps a running max m,
+ * sum l and unnormalised output o per head, and writes them for attention_combine_kernel. */
+template <typename KV>
+__global__ void attention_kernel(float *__restrict__ part_o, float *__restrict__ part_ml, const float *__restrict__ q,
+                                 const cuda_kv kv, int l, const int32_t *__restrict__ pos,
+                                 const int32_t *__restrict__ seq_id, int n_head, int n_split, int split_len, float scale) {
+    extern __shared__ float sm[];
+    const int hd = kv.head_dim, group = n_head / kv.n_head_kv;
+    const int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int h = kvh * group + warp;
+    float *Ks = sm, *Vs = Ks + ATT_TILE * (hd + 1), *Qs = Vs + ATT_TILE * hd;
+    const int n_kv = pos[t] + 1;
+    const int p0 = split * split_len, p1 = min(n_kv, p0 + split_len);
+    const int32_t *tab = kv.block_tab + (size_t)seq_id[t] * kv.max_blocks;
+    const float *qt = q + (size_t)t * n_head * hd + (size_t)kvh * group * hd;
+    for (int i = threadIdx.x; i < group * hd; i += blockDim.x) Qs[i] = qt[i];
+    float m = -INFINITY, lsum = 0.0f, o[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) o[i] = 0.0f;
+    const int nd = hd / 32, hd8 = hd / 8;
+    for (int t0 = p0; t0 < p1; t0 += ATT_TILE) {
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < ATT_TILE * hd8; idx += blockDim.x) {
+            int j = idx / hd8, d = (idx - j * hd8) * 8, p = t0 + j;
+            float kk[8], vv[8];
+            if (p < p1) {
+                size_t off = kv_off(kv, l, tab, p) + (size_t)kvh * hd + d;
+                load8<KV>(kv.k, off, kk);
+                load8<KV>(kv.v, off, vv);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; e++) kk[e] = vv[e] = 0.0f;
+            }
+#pragma unroll
+            for (int e = 0; e < 8; e++) Ks[j * (hd + 1) + d + e] = kk[e], Vs[j * hd + d + e] = vv[e];
+        }
+        __syncthreads();
+        const int p = t0 + lane;
+        float s = -INFINITY;
+        if (p < p1) {
+            const float *kr = Ks + lane * (hd + 1), *qr = Qs + warp * hd;
+            float a = 0.0f;
+            for (int d = 0; d < hd; d++) a = fmaf(qr[d], kr[d], a);
+            s = a * scale;
+        }
+        const float m_new = fmaxf(m, warp_max(s)); /* finite: the tile has at least one position */
+        const float pj = p < p1 ? expf(s - m_new) : 0.0f;
+        const float corr = expf(m - m_new);
+        lsum = lsum * corr + warp_sum(pj);
+#pragma unroll
+        for (int i = 0; i < 8; i++) o[i] *= corr;
+        const int n_j = min(ATT_TILE, p1 - t0);
+        for (int j = 0; j < n_j; j++) {
+            float pjj = __shfl_sync(FULL_MASK, pj, j);
+            const float *vr = Vs + j * hd + lane;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (i < nd) o[i] = fmaf(pjj, vr[32 * i], o[i]);
+        }
+        m = m_new;
+    }
+    const size_t pidx = ((size_t)t * n_head + h) * n_split + split;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (i < nd) part_o[pidx * hd + lane + 32 * i] = o[i];
+    if (lane == 0) part_ml[2 * pidx] = m, part_ml[2 * pidx + 1] = lsum;
+}
+
+/* grid (n_tokens, n_head), block head_dim: out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M). */
+__global__ void attention_combine_kernel(float *out, const float *part_o, const float *part_ml, int n_head, int hd,
+                                         int n_split) {
+    const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    const size_t base = ((size_t)t * n_head + h) * n_split;
+    float M = -INFINITY;
+    for (int s = 0; s < n_split; s++)
+        if (part_ml[2 * (base + s) + 1] > 0.0f) M = fmaxf(M, part_ml[2 * (base + s)]);
+    float L = 0.0f, acc = 0.0f;
+    for (int s = 0; s < n_split; s++) {
+        float ls = part_ml[2 * (base + s) + 1];
+        if (ls > 0.0f) {
+            float w = expf(part_ml[2 * (base + s)] - M);
+            L = fmaf(ls, w, L);
+            acc = fmaf(part_o[(base + s) * hd + d], w, acc);
+        }
+    }
+    out[((size_t)t * n_head + h) * hd + d] = acc / L;
+}
+
+extern "C" int attention_cuda_prepare(int head_dim, int group) {
+    const int smem = (int)attention_smem_bytes(head_dim, group);
+    if (cudaFuncSetAttribute(attention_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
+        cudaFuncSetAttribute(attention_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+        return -1;
+    return 0;
+}
+
+extern "C" void attention_cuda(float *out, const float *q, const struct cuda_kv *kv, int l, const int32_t *pos,
+                               const int32_t *seq_id, int n_tokens, int n_head, int n_split, int split_len,
+                               float *part_o, float *part_ml, cudaStream_t st) {
+    if (n_tokens <= 0) return;
+    const int group = n_head / kv->n_head_kv, hd = kv->head_dim;
+    const size_t smem = attention_smem_bytes(hd, group);
+    const float scale = 1.0f / sqrtf((float)hd);
+    dim3 grid(n_tokens, kv->n_head_kv, n_split), block(group * 32);
+    if (kv->kv_f32) {
+        attention_kernel<float><<<grid, block, smem, st>>>(part_o, part_ml, q, *kv, l, pos, seq_id, n_head, n_split,
+                                                           split_len, scale);
+    } else {
+        attention_kernel<__half><<<grid, block, smem, st>>>(part_o, part_ml, q, *kv, l, pos, seq_id, n_head, n_split,
+                                                            split_len, scale);
+    }
+    attention_combine_kernel<<<dim3(n_tokens, n_head), hd, 0, st>>>(out, part_o, part_ml, n_head, hd, n_split);
+}

@@ -1,0 +1,100 @@
+/* ops_cuda.h - the CUDA twins of ops_cpu.h, plus the device weight layout.
+ *
+ * Every op takes device pointers, outputs first, then inputs, then sizes, then the stream, as its
+ * CPU twin (rmsnorm_cpu / rmsnorm_cuda / rmsnorm_kernel). Float32 activations throughout; weights
+ * in a device format (enum cuda_wfmt) repacked at load from the GGUF/HF types (repack.cu).
+ * Callable from C (tests) and C++ (backend.cu). Launch errors are programmer errors: the launchers
+ * do not check, the caller checks cudaGetLastError / the stream once per step.
+ */
+#ifndef PXQ_OPS_CUDA_H
+#define PXQ_OPS_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "tensor.h"
+#include "cuda/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct cuda_weight {
+    int fmt;            /* enum cuda_wfmt (cuda/backend.h) */
+    int n_in, n_out;    /* ne[0], ne[1] */
+    const void *q;      /* device */
+    const void *s;      /* device, NULL for dense formats */
+};
+
+/* Repack rows [r0, r1) of host tensor t into host buffers hq, hs laid out as the device format for
+ * those rows alone (row r0 at offset 0). Returns 0, or -1 for an unsupported type. */
+int  cuda_weight_repack(const struct pxq_tensor *t, int64_t r0, int64_t r1, void *hq, void *hs);
+
+/* ---- ops (device pointers) ---- */
+
+/* y[t][o] = sum_i W[o][i] x[t][i], t < n_tokens, fp32 accumulation; y has row stride ldy.
+ * Fused dequant mat-vec reading each weight once for up to 16 tokens per pass (loops over chunks
+ * of 16 beyond that). Formula: matmul_cpu. */
+void matmul_gemv_cuda(float *y, const struct cuda_weight *w, const float *x, int n_tokens, int ldy, cudaStream_t st);
+
+/* Dequantize rows (row index list `rows`, or rows r0.. if rows is NULL) into out[n_rows][n_in]
+ * float32 or half (out_half != 0). Embedding lookup (tensor_row_f32) and prefill tiles. */
+void dequant_rows_cuda(void *out, int out_half, const struct cuda_weight *w, const int32_t *rows, int64_t r0,
+                       int n_rows, cudaStream_t st);
+
+/* x[n] float32 -> half (prefill GEMM operands). */
+void f32_to_f16_cuda(void *out, const float *x, int64_t n, cudaStream_t st);
+
+/* rmsnorm_cpu: out[r][i] = x[r][i] / sqrt(mean(x[r]^2) + eps) * w[i]. If rows != NULL, input row
+ * rows[r] is read for output row r (gathering the rows that asked for logits). out may alias x. */
+void rmsnorm_cuda(float *out, const float *x, const float *w, int n, int n_rows, float eps, const int32_t *rows,
+                  cudaStream_t st);
+
+/* rope_cpu on x[n_tokens][n_heads][head_dim] (token row stride ld), position pos[t] (device). */
+void rope_cuda(float *x, int n_heads, int head_dim, int n_rot, const int32_t *pos, const float *inv_freq, int neox,
+               int n_tokens, int ld, cudaStream_t st);
+
+/* swiglu_cpu: out[i] = silu(gate[i]) * up[i]. */
+void swiglu_cuda(float *out, const float *gate, const float *up, int64_t n, cudaStream_t st);
+
+/* y[r][i] += b[i] for n_rows rows of n (biases), and x[i] += y[i] (residual). */
+void add_bias_cuda(float *y, const float *b, int n_rows, int n, cudaStream_t st);
+void add_residual_cuda(float *x, const float *y, int64_t n, cudaStream_t st);
+
+/* Paged KV on the device: the layout of kvcache.h with element type half (kv_f32 = 0) or float:
+ *   k[((b * n_layer_kv + l) * block_size + slot) * kv_dim + h * head_dim + d].
+ * block_tab[seq * max_blocks + j] is the j-th block of sequence seq. */
+struct cuda_kv {
+    void *k, *v;
+    int kv_f32;
+    int n_layer_kv, block_size, n_head_kv, head_dim, kv_dim;
+    const int32_t *block_tab;   /* [n_seq_max][max_blocks] (device) */
+    int max_blocks;
+};
+
+/* Write k[t], v[t] ([n_tokens][kv_dim]) at (seq_id[t], pos[t]) of layer l. */
+void kv_store_cuda(const struct cuda_kv *kv, int l, const float *k, const float *v, const int32_t *pos,
+                   const int32_t *seq_id, int n_tokens, cudaStream_t st);
+
+/* Causal attention of q[t] ([n_tokens][n_head*head_dim]) over positions 0..pos[t] of its sequence
+ * in layer l: out[t][h] = softmax(q k^T / sqrt(head_dim)) v (the CPU forward's attn_range). Split-K
+ * flash-decoding (Dao et al. 2023): n_split chunks of split_len positions are reduced online
+ * (Milakov & Gimelshein 2018) into part_o [n_tokens][n_head][n_split][head_dim] and part_ml
+ * [..][n_split][2], then combined. n_split * split_len must cover the longest pos[t] + 1.
+ * head_dim a multiple of 32, at most 256; n_head / n_head_kv at most 32. */
+void attention_cuda(float *out, const float *q, const struct cuda_kv *kv, int l, const int32_t *pos,
+                    const int32_t *seq_id, int n_tokens, int n_head, int n_split, int split_len, float *part_o,
+                    float *part_ml, cudaStream_t st);
+
+/* Shared memory bytes attention_cuda needs per block, and the one-time opt-in above 48 KiB (call
+ * before the first attention_cuda and outside graph capture; -1 if the device has too little). */
+size_t attention_smem_bytes(int head_dim, int group);
+int attention_cuda_prepare(int head_dim, int group);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

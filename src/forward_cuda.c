@@ -1,0 +1,159 @@
+/* forward_cuda.c - the C side of the CUDA backend, built with or without CUDA: device weight formats
+ * and their sizes, the arena plan the backend allocates by (cuda/backend.h), and the engine.h
+ * device accessors. The device code is in src/cuda/. */
+#include <stdio.h>
+
+#include "cuda/backend.h"
+#include "engine_impl.h"
+#include "quant.h"
+#include "util.h"
+
+int cuda_wfmt_of(enum pxq_type t) {
+    switch (t) {
+    case PXQ_TYPE_F32: return WFMT_F32;
+    case PXQ_TYPE_F16: return WFMT_F16;
+    case PXQ_TYPE_BF16: return WFMT_BF16;
+    case PXQ_TYPE_Q4_0: return WFMT_Q4_0;
+    case PXQ_TYPE_Q8_0: return WFMT_Q8_0;
+    case PXQ_TYPE_Q4_1:
+    case PXQ_TYPE_Q4_K: return WFMT_Q4M;
+    case PXQ_TYPE_Q5_0:
+    case PXQ_TYPE_Q5_1:
+    case PXQ_TYPE_Q5_K:
+    case PXQ_TYPE_Q6_K: return WFMT_Q8M;
+    default: return -1;
+    }
+}
+
+const char *cuda_wfmt_name(int fmt) {
+    static const char *names[WFMT_COUNT] = {"f32", "f16", "bf16", "q4_0", "q8_0", "q4m", "q8m"};
+    return fmt >= 0 && fmt < WFMT_COUNT ? names[fmt] : "?";
+}
+
+void cuda_weight_sizes(int fmt, int64_t n_in, int64_t n_out, size_t *q_bytes, size_t *s_bytes) {
+    size_t n = (size_t)n_in * (size_t)n_out, q = 0, s = 0;
+    switch (fmt) {
+    case WFMT_F32: q = n * 4; break;
+    case WFMT_F16:
+    case WFMT_BF16: q = n * 2; break;
+    case WFMT_Q4_0: q = n / 2, s = n / 32 * 2; break;
+    case WFMT_Q8_0: q = n, s = n / 32 * 2; break;
+    case WFMT_Q4M: q = n / 2, s = n / 32 * 8; break;
+    case WFMT_Q8M: q = n, s = n / 16 * 8; break;
+    }
+    *q_bytes = q;
+    *s_bytes = s;
+}
+
+static size_t al(size_t n) { return (n + CUDA_ALIGN - 1) / CUDA_ALIGN * CUDA_ALIGN; }
+
+static int weight_plan(const struct pxq_tensor *t, size_t *bytes, char *err, size_t errlen) {
+    int fmt = cuda_wfmt_of(t->type);
+    if (fmt < 0) return set_err(err, errlen, "CUDA backend: %s has type %s, which it cannot run", t->name, type_name(t->type));
+    if (fmt != WFMT_F32 && fmt != WFMT_F16 && fmt != WFMT_BF16 && t->ne[0] % 32 != 0)
+        return set_err(err, errlen, "CUDA backend: %s has rows of %lld, not a multiple of 32", t->name, (long long)t->ne[0]);
+    size_t q, s;
+    cuda_weight_sizes(fmt, t->ne[0], t->ne[1], &q, &s);
+    *bytes += al(q) + (s ? al(s) : 0);
+    return 0;
+}
+
+int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, int kv_elt, struct cuda_plan *plan,
+                  char *err, size_t errlen) {
+    const struct pxq_hparams *hp = model_hparams(m);
+    memset(plan, 0, sizeof *plan);
+    if (hp->n_expert) return set_err(err, errlen, "CUDA backend: MoE models (%s) are not supported yet", hp->arch_name);
+    if (hp->attn_output_gate) return set_err(err, errlen, "CUDA backend: %s (gated attention) is not supported yet", hp->arch_name);
+    for (int il = 0; il < hp->n_layer; il++)
+        if (hp->layer_kind[il] != LAYER_ATTN)
+            return set_err(err, errlen, "CUDA backend: DeltaNet layers (%s) are not supported yet", hp->arch_name);
+    const int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+    if (hd % 32 != 0 || hd > 256)
+        return set_err(err, errlen, "CUDA backend: head_dim %d (attention needs a multiple of 32, at most 256)", hd);
+    if (hp->n_head % hp->n_head_kv != 0 || group > 32)
+        return set_err(err, errlen, "CUDA backend: n_head %d / n_head_kv %d (at most 32 query heads per KV head)",
+                       hp->n_head, hp->n_head_kv);
+    size_t w = 0;
+    const size_t d = (size_t)hp->n_embd, q_dim = (size_t)hp->n_head * hd, kv_dim = (size_t)hp->n_head_kv * hd;
+    size_t max_in = d, max_mat = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct pxq_layer *L = model_layer(m, il);
+        const struct pxq_tensor *mats[7] = {L->attn_q, L->attn_k, L->attn_v, L->attn_output, L->ffn_gate, L->ffn_up, L->ffn_down};
+        for (int i = 0; i < 7; i++) {
+            if (!mats[i]) return set_err(err, errlen, "CUDA backend: layer %d lacks a weight matrix", il);
+            if (weight_plan(mats[i], &w, err, errlen)) return -1;
+            if ((size_t)mats[i]->ne[0] > max_in) max_in = (size_t)mats[i]->ne[0];
+            size_t ne = (size_t)mats[i]->ne[0] * (size_t)mats[i]->ne[1];
+            if (ne > max_mat) max_mat = ne;
+        }
+        w += 2 * al(d * 4);
+        if (L->attn_q_norm) w += al((size_t)hd * 4);
+        if (L->attn_k_norm) w += al((size_t)hd * 4);
+        if (L->attn_q_b) w += al(q_dim * 4);
+        if (L->attn_k_b) w += al(kv_dim * 4);
+        if (L->attn_v_b) w += al(kv_dim * 4);
+    }
+    if (weight_plan(model_token_embd(m), &w, err, errlen)) return -1;
+    if (model_output(m) != model_token_embd(m)) {
+        if (weight_plan(model_output(m), &w, err, errlen)) return -1;
+        size_t ne = (size_t)model_output(m)->ne[0] * (size_t)model_output(m)->ne[1];
+        if (ne > max_mat) max_mat = ne;
+    } else {
+        size_t ne = (size_t)model_token_embd(m)->ne[0] * (size_t)model_token_embd(m)->ne[1];
+        if (ne > max_mat) max_mat = ne;
+    }
+    w += al(d * 4) + al((size_t)(hp->n_rot / 2 + 1) * 4);
+    plan->weights = w;
+    int n_layer_kv = 0;
+    for (int il = 0; il < hp->n_layer; il++) n_layer_kv += hp->layer_kind[il] == LAYER_ATTN;
+    plan->kv_per_token = (size_t)n_layer_kv * kv_dim * 2 * (size_t)kv_elt;
+    plan->kv_tokens = (int64_t)p->kv_blocks * p->kv_block_size;
+    plan->kv = 2 * al((size_t)plan->kv_tokens * plan->kv_per_token / 2);
+    const size_t nb = (size_t)p->n_batch, ff = (size_t)hp->n_ff, wide = d > q_dim ? d : q_dim;
+    const size_t max_blocks = (size_t)((p->n_ctx + p->kv_block_size - 1) / p->kv_block_size);
+    const size_t n_tab = nb < (size_t)p->n_seq_max ? nb : (size_t)p->n_seq_max;
+    plan->activations = al(nb * d * 4) + 2 * al(nb * wide * 4) + 2 * al(nb * q_dim * 4) + 2 * al(nb * kv_dim * 4) +
+                        2 * al(nb * ff * 4) + al(nb * (size_t)hp->n_vocab * 4) + al((4 * nb + n_tab * max_blocks) * 4);
+    const size_t max_splits = ((size_t)p->n_ctx + CUDA_SPLIT_LEN - 1) / CUDA_SPLIT_LEN;
+    size_t part_rows = (size_t)CUDA_DECODE_MAX * max_splits;
+    if (nb > part_rows) part_rows = nb;
+    part_rows *= (size_t)hp->n_head;
+    const size_t w16 = max_mat < CUDA_W16_MAX_ELEMS ? max_mat : CUDA_W16_MAX_ELEMS;
+    plan->workspace = al(nb * max_in * 2) + al(w16 * 2) + al(part_rows * (size_t)hd * 4) + al(part_rows * 2 * 4) +
+                      al(CUDA_CUBLAS_WS);
+    plan->total = plan->weights + plan->kv + plan->activations + plan->workspace;
+    return 0;
+}
+
+void cuda_mem_plan_str(const struct cuda_plan *plan, char *out, size_t cap) {
+    const double gib = 1024.0 * 1024.0 * 1024.0, mib = 1024.0 * 1024.0;
+    snprintf(out, cap,
+             "weights %.2f GiB + KV %.2f GiB (%.1f KiB/token x %lld tokens) + activations %.1f MiB + workspace %.1f MiB"
+             " = %.2f GiB",
+             plan->weights / gib, plan->kv / gib, plan->kv_per_token / 1024.0, (long long)plan->kv_tokens,
+             plan->activations / mib, plan->workspace / mib, plan->total / gib);
+}
+
+size_t pxq_engine_device_mem_peak(const struct pxq_engine *e) {
+#ifdef PXQ_CUDA
+    if (e && e->backend) return cuda_backend_peak(e);
+#endif
+    (void)e;
+    return 0;
+}
+
+const char *pxq_engine_device_name(const struct pxq_engine *e) {
+#ifdef PXQ_CUDA
+    if (e && e->backend) return cuda_backend_device(e);
+#endif
+    (void)e;
+    return "cpu";
+}
+
+const char *pxq_engine_kernel_path(const struct pxq_engine *e) {
+#ifdef PXQ_CUDA
+    if (e && e->backend) return cuda_backend_path(e);
+#endif
+    (void)e;
+    return "cpu";
+}

@@ -1,0 +1,353 @@
+/* test_cuda_ops.c - every CUDA op against its CPU twin (ops_cpu.h) on seeded random inputs, by the
+ * normalised error ||out - ref|| / ||ref|| (llama.cpp test-backend-ops style).
+ *
+ * Bounds (float32 on both sides, only summation order and fma contraction differ):
+ *   matmul (fused mat-vec), every weight type, 1..21 tokens      <= 1e-5
+ *   dequantized rows to f32 (embedding)                          <= 1e-6; to f16 (prefill tiles) <= 1e-3
+ *   rmsnorm, swiglu, biases, residual                            <= 1e-6
+ *   rope, neox and interleaved, positions up to 32767            <= 1e-5
+ *   attention over a shuffled paged cache vs float64, f32 KV     <= 1e-5; f16 KV <= 2e-3
+ *     (f16 rounds K and V to 11 bits: 2^-12 relative each), split into 1 or several chunks.
+ * Every output buffer is poisoned with NaN first, so an unwritten element fails. */
+#include "test_cuda_common.h"
+#include "testutil.h"
+
+#ifndef PXQ_CUDA
+int main(void) { return cuda_test_gate("test_cuda_ops"); }
+#else
+
+#include <stdint.h>
+
+#include "cuda/ops_cuda.h"
+#include "ops_cpu.h"
+#include "quant.h"
+#include "threadpool.h"
+#include "util.h"
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd_u32(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static float rnd_f(void) { return (float)rnd_u32() / 4294967296.0f * 2.0f - 1.0f; } /* [-1, 1) */
+static void fill(float *x, size_t n, float scale) {
+    for (size_t i = 0; i < n; i++) x[i] = rnd_f() * scale;
+}
+
+#define CK(call)                                                                              \
+    do {                                                                                      \
+        cudaError_t e_ = (call);                                                              \
+        if (e_ != cudaSuccess) {                                                              \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                          \
+        }                                                                                     \
+    } while (0)
+
+static void *dev_put(const void *h, size_t bytes) {
+    void *d;
+    CK(cudaMalloc(&d, bytes ? bytes : 1));
+    if (bytes) CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+static float *dev_poison(size_t n) { /* NaN everywhere */
+    float *d;
+    CK(cudaMalloc((void **)&d, n * sizeof(float)));
+    CK(cudaMemset(d, 0xff, n * sizeof(float)));
+    return d;
+}
+static void dev_get(void *h, const void *d, size_t bytes) {
+    CK(cudaDeviceSynchronize());
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+}
+
+/* A random [n_out][n_in] tensor of type t: quantize_row where it can, else random blocks with sane
+ * f16 scales (every bit pattern of the quants is a valid weight). */
+static void *make_tensor(struct pxq_tensor *t, enum pxq_type type, int n_in, int n_out) {
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "test.%s", type_name(type));
+    t->type = type;
+    t->n_dims = 2;
+    t->ne[0] = n_in, t->ne[1] = n_out, t->ne[2] = t->ne[3] = 1;
+    size_t rb = type_row_bytes(type, n_in);
+    uint8_t *data = xmalloc(rb * (size_t)n_out);
+    float *row = xmalloc((size_t)n_in * sizeof(float));
+    for (int r = 0; r < n_out; r++) {
+        fill(row, (size_t)n_in, 0.5f);
+        uint8_t *dst = data + (size_t)r * rb;
+        if (quantize_row(type, row, dst, n_in) == 0) continue;
+        for (size_t i = 0; i < rb; i++) dst[i] = (uint8_t)rnd_u32();
+        size_t bb = type_block_bytes(type);
+        for (size_t b = 0; b < rb / bb; b++) {
+            uint8_t *blk = dst + b * bb;
+            uint16_t d = f32_to_fp16(0.002f + 0.01f * (rnd_f() + 1)), m = f32_to_fp16(0.01f * rnd_f());
+            switch (type) {
+            case PXQ_TYPE_Q5_0: memcpy(blk, &d, 2); break;
+            case PXQ_TYPE_Q5_1:
+            case PXQ_TYPE_Q4_K:
+            case PXQ_TYPE_Q5_K: memcpy(blk, &d, 2), memcpy(blk + 2, &m, 2); break;
+            case PXQ_TYPE_Q6_K: memcpy(blk + 208, &d, 2); break;
+            default: die("no generator for %s", type_name(type));
+            }
+        }
+    }
+    free(row);
+    t->data = data;
+    t->nbytes = rb * (size_t)n_out;
+    return data;
+}
+
+static struct cuda_weight upload(const struct pxq_tensor *t) {
+    struct cuda_weight w = {cuda_wfmt_of(t->type), (int)t->ne[0], (int)t->ne[1], NULL, NULL};
+    size_t qb, sb;
+    cuda_weight_sizes(w.fmt, t->ne[0], t->ne[1], &qb, &sb);
+    void *hq = xmalloc(qb), *hs = xmalloc(sb ? sb : 1);
+    CHECK(cuda_weight_repack(t, 0, t->ne[1], hq, hs) == 0, "repack %s", t->name);
+    w.q = dev_put(hq, qb);
+    w.s = sb ? dev_put(hs, sb) : NULL;
+    free(hq), free(hs);
+    return w;
+}
+
+static void weight_free(struct cuda_weight *w) {
+    cudaFree((void *)w->q);
+    if (w->s) cudaFree((void *)w->s);
+}
+
+static void test_matmul(struct threadpool *tp) {
+    const enum pxq_type types[] = {PXQ_TYPE_F32, PXQ_TYPE_F16, PXQ_TYPE_BF16, PXQ_TYPE_Q8_0, PXQ_TYPE_Q4_0, PXQ_TYPE_Q4_1,
+                                   PXQ_TYPE_Q5_0, PXQ_TYPE_Q5_1, PXQ_TYPE_Q4_K, PXQ_TYPE_Q5_K, PXQ_TYPE_Q6_K};
+    const int toks[] = {1, 3, 16, 21};
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        for (int shape = 0; shape < 2; shape++) {
+            enum pxq_type type = types[ti];
+            int dense = type == PXQ_TYPE_F32 || type == PXQ_TYPE_F16 || type == PXQ_TYPE_BF16;
+            if (shape == 1 && !dense) continue;
+            const int n_in = shape == 0 ? 512 : 100, n_out = 97; /* odd rows: the last warp's tail */
+            struct pxq_tensor t;
+            void *data = make_tensor(&t, type, n_in, n_out);
+            struct cuda_weight w = upload(&t);
+            for (size_t k = 0; k < sizeof toks / sizeof *toks; k++) {
+                int n = toks[k];
+                float *x = xmalloc((size_t)n * n_in * sizeof(float)), *ref = xmalloc((size_t)n * n_out * sizeof(float));
+                float *got = xmalloc((size_t)n * n_out * sizeof(float));
+                fill(x, (size_t)n * n_in, 1.0f);
+                matmul_cpu(tp, ref, &t, x, n);
+                float *dx = dev_put(x, (size_t)n * n_in * sizeof(float)), *dy = dev_poison((size_t)n * n_out);
+                matmul_gemv_cuda(dy, &w, dx, n, n_out, 0);
+                dev_get(got, dy, (size_t)n * n_out * sizeof(float));
+                double err = norm_err(got, ref, (size_t)n * n_out);
+                CHECK(err <= 1e-5, "matmul %s n_in %d tokens %d: normalised error %.3g", type_name(type), n_in, n, err);
+                if (n == 1) printf("matmul %-5s n_in %3d: normalised error %.2e\n", type_name(type), n_in, err);
+                cudaFree(dx), cudaFree(dy);
+                free(x), free(ref), free(got);
+            }
+            /* dequantized rows: a gathered list to f32 (embedding) and a range to f16 (prefill tiles) */
+            int32_t rows[5] = {96, 0, 41, 41, 7};
+            float *ref = xmalloc(5 * (size_t)n_in * sizeof(float)), *got = xmalloc(5 * (size_t)n_in * sizeof(float));
+            for (int r = 0; r < 5; r++) tensor_row_f32(ref + (size_t)r * n_in, &t, rows[r]);
+            int32_t *drows = dev_put(rows, sizeof rows);
+            float *dout = dev_poison(5 * (size_t)n_in);
+            dequant_rows_cuda(dout, 0, &w, drows, 0, 5, 0);
+            dev_get(got, dout, 5 * (size_t)n_in * sizeof(float));
+            double err = norm_err(got, ref, 5 * (size_t)n_in);
+            CHECK(err <= 1e-6, "dequant rows %s: %.3g", type_name(type), err);
+            uint16_t *h16 = xmalloc(5 * (size_t)n_in * 2);
+            for (int r = 0; r < 5; r++) tensor_row_f32(ref + (size_t)r * n_in, &t, 40 + r);
+            dequant_rows_cuda(dout, 1, &w, NULL, 40, 5, 0);
+            dev_get(h16, dout, 5 * (size_t)n_in * 2);
+            for (int i = 0; i < 5 * n_in; i++) got[i] = fp16_to_f32(h16[i]);
+            err = norm_err(got, ref, 5 * (size_t)n_in);
+            CHECK(err <= 1e-3, "dequant rows to f16 %s: %.3g", type_name(type), err);
+            free(h16), free(ref), free(got);
+            cudaFree(drows), cudaFree(dout);
+            weight_free(&w);
+            free(data);
+        }
+    }
+}
+
+static void test_small_ops(void) {
+    /* rmsnorm, plain and gathered rows */
+    const int n = 288, rows = 37;
+    float *x = xmalloc((size_t)rows * n * sizeof(float)), *w = xmalloc((size_t)n * sizeof(float));
+    float *ref = xmalloc((size_t)rows * n * sizeof(float)), *got = xmalloc((size_t)rows * n * sizeof(float));
+    fill(x, (size_t)rows * n, 3.0f);
+    fill(w, (size_t)n, 1.0f);
+    rmsnorm_cpu(ref, x, w, n, rows, 1e-6f);
+    float *dx = dev_put(x, (size_t)rows * n * 4), *dw = dev_put(w, (size_t)n * 4), *dy = dev_poison((size_t)rows * n);
+    rmsnorm_cuda(dy, dx, dw, n, rows, 1e-6f, NULL, 0);
+    dev_get(got, dy, (size_t)rows * n * 4);
+    double err = norm_err(got, ref, (size_t)rows * n);
+    CHECK(err <= 1e-6, "rmsnorm: %.3g", err);
+    printf("rmsnorm: %.2e\n", err);
+    int32_t sel[3] = {36, 0, 5};
+    int32_t *dsel = dev_put(sel, sizeof sel);
+    rmsnorm_cuda(dy, dx, dw, n, 3, 1e-6f, dsel, 0);
+    dev_get(got, dy, 3 * (size_t)n * 4);
+    for (int r = 0; r < 3; r++) {
+        err = norm_err(got + (size_t)r * n, ref + (size_t)sel[r] * n, (size_t)n);
+        CHECK(err <= 1e-6, "rmsnorm gathered row %d: %.3g", r, err);
+    }
+    /* in place, head-sized rows (q/k norm) */
+    rmsnorm_cpu(ref, x, w, 64, rows * n / 64, 1e-6f);
+    rmsnorm_cuda(dx, dx, dw, 64, rows * n / 64, 1e-6f, NULL, 0);
+    dev_get(got, dx, (size_t)rows * n * 4);
+    err = norm_err(got, ref, (size_t)rows * n);
+    CHECK(err <= 1e-6, "rmsnorm in place, rows of 64: %.3g", err);
+    /* swiglu, bias, residual */
+    float *g = xmalloc((size_t)rows * n * 4);
+    fill(g, (size_t)rows * n, 6.0f);
+    fill(x, (size_t)rows * n, 2.0f);
+    swiglu_cpu(ref, g, x, (int64_t)rows * n);
+    float *dg = dev_put(g, (size_t)rows * n * 4);
+    CK(cudaMemcpy(dx, x, (size_t)rows * n * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemset(dy, 0xff, (size_t)rows * n * 4));
+    swiglu_cuda(dy, dg, dx, (int64_t)rows * n, 0);
+    dev_get(got, dy, (size_t)rows * n * 4);
+    err = norm_err(got, ref, (size_t)rows * n);
+    CHECK(err <= 1e-6, "swiglu: %.3g", err);
+    printf("swiglu: %.2e\n", err);
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < n; i++) ref[(size_t)r * n + i] = x[(size_t)r * n + i] + w[i] + g[(size_t)r * n + i];
+    add_bias_cuda(dx, dw, rows, n, 0);
+    add_residual_cuda(dx, dg, (int64_t)rows * n, 0);
+    dev_get(got, dx, (size_t)rows * n * 4);
+    err = norm_err(got, ref, (size_t)rows * n);
+    CHECK(err <= 1e-6, "bias + residual: %.3g", err);
+    cudaFree(dx), cudaFree(dw), cudaFree(dy), cudaFree(dg), cudaFree(dsel);
+    free(x), free(w), free(ref), free(got), free(g);
+}
+
+static void test_rope(void) {
+    const int n_tok = 9, n_heads = 6, hd = 64;
+    const int n_rots[2] = {64, 32};
+    int32_t pos[9] = {0, 1, 2, 17, 255, 256, 1000, 4095, 32767};
+    for (int neox = 0; neox < 2; neox++)
+        for (int ri = 0; ri < 2; ri++) {
+            int n_rot = n_rots[ri];
+            float inv[33];
+            rope_inv_freq(inv, n_rot, neox ? 1000000.0f : 10000.0f);
+            const size_t ld = (size_t)n_heads * hd, tot = n_tok * ld;
+            float *x = xmalloc(tot * 4), *ref = xmalloc(tot * 4), *got = xmalloc(tot * 4);
+            fill(x, tot, 1.0f);
+            memcpy(ref, x, tot * 4);
+            for (int t = 0; t < n_tok; t++) rope_cpu(ref + t * ld, n_heads, hd, n_rot, pos[t], inv, neox);
+            float *dx = dev_put(x, tot * 4), *dinv = dev_put(inv, sizeof inv);
+            int32_t *dpos = dev_put(pos, sizeof pos);
+            rope_cuda(dx, n_heads, hd, n_rot, dpos, dinv, neox, n_tok, (int)ld, 0);
+            dev_get(got, dx, tot * 4);
+            double err = norm_err(got, ref, tot);
+            CHECK(err <= 1e-5, "rope neox %d n_rot %d: %.3g", neox, n_rot, err);
+            printf("rope neox %d n_rot %d: %.2e\n", neox, n_rot, err);
+            cudaFree(dx), cudaFree(dinv), cudaFree(dpos);
+            free(x), free(ref), free(got);
+        }
+}
+
+/* Attention over a paged cache whose block table is a random permutation, against a float64 loop. */
+static void test_attention(int kv_f32, int hd, int n_head, int n_head_kv) {
+    const int bs = 16, n_layer_kv = 2, l = 1, n_seq = 2, max_blocks = 48; /* 768 positions per sequence */
+    const int n_blocks = n_seq * max_blocks, kv_dim = n_head_kv * hd, q_dim = n_head * hd;
+    const int n_tok = 5;
+    int32_t pos[5] = {0, 40, 700, 255, 256}, seq[5] = {0, 1, 1, 0, 0};
+    int32_t *tab = xmalloc((size_t)n_blocks * 4);
+    for (int i = 0; i < n_blocks; i++) tab[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) {
+        int j = (int)(rnd_u32() % (uint32_t)(i + 1)), t = tab[i];
+        tab[i] = tab[j], tab[j] = t;
+    }
+    const size_t kv_elems = (size_t)n_blocks * n_layer_kv * bs * kv_dim;
+    float *kc = xmalloc(kv_elems * 4), *vc = xmalloc(kv_elems * 4);
+    fill(kc, kv_elems, 1.0f);
+    fill(vc, kv_elems, 1.0f);
+    uint16_t *k16 = xmalloc(kv_elems * 2), *v16 = xmalloc(kv_elems * 2);
+    if (!kv_f32) /* the reference sees the values the device holds */
+        for (size_t i = 0; i < kv_elems; i++) k16[i] = f32_to_fp16(kc[i]), v16[i] = f32_to_fp16(vc[i]);
+    float *q = xmalloc((size_t)n_tok * q_dim * 4), *ref = xmalloc((size_t)n_tok * q_dim * 4), *got = xmalloc((size_t)n_tok * q_dim * 4);
+    fill(q, (size_t)n_tok * q_dim, 1.0f);
+    const int group = n_head / n_head_kv;
+    double *sc = xmalloc(1024 * sizeof(double));
+    for (int t = 0; t < n_tok; t++)
+        for (int h = 0; h < n_head; h++) {
+            int kvh = h / group, n_kv = pos[t] + 1;
+            double mx = -1e300, sum = 0;
+            for (int p = 0; p < n_kv; p++) {
+                size_t off = (((size_t)tab[seq[t] * max_blocks + p / bs] * n_layer_kv + l) * bs + p % bs) * kv_dim + (size_t)kvh * hd;
+                double a = 0;
+                for (int d = 0; d < hd; d++) a += (double)q[(size_t)t * q_dim + h * hd + d] * (kv_f32 ? kc[off + d] : fp16_to_f32(k16[off + d]));
+                sc[p] = a / sqrt((double)hd);
+                mx = sc[p] > mx ? sc[p] : mx;
+            }
+            for (int p = 0; p < n_kv; p++) sum += (sc[p] = exp(sc[p] - mx));
+            for (int d = 0; d < hd; d++) {
+                double o = 0;
+                for (int p = 0; p < n_kv; p++) {
+                    size_t off = (((size_t)tab[seq[t] * max_blocks + p / bs] * n_layer_kv + l) * bs + p % bs) * kv_dim + (size_t)kvh * hd;
+                    o += sc[p] * (kv_f32 ? vc[off + d] : fp16_to_f32(v16[off + d]));
+                }
+                ref[(size_t)t * q_dim + h * hd + d] = (float)(o / sum);
+            }
+        }
+    struct cuda_kv kv = {0};
+    kv.k = dev_put(kv_f32 ? (void *)kc : (void *)k16, kv_elems * (kv_f32 ? 4 : 2));
+    kv.v = dev_put(kv_f32 ? (void *)vc : (void *)v16, kv_elems * (kv_f32 ? 4 : 2));
+    kv.kv_f32 = kv_f32, kv.n_layer_kv = n_layer_kv, kv.block_size = bs, kv.n_head_kv = n_head_kv, kv.head_dim = hd;
+    kv.kv_dim = kv_dim, kv.block_tab = dev_put(tab, (size_t)n_blocks * 4), kv.max_blocks = max_blocks;
+    CHECK(attention_cuda_prepare(hd, group) == 0, "attention smem");
+    float *dq = dev_put(q, (size_t)n_tok * q_dim * 4), *dout = dev_poison((size_t)n_tok * q_dim);
+    int32_t *dpos = dev_put(pos, sizeof pos), *dseq = dev_put(seq, sizeof seq);
+    const int splits[2][2] = {{4, 256}, {1, 1024}}; /* split-K over 4 chunks, and one chunk */
+    for (int s = 0; s < 2; s++) {
+        int n_split = splits[s][0], split_len = splits[s][1];
+        float *po = dev_poison((size_t)n_tok * n_head * n_split * hd), *pml = dev_poison((size_t)n_tok * n_head * n_split * 2);
+        CK(cudaMemset(dout, 0xff, (size_t)n_tok * q_dim * 4));
+        attention_cuda(dout, dq, &kv, l, dpos, dseq, n_tok, n_head, n_split, split_len, po, pml, 0);
+        dev_get(got, dout, (size_t)n_tok * q_dim * 4);
+        double err = norm_err(got, ref, (size_t)n_tok * q_dim), bound = kv_f32 ? 1e-5 : 2e-3;
+        CHECK(err <= bound, "attention kv_f32 %d hd %d heads %d/%d splits %d: %.3g > %.1g", kv_f32, hd, n_head, n_head_kv,
+              n_split, err, bound);
+        printf("attention %s hd %3d heads %2d/%d splits %d: %.2e\n", kv_f32 ? "f32" : "f16", hd, n_head, n_head_kv, n_split, err);
+        cudaFree(po), cudaFree(pml);
+    }
+    /* kv_store: write a token's k, v at (seq 1, pos 300) of layer 0 and read it back */
+    float *kk = xmalloc((size_t)kv_dim * 4), *vv = xmalloc((size_t)kv_dim * 4), *back = xmalloc((size_t)kv_dim * 4);
+    fill(kk, (size_t)kv_dim, 1.0f);
+    fill(vv, (size_t)kv_dim, 1.0f);
+    int32_t p300 = 300, s1 = 1;
+    float *dk = dev_put(kk, (size_t)kv_dim * 4), *dv = dev_put(vv, (size_t)kv_dim * 4);
+    int32_t *dp = dev_put(&p300, 4), *ds = dev_put(&s1, 4);
+    kv_store_cuda(&kv, 0, dk, dv, dp, ds, 1, 0);
+    size_t off = (((size_t)tab[1 * max_blocks + 300 / bs] * n_layer_kv + 0) * bs + 300 % bs) * kv_dim;
+    if (kv_f32) {
+        dev_get(back, (const float *)kv.v + off, (size_t)kv_dim * 4);
+    } else {
+        uint16_t *h = xmalloc((size_t)kv_dim * 2);
+        dev_get(h, (const uint16_t *)kv.v + off, (size_t)kv_dim * 2);
+        for (int i = 0; i < kv_dim; i++) back[i] = fp16_to_f32(h[i]);
+        free(h);
+    }
+    double err = norm_err(back, vv, (size_t)kv_dim);
+    CHECK(err <= (kv_f32 ? 0 : 1e-3), "kv_store: %.3g", err);
+    cudaFree(dk), cudaFree(dv), cudaFree(dp), cudaFree(ds);
+    free(kk), free(vv), free(back);
+    cudaFree(kv.k), cudaFree(kv.v), cudaFree((void *)kv.block_tab), cudaFree(dq), cudaFree(dout), cudaFree(dpos), cudaFree(dseq);
+    free(tab), free(kc), free(vc), free(k16), free(v16), free(q), free(ref), free(got), free(sc);
+}
+
+int main(void) {
+    int gate = cuda_test_gate("test_cuda_ops");
+    if (gate >= 0) return gate;
+    struct threadpool *tp = threadpool_new(2);
+    test_matmul(tp);
+    test_small_ops();
+    test_rope();
+    test_attention(1, 64, 6, 2);
+    test_attention(0, 64, 6, 2);
+    test_attention(1, 128, 16, 2);
+    test_attention(0, 128, 64, 8);
+    test_attention(0, 256, 8, 1);
+    threadpool_free(tp);
+    return test_summary("test_cuda_ops");
+}
+#endif
