@@ -32,6 +32,26 @@
 
 /* ---- the gated delta rule ---- */
 
+typedef float v8f __attribute__((vector_size(32)));
+
+/* y[i] += a * x[i] (8 lanes at a time; y and x do not overlap) */
+static inline void axpy(float *restrict y, float a, const float *restrict x, int n) {
+    int i = 0;
+    const v8f va = {a, a, a, a, a, a, a, a};
+    for (; i + 8 <= n; i += 8) {
+        v8f yv, xv;
+        memcpy(&yv, y + i, 32);
+        memcpy(&xv, x + i, 32);
+        yv += va * xv;
+        memcpy(y + i, &yv, 32);
+    }
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+static inline void scale(float *y, float a, int n) {
+    for (int i = 0; i < n; i++) y[i] *= a;
+}
+
 void gated_delta_rule_recurrent(float *out, float *S, const float *q, const float *k, const float *v, const float *g,
                                 const float *beta, int n, int dk, int dv) {
     float kv_mem[1024], delta[1024]; /* dv <= 1024 (checked at load) */
@@ -39,24 +59,18 @@ void gated_delta_rule_recurrent(float *out, float *S, const float *q, const floa
         const float *qt = q + (size_t)t * dk, *kt = k + (size_t)t * dk, *vt = v + (size_t)t * dv;
         float *ot = out + (size_t)t * dv;
         const float decay = expf(g[t]);
-        for (int j = 0; j < dv; j++) kv_mem[j] = 0;
+        memset(kv_mem, 0, (size_t)dv * sizeof(float));
         for (int i = 0; i < dk; i++) { /* S *= exp(g); kv_mem = k S */
             float *Si = S + (size_t)i * dv;
-            const float ki = kt[i];
-            for (int j = 0; j < dv; j++) {
-                Si[j] *= decay;
-                kv_mem[j] += Si[j] * ki;
-            }
+            scale(Si, decay, dv);
+            axpy(kv_mem, kt[i], Si, dv);
         }
         for (int j = 0; j < dv; j++) delta[j] = (vt[j] - kv_mem[j]) * beta[t];
-        for (int j = 0; j < dv; j++) ot[j] = 0;
+        memset(ot, 0, (size_t)dv * sizeof(float));
         for (int i = 0; i < dk; i++) { /* S += k^T delta; out = q S */
             float *Si = S + (size_t)i * dv;
-            const float ki = kt[i], qi = qt[i];
-            for (int j = 0; j < dv; j++) {
-                Si[j] += ki * delta[j];
-                ot[j] += Si[j] * qi;
-            }
+            axpy(Si, kt[i], delta, dv);
+            axpy(ot, qt[i], Si, dv);
         }
     }
 }
@@ -83,8 +97,9 @@ void gated_delta_rule_chunked(float *out, float *S, const float *q, const float 
     static __thread float *buf;
     static __thread size_t cap;
     const int C = chunk;
-    float *A = tls_grow(&buf, &cap, (size_t)C * C + (size_t)C * (dv + dk + dv + 1));
-    float *U = A + (size_t)C * C, *W = U + (size_t)C * dv, *vnew = W + (size_t)C * dk, *gam = vnew + (size_t)C * dv;
+    float *A = tls_grow(&buf, &cap, 2 * (size_t)C * C + (size_t)C * (dv + dk + 2));
+    float *M = A + (size_t)C * C, *U = M + (size_t)C * C, *W = U + (size_t)C * dv;
+    float *gam = W + (size_t)C * dk, *elast = gam + C;
     for (int c0 = 0; c0 < n; c0 += C) {
         const int m = n - c0 < C ? n - c0 : C;
         const float *qc = q + (size_t)c0 * dk, *kc = k + (size_t)c0 * dk, *vc = v + (size_t)c0 * dv;
@@ -92,9 +107,14 @@ void gated_delta_rule_chunked(float *out, float *S, const float *q, const float 
         float *oc = out + (size_t)c0 * dv;
         float acc = 0;
         for (int i = 0; i < m; i++) gam[i] = acc += g[c0 + i];
-        for (int i = 0; i < m; i++)
-            for (int j = 0; j < i; j++)
-                A[i * C + j] = bc[i] * vec_dot_f32(kc + (size_t)i * dk, kc + (size_t)j * dk, dk) * expf(gam[i] - gam[j]);
+        for (int i = 0; i < m; i++) {
+            const float *ki = kc + (size_t)i * dk, *qi = qc + (size_t)i * dk;
+            for (int j = 0; j <= i; j++) {
+                const float dec = expf(gam[i] - gam[j]), *kj = kc + (size_t)j * dk;
+                A[i * C + j] = bc[i] * vec_dot_f32(ki, kj, dk) * dec;
+                M[i * C + j] = vec_dot_f32(qi, kj, dk) * dec;
+            }
+        }
         for (int i = 0; i < m; i++) { /* forward substitution, row by row */
             float *Ui = U + (size_t)i * dv, *Wi = W + (size_t)i * dk;
             const float *vi = vc + (size_t)i * dv, *ki = kc + (size_t)i * dk;
@@ -102,44 +122,29 @@ void gated_delta_rule_chunked(float *out, float *S, const float *q, const float 
             for (int x = 0; x < dv; x++) Ui[x] = bc[i] * vi[x];
             for (int x = 0; x < dk; x++) Wi[x] = wk * ki[x];
             for (int j = 0; j < i; j++) {
-                const float a = A[i * C + j];
-                const float *Uj = U + (size_t)j * dv, *Wj = W + (size_t)j * dk;
-                for (int x = 0; x < dv; x++) Ui[x] -= a * Uj[x];
-                for (int x = 0; x < dk; x++) Wi[x] -= a * Wj[x];
+                axpy(Ui, -A[i * C + j], U + (size_t)j * dv, dv);
+                axpy(Wi, -A[i * C + j], W + (size_t)j * dk, dk);
             }
         }
-        for (int i = 0; i < m; i++) { /* vnew = U - W S; out = exp(gam) q S (inter-chunk part) */
-            float *vn = vnew + (size_t)i * dv, *oi = oc + (size_t)i * dv;
+        for (int i = 0; i < m; i++) { /* U becomes vnew = U - W S; out = exp(gam) q S (inter-chunk part) */
+            float *vn = U + (size_t)i * dv, *oi = oc + (size_t)i * dv;
             const float *Wi = W + (size_t)i * dk, *qi = qc + (size_t)i * dk;
             const float eg = expf(gam[i]);
-            for (int x = 0; x < dv; x++) vn[x] = U[(size_t)i * dv + x], oi[x] = 0;
+            memset(oi, 0, (size_t)dv * sizeof(float));
             for (int r = 0; r < dk; r++) {
                 const float *Sr = S + (size_t)r * dv;
-                const float w = Wi[r], qq = qi[r] * eg;
-                for (int x = 0; x < dv; x++) {
-                    vn[x] -= w * Sr[x];
-                    oi[x] += qq * Sr[x];
-                }
+                axpy(vn, -Wi[r], Sr, dv);
+                axpy(oi, qi[r] * eg, Sr, dv);
             }
         }
-        for (int i = 0; i < m; i++) { /* intra-chunk part */
-            float *oi = oc + (size_t)i * dv;
-            const float *qi = qc + (size_t)i * dk;
-            for (int j = 0; j <= i; j++) {
-                const float a = vec_dot_f32(qi, kc + (size_t)j * dk, dk) * expf(gam[i] - gam[j]);
-                const float *vn = vnew + (size_t)j * dv;
-                for (int x = 0; x < dv; x++) oi[x] += a * vn[x];
-            }
-        }
+        for (int i = 0; i < m; i++) /* intra-chunk part */
+            for (int j = 0; j <= i; j++) axpy(oc + (size_t)i * dv, M[i * C + j], U + (size_t)j * dv, dv);
         const float glast = gam[m - 1], dlast = expf(glast);
+        for (int j = 0; j < m; j++) elast[j] = expf(glast - gam[j]);
         for (int r = 0; r < dk; r++) { /* state update */
             float *Sr = S + (size_t)r * dv;
-            for (int x = 0; x < dv; x++) Sr[x] *= dlast;
-            for (int j = 0; j < m; j++) {
-                const float kw = kc[(size_t)j * dk + r] * expf(glast - gam[j]);
-                const float *vn = vnew + (size_t)j * dv;
-                for (int x = 0; x < dv; x++) Sr[x] += kw * vn[x];
-            }
+            scale(Sr, dlast, dv);
+            for (int j = 0; j < m; j++) axpy(Sr, kc[(size_t)j * dk + r] * elast[j], U + (size_t)j * dv, dv);
         }
     }
 }

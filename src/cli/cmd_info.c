@@ -33,6 +33,17 @@ int cmd_info(int argc, char **argv) {
            hp->n_ctx_train, hp->rope_theta, hp->n_rot, hp->rope_style == ROPE_NEOX ? "neox" : "interleaved", hp->rms_eps,
            hp->tie_embd ? "yes" : "no", hp->has_qkv_bias ? "yes" : "no", hp->has_qk_norm ? "yes" : "no");
     if (hp->n_expert) printf("experts %d, used %d, n_ff_exp %d, norm_topk_prob %d\n", hp->n_expert, hp->n_expert_used, hp->n_ff_exp, hp->norm_topk_prob);
+    if (hp->arch == ARCH_QWEN35) { /* hybrid: KV only for attention layers, a fixed float32 state for the others */
+        int n_dn = 0;
+        for (int il = 0; il < hp->n_layer; il++) n_dn += hp->layer_kind[il] == LAYER_DELTANET;
+        const double conv_dim = 2.0 * hp->ssm_n_k_head * hp->ssm_head_k_dim + (double)hp->ssm_n_v_head * hp->ssm_head_v_dim;
+        const double state = n_dn * 4.0 * ((hp->ssm_conv_kernel - 1) * conv_dim + (double)hp->ssm_n_v_head * hp->ssm_head_k_dim * hp->ssm_head_v_dim);
+        printf("hybrid: %d Gated DeltaNet + %d attention layers; DeltaNet k heads %d x %d, v heads %d x %d, conv %d; "
+               "attention output gate %s, MTP layers %d\n", n_dn, hp->n_layer - n_dn, hp->ssm_n_k_head, hp->ssm_head_k_dim,
+               hp->ssm_n_v_head, hp->ssm_head_v_dim, hp->ssm_conv_kernel, hp->attn_output_gate ? "yes" : "no", hp->n_mtp_layer);
+        printf("per sequence: recurrent state %.3f MiB (float32), KV %.1f KiB per position at f16 (attention layers only)\n",
+               state / 1048576.0, (hp->n_layer - n_dn) * 2.0 * hp->n_head_kv * hp->head_dim * 2 / 1024.0);
+    }
     printf("eos ids:");
     for (int i = 0; i < hp->n_eos; i++) printf(" %d", hp->eos_ids[i]);
     printf("\n");
