@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops_cpu.h"
 #include "quant.h"
 #include "quantize.h"
 #include "threadpool.h"
@@ -107,10 +108,7 @@ static void err_rows(void *arg, int64_t r0, int64_t r1, int ith) {
         double rs = 0;
         for (int64_t i = 0; i < n; i++) {
             if (d[i] == 0) continue;
-            const float *h = a->H + i * n;
-            float s = 0; /* (H d)_i, H symmetric */
-            for (int64_t j = 0; j < n; j++) s += h[j] * d[j];
-            rs += (double)d[i] * s;
+            rs += (double)d[i] * vec_dot_f32(a->H + i * n, d, n); /* d_i (H d)_i */
         }
         acc += rs;
     }

@@ -165,28 +165,47 @@ struct obs {
     struct threadpool *tp;
 };
 
+typedef float v8f __attribute__((vector_size(32)));
+
 struct acc_args {
     struct calib_site *s;
-    const float *x;
-    int n_tok;
-    float *scratch; /* [n_threads][n_in] */
+    const float *xt; /* [n_in][n_t8] x transposed, zero-padded to n_t8 (a multiple of 8) tokens */
+    int64_t n_t8;
 };
 
-/* Rows i of H: H[i][j] += sum_t x[t][i] x[t][j] for j >= i (float within one call, then double). */
-static void acc_rows(void *arg, int64_t i0, int64_t i1, int ith) {
+/* H[i][j] += sum_t x[t][i] x[t][j] for a 4 x 4 tile of rows/cols of H (j >= i), 16 vector
+ * accumulators over the token axis of the transposed input: 8 loads feed 16 FMAs. */
+static void acc_rows(void *arg, int64_t b0, int64_t b1, int ith) {
     const struct acc_args *a = arg;
-    const int64_t n = a->s->n_in;
-    float *acc = a->scratch + (size_t)ith * (size_t)n;
-    for (int64_t i = i0; i < i1; i++) {
-        memset(acc + i, 0, (size_t)(n - i) * sizeof *acc);
-        for (int t = 0; t < a->n_tok; t++) {
-            const float *xt = a->x + (size_t)t * (size_t)n;
-            const float xi = xt[i];
-            if (xi == 0) continue;
-            for (int64_t j = i; j < n; j++) acc[j] += xi * xt[j];
+    const int64_t n = a->s->n_in, nb = (n + 3) / 4, T = a->n_t8;
+    for (int64_t bi = b0; bi < b1; bi++) {
+        const int64_t i0 = bi * 4;
+        for (int64_t bj = bi; bj < nb; bj++) {
+            const int64_t j0 = bj * 4;
+            v8f acc[4][4] = {{{0}}};
+            const float *xi[4], *xj[4];
+            static const float zero[8] = {0};
+            for (int r = 0; r < 4; r++) {
+                xi[r] = i0 + r < n ? a->xt + (i0 + r) * T : NULL;
+                xj[r] = j0 + r < n ? a->xt + (j0 + r) * T : NULL;
+            }
+            for (int64_t t = 0; t < T; t += 8) {
+                v8f vi[4], vj[4];
+                for (int r = 0; r < 4; r++) {
+                    memcpy(&vi[r], xi[r] ? xi[r] + t : zero, 32);
+                    memcpy(&vj[r], xj[r] ? xj[r] + t : zero, 32);
+                }
+                for (int r = 0; r < 4; r++)
+                    for (int c = 0; c < 4; c++) acc[r][c] += vi[r] * vj[c];
+            }
+            for (int r = 0; r < 4 && i0 + r < n; r++)
+                for (int c = 0; c < 4 && j0 + c < n; c++) {
+                    if (j0 + c < i0 + r) continue;
+                    float sum = 0;
+                    for (int k = 0; k < 8; k++) sum += acc[r][c][k];
+                    a->s->H[(i0 + r) * n + j0 + c] += sum;
+                }
         }
-        double *h = a->s->H + i * n;
-        for (int64_t j = i; j < n; j++) h[j] += acc[j];
     }
 }
 
@@ -195,17 +214,21 @@ static void observe(void *ctx, const struct pxq_tensor *w, const float *x, int n
     int i = calib_find_site(o->c, w);
     if (i < 0 || n_tokens <= 0) return;
     struct calib_site *s = &o->c->sites[i];
-    const int64_t n = s->n_in;
-    static _Thread_local float *scratch;
-    static _Thread_local size_t scratch_cap;
-    size_t need = (size_t)threadpool_size(o->tp) * (size_t)n;
-    if (need > scratch_cap) {
-        free(scratch);
-        scratch = xmalloc(need * sizeof *scratch);
-        scratch_cap = need;
+    const int64_t n = s->n_in, T = (n_tokens + 7) / 8 * 8;
+    static _Thread_local float *xt;
+    static _Thread_local size_t xt_cap;
+    if ((size_t)(n * T) > xt_cap) {
+        free(xt);
+        xt_cap = (size_t)(n * T);
+        xt = xmalloc(xt_cap * sizeof *xt);
     }
-    struct acc_args a = {s, x, n_tokens, scratch};
-    parallel_for(o->tp, n, 8, acc_rows, &a);
+    for (int64_t k = 0; k < n; k++) {
+        float *row = xt + k * T;
+        for (int t = 0; t < n_tokens; t++) row[t] = x[(size_t)t * (size_t)n + k];
+        for (int64_t t = n_tokens; t < T; t++) row[t] = 0;
+    }
+    struct acc_args a = {s, xt, T};
+    parallel_for(o->tp, (n + 3) / 4, 1, acc_rows, &a);
     for (int t = 0; t < n_tokens; t++)
         for (int64_t k = 0; k < n; k++) s->abs_sum[k] += fabs((double)x[(size_t)t * (size_t)n + k]);
     s->n_tok += n_tokens;

@@ -2,7 +2,11 @@
  * whole, cut into non-overlapping chunks of CTX tokens, and each chunk is scored from a fresh
  * context: mean NLL of tokens 1..CTX-1 given their prefix, over the first K chunks; PPL = exp(mean).
  * (llama.cpp's llama-perplexity scores only the second half of each chunk, so its numbers differ.)
- * Several chunks go through the engine together as one ragged batch of sequences. */
+ * Several chunks go through the engine together as one ragged batch of sequences.
+ * --kl-base BASE: the same chunks also go through BASE (same vocabulary), and at every scored position
+ * KL(P_base || P_model) = sum_v p_base(v) (log p_base(v) - log p_model(v)) and whether the two
+ * argmaxes agree are accumulated (llama.cpp's llama-perplexity --kl-divergence reports the same
+ * measures); the mean KL and the top-1 agreement are printed beside PPL. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +18,32 @@
 #include "util.h"
 
 #define PPL_PAR 4 /* chunks evaluated together */
+
+/* log-softmax of logits[n] into out[n], in double for the sum. */
+static void log_softmax(const float *logits, int n, double *out) {
+    float mx = logits[0];
+    for (int i = 1; i < n; i++) mx = logits[i] > mx ? logits[i] : mx;
+    double z = 0;
+    for (int i = 0; i < n; i++) z += exp((double)logits[i] - mx);
+    double lz = log(z) + mx;
+    for (int i = 0; i < n; i++) out[i] = (double)logits[i] - lz;
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* KL(base || model) of one position, from the two logit rows. */
+static double kl_of(const float *base, const float *model, int n, double *lb, double *lm) {
+    log_softmax(base, n, lb);
+    log_softmax(model, n, lm);
+    double kl = 0;
+    for (int i = 0; i < n; i++) kl += exp(lb[i]) * (lb[i] - lm[i]);
+    return kl > 0 ? kl : 0;
+}
 
 /* NLL (natural log) of `target` under logits[n]: logsumexp(logits) - logits[target], in double. */
 static double nll_of(const float *logits, int n, int target) {
@@ -28,7 +58,7 @@ int cmd_perplexity(int argc, char **argv) {
     struct args a = {argc, argv, 0, "perplexity"};
     struct common_opts co;
     common_init(&co);
-    const char *file = NULL;
+    const char *file = NULL, *kl_base = NULL;
     int ctx = 512, chunks = 0, json = 0;
     for (a.i = 1; a.i < argc; a.i++) {
         const char *f = argv[a.i];
@@ -37,8 +67,11 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(f, "-f") || !strcmp(f, "--file")) file = arg_str(&a);
         else if (!strcmp(f, "--chunks")) chunks = (int)arg_int(&a, 1, 1 << 24);
         else if (!strcmp(f, "--json")) json = 1;
+        else if (!strcmp(f, "--kl-base")) kl_base = arg_str(&a);
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
-            printf("usage: pxq perplexity [-m PATH] -f TEXT [-c CTX] [--chunks K] [--json]\n%s", common_help());
+            printf("usage: pxq perplexity [-m PATH] -f TEXT [-c CTX] [--chunks K] [--kl-base BASE_MODEL] [--json]\n"
+                   "  --kl-base BASE   also report KL(base || model) and top-1 agreement against BASE (same vocabulary)\n%s",
+                   common_help());
             return 0;
         } else
             fail(&a, 2, "unknown option '%s'", f);
@@ -66,6 +99,19 @@ int cmd_perplexity(int argc, char **argv) {
     struct pxq_engine *e = pxq_engine_new(m, &co.ep, err, sizeof err);
     if (!e) fail(&a, 1, "%s", err);
     const int n_vocab = model_hparams(m)->n_vocab;
+    struct pxq_model *mb = NULL;
+    struct pxq_engine *eb = NULL;
+    double *lpb = NULL, *lpm = NULL, kld = 0, nll_base = 0;
+    long n_top1 = 0;
+    if (kl_base) {
+        mb = open_model_or_fail(&a, kl_base);
+        if (model_hparams(mb)->n_vocab != n_vocab)
+            fail(&a, 1, "--kl-base %s: vocabulary of %d tokens, the model has %d", kl_base, model_hparams(mb)->n_vocab, n_vocab);
+        eb = pxq_engine_new(mb, &co.ep, err, sizeof err);
+        if (!eb) fail(&a, 1, "%s", err);
+        lpb = xmalloc((size_t)n_vocab * sizeof *lpb);
+        lpm = xmalloc((size_t)n_vocab * sizeof *lpm);
+    }
     int32_t *pos = xmalloc((size_t)PPL_PAR * ctx * sizeof *pos), *sid = xmalloc((size_t)PPL_PAR * ctx * sizeof *sid);
     int8_t *want = xmalloc((size_t)PPL_PAR * ctx);
     double nll = 0;
@@ -85,11 +131,26 @@ int cmd_perplexity(int argc, char **argv) {
         }
         struct pxq_batch b = {nc * ctx, ids + (size_t)c0 * ctx, pos, sid, want};
         if (pxq_decode(e, &b, err, sizeof err) != 0) fail(&a, 1, "%s", err);
+        if (eb) {
+            for (int j = 0; j < nc; j++) /* the base engine hands out the same ids in the same order */
+                if (pxq_seq_new(eb) != seqs[j]) fail(&a, 1, "--kl-base: sequence ids differ between the engines");
+            if (pxq_decode(eb, &b, err, sizeof err) != 0) fail(&a, 1, "--kl-base %s: %s", kl_base, err);
+        }
         for (int j = 0; j < nc; j++) {
             const int32_t *tok = ids + (size_t)(c0 + j) * ctx;
-            for (int i = 0; i < ctx - 1; i++) nll += nll_of(pxq_logits(e, j * (ctx - 1) + i), n_vocab, tok[i + 1]);
+            for (int i = 0; i < ctx - 1; i++) {
+                const float *lg = pxq_logits(e, j * (ctx - 1) + i);
+                nll += nll_of(lg, n_vocab, tok[i + 1]);
+                if (eb) {
+                    const float *lb = pxq_logits(eb, j * (ctx - 1) + i);
+                    nll_base += nll_of(lb, n_vocab, tok[i + 1]);
+                    kld += kl_of(lb, lg, n_vocab, lpb, lpm);
+                    n_top1 += argmax(lb, n_vocab) == argmax(lg, n_vocab);
+                }
+            }
             n_scored += ctx - 1;
             pxq_seq_free(e, seqs[j]);
+            if (eb) pxq_seq_free(eb, seqs[j]);
         }
         if (tty)
             fprintf(stderr, "\r[%d/%d] ppl %.4f  %.1f tok/s ", c0 + nc, chunks, exp(nll / (double)n_scored),
@@ -100,8 +161,20 @@ int cmd_perplexity(int argc, char **argv) {
     double dt = now_sec() - t0;
     fprintf(stderr, "pxq perplexity: %s, %d chunks of %d tokens, %.1f tok/s\n", model_path(m), chunks, ctx, chunks * ctx / dt);
     printf("ppl = %.4f\n", ppl);
-    if (json) printf("{\"ppl\": %.6f, \"n_tokens\": %d, \"n_chunks\": %d, \"n_scored\": %ld, \"ctx\": %d}\n", ppl, chunks * ctx, chunks,
-                     n_scored, ctx);
+    if (eb)
+        printf("base ppl = %.4f\nkld = %.6f\ntop1 = %.4f\n", exp(nll_base / (double)n_scored), kld / (double)n_scored,
+               (double)n_top1 / (double)n_scored);
+    if (json) {
+        printf("{\"ppl\": %.6f, \"n_tokens\": %d, \"n_chunks\": %d, \"n_scored\": %ld, \"ctx\": %d", ppl, chunks * ctx, chunks,
+               n_scored, ctx);
+        if (eb)
+            printf(", \"ppl_base\": %.6f, \"kld\": %.8f, \"top1\": %.6f", exp(nll_base / (double)n_scored), kld / (double)n_scored,
+                   (double)n_top1 / (double)n_scored);
+        printf("}\n");
+    }
+    free(lpb), free(lpm);
+    pxq_engine_free(eb);
+    if (mb) model_free(mb);
     free(pos), free(sid), free(want), free(ids);
     pxq_engine_free(e);
     model_free(m);
