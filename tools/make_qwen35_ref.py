@@ -76,8 +76,12 @@ def main():
         eos_token_id=None,
         pad_token_id=None,
     )
-    cfg._attn_implementation = "eager"
     model = Qwen3_5ForCausalLM(cfg).float()
+    try:  # eager attention, as the other references (sdpa would differ only by rounding)
+        model.set_attn_implementation("eager")
+    except Exception as ex:
+        print("note: eager attention not set:", ex, file=sys.stderr)
+    print("attention implementation:", getattr(model.config, "_attn_implementation", "?"))
     with torch.no_grad():  # randomise what HF initialises to constants
         for name, p in model.named_parameters():
             if name.endswith("linear_attn.norm.weight"):
@@ -94,7 +98,7 @@ def main():
     rdir = os.path.join(args.out, "ref", args.name)
     os.makedirs(mdir, exist_ok=True)
     os.makedirs(rdir, exist_ok=True)
-    model.save_pretrained(mdir, safe_serialization=True)
+    model.save_pretrained(mdir)  # safetensors (transformers 5 writes no other format)
     # MTP weights (Qwen3.5 checkpoints carry them beside the model; HF's model class ignores mtp.*):
     # mtp.fc [hidden, 2 hidden], three norms, and one full-attention decoder layer shaped like layer 1.
     st_path = os.path.join(mdir, "model.safetensors")
