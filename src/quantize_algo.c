@@ -128,19 +128,31 @@ double quant_output_error(const float *dW, int64_t n_out, int64_t n_in, const fl
 
 /* ---- GPTQ ---- */
 
+typedef double v4d __attribute__((vector_size(32)));
+
+/* sum a[k] b[k], k < n, with 4-wide vector accumulators. */
+static double ddot(const double *a, const double *b, int64_t n) {
+    v4d acc = {0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 4 <= n; k += 4) {
+        v4d x, y;
+        memcpy(&x, a + k, 32);
+        memcpy(&y, b + k, 32);
+        acc += x * y;
+    }
+    double s = acc[0] + acc[1] + acc[2] + acc[3];
+    for (; k < n; k++) s += a[k] * b[k];
+    return s;
+}
+
 /* In-place lower Cholesky factor of A[n][n] (the upper triangle is left as is). -1 if not PD. */
 static int cholesky_lower(double *A, int64_t n) {
     for (int64_t j = 0; j < n; j++) {
-        double s = A[j * n + j];
-        for (int64_t k = 0; k < j; k++) s -= A[j * n + k] * A[j * n + k];
+        double s = A[j * n + j] - ddot(A + j * n, A + j * n, j);
         if (!(s > 0)) return -1;
         double l = sqrt(s);
         A[j * n + j] = l;
-        for (int64_t i = j + 1; i < n; i++) {
-            double t = A[i * n + j];
-            for (int64_t k = 0; k < j; k++) t -= A[i * n + k] * A[j * n + k];
-            A[i * n + j] = t / l;
-        }
+        for (int64_t i = j + 1; i < n; i++) A[i * n + j] = (A[i * n + j] - ddot(A + i * n, A + j * n, j)) / l;
     }
     return 0;
 }
@@ -196,22 +208,19 @@ int gptq_quantize(enum pxq_type t, float *W, int64_t n_out, int64_t n_in, const 
     int rc = -1;
     float *U = NULL;
     if (cholesky_lower(A, n) != 0) goto out;
-    /* H^-1 = L^-T L^-1: invert L in place (lower triangular) */
+    /* H^-1 = L^-T L^-1. Column j of L^-1 solves L x = e_j by forward substitution; it is kept as
+     * row j of Li (Li = L^-T, upper), so that (H^-1)_ij = sum_k Li[i][k] Li[j][k] reads rows. */
+    double *Li = xcalloc((size_t)(n * n), sizeof *Li), *x = xmalloc((size_t)n * sizeof *x);
     for (int64_t j = 0; j < n; j++) {
-        A[j * n + j] = 1.0 / A[j * n + j];
-        for (int64_t i = j + 1; i < n; i++) {
-            double s = 0;
-            for (int64_t k = j; k < i; k++) s += A[i * n + k] * A[k * n + j];
-            A[i * n + j] = -s / A[i * n + i];
-        }
+        for (int64_t i = 0; i < j; i++) x[i] = 0;
+        for (int64_t i = j; i < n; i++) x[i] = ((i == j ? 1.0 : 0.0) - ddot(A + i * n + j, x + j, i - j)) / A[i * n + i];
+        memcpy(Li + j * n + j, x + j, (size_t)(n - j) * sizeof *x);
     }
+    free(x);
     double *Hi = xmalloc((size_t)(n * n) * sizeof *Hi);
     for (int64_t i = 0; i < n; i++)
-        for (int64_t j = 0; j <= i; j++) { /* (L^-T L^-1)_ij = sum_k Linv_ki Linv_kj, k >= max(i,j) = i */
-            double s = 0;
-            for (int64_t k = i; k < n; k++) s += A[k * n + i] * A[k * n + j];
-            Hi[i * n + j] = Hi[j * n + i] = s;
-        }
+        for (int64_t j = 0; j <= i; j++) Hi[i * n + j] = Hi[j * n + i] = ddot(Li + i * n + i, Li + j * n + i, n - i);
+    free(Li);
     if (cholesky_lower(Hi, n) != 0) {
         free(Hi);
         goto out;

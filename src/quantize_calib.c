@@ -106,9 +106,18 @@ int calib_load(const char *path, const struct pxq_tokenizer *tok, int n_seq, int
             }
             k++;
         }
-    } else if (append_tokens(tok, text, len, &all, &n, &cap) != 0) {
-        set_err(err, errlen, "calibration file %s could not be tokenized", path);
-        goto out;
+    } else { /* plain text: tokenize a prefix that is long enough (at a line end), growing it if not */
+        size_t want = (size_t)n_seq * (size_t)seq_len, take = want * 8 < len ? want * 8 : len;
+        for (;;) {
+            while (take < len && text[take - 1] != '\n') take++;
+            n = 0;
+            if (append_tokens(tok, text, take, &all, &n, &cap) != 0) {
+                set_err(err, errlen, "calibration file %s could not be tokenized", path);
+                goto out;
+            }
+            if (n >= want || take == len) break;
+            take = take * 2 < len ? take * 2 : len;
+        }
     }
     if (n < 2) {
         set_err(err, errlen, "calibration file %s: %zu tokens, too few to calibrate on", path, n);
