@@ -40,7 +40,7 @@ static float half(const uint8_t *p) {
     return s ? -v : v;
 }
 
-/* Decode one block of 32 into y; *step gets the quantization step |d|, *lo/*hi the range covered. */
+/* Decode one block of 32 into y; *step gets the quantization step abs(d), *m_out the Q4_1 minimum. */
 static void spec_decode(enum pxq_type t, const uint8_t *b, float *y, float *step, float *m_out) {
     float d = half(b), m = 0;
     *m_out = 0;
