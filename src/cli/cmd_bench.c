@@ -426,8 +426,9 @@ int cmd_bench(int argc, char **argv) {
                         for (int i = 0; i < r.n_ts; i++) printf("%s%.4f", i ? ", " : "", r.ts[i]);
                         printf("], \"avg_ts\": %.4f, \"stddev_ts\": %.4f, \"metric\": \"%s\", \"value\": %.6f", r.mean, r.sd,
                                kind ? "GB/s" : "TFLOP/s", r.value);
-                        printf(", \"roofline\": %.6f, \"roofline_metric\": \"%s\", \"roofline_pct\": %.3f", kind ? rl.copy_gbs : rl.gemm_tflops,
-                               kind ? "copy GB/s" : "GEMM TFLOP/s", r.pct);
+                        printf(", \"roofline\": %.6f, \"roofline_metric\": \"%s\", \"roofline_pct\": %.3f, \"roofline_method\": ",
+                               kind ? rl.copy_gbs : rl.gemm_tflops, kind ? "copy GB/s" : "GEMM TFLOP/s", r.pct);
+                        json_str(stdout, kind ? rl.copy_method : rl.gemm_method);
                         printf(", \"weight_bytes\": %zu, \"peak_mem_bytes\": %zu, \"peak_mem_kind\": \"%s\"}", mp.weight_bytes, r.peak,
                                dev == PXQ_DEVICE_CUDA ? "device arena" : "host RSS");
                     } else {
