@@ -36,7 +36,8 @@
  * tiny model's prompts and book (from tokenizer.json and from GGUF), all id-for-id.
  * Limits (bad input fails at load with a message): ids < 2^24 and at most 2 * entries + 65536,
  * at most 8 pre-tokenizer steps, patterns up to 4 KiB. Encode fails (-1) only if PCRE2 hits its
- * match limit (10M backtracking steps in one match).
+ * match limit (10M + 3 x input bytes backtracking steps in one match: a regex from a hostile
+ * tokenizer.json cannot hang a request).
  */
 #include "tokenizer.h"
 
@@ -504,6 +505,7 @@ void tokenizer_free(struct pxq_tokenizer *t) {
 
 struct enc {
     int32_t *ids; int n, cap;
+    pcre2_match_context *mctx; /* match limit scaled to the input: a long whitespace run backtracks */
     struct sym { int32_t id, prev, next; } *sym;
     struct heap_e { uint32_t rank, pos; int32_t id; } *heap;
     int sym_cap, heap_cap, heap_n;
@@ -605,9 +607,9 @@ static void split_re(const struct pxq_tokenizer *t, struct enc *e, int step, con
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
     size_t pos = 0, prev = 0;
     while (pos <= n && !e->failed) {
-        int rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md, NULL);
+        int rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md, e->mctx);
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT) /* deep backtracking: the interpreter uses the heap */
-            rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, NULL);
+            rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, e->mctx);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) { e->failed = 1; break; }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
@@ -724,8 +726,10 @@ int tokenizer_encode(const struct pxq_tokenizer *t, const char *text, size_t len
     if (ids) *ids = NULL;
     if (n_ids) *n_ids = 0;
     if (!t || !ids || !n_ids || (!text && len) || len > (size_t)1 << 30) return -1;
-    struct enc e = {0};
+    struct enc e = {.mctx = pcre2_match_context_create(NULL)};
     struct buf clean = {0};
+    if (!e.mctx) return -1;
+    pcre2_set_match_limit(e.mctx, (uint32_t)(10000000 + 3 * (uint64_t)len)); /* len <= 2^30 */
     const char *s = text;
     for (size_t i = 0; i < len;) { /* sanitize only if needed */
         int r = utf8_next((const unsigned char *)text + i, len - i, NULL);
@@ -740,6 +744,7 @@ int tokenizer_encode(const struct pxq_tokenizer *t, const char *text, size_t len
     free(e.sym);
     free(e.heap);
     free(e.word.p);
+    pcre2_match_context_free(e.mctx);
     if (e.failed) { free(e.ids); return -1; }
     *ids = e.ids ? e.ids : xmalloc(sizeof(int32_t));
     *n_ids = e.n;
