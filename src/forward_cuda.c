@@ -119,7 +119,7 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
     if (nb > part_rows) part_rows = nb;
     part_rows *= (size_t)hp->n_head;
     const size_t w16 = max_mat < CUDA_W16_MAX_ELEMS ? max_mat : CUDA_W16_MAX_ELEMS;
-    plan->workspace = al(nb * max_in * 2) + al(w16 * 2) + al(part_rows * (size_t)hd * 4) + al(part_rows * 2 * 4) +
+    plan->workspace = al(nb * max_in * 2) + al(nb * max_in) + al((nb * max_in / 32 * 2 + 2) * 4) + al(w16 * 2) + al(part_rows * (size_t)hd * 4) + al(part_rows * 2 * 4) +
                       al(CUDA_CUBLAS_WS);
     plan->total = plan->weights + plan->kv + plan->activations + plan->workspace;
     return 0;

@@ -2,7 +2,9 @@
  * normalised error ||out - ref|| / ||ref|| (llama.cpp test-backend-ops style).
  *
  * Bounds (float32 on both sides, only summation order and fma contraction differ):
- *   matmul (fused mat-vec), every weight type, 1..21 tokens      <= 1e-5
+ *   matmul (fused mat-vec), every weight type, 1..21 tokens      <= 1e-5, also accumulating (y += W x)
+ *   matmul with int8 activations (q8, dp4a): Q4_0, Q8_0, Q4_1, Q4_K <= 1e-2 (x rounded to 8 bits per
+ *     group of 32: about 4e-3 for uniform x); rmsnorm/swiglu's int8 groups <= 1e-2 of their floats
  *   dequantized rows to f32 (embedding)                          <= 1e-6; to f16 (prefill tiles) <= 1e-3
  *   rmsnorm, swiglu, biases, residual                            <= 1e-6
  *   rope, neox and interleaved, positions up to 32767            <= 1e-5
@@ -134,11 +136,32 @@ static void test_matmul(struct threadpool *tp) {
                 fill(x, (size_t)n * n_in, 1.0f);
                 matmul_cpu(tp, ref, &t, x, n);
                 float *dx = dev_put(x, (size_t)n * n_in * sizeof(float)), *dy = dev_poison((size_t)n * n_out);
-                matmul_gemv_cuda(dy, &w, dx, n, n_out, 0);
+                matmul_gemv_cuda(dy, &w, dx, n, n_out, 0, 0);
                 dev_get(got, dy, (size_t)n * n_out * sizeof(float));
                 double err = norm_err(got, ref, (size_t)n * n_out);
                 CHECK(err <= 1e-5, "matmul %s n_in %d tokens %d: normalised error %.3g", type_name(type), n_in, n, err);
                 if (n == 1) printf("matmul %-5s n_in %3d: normalised error %.2e\n", type_name(type), n_in, err);
+                /* accumulate: y += W x over y = ref gives 2 ref */
+                CK(cudaMemcpy(dy, ref, (size_t)n * n_out * sizeof(float), cudaMemcpyHostToDevice));
+                matmul_gemv_cuda(dy, &w, dx, n, n_out, 1, 0);
+                dev_get(got, dy, (size_t)n * n_out * sizeof(float));
+                for (int i = 0; i < n * n_out; i++) got[i] *= 0.5f;
+                err = norm_err(got, ref, (size_t)n * n_out);
+                CHECK(err <= 1e-5, "matmul accumulate %s tokens %d: %.3g", type_name(type), n, err);
+                if (matmul_q8_supported(w.fmt)) { /* int8 activations: bounded by the rounding of x to 8 bits */
+                    int8_t *dxq;
+                    float *dxds;
+                    CK(cudaMalloc((void **)&dxq, (size_t)n * n_in));
+                    CK(cudaMalloc((void **)&dxds, (size_t)n * n_in / 32 * 8));
+                    quantize_q8_cuda(dxq, dxds, dx, (int64_t)n * n_in, 0);
+                    CK(cudaMemset(dy, 0xff, (size_t)n * n_out * 4));
+                    matmul_q8_cuda(dy, &w, dxq, dxds, n, n_out, 0, 0);
+                    dev_get(got, dy, (size_t)n * n_out * sizeof(float));
+                    err = norm_err(got, ref, (size_t)n * n_out);
+                    CHECK(err <= 1e-2, "matmul q8 %s tokens %d: normalised error %.3g", type_name(type), n, err);
+                    if (n == 1 || n == 21) printf("matmul q8 %-5s tokens %2d: normalised error %.2e\n", type_name(type), n, err);
+                    cudaFree(dxq), cudaFree(dxds);
+                }
                 cudaFree(dx), cudaFree(dy);
                 free(x), free(ref), free(got);
             }
@@ -190,10 +213,11 @@ static void test_small_ops(void) {
         CHECK(err <= 1e-6, "rmsnorm gathered row %d: %.3g", r, err);
     }
     /* in place, head-sized rows (q/k norm) */
-    rmsnorm_cpu(ref, x, w, 64, rows * n / 64, 1e-6f);
-    rmsnorm_cuda(dx, dx, dw, 64, rows * n / 64, 1e-6f, NULL, 0);
-    dev_get(got, dx, (size_t)rows * n * 4);
-    err = norm_err(got, ref, (size_t)rows * n);
+    const int rows64 = rows * n / 64;
+    rmsnorm_cpu(ref, x, w, 64, rows64, 1e-6f);
+    rmsnorm_cuda(dx, dx, dw, 64, rows64, 1e-6f, NULL, 0);
+    dev_get(got, dx, (size_t)rows64 * 64 * 4);
+    err = norm_err(got, ref, (size_t)rows64 * 64);
     CHECK(err <= 1e-6, "rmsnorm in place, rows of 64: %.3g", err);
     /* swiglu, bias, residual */
     float *g = xmalloc((size_t)rows * n * 4);
@@ -215,6 +239,32 @@ static void test_small_ops(void) {
     dev_get(got, dx, (size_t)rows * n * 4);
     err = norm_err(got, ref, (size_t)rows * n);
     CHECK(err <= 1e-6, "bias + residual: %.3g", err);
+    /* the q8 forms of rmsnorm and swiglu: the same floats, and int8 groups that dequantize to them */
+    {
+        int8_t *dxq, *hq = xmalloc((size_t)rows * n);
+        float *dxds, *hds = xmalloc((size_t)rows * n / 32 * 8), *deq = xmalloc((size_t)rows * n * 4);
+        CK(cudaMalloc((void **)&dxq, (size_t)rows * n));
+        CK(cudaMalloc((void **)&dxds, (size_t)rows * n / 32 * 8));
+        CK(cudaMemcpy(dx, x, (size_t)rows * n * 4, cudaMemcpyHostToDevice));
+        for (int k = 0; k < 2; k++) {
+            if (k == 0) {
+                rmsnorm_cpu(ref, x, w, n, rows, 1e-6f);
+                rmsnorm_q8_cuda(dy, dxq, dxds, dx, dw, n, rows, 1e-6f, NULL, 0);
+            } else {
+                swiglu_cpu(ref, g, x, (int64_t)rows * n);
+                swiglu_q8_cuda(dy, dxq, dxds, dg, dx, (int64_t)rows * n, 0);
+            }
+            dev_get(got, dy, (size_t)rows * n * 4);
+            dev_get(hq, dxq, (size_t)rows * n);
+            dev_get(hds, dxds, (size_t)rows * n / 32 * 8);
+            for (int i = 0; i < rows * n; i++) deq[i] = hds[2 * (i / 32)] * hq[i];
+            double e1 = norm_err(got, ref, (size_t)rows * n), e2 = norm_err(deq, ref, (size_t)rows * n);
+            CHECK(e1 <= 1e-6 && e2 <= 1e-2, "%s q8: float %.3g, int8 %.3g", k ? "swiglu" : "rmsnorm", e1, e2);
+            printf("%s q8: float %.2e, int8 groups %.2e\n", k ? "swiglu" : "rmsnorm", e1, e2);
+        }
+        cudaFree(dxq), cudaFree(dxds);
+        free(hq), free(hds), free(deq);
+    }
     cudaFree(dx), cudaFree(dw), cudaFree(dy), cudaFree(dg), cudaFree(dsel);
     free(x), free(w), free(ref), free(got), free(g);
 }

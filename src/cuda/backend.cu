@@ -61,6 +61,8 @@ struct cuda_backend {
     int *seq_map;           /* [n_seq_max] -> compact index, scratch */
     float *x, *xb, *xb2, *q, *k, *v, *att, *hb, *hb2, *logits, *part_o, *part_ml;
     void *x16, *w16, *cublas_ws;
+    int8_t *xq;             /* q8 activations [nb][max_in] and their (d, s) [nb][max_in/32][2] */
+    float *xds;
     size_t w16_elems;
     int exact, graphs;
     graph_entry g[MAX_GRAPHS];
@@ -271,6 +273,8 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     if (nb > part_rows) part_rows = nb;
     part_rows *= (size_t)hp->n_head;
     b->x16 = arena_get(b, nb * max_in * 2);
+    b->xq = (int8_t *)arena_get(b, nb * max_in);
+    b->xds = arena_f32(b, nb * max_in / 32 * 2 + 2);
     b->w16_elems = max_mat < CUDA_W16_MAX_ELEMS ? max_mat : CUDA_W16_MAX_ELEMS;
     b->w16 = arena_get(b, b->w16_elems * 2);
     b->part_o = arena_f32(b, part_rows * (size_t)hd);
@@ -301,18 +305,20 @@ extern "C" const char *cuda_backend_path(const struct pxq_engine *e) { return B(
 
 /* ---- the forward ---- */
 
-/* matmul_cpu's twin: the fused mat-vec for decode (and everything in exact mode); for prefill,
- * weight rows dequantized to f16 in tiles and cublasGemmEx (f16 in, fp32 accumulate and out). */
-static void matmul_cuda(cuda_backend *b, float *y, const cuda_weight *w, const float *x, int n) {
+/* matmul_cpu's twin, y (+)= W x: for decode the q8 mat-vec (b->xq holds x quantized, q8 != 0) or
+ * the fp32 mat-vec (exact mode, formats without a q8 kernel); for prefill, weight rows dequantized
+ * to f16 in tiles and cublasGemmEx (f16 in, fp32 accumulate and out). accumulate fuses the residual. */
+static void matmul_cuda(cuda_backend *b, float *y, const cuda_weight *w, const float *x, int n, int q8, int accumulate) {
     if (n <= CUDA_DECODE_MAX || b->exact) {
-        matmul_gemv_cuda(y, w, x, n, w->n_out, b->st);
+        if (q8 && matmul_q8_supported(w->fmt)) matmul_q8_cuda(y, w, b->xq, b->xds, n, w->n_out, accumulate, b->st);
+        else matmul_gemv_cuda(y, w, x, n, w->n_out, accumulate, b->st);
         return;
     }
     const int n_in = w->n_in, n_out = w->n_out;
     f32_to_f16_cuda(b->x16, x, (int64_t)n * n_in, b->st);
     int64_t rows = w->fmt == WFMT_F16 ? n_out : (int64_t)(b->w16_elems / (size_t)n_in);
     if (rows < 1) die("prefill tile smaller than one row");
-    const float one = 1.0f, zero = 0.0f;
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     for (int64_t r0 = 0; r0 < n_out; r0 += rows) {
         int rc = (int)(n_out - r0 < rows ? n_out - r0 : rows);
         const void *A;
@@ -324,7 +330,7 @@ static void matmul_cuda(cuda_backend *b, float *y, const cuda_weight *w, const f
         }
         /* column-major view: y^T[n_out x n] = W[n_in x n_out]^T x^T[n_in x n] */
         cublasStatus_t s = cublasGemmEx(b->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rc, n, n_in, &one, A, CUDA_R_16F, n_in,
-                                        b->x16, CUDA_R_16F, n_in, &zero, y + r0, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F,
+                                        b->x16, CUDA_R_16F, n_in, &beta, y + r0, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F,
                                         CUBLAS_GEMM_DEFAULT);
         if (s != CUBLAS_STATUS_SUCCESS) die("cublasGemmEx failed (%d)", (int)s);
     }
@@ -337,15 +343,18 @@ static void run_layers(struct pxq_engine *e, cuda_backend *b, int n, int n_out, 
     const int32_t *tok = b->in_d, *pos = b->in_d + b->nb, *seq = b->in_d + 2 * b->nb, *rows = b->in_d + 3 * b->nb;
     cudaStream_t st = b->st;
     const int neox = hp->rope_style == ROPE_NEOX;
+    /* int8 activations for the q8 mat-vec: decode, default mode, rows in whole groups of 32 */
+    const int q8 = !b->exact && n <= CUDA_DECODE_MAX && d % 32 == 0 && q_dim % 32 == 0 && hp->n_ff % 32 == 0;
+    int8_t *xq = q8 ? b->xq : NULL;
     dequant_rows_cuda(b->x, 0, &b->embd, tok, 0, n, st);
     for (int il = 0; il < hp->n_layer; il++) {
         const cuda_layer *L = &b->L[il];
         const int l = e->kv_layer[il];
         /* attention */
-        rmsnorm_cuda(b->xb, b->x, L->attn_norm, d, n, hp->rms_eps, NULL, st);
-        matmul_cuda(b, b->q, &L->wq, b->xb, n);
-        matmul_cuda(b, b->k, &L->wk, b->xb, n);
-        matmul_cuda(b, b->v, &L->wv, b->xb, n);
+        rmsnorm_q8_cuda(b->xb, xq, b->xds, b->x, L->attn_norm, d, n, hp->rms_eps, NULL, st);
+        matmul_cuda(b, b->q, &L->wq, b->xb, n, q8, 0);
+        matmul_cuda(b, b->k, &L->wk, b->xb, n, q8, 0);
+        matmul_cuda(b, b->v, &L->wv, b->xb, n, q8, 0);
         if (L->bq) add_bias_cuda(b->q, L->bq, n, q_dim, st);
         if (L->bk) add_bias_cuda(b->k, L->bk, n, kv_dim, st);
         if (L->bv) add_bias_cuda(b->v, L->bv, n, kv_dim, st);
@@ -355,20 +364,20 @@ static void run_layers(struct pxq_engine *e, cuda_backend *b, int n, int n_out, 
         rope_cuda(b->k, hp->n_head_kv, hd, hp->n_rot, pos, b->inv_freq, neox, n, kv_dim, st);
         kv_store_cuda(&b->kv, l, b->k, b->v, pos, seq, n, st);
         attention_cuda(b->att, b->q, &b->kv, l, pos, seq, n, hp->n_head, n_split, split_len, b->part_o, b->part_ml, st);
-        matmul_cuda(b, b->xb2, &L->wo, b->att, n);
-        add_residual_cuda(b->x, b->xb2, (int64_t)n * d, st);
+        if (q8 && matmul_q8_supported(L->wo.fmt)) quantize_q8_cuda(b->xq, b->xds, b->att, (int64_t)n * q_dim, st);
+        matmul_cuda(b, b->x, &L->wo, b->att, n, q8, 1); /* x += o_proj(att) */
         /* feed-forward */
-        rmsnorm_cuda(b->xb, b->x, L->ffn_norm, d, n, hp->rms_eps, NULL, st);
-        matmul_cuda(b, b->hb, &L->wgate, b->xb, n);
-        matmul_cuda(b, b->hb2, &L->wup, b->xb, n);
-        swiglu_cuda(b->hb, b->hb, b->hb2, (int64_t)hp->n_ff * n, st);
-        matmul_cuda(b, b->xb2, &L->wdown, b->hb, n);
-        add_residual_cuda(b->x, b->xb2, (int64_t)n * d, st);
+        rmsnorm_q8_cuda(b->xb, xq, b->xds, b->x, L->ffn_norm, d, n, hp->rms_eps, NULL, st);
+        matmul_cuda(b, b->hb, &L->wgate, b->xb, n, q8, 0);
+        matmul_cuda(b, b->hb2, &L->wup, b->xb, n, q8, 0);
+        swiglu_q8_cuda(b->hb, q8 && matmul_q8_supported(L->wdown.fmt) ? b->xq : NULL, b->xds, b->hb, b->hb2,
+                       (int64_t)hp->n_ff * n, st);
+        matmul_cuda(b, b->x, &L->wdown, b->hb, n, q8, 1); /* x += down(...) */
     }
     /* final norm of the rows that asked for logits (gathered), then lm_head */
     if (n_out) {
-        rmsnorm_cuda(b->xb, b->x, b->output_norm, d, n_out, hp->rms_eps, rows, st);
-        matmul_cuda(b, b->logits, &b->output, b->xb, n_out);
+        rmsnorm_q8_cuda(b->xb, xq, b->xds, b->x, b->output_norm, d, n_out, hp->rms_eps, rows, st);
+        matmul_cuda(b, b->logits, &b->output, b->xb, n_out, q8, 0);
     }
 }
 
@@ -420,16 +429,17 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
     const size_t in_bytes = (4 * (size_t)nb + (size_t)n_tab * b->max_blocks) * sizeof(int32_t);
     CK(cudaMemcpyAsync(b->in_d, h, in_bytes, cudaMemcpyHostToDevice, b->st));
     const char *fmt = cuda_wfmt_name(b->L[0].wgate.fmt);
+    const char *mv = !b->exact && matmul_q8_supported(b->L[0].wgate.fmt) ? "q8-dp4a" : "gemv";
     if (n <= CUDA_DECODE_MAX) {
         int need = (max_pos + 1 + CUDA_SPLIT_LEN - 1) / CUDA_SPLIT_LEN, n_split = 1;
         while (n_split < need) n_split *= 2;
         if (n_split > b->max_splits) n_split = b->max_splits;
         if (b->graphs) {
             CK(cudaGraphLaunch(graph_get(e, b, n, n_out, n_split), b->st));
-            snprintf(b->path, sizeof b->path, "cuda gemv %s graph", fmt);
+            snprintf(b->path, sizeof b->path, "cuda %s %s graph", mv, fmt);
         } else {
             run_layers(e, b, n, n_out, n_split, CUDA_SPLIT_LEN);
-            snprintf(b->path, sizeof b->path, "cuda gemv %s", fmt);
+            snprintf(b->path, sizeof b->path, "cuda %s %s", mv, fmt);
         }
     } else {
         run_layers(e, b, n, n_out, 1, e->p.n_ctx);

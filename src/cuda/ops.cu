@@ -1,4 +1,5 @@
-/* ops.cu - CUDA kernels, the twins of ops_cpu.c and the CPU forward's attention (ops_cuda.h).
+/* ops.cu - CUDA kernels, the twins of ops_cpu.c's small ops and the CPU forward's attention (ops_cuda.h);
+ * the matmuls are in matmul.cu.
  *
  * Every kernel here runs on sm_70 and up: plain loads, shuffles and fp32 FMAs, no cp.async, no
  * tensor cores (the prefill GEMM goes through cuBLAS, backend.cu). */
@@ -9,247 +10,25 @@
 
 #include "cuda/ops_cuda.h"
 
-#define FULL_MASK 0xffffffffu
-
-static __device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-    return v;
-}
-
-static __device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
-    return v;
-}
-
-static __device__ __forceinline__ float bf16_bits_to_f32(uint32_t b) { return __uint_as_float(b << 16); }
-static __device__ __forceinline__ float half_bits_to_f32(uint16_t b) { return __half2float(__ushort_as_half(b)); }
-
-/* ---- weight groups: 32 consecutive elements of a row, dequantized (layouts: ops_cuda.h) ---- */
-
-template <int F>
-static __device__ __forceinline__ void load32(const cuda_weight &w, int64_t row, int g, float *v) {
-    const int64_t n_in = w.n_in;
-    if (F == WFMT_F32) {
-        const float4 *p = (const float4 *)((const float *)w.q + row * n_in + g * 32);
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            float4 a = __ldg(p + k);
-            v[4 * k] = a.x, v[4 * k + 1] = a.y, v[4 * k + 2] = a.z, v[4 * k + 3] = a.w;
-        }
-    } else if (F == WFMT_F16 || F == WFMT_BF16) {
-        const uint4 *p = (const uint4 *)((const uint16_t *)w.q + row * n_in + g * 32);
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            uint4 a = __ldg(p + k);
-            uint32_t u[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                if (F == WFMT_F16) {
-                    v[8 * k + 2 * j] = half_bits_to_f32((uint16_t)(u[j] & 0xffff));
-                    v[8 * k + 2 * j + 1] = half_bits_to_f32((uint16_t)(u[j] >> 16));
-                } else {
-                    v[8 * k + 2 * j] = bf16_bits_to_f32(u[j] & 0xffff);
-                    v[8 * k + 2 * j + 1] = bf16_bits_to_f32(u[j] >> 16);
-                }
-            }
-        }
-    } else if (F == WFMT_Q4_0 || F == WFMT_Q4M) {
-        const uint4 a = __ldg((const uint4 *)((const uint8_t *)w.q + (row * n_in + g * 32) / 2));
-        float d, m;
-        if (F == WFMT_Q4_0) {
-            d = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * (n_in / 32) + g));
-            m = -8.0f * d;
-        } else {
-            float2 dm = __ldg((const float2 *)w.s + row * (n_in / 32) + g);
-            d = dm.x, m = dm.y;
-        }
-        uint32_t u[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            uint32_t byte = (u[j / 4] >> (8 * (j % 4))) & 0xff;
-            v[j] = fmaf(d, (float)(byte & 15), m);
-            v[j + 16] = fmaf(d, (float)(byte >> 4), m);
-        }
-    } else { /* Q8_0, Q8M */
-        const uint4 *p = (const uint4 *)((const int8_t *)w.q + row * n_in + g * 32);
-        uint4 a0 = __ldg(p), a1 = __ldg(p + 1);
-        uint32_t u[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-        float d0, m0, d1, m1;
-        if (F == WFMT_Q8_0) {
-            d0 = d1 = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * (n_in / 32) + g));
-            m0 = m1 = 0.0f;
-        } else {
-            float4 dm = __ldg((const float4 *)((const float2 *)w.s + row * (n_in / 16) + 2 * g));
-            d0 = dm.x, m0 = dm.y, d1 = dm.z, m1 = dm.w;
-        }
-#pragma unroll
-        for (int j = 0; j < 32; j++) {
-            int q = (int)(int8_t)((u[j / 4] >> (8 * (j % 4))) & 0xff);
-            v[j] = j < 16 ? fmaf(d0, (float)q, m0) : fmaf(d1, (float)q, m1);
-        }
-    }
-}
-
-/* One element of a dense row (rows whose length is not a multiple of 32). */
-template <int F>
-static __device__ __forceinline__ float load1(const cuda_weight &w, int64_t row, int64_t i) {
-    const int64_t k = row * w.n_in + i;
-    if (F == WFMT_F32) return ((const float *)w.q)[k];
-    if (F == WFMT_F16) return half_bits_to_f32(((const uint16_t *)w.q)[k]);
-    if (F == WFMT_BF16) return bf16_bits_to_f32(((const uint16_t *)w.q)[k]);
-    return 0.0f; /* quantized rows are always whole groups */
-}
-
-/* ---- matmul: fused dequant mat-vec ---- */
-
-#define GEMV_WARPS 4
-#define GEMV_ROWS 2   /* rows per warp: each x load serves both */
-
-/* Warp per GEMV_ROWS rows; lane handles groups lane, lane+32, ...; NT token columns per weight read. */
-template <int F, int NT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32) matmul_gemv_kernel(float *__restrict__ y, const cuda_weight w,
-                                                                    const float *__restrict__ x, int n_tok, int ldy) {
-    const int lane = threadIdx.x & 31;
-    const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_ROWS;
-    if (row0 >= w.n_out) return;
-    const int n_in = w.n_in;
-    const int ng = (n_in % 32 == 0) ? n_in / 32 : 0;
-    float acc[GEMV_ROWS][NT];
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    for (int g = lane; g < ng; g += 32) {
-        float wv[GEMV_ROWS][32];
-#pragma unroll
-        for (int r = 0; r < GEMV_ROWS; r++) load32<F>(w, min(row0 + r, w.n_out - 1), g, wv[r]);
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (t < n_tok) {
-                const float4 *xp = (const float4 *)(x + (size_t)t * n_in + g * 32);
-                float xv[32];
-#pragma unroll
-                for (int k = 0; k < 8; k++) {
-                    float4 a = __ldg(xp + k);
-                    xv[4 * k] = a.x, xv[4 * k + 1] = a.y, xv[4 * k + 2] = a.z, xv[4 * k + 3] = a.w;
-                }
-#pragma unroll
-                for (int r = 0; r < GEMV_ROWS; r++) {
-                    float s = 0.0f;
-#pragma unroll
-                    for (int j = 0; j < 32; j++) s = fmaf(wv[r][j], xv[j], s);
-                    acc[r][t] += s;
-                }
-            }
-        }
-    }
-    if (F == WFMT_F32 || F == WFMT_F16 || F == WFMT_BF16) {
-        for (int i = ng * 32 + lane; i < n_in; i += 32) {
-#pragma unroll
-            for (int r = 0; r < GEMV_ROWS; r++) {
-                float wr = load1<F>(w, min(row0 + r, w.n_out - 1), i);
-#pragma unroll
-                for (int t = 0; t < NT; t++)
-                    if (t < n_tok) acc[r][t] = fmaf(wr, x[(size_t)t * n_in + i], acc[r][t]);
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float s = warp_sum(acc[r][t]);
-            if (lane == 0 && row0 + r < w.n_out && t < n_tok) y[(size_t)t * ldy + row0 + r] = s;
-        }
-}
-
-template <int F>
-static void gemv_launch(float *y, const cuda_weight &w, const float *x, int n_tok, int ldy, cudaStream_t st) {
-    dim3 grid((w.n_out + GEMV_WARPS * GEMV_ROWS - 1) / (GEMV_WARPS * GEMV_ROWS)), block(GEMV_WARPS * 32);
-    if (n_tok <= 1) matmul_gemv_kernel<F, 1><<<grid, block, 0, st>>>(y, w, x, n_tok, ldy);
-    else if (n_tok <= 2) matmul_gemv_kernel<F, 2><<<grid, block, 0, st>>>(y, w, x, n_tok, ldy);
-    else if (n_tok <= 4) matmul_gemv_kernel<F, 4><<<grid, block, 0, st>>>(y, w, x, n_tok, ldy);
-    else if (n_tok <= 8) matmul_gemv_kernel<F, 8><<<grid, block, 0, st>>>(y, w, x, n_tok, ldy);
-    else matmul_gemv_kernel<F, 16><<<grid, block, 0, st>>>(y, w, x, n_tok, ldy);
-}
-
-extern "C" void matmul_gemv_cuda(float *y, const struct cuda_weight *w, const float *x, int n_tokens, int ldy,
-                                 cudaStream_t st) {
-    for (int t0 = 0; t0 < n_tokens; t0 += 16) {
-        int nt = n_tokens - t0 < 16 ? n_tokens - t0 : 16;
-        float *yt = y + (size_t)t0 * ldy;
-        const float *xt = x + (size_t)t0 * w->n_in;
-        switch (w->fmt) {
-        case WFMT_F32: gemv_launch<WFMT_F32>(yt, *w, xt, nt, ldy, st); break;
-        case WFMT_F16: gemv_launch<WFMT_F16>(yt, *w, xt, nt, ldy, st); break;
-        case WFMT_BF16: gemv_launch<WFMT_BF16>(yt, *w, xt, nt, ldy, st); break;
-        case WFMT_Q4_0: gemv_launch<WFMT_Q4_0>(yt, *w, xt, nt, ldy, st); break;
-        case WFMT_Q8_0: gemv_launch<WFMT_Q8_0>(yt, *w, xt, nt, ldy, st); break;
-        case WFMT_Q4M: gemv_launch<WFMT_Q4M>(yt, *w, xt, nt, ldy, st); break;
-        case WFMT_Q8M: gemv_launch<WFMT_Q8M>(yt, *w, xt, nt, ldy, st); break;
-        }
-    }
-}
-
-/* ---- dequantized rows (embedding, prefill tiles) ---- */
-
-template <int F, typename T>
-__global__ void dequant_rows_kernel(T *__restrict__ out, const cuda_weight w, const int32_t *__restrict__ rows,
-                                    int64_t r0) {
-    const int64_t row = rows ? (int64_t)rows[blockIdx.x] : r0 + blockIdx.x;
-    const int n_in = w.n_in;
-    const int ng = (n_in % 32 == 0) ? n_in / 32 : 0;
-    T *o = out + (size_t)blockIdx.x * n_in;
-    for (int g = threadIdx.x; g < ng; g += blockDim.x) {
-        float v[32];
-        load32<F>(w, row, g, v);
-#pragma unroll
-        for (int j = 0; j < 32; j++) o[g * 32 + j] = (T)v[j];
-    }
-    if (F == WFMT_F32 || F == WFMT_F16 || F == WFMT_BF16)
-        for (int i = ng * 32 + threadIdx.x; i < n_in; i += blockDim.x) o[i] = (T)load1<F>(w, row, i);
-}
-
-template <typename T>
-static void dequant_launch(T *out, const cuda_weight &w, const int32_t *rows, int64_t r0, int n_rows, cudaStream_t st) {
-    dim3 grid(n_rows), block(128);
-    switch (w.fmt) {
-    case WFMT_F32: dequant_rows_kernel<WFMT_F32, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
-    case WFMT_F16: dequant_rows_kernel<WFMT_F16, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
-    case WFMT_BF16: dequant_rows_kernel<WFMT_BF16, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
-    case WFMT_Q4_0: dequant_rows_kernel<WFMT_Q4_0, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
-    case WFMT_Q8_0: dequant_rows_kernel<WFMT_Q8_0, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
-    case WFMT_Q4M: dequant_rows_kernel<WFMT_Q4M, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
-    case WFMT_Q8M: dequant_rows_kernel<WFMT_Q8M, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
-    }
-}
-
-extern "C" void dequant_rows_cuda(void *out, int out_half, const struct cuda_weight *w, const int32_t *rows, int64_t r0,
-                                  int n_rows, cudaStream_t st) {
-    if (n_rows <= 0) return;
-    if (out_half) dequant_launch<__half>((__half *)out, *w, rows, r0, n_rows, st);
-    else dequant_launch<float>((float *)out, *w, rows, r0, n_rows, st);
-}
-
-__global__ void f32_to_f16_kernel(__half *out, const float *x, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = __float2half(x[i]);
-}
-
-extern "C" void f32_to_f16_cuda(void *out, const float *x, int64_t n, cudaStream_t st) {
-    int64_t blocks = (n + 255) / 256;
-    f32_to_f16_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, st>>>((__half *)out, x, n);
-}
+#include "cuda/common.cuh"
 
 /* ---- small ops ---- */
 
-/* Block per row; the sum of squares in float32 as HF LlamaRMSNorm. */
-__global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int n, float eps, const int32_t *rows) {
+/* Quantize the 32 values v of a warp (an aligned group) to int8 as quantize_q8_kernel (matmul.cu). */
+static __device__ __forceinline__ void warp_q8(float v, int8_t *xq, float2 *xds, int64_t i) {
+    const float amax = warp_max(fabsf(v)), d = amax / 127.0f;
+    const float q = d > 0.0f ? rintf(v / d) : 0.0f;
+    xq[i] = (int8_t)q;
+    const float s = warp_sum(q);
+    if ((threadIdx.x & 31) == 0) xds[i / 32] = make_float2(d, d * s);
+}
+
+/* Block per row; the sum of squares in float32 as HF LlamaRMSNorm. Writes out (float) and/or the
+ * int8 groups of the q8 mat-vec (xq, xds; n a multiple of 32). */
+__global__ void rmsnorm_kernel(float *out, int8_t *xq, float2 *xds, const float *x, const float *w, int n, float eps,
+                               const int32_t *rows) {
     __shared__ float red[32];
     const float *xr = x + (size_t)(rows ? rows[blockIdx.x] : blockIdx.x) * n;
-    float *o = out + (size_t)blockIdx.x * n;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
     ss = warp_sum(ss);
@@ -262,14 +41,26 @@ __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int n
     }
     __syncthreads();
     const float scale = 1.0f / sqrtf(red[0] / (float)n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = xr[i] * scale * w[i];
+    const size_t base = (size_t)blockIdx.x * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) { /* n % 32 == 0 when xq: whole warps take each step */
+        const float v = xr[i] * scale * w[i];
+        if (out) out[base + i] = v;
+        if (xq) warp_q8(v, xq, xds, (int64_t)(base + i));
+    }
 }
 
 extern "C" void rmsnorm_cuda(float *out, const float *x, const float *w, int n, int n_rows, float eps,
                              const int32_t *rows, cudaStream_t st) {
     if (n_rows <= 0) return;
     int threads = n >= 1024 ? 256 : n >= 256 ? 128 : 32;
-    rmsnorm_kernel<<<n_rows, threads, 0, st>>>(out, x, w, n, eps, rows);
+    rmsnorm_kernel<<<n_rows, threads, 0, st>>>(out, NULL, NULL, x, w, n, eps, rows);
+}
+
+extern "C" void rmsnorm_q8_cuda(float *out, int8_t *xq, float *xds, const float *x, const float *w, int n, int n_rows,
+                                float eps, const int32_t *rows, cudaStream_t st) {
+    if (n_rows <= 0) return;
+    int threads = n >= 1024 ? 256 : n >= 256 ? 128 : 32;
+    rmsnorm_kernel<<<n_rows, threads, 0, st>>>(out, xq, (float2 *)xds, x, w, n, eps, rows);
 }
 
 /* Block per token. Angles as rope_cpu: (float)pos * inv_freq[i], cosf/sinf. */
@@ -296,10 +87,12 @@ extern "C" void rope_cuda(float *x, int n_heads, int head_dim, int n_rot, const 
     rope_kernel<<<n_tokens, 256, 0, st>>>(x, n_heads, head_dim, n_rot, pos, inv_freq, neox, ld);
 }
 
-__global__ void swiglu_kernel(float *out, const float *gate, const float *up, int64_t n) {
+__global__ void swiglu_kernel(float *out, int8_t *xq, float2 *xds, const float *gate, const float *up, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+        float v = g / (1.0f + expf(-g)) * up[i];
+        if (out) out[i] = v;
+        if (xq) warp_q8(v, xq, xds, i); /* n % 32 == 0: whole warps take each step */
     }
 }
 
@@ -309,7 +102,12 @@ static unsigned grid_for(int64_t n) {
 }
 
 extern "C" void swiglu_cuda(float *out, const float *gate, const float *up, int64_t n, cudaStream_t st) {
-    swiglu_kernel<<<grid_for(n), 256, 0, st>>>(out, gate, up, n);
+    swiglu_kernel<<<grid_for(n), 256, 0, st>>>(out, NULL, NULL, gate, up, n);
+}
+
+extern "C" void swiglu_q8_cuda(float *out, int8_t *xq, float *xds, const float *gate, const float *up, int64_t n,
+                               cudaStream_t st) {
+    swiglu_kernel<<<grid_for(n), 256, 0, st>>>(out, xq, (float2 *)xds, gate, up, n);
 }
 
 __global__ void add_bias_kernel(float *y, const float *b, int n, int64_t total) {

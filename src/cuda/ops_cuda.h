@@ -34,10 +34,20 @@ int  cuda_weight_repack(const struct pxq_tensor *t, int64_t r0, int64_t r1, void
 
 /* ---- ops (device pointers) ---- */
 
-/* y[t][o] = sum_i W[o][i] x[t][i], t < n_tokens, fp32 accumulation; y has row stride ldy.
- * Fused dequant mat-vec reading each weight once for up to 16 tokens per pass (loops over chunks
- * of 16 beyond that). Formula: matmul_cpu. */
-void matmul_gemv_cuda(float *y, const struct cuda_weight *w, const float *x, int n_tokens, int ldy, cudaStream_t st);
+/* y[t][o] (+)= sum_i W[o][i] x[t][i], t < n_tokens, fp32 accumulation; y has row stride ldy and
+ * is added to when accumulate != 0 (the residual add fused). Fused dequant mat-vec reading each
+ * weight once for up to 16 tokens per pass (loops over chunks of 16 beyond that). Formula: matmul_cpu. */
+void matmul_gemv_cuda(float *y, const struct cuda_weight *w, const float *x, int n_tokens, int ldy, int accumulate,
+                      cudaStream_t st);
+
+/* The same with int8 activations (llama.cpp q8_1): xq [n_tokens][n_in] int8 and xds
+ * [n_tokens][n_in/32][2] (d, d * sum q) from quantize_q8_cuda / rmsnorm_q8_cuda / swiglu_q8_cuda;
+ * integer dot products (__dp4a). Formats Q4_0, Q8_0, Q4M (matmul_q8_supported). */
+int  matmul_q8_supported(int fmt);
+void matmul_q8_cuda(float *y, const struct cuda_weight *w, const int8_t *xq, const float *xds, int n_tokens, int ldy,
+                    int accumulate, cudaStream_t st);
+/* x[n] (n a multiple of 32) -> xq, xds: per group of 32, d = max|x|/127, q = round(x/d). */
+void quantize_q8_cuda(int8_t *xq, float *xds, const float *x, int64_t n, cudaStream_t st);
 
 /* Dequantize rows (row index list `rows`, or rows r0.. if rows is NULL) into out[n_rows][n_in]
  * float32 or half (out_half != 0). Embedding lookup (tensor_row_f32) and prefill tiles. */
@@ -52,12 +62,18 @@ void f32_to_f16_cuda(void *out, const float *x, int64_t n, cudaStream_t st);
 void rmsnorm_cuda(float *out, const float *x, const float *w, int n, int n_rows, float eps, const int32_t *rows,
                   cudaStream_t st);
 
+/* rmsnorm_cuda writing out (if not NULL) and the q8 form of its output (xq, xds; n % 32 == 0). */
+void rmsnorm_q8_cuda(float *out, int8_t *xq, float *xds, const float *x, const float *w, int n, int n_rows, float eps,
+                     const int32_t *rows, cudaStream_t st);
+
 /* rope_cpu on x[n_tokens][n_heads][head_dim] (token row stride ld), position pos[t] (device). */
 void rope_cuda(float *x, int n_heads, int head_dim, int n_rot, const int32_t *pos, const float *inv_freq, int neox,
                int n_tokens, int ld, cudaStream_t st);
 
 /* swiglu_cpu: out[i] = silu(gate[i]) * up[i]. */
 void swiglu_cuda(float *out, const float *gate, const float *up, int64_t n, cudaStream_t st);
+/* swiglu_cuda writing out (if not NULL) and its q8 form (n % 32 == 0). */
+void swiglu_q8_cuda(float *out, int8_t *xq, float *xds, const float *gate, const float *up, int64_t n, cudaStream_t st);
 
 /* y[r][i] += b[i] for n_rows rows of n (biases), and x[i] += y[i] (residual). */
 void add_bias_cuda(float *y, const float *b, int n_rows, int n, cudaStream_t st);

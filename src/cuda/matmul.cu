@@ -1,0 +1,371 @@
+/* matmul.cu - matmul_cpu's CUDA twins: fused dequant mat-vecs for decode, dequantized rows for the
+ * embedding and the prefill tiles (cuBLAS, backend.cu).
+ *
+ * Two mat-vecs, both reading each weight once for up to 16 token columns:
+ *   matmul_gemv_cuda: float32 activations, fp32 FMAs; every weight format (exact mode, Q8M).
+ *   matmul_q8_cuda:   activations quantized to int8 per 32 (llama.cpp's q8_1: d = max|x|/127,
+ *                     s = d * sum q), integer dot products with __dp4a (sm_61+), fp32 scale per
+ *                     group; Q4_0, Q8_0, Q4M. w.x = d_w (d_x sum (nib q) - 8 s_x) for Q4_0.
+ * Both use blocks of 4 warps over R rows; the warps split n_in (256 elements per warp step, lane
+ * = 8 consecutive elements, so weight and activation loads are coalesced) and meet in shared memory.
+ * Everything here compiles for sm_70 (V100) and up. */
+#include <math.h>
+#include <stdint.h>
+
+#include <cuda_fp16.h>
+
+#include "cuda/common.cuh"
+#include "cuda/ops_cuda.h"
+
+#define MM_WARPS 4
+
+/* 8 consecutive elements e..e+7 (e a multiple of 8) of a row, dequantized (layouts: backend.h). */
+template <int F>
+static __device__ __forceinline__ void load8(const cuda_weight &w, int64_t row, int e, float *v) {
+    const int64_t n_in = w.n_in;
+    if (F == WFMT_F32) {
+        const float4 *p = (const float4 *)((const float *)w.q + row * n_in + e);
+        float4 a = __ldg(p), b = __ldg(p + 1);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else if (F == WFMT_F16 || F == WFMT_BF16) {
+        uint4 a = __ldg((const uint4 *)((const uint16_t *)w.q + row * n_in + e));
+        uint32_t u[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            if (F == WFMT_F16) {
+                v[2 * j] = half_bits_to_f32((uint16_t)(u[j] & 0xffff));
+                v[2 * j + 1] = half_bits_to_f32((uint16_t)(u[j] >> 16));
+            } else {
+                v[2 * j] = bf16_bits_to_f32(u[j] & 0xffff);
+                v[2 * j + 1] = bf16_bits_to_f32(u[j] >> 16);
+            }
+        }
+    } else if (F == WFMT_Q4_0 || F == WFMT_Q4M) {
+        /* group g = e/32 holds elements j (low nibble of byte j) and j+16 (high nibble), j < 16 */
+        const int g = e >> 5, q = (e >> 3) & 3, shift = (q >> 1) * 4;
+        uint2 a = __ldg((const uint2 *)((const uint8_t *)w.q + row * (n_in / 2) + g * 16 + 8 * (q & 1)));
+        float d, m;
+        if (F == WFMT_Q4_0) {
+            d = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * (n_in / 32) + g));
+            m = -8.0f * d;
+        } else {
+            float2 dm = __ldg((const float2 *)w.s + row * (n_in / 32) + g);
+            d = dm.x, m = dm.y;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            uint32_t word = j < 4 ? a.x : a.y;
+            v[j] = fmaf(d, (float)((word >> (8 * (j & 3) + shift)) & 15), m);
+        }
+    } else { /* Q8_0, Q8M */
+        uint2 a = __ldg((const uint2 *)((const int8_t *)w.q + row * n_in + e));
+        float d, m;
+        if (F == WFMT_Q8_0) {
+            d = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * (n_in / 32) + (e >> 5)));
+            m = 0.0f;
+        } else {
+            float2 dm = __ldg((const float2 *)w.s + row * (n_in / 16) + (e >> 4));
+            d = dm.x, m = dm.y;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            uint32_t word = j < 4 ? a.x : a.y;
+            v[j] = fmaf(d, (float)(int8_t)((word >> (8 * (j & 3))) & 0xff), m);
+        }
+    }
+}
+
+/* One element of a dense row (rows whose length is not a multiple of 8). */
+template <int F>
+static __device__ __forceinline__ float load1(const cuda_weight &w, int64_t row, int64_t i) {
+    const int64_t k = row * w.n_in + i;
+    if (F == WFMT_F32) return ((const float *)w.q)[k];
+    if (F == WFMT_F16) return half_bits_to_f32(((const uint16_t *)w.q)[k]);
+    if (F == WFMT_BF16) return bf16_bits_to_f32(((const uint16_t *)w.q)[k]);
+    return 0.0f; /* quantized rows are always whole groups */
+}
+
+/* Sum acc[R][NT] over the block (lanes by shuffles, warps through shared memory) and store rows
+ * row0.. of y (adding to y if accumulate). */
+template <int NT, int R>
+static __device__ __forceinline__ void block_store(float (&acc)[R][NT], float *y, int row0, int n_out, int n_tok,
+                                                   int ldy, int accumulate) {
+    __shared__ float red[MM_WARPS][R * NT];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float s = warp_sum(acc[r][t]);
+            if (lane == 0) red[warp][r * NT + t] = s;
+        }
+    __syncthreads();
+    for (int i = threadIdx.x; i < R * NT; i += blockDim.x) {
+        const int r = i / NT, t = i - r * NT;
+        if (row0 + r < n_out && t < n_tok) {
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < MM_WARPS; k++) s += red[k][i];
+            float *o = y + (size_t)t * ldy + row0 + r;
+            *o = accumulate ? *o + s : s;
+        }
+    }
+}
+
+/* ---- fp32 mat-vec ---- */
+
+template <int F, int NT, int R>
+__global__ void __launch_bounds__(MM_WARPS * 32) matmul_gemv_kernel(float *__restrict__ y, const cuda_weight w,
+                                                                  const float *__restrict__ x, int n_tok, int ldy,
+                                                                  int accumulate) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row0 = blockIdx.x * R;
+    const int n_in = w.n_in;
+    const int n_vec = n_in % 8 == 0 ? n_in : 0;
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    for (int e = (warp * 32 + lane) * 8; e < n_vec; e += MM_WARPS * 256) {
+        float wv[R][8];
+#pragma unroll
+        for (int r = 0; r < R; r++) load8<F>(w, min(row0 + r, w.n_out - 1), e, wv[r]);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t < n_tok) {
+                const float4 *xp = (const float4 *)(x + (size_t)t * n_in + e);
+                float4 a = __ldg(xp), b = __ldg(xp + 1);
+                const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    float s = acc[r][t];
+#pragma unroll
+                    for (int j = 0; j < 8; j++) s = fmaf(wv[r][j], xv[j], s);
+                    acc[r][t] = s;
+                }
+            }
+        }
+    }
+    if (F == WFMT_F32 || F == WFMT_F16 || F == WFMT_BF16) {
+        for (int i = n_vec + threadIdx.x; i < n_in; i += blockDim.x) {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float wr = load1<F>(w, min(row0 + r, w.n_out - 1), i);
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+                    if (t < n_tok) acc[r][t] = fmaf(wr, x[(size_t)t * n_in + i], acc[r][t]);
+            }
+        }
+    }
+    block_store<NT, R>(acc, y, row0, w.n_out, n_tok, ldy, accumulate);
+}
+
+template <int F, int NT>
+static void gemv_launch_nt(float *y, const cuda_weight &w, const float *x, int n_tok, int ldy, int acc, cudaStream_t st) {
+    constexpr int R = NT >= 8 ? 8 : 4;
+    matmul_gemv_kernel<F, NT, R><<<(w.n_out + R - 1) / R, MM_WARPS * 32, 0, st>>>(y, w, x, n_tok, ldy, acc);
+}
+
+template <int F>
+static void gemv_launch(float *y, const cuda_weight &w, const float *x, int n_tok, int ldy, int acc, cudaStream_t st) {
+    if (n_tok <= 1) gemv_launch_nt<F, 1>(y, w, x, n_tok, ldy, acc, st);
+    else if (n_tok <= 2) gemv_launch_nt<F, 2>(y, w, x, n_tok, ldy, acc, st);
+    else if (n_tok <= 4) gemv_launch_nt<F, 4>(y, w, x, n_tok, ldy, acc, st);
+    else if (n_tok <= 8) gemv_launch_nt<F, 8>(y, w, x, n_tok, ldy, acc, st);
+    else gemv_launch_nt<F, 16>(y, w, x, n_tok, ldy, acc, st);
+}
+
+extern "C" void matmul_gemv_cuda(float *y, const struct cuda_weight *w, const float *x, int n_tokens, int ldy,
+                                 int accumulate, cudaStream_t st) {
+    for (int t0 = 0; t0 < n_tokens; t0 += 16) {
+        int nt = n_tokens - t0 < 16 ? n_tokens - t0 : 16;
+        float *yt = y + (size_t)t0 * ldy;
+        const float *xt = x + (size_t)t0 * w->n_in;
+        switch (w->fmt) {
+        case WFMT_F32: gemv_launch<WFMT_F32>(yt, *w, xt, nt, ldy, accumulate, st); break;
+        case WFMT_F16: gemv_launch<WFMT_F16>(yt, *w, xt, nt, ldy, accumulate, st); break;
+        case WFMT_BF16: gemv_launch<WFMT_BF16>(yt, *w, xt, nt, ldy, accumulate, st); break;
+        case WFMT_Q4_0: gemv_launch<WFMT_Q4_0>(yt, *w, xt, nt, ldy, accumulate, st); break;
+        case WFMT_Q8_0: gemv_launch<WFMT_Q8_0>(yt, *w, xt, nt, ldy, accumulate, st); break;
+        case WFMT_Q4M: gemv_launch<WFMT_Q4M>(yt, *w, xt, nt, ldy, accumulate, st); break;
+        case WFMT_Q8M: gemv_launch<WFMT_Q8M>(yt, *w, xt, nt, ldy, accumulate, st); break;
+        }
+    }
+}
+
+/* ---- int8-activation mat-vec (dp4a) ---- */
+
+/* x[n_groups][32] -> xq int8, xds (d, d * sum q) per group; warp per group. */
+__global__ void quantize_q8_kernel(int8_t *xq, float2 *xds, const float *x, int64_t n_groups) {
+    const int64_t g = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    if (g >= n_groups) return;
+    const int lane = threadIdx.x & 31;
+    const float v = x[g * 32 + lane];
+    const float amax = warp_max(fabsf(v)), d = amax / 127.0f;
+    const float q = d > 0.0f ? rintf(v / d) : 0.0f;
+    xq[g * 32 + lane] = (int8_t)q;
+    const float s = warp_sum(q);
+    if (lane == 0) xds[g] = make_float2(d, d * s);
+}
+
+extern "C" void quantize_q8_cuda(int8_t *xq, float *xds, const float *x, int64_t n, cudaStream_t st) {
+    const int64_t n_groups = n / 32;
+    if (n_groups <= 0) return;
+    quantize_q8_kernel<<<(unsigned)((n_groups + 7) / 8), 256, 0, st>>>(xq, (float2 *)xds, x, n_groups);
+}
+
+extern "C" int matmul_q8_supported(int fmt) { return fmt == WFMT_Q4_0 || fmt == WFMT_Q8_0 || fmt == WFMT_Q4M; }
+
+/* Lane l of a warp step handles word k = l%4 of group g: 8 weights (Q4: one u32 of nibbles, elements
+ * 4k..4k+3 low and 16+4k.. high; Q8: words k and 4+k) against the matching int8 words of x. The
+ * group's offset term (-8 s_x, or m s_x) is added by the lane with k = 0. */
+template <int F, int NT, int R>
+__global__ void __launch_bounds__(MM_WARPS * 32) matmul_q8_kernel(float *__restrict__ y, const cuda_weight w,
+                                                                const int8_t *__restrict__ xq,
+                                                                const float2 *__restrict__ xds, int n_tok, int ldy,
+                                                                int accumulate) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row0 = blockIdx.x * R;
+    const int n_in = w.n_in, ng = n_in / 32, k = lane & 3;
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    for (int g = warp * 8 + (lane >> 2); g < ng; g += MM_WARPS * 8) {
+        int xa[NT], xb[NT];
+        float2 ds[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t < n_tok) {
+                const int *xp = (const int *)(xq + (size_t)t * n_in + g * 32);
+                xa[t] = __ldg(xp + k);
+                xb[t] = __ldg(xp + 4 + k);
+                ds[t] = __ldg(xds + (size_t)t * ng + g);
+            } else {
+                xa[t] = xb[t] = 0;
+                ds[t] = make_float2(0.0f, 0.0f);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int64_t row = min(row0 + r, w.n_out - 1);
+            int wa, wb;
+            float d, m;
+            if (F == WFMT_Q8_0) {
+                const int *wp = (const int *)((const int8_t *)w.q + row * n_in + g * 32);
+                wa = __ldg(wp + k), wb = __ldg(wp + 4 + k);
+                d = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * ng + g)), m = 0.0f;
+            } else {
+                const uint32_t word = __ldg((const uint32_t *)((const uint8_t *)w.q + row * (n_in / 2) + g * 16) + k);
+                wa = (int)(word & 0x0f0f0f0fu), wb = (int)((word >> 4) & 0x0f0f0f0fu);
+                if (F == WFMT_Q4_0) {
+                    d = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * ng + g));
+                    m = -8.0f * d;
+                } else {
+                    float2 dm = __ldg((const float2 *)w.s + row * ng + g);
+                    d = dm.x, m = dm.y;
+                }
+            }
+            if (k != 0 || F == WFMT_Q8_0) m = 0.0f;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const int sumi = __dp4a(wa, xa[t], __dp4a(wb, xb[t], 0));
+                acc[r][t] = fmaf(d * ds[t].x, (float)sumi, fmaf(m, ds[t].y, acc[r][t]));
+            }
+        }
+    }
+    block_store<NT, R>(acc, y, row0, w.n_out, n_tok, ldy, accumulate);
+}
+
+template <int F, int NT>
+static void q8_launch_nt(float *y, const cuda_weight &w, const int8_t *xq, const float2 *xds, int n_tok, int ldy,
+                         int acc, cudaStream_t st) {
+    constexpr int R = NT >= 8 ? 8 : 4;
+    matmul_q8_kernel<F, NT, R><<<(w.n_out + R - 1) / R, MM_WARPS * 32, 0, st>>>(y, w, xq, xds, n_tok, ldy, acc);
+}
+
+template <int F>
+static void q8_launch(float *y, const cuda_weight &w, const int8_t *xq, const float2 *xds, int n_tok, int ldy, int acc,
+                      cudaStream_t st) {
+    if (n_tok <= 1) q8_launch_nt<F, 1>(y, w, xq, xds, n_tok, ldy, acc, st);
+    else if (n_tok <= 2) q8_launch_nt<F, 2>(y, w, xq, xds, n_tok, ldy, acc, st);
+    else if (n_tok <= 4) q8_launch_nt<F, 4>(y, w, xq, xds, n_tok, ldy, acc, st);
+    else if (n_tok <= 8) q8_launch_nt<F, 8>(y, w, xq, xds, n_tok, ldy, acc, st);
+    else q8_launch_nt<F, 16>(y, w, xq, xds, n_tok, ldy, acc, st);
+}
+
+extern "C" void matmul_q8_cuda(float *y, const struct cuda_weight *w, const int8_t *xq, const float *xds, int n_tokens,
+                               int ldy, int accumulate, cudaStream_t st) {
+    const int ng = w->n_in / 32;
+    for (int t0 = 0; t0 < n_tokens; t0 += 16) {
+        int nt = n_tokens - t0 < 16 ? n_tokens - t0 : 16;
+        float *yt = y + (size_t)t0 * ldy;
+        const int8_t *xt = xq + (size_t)t0 * w->n_in;
+        const float2 *dt = (const float2 *)xds + (size_t)t0 * ng;
+        switch (w->fmt) {
+        case WFMT_Q4_0: q8_launch<WFMT_Q4_0>(yt, *w, xt, dt, nt, ldy, accumulate, st); break;
+        case WFMT_Q8_0: q8_launch<WFMT_Q8_0>(yt, *w, xt, dt, nt, ldy, accumulate, st); break;
+        case WFMT_Q4M: q8_launch<WFMT_Q4M>(yt, *w, xt, dt, nt, ldy, accumulate, st); break;
+        }
+    }
+}
+
+/* ---- dequantized rows (embedding, prefill tiles) ---- */
+
+template <int F, typename T>
+__global__ void dequant_rows_kernel(T *__restrict__ out, const cuda_weight w, const int32_t *__restrict__ rows,
+                                    int64_t r0) {
+    const int64_t row = rows ? (int64_t)rows[blockIdx.x] : r0 + blockIdx.x;
+    const int n_in = w.n_in;
+    const int n_vec = n_in % 8 == 0 ? n_in : 0;
+    T *o = out + (size_t)blockIdx.x * n_in;
+    for (int e = threadIdx.x * 8; e < n_vec; e += blockDim.x * 8) {
+        float v[8];
+        load8<F>(w, row, e, v);
+        if (sizeof(T) == 2) {
+            __half2 h[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) h[j] = __floats2half2_rn(v[2 * j], v[2 * j + 1]);
+            *(uint4 *)(o + e) = *(const uint4 *)h;
+        } else {
+            float4 *p = (float4 *)(o + e);
+            p[0] = make_float4(v[0], v[1], v[2], v[3]);
+            p[1] = make_float4(v[4], v[5], v[6], v[7]);
+        }
+    }
+    if (F == WFMT_F32 || F == WFMT_F16 || F == WFMT_BF16)
+        for (int i = n_vec + threadIdx.x; i < n_in; i += blockDim.x) o[i] = (T)load1<F>(w, row, i);
+}
+
+template <typename T>
+static void dequant_launch(T *out, const cuda_weight &w, const int32_t *rows, int64_t r0, int n_rows, cudaStream_t st) {
+    dim3 grid(n_rows), block(128);
+    switch (w.fmt) {
+    case WFMT_F32: dequant_rows_kernel<WFMT_F32, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
+    case WFMT_F16: dequant_rows_kernel<WFMT_F16, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
+    case WFMT_BF16: dequant_rows_kernel<WFMT_BF16, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
+    case WFMT_Q4_0: dequant_rows_kernel<WFMT_Q4_0, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
+    case WFMT_Q8_0: dequant_rows_kernel<WFMT_Q8_0, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
+    case WFMT_Q4M: dequant_rows_kernel<WFMT_Q4M, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
+    case WFMT_Q8M: dequant_rows_kernel<WFMT_Q8M, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
+    }
+}
+
+extern "C" void dequant_rows_cuda(void *out, int out_half, const struct cuda_weight *w, const int32_t *rows, int64_t r0,
+                                  int n_rows, cudaStream_t st) {
+    if (n_rows <= 0) return;
+    if (out_half) dequant_launch<__half>((__half *)out, *w, rows, r0, n_rows, st);
+    else dequant_launch<float>((float *)out, *w, rows, r0, n_rows, st);
+}
+
+__global__ void f32_to_f16_kernel(__half *out, const float *x, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = __float2half(x[i]);
+}
+
+extern "C" void f32_to_f16_cuda(void *out, const float *x, int64_t n, cudaStream_t st) {
+    int64_t blocks = (n + 255) / 256;
+    f32_to_f16_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, st>>>((__half *)out, x, n);
+}
