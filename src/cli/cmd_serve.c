@@ -29,7 +29,8 @@ static const char *usage =
     "  --api-key KEY                    require 'Authorization: Bearer KEY' on /v1 (default: $PXQ_API_KEY)\n"
     "  --served-model-name NAME         model id in the API (default: the -m argument)\n"
     "  --shutdown-timeout S             on SIGTERM, seconds in-flight requests may still run (default 30)\n"
-    "  --max-body-bytes N               largest request body (default 4194304)\n";
+    "  --max-body-bytes N               largest request body (default 4194304)\n"
+    "  --connection-timeout S           close connections idle (or stuck mid-request) this long (default 60)\n";
 
 int cmd_serve(int argc, char **argv) {
     struct args a = {argc, argv, 0, "serve"};
@@ -53,6 +54,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(f, "--api-key")) hc.api_key = arg_str(&a);
         else if (!strcmp(f, "--served-model-name")) name = arg_str(&a);
         else if (!strcmp(f, "--shutdown-timeout")) grace = arg_num(&a, 0, 86400);
+        else if (!strcmp(f, "--connection-timeout")) hc.connection_timeout = (unsigned)arg_int(&a, 1, 86400);
         else if (!strcmp(f, "--max-body-bytes")) hc.max_body = (size_t)arg_int(&a, 1024, 1L << 30);
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             printf("%s%s", usage, common_help());

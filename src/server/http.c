@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -268,12 +269,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cc = xcalloc(1, sizeof *cc);
         *con_cls = cc;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        const char *expect = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+        int absurd = 0;
         if (cl) {
             errno = 0;
             char *end;
             unsigned long long n = strtoull(cl, &end, 10);
             if (errno || end == cl || n > h->cfg.max_body) cc->too_big = 1;
+            if (errno || end == cl || n / 16 > h->cfg.max_body) absurd = 1;
         }
+        /* An announced oversized body is refused before it is read when the client waits for
+         * "100 Continue" or the size is absurd (MHD then closes the connection). Otherwise it is
+         * read and dropped, then refused: closing on a client still sending would reset the
+         * connection and lose the 413. */
+        if (cc->too_big && (absurd || (expect && !strcasecmp(expect, "100-continue"))) && !strncmp(url, "/v1/", 4) &&
+            authorized(h, c))
+            return route(h, c, url, method, cc);
         return MHD_YES;
     }
     if (*upload_size) {

@@ -2,6 +2,7 @@
 #include "request.h"
 
 #include <cJSON.h>
+#include <ctype.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -285,11 +286,31 @@ static uint64_t id_rng(void) {
     return x ^ (x >> 29);
 }
 
+/* cJSON turns a \u escape with bad hex digits into U+0000 instead of failing (RFC 8259 wants four
+ * hex digits): check them first. A backslash can only legally occur inside a string. */
+static int escapes_valid(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != '\\') continue;
+        if (i + 1 >= n) return 0;
+        if (s[i + 1] == 'u') {
+            if (i + 5 >= n) return 0;
+            for (int k = 2; k < 6; k++)
+                if (!isxdigit((unsigned char)s[i + k])) return 0;
+        }
+        i++;
+    }
+    return 1;
+}
+
 struct srv_req *srv_req_parse(enum srv_kind kind, const char *body, size_t len, const struct srv_limits *lim,
                               int *status, char *msg, size_t msglen, char *param, size_t paramlen) {
     struct pctx c = {status, msg, param, msglen, paramlen};
     if (!srv_utf8_valid(body, len)) return bad(&c, 400, NULL, "the request body is not valid UTF-8");
-    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (memchr(body, 0, len)) return bad(&c, 400, NULL, "the request body contains a NUL byte");
+    if (!escapes_valid(body, len)) return bad(&c, 400, NULL, "the request body is not valid JSON (bad \\u escape)");
+    /* body[len] is NUL (the HTTP layer terminates it): parsing len + 1 bytes with
+     * require_null_terminated rejects trailing garbage after the object */
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len + 1, NULL, 1);
     if (!root) return bad(&c, 400, NULL, "the request body is not valid JSON");
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);

@@ -98,7 +98,7 @@ struct srv_req {
     struct srv_req *next;           /* inbox link */
 };
 
-/* Parse and validate a request body (body[len], untrusted) for `kind`. Returns the request with
+/* Parse and validate a request body (body[len], untrusted, with body[len] == 0) for `kind`. Returns the request with
  * refs = 1, or NULL with *status (400, 404) and an OpenAI error object's message and param
  * (param may be "" for none) written into msg[msglen] / param[paramlen]. */
 struct srv_req *srv_req_parse(enum srv_kind kind, const char *body, size_t len, const struct srv_limits *lim,
