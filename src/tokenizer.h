@@ -23,8 +23,9 @@ struct pxq_tokenizer;
 struct pxq_tokenizer *tokenizer_load_hf(const char *path, char *err, size_t errlen);
 /* Load from GGUF metadata: tokenizer.ggml.model ("gpt2"), .pre, .tokens, .token_type (3 CONTROL ->
  * special added token, 4 USER_DEFINED -> non-special added token), .merges, .eos_token_id
- * (plus .eot/.eom_token_id), .bos_token_id and tokenizer.chat_template. .pre must be one of qwen2,
- * qwen35, deepseek-r1-qwen, stablelm2, llama-bpe/llama3, gpt-2 or default (llama.cpp's regexes). */
+ * (plus .eot/.eom_token_id) and tokenizer.chat_template; ids are positions in .tokens. .pre must
+ * be one of qwen2, qwen35, deepseek-r1-qwen, stablelm2, llama-bpe/llama3/llama-v3, gpt-2 or
+ * default (llama.cpp's regexes for those names); anything else fails with a message. */
 struct pxq_tokenizer *tokenizer_load_gguf(const struct gguf_file *g, char *err, size_t errlen);
 /* Parse a tokenizer.json image of len bytes in memory (need not be NUL-terminated; used by the
  * fuzzer and tests). No chat template or eos ids (those live in tokenizer_config.json). */
