@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "gguf_write.h"
@@ -39,8 +40,11 @@ struct qentry {
     int64_t ne[PXQ_MAX_DIMS];      /* ne[0] = n_in, ne[1] = n_out, ne[2] = n_src when stacked */
     enum role role;
     enum pxq_type type;
-    int perm_heads;                /* llama q/k: rows permuted per head for GGUF's RoPE layout */
-    float *col, *row;              /* [n_src][ne0], [n_src][ne1] or NULL */
+    int *row_perm;                 /* output row r is source row row_perm[r] (1-D: elements), or NULL */
+    int *col_perm;                 /* output column i is source column col_perm[i], or NULL */
+    float add;                     /* added to every source value first (Qwen3.5 norms: 1 + w) */
+    int neg_exp;                   /* value -> -exp(value) (Qwen3.5 A_log -> A) */
+    float *col, *row;              /* [n_src][ne0], [n_src][ne1] in source order, or NULL */
     int *site;                     /* [n_src] calibration site of the input, or -1 */
 };
 
@@ -142,6 +146,16 @@ static const struct {
     {offsetof(struct pxq_layer, ffn_gate), "ffn_gate.weight", R_WEIGHT},
     {offsetof(struct pxq_layer, ffn_up), "ffn_up.weight", R_WEIGHT},
     {offsetof(struct pxq_layer, ffn_down), "ffn_down.weight", R_WEIGHT},
+    /* Qwen3.5 Gated DeltaNet */
+    {offsetof(struct pxq_layer, attn_qkv), "attn_qkv.weight", R_WEIGHT},
+    {offsetof(struct pxq_layer, attn_gate), "attn_gate.weight", R_WEIGHT},
+    {offsetof(struct pxq_layer, ssm_beta), "ssm_beta.weight", R_WEIGHT},
+    {offsetof(struct pxq_layer, ssm_alpha), "ssm_alpha.weight", R_WEIGHT},
+    {offsetof(struct pxq_layer, ssm_conv1d), "ssm_conv1d.weight", R_CONV},
+    {offsetof(struct pxq_layer, ssm_dt), "ssm_dt.bias", R_VEC},
+    {offsetof(struct pxq_layer, ssm_a), "ssm_a", R_VEC},
+    {offsetof(struct pxq_layer, ssm_norm), "ssm_norm.weight", R_VEC},
+    {offsetof(struct pxq_layer, ssm_out), "ssm_out.weight", R_WEIGHT},
 };
 
 static void add_experts(struct qjob *j, int il, const struct pxq_layer *L) {
@@ -164,10 +178,28 @@ static void add_experts(struct qjob *j, int il, const struct pxq_layer *L) {
     }
 }
 
+static int *llama_qk_perm(int64_t rows, int n_head);
+static int *qwen35_v_perm(const struct pxq_hparams *hp, int64_t n, int64_t first, int64_t block);
+
+/* Qwen3.5 from HF to llama.cpp's layout (model_qwen35.c lists the differences): RMSNorm weights
+ * 1 + w (not the DeltaNet's gated norm), A = -exp(A_log), value heads reordered in every tensor
+ * indexed by them. */
+static void qwen35_fixup(struct qjob *j, const struct pxq_layer *L, const struct pxq_tensor *t, struct qentry *q) {
+    const struct pxq_hparams *hp = j->hp;
+    const int64_t key_dim = (int64_t)hp->ssm_n_k_head * hp->ssm_head_k_dim, vd = hp->ssm_head_v_dim;
+    if (t == L->attn_norm || t == L->ffn_norm || t == L->attn_q_norm || t == L->attn_k_norm) q->add = hp->norm_w_offset;
+    if (t == L->ssm_a) q->neg_exp = hp->ssm_a_is_log;
+    if (hp->ssm_v_tiled) return; /* already in GGUF order */
+    if (t == L->attn_qkv || t == L->ssm_conv1d) q->row_perm = qwen35_v_perm(hp, q->ne[1], 2 * key_dim, vd);
+    if (t == L->attn_gate) q->row_perm = qwen35_v_perm(hp, q->ne[1], 0, vd);
+    if (t == L->ssm_beta || t == L->ssm_alpha) q->row_perm = qwen35_v_perm(hp, q->ne[1], 0, 1);
+    if (t == L->ssm_dt || t == L->ssm_a) q->row_perm = qwen35_v_perm(hp, q->ne[0], 0, 1);
+    if (t == L->ssm_out) q->col_perm = qwen35_v_perm(hp, q->ne[0], 0, vd);
+    if (t == L->ssm_conv1d) q->role = R_CONV;
+}
+
 static int build_entries(struct qjob *j, char *err, size_t errlen) {
     const struct pxq_hparams *hp = j->hp;
-    if (hp->arch == ARCH_QWEN35)
-        return set_err(err, errlen, "%s: quantizing qwen35 (Gated DeltaNet) checkpoints is not supported yet", j->p->model_dir);
     add_one(j, "token_embd.weight", hp->tie_embd ? R_OUTPUT : R_EMBD, model_token_embd(j->m));
     for (int il = 0; il < hp->n_layer; il++) {
         const struct pxq_layer *L = model_layer(j->m, il);
@@ -175,13 +207,18 @@ static int build_entries(struct qjob *j, char *err, size_t errlen) {
             const struct pxq_tensor *t = *(const struct pxq_tensor *const *)((const char *)L + layer_fields[f].off);
             char n[PXQ_NAME_MAX];
             snprintf(n, sizeof n, "blk.%d.%s", il, layer_fields[f].name);
+            if (hp->arch == ARCH_QWEN35 && t == L->ffn_norm) snprintf(n, sizeof n, "blk.%d.post_attention_norm.weight", il);
             struct qentry *q = add_one(j, n, layer_fields[f].role, t);
-            if (q && hp->arch == ARCH_LLAMA && (t == L->attn_q || t == L->attn_q_b)) q->perm_heads = hp->n_head;
-            if (q && hp->arch == ARCH_LLAMA && (t == L->attn_k || t == L->attn_k_b)) q->perm_heads = hp->n_head_kv;
+            if (!q) continue;
+            const int64_t rows = q->n_dims == 1 ? q->ne[0] : q->ne[1];
+            if (hp->arch == ARCH_LLAMA && (t == L->attn_q || t == L->attn_q_b)) q->row_perm = llama_qk_perm(rows, hp->n_head);
+            if (hp->arch == ARCH_LLAMA && (t == L->attn_k || t == L->attn_k_b)) q->row_perm = llama_qk_perm(rows, hp->n_head_kv);
+            if (hp->arch == ARCH_QWEN35) qwen35_fixup(j, L, t, q);
         }
         if (L->experts) add_experts(j, il, L);
     }
-    add_one(j, "output_norm.weight", R_VEC, model_output_norm(j->m));
+    struct qentry *on = add_one(j, "output_norm.weight", R_VEC, model_output_norm(j->m));
+    if (hp->arch == ARCH_QWEN35) on->add = hp->norm_w_offset;
     if (!hp->tie_embd) add_one(j, "output.weight", R_OUTPUT, model_output(j->m));
     for (int i = 0; i < j->n_e; i++) {
         struct qentry *q = &j->e[i];
@@ -210,8 +247,8 @@ static enum pxq_type tensor_policy(const struct qjob *j, const struct qentry *q)
     return t;
 }
 
-/* Slice k of entry q as float32 [ne1][ne0] with its scales, and the llama q/k permutation
- * (convert_hf_to_gguf.py LlamaModel.permute: row h*hd + j*hd/2 + i goes to h*hd + 2i + j). */
+/* Slice k of entry q as float32 [ne1][ne0]: source values, + add, -exp if neg_exp, times the row
+ * and column scales (source order), then the row and column permutations of the GGUF layout. */
 static void load_slice(const struct qentry *q, int k, float *out) {
     const struct pxq_tensor *t = q->src[k];
     const int64_t n0 = q->ne[0], n1 = q->n_dims == 1 ? 1 : q->ne[1];
@@ -220,17 +257,45 @@ static void load_slice(const struct qentry *q, int k, float *out) {
     for (int64_t r = 0; r < nrows; r++) dequantize_row(t->type, (const char *)t->data + (size_t)r * rb, out + r * t->ne[0], t->ne[0]);
     const float *col = q->col + (size_t)k * (size_t)n0, *row = q->row ? q->row + (size_t)k * (size_t)n1 : NULL;
     for (int64_t r = 0; r < n1; r++)
-        for (int64_t i = 0; i < n0; i++) out[r * n0 + i] *= col[i] * (row ? row[r] : 1.0f);
-    if (q->perm_heads) {
-        const int64_t rows = q->n_dims == 1 ? n0 : n1, width = q->n_dims == 1 ? 1 : n0, hd = rows / q->perm_heads;
+        for (int64_t i = 0; i < n0; i++) {
+            float v = out[r * n0 + i] + q->add;
+            if (q->neg_exp) v = -expf(v);
+            out[r * n0 + i] = v * col[i] * (row ? row[r] : 1.0f);
+        }
+    if (q->row_perm || q->col_perm) {
+        const int64_t rows = q->n_dims == 1 ? n0 : n1, width = q->n_dims == 1 ? 1 : n0;
         float *tmp = xmalloc((size_t)(rows * width) * sizeof *tmp);
         memcpy(tmp, out, (size_t)(rows * width) * sizeof *tmp);
-        for (int64_t h = 0; h < q->perm_heads; h++)
-            for (int64_t jj = 0; jj < 2; jj++)
-                for (int64_t i = 0; i < hd / 2; i++)
-                    memcpy(out + (h * hd + 2 * i + jj) * width, tmp + (h * hd + jj * (hd / 2) + i) * width, (size_t)width * sizeof *tmp);
+        for (int64_t r = 0; r < rows; r++) {
+            const float *src = tmp + (q->row_perm ? q->row_perm[r] : r) * width;
+            for (int64_t i = 0; i < width; i++) out[r * width + i] = src[q->col_perm ? q->col_perm[i] : i];
+        }
         free(tmp);
     }
+}
+
+/* llama: convert_hf_to_gguf.py LlamaModel.permute, row h*hd + j*hd/2 + i goes to h*hd + 2i + j. */
+static int *llama_qk_perm(int64_t rows, int n_head) {
+    int *p = xmalloc((size_t)rows * sizeof *p);
+    const int64_t hd = rows / n_head;
+    for (int64_t h = 0; h < n_head; h++)
+        for (int64_t j = 0; j < 2; j++)
+            for (int64_t i = 0; i < hd / 2; i++) p[h * hd + 2 * i + j] = (int)(h * hd + j * (hd / 2) + i);
+    return p;
+}
+
+/* Qwen3.5 value heads (see model_qwen35.c): GGUF head h' = j * n_k + kh holds HF head kh * r + j
+ * (r = n_v / n_k), so that GGUF value head h' reads key head h' % n_k. Over `n` indices made of
+ * `first` leading ones left alone, then n_v blocks of `block`. */
+static int *qwen35_v_perm(const struct pxq_hparams *hp, int64_t n, int64_t first, int64_t block) {
+    int *p = xmalloc((size_t)n * sizeof *p);
+    const int nk = hp->ssm_n_k_head, nv = hp->ssm_n_v_head, r = nv / nk;
+    for (int64_t i = 0; i < n; i++) p[i] = (int)i;
+    for (int hn = 0; hn < nv; hn++) {
+        int j = hn / nk, kh = hn % nk, ho = kh * r + j;
+        for (int64_t b = 0; b < block; b++) p[first + hn * block + b] = (int)(first + ho * block + b);
+    }
+    return p;
 }
 
 /* ---- calibration and AWQ ---- */
@@ -255,6 +320,11 @@ static void plan_sites(struct qjob *j) {
         SITE("ffn_up.weight", L->ffn_gate, 0);
         SITE("ffn_down.weight", L->ffn_down, 0);
         SITE("ffn_gate_inp.weight", L->ffn_gate_inp, 0);
+        SITE("attn_qkv.weight", L->attn_qkv, 0); /* Qwen3.5 DeltaNet: qkv, z, b, a read one input */
+        SITE("attn_gate.weight", L->attn_qkv, 0);
+        SITE("ssm_beta.weight", L->attn_qkv, 0);
+        SITE("ssm_alpha.weight", L->attn_qkv, 0);
+        SITE("ssm_out.weight", L->ssm_out, 0);
         for (int x = 0; L->experts && x < j->hp->n_expert; x++) {
             SITE("ffn_gate_exps.weight", L->experts[x].gate, x);
             SITE("ffn_up_exps.weight", L->experts[x].gate, x);
@@ -359,11 +429,19 @@ static void run_awq(struct qjob *j) {
             struct fold f[2] = {{v, 0, 1}, {vb, 0, 2}};
             awq_group(j, mem, mk, 1, o->site[0], f, 2, hp->head_dim, hp->n_head / hp->n_head_kv, &e0, &e1);
         }
+        struct qentry *qkv = lentry(j, il, "attn_qkv.weight"), *z = lentry(j, il, "attn_gate.weight");
+        if (qkv && z && qkv->site[0] >= 0) { /* DeltaNet input; b and a (kept F16) only take s exactly */
+            struct qentry *mem[2] = {qkv, z};
+            int mk[2] = {0, 0};
+            struct fold f[3] = {{lentry(j, il, "attn_norm.weight"), 0, 0}, {lentry(j, il, "ssm_beta.weight"), 0, 3},
+                                {lentry(j, il, "ssm_alpha.weight"), 0, 3}};
+            awq_group(j, mem, mk, 2, qkv->site[0], f, 3, 0, 1, &e0, &e1);
+        }
         struct qentry *g = lentry(j, il, "ffn_gate.weight"), *u = lentry(j, il, "ffn_up.weight"), *d = lentry(j, il, "ffn_down.weight");
         if (g && u && g->site[0] >= 0) {
             struct qentry *mem[2] = {g, u};
             int mk[2] = {0, 0};
-            struct fold f[1] = {{lentry(j, il, "ffn_norm.weight"), 0, 0}};
+            struct fold f[1] = {{lentry(j, il, hp->arch == ARCH_QWEN35 ? "post_attention_norm.weight" : "ffn_norm.weight"), 0, 0}};
             awq_group(j, mem, mk, 2, g->site[0], f, 1, 0, 1, &e0, &e1);
         }
         if (d && u && d->site[0] >= 0) {
@@ -437,8 +515,12 @@ static void *entry_data(struct qjob *j, struct qentry *q, size_t *nbytes) {
             const struct calib_site *S = &j->cal.sites[s];
             double *H = xmalloc((size_t)(n0 * n0) * sizeof *H);
             const float *c = q->col + (size_t)k * (size_t)n0;
+            const int *cp = q->col_perm; /* H in the written column order */
             for (int64_t a = 0; a < n0; a++)
-                for (int64_t b = 0; b < n0; b++) H[a * n0 + b] = S->H[a * n0 + b] / ((double)c[a] * c[b]);
+                for (int64_t b = 0; b < n0; b++) {
+                    int64_t pa = cp ? cp[a] : a, pb = cp ? cp[b] : b;
+                    H[a * n0 + b] = S->H[pa * n0 + pb] / ((double)c[pa] * c[pb]);
+                }
             int rc = gptq_quantize(q->type, W, n1, n0, H, 0.01, o, j->tp);
             free(H);
             if (rc == 0) continue;
@@ -495,7 +577,8 @@ out:
 }
 
 static void job_free(struct qjob *j) {
-    for (int i = 0; i < j->n_e; i++) free(j->e[i].src), free(j->e[i].site), free(j->e[i].col), free(j->e[i].row);
+    for (int i = 0; i < j->n_e; i++)
+        free(j->e[i].src), free(j->e[i].site), free(j->e[i].col), free(j->e[i].row), free(j->e[i].row_perm), free(j->e[i].col_perm);
     free(j->e);
     calib_free(&j->cal);
     if (j->tp) threadpool_free(j->tp);

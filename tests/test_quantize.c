@@ -30,6 +30,7 @@
 #include "util.h"
 
 static char tmpdir[256];
+static void check_meta_vs_llamacpp(const char *path, const char *ref_rel, const char *method);
 
 /* ---- spec decoders (GGUF spec / ggml-common.h), independent of src/ ---- */
 
@@ -88,10 +89,10 @@ static int hf_name(const char *g, char *out, size_t cap) {
     return -1;
 }
 
-static int run_quantize(const char *out, enum pxq_type wt, enum quant_method meth, const char *keep) {
+static int run_quantize_dir(const char *dir, const char *out, enum pxq_type wt, enum quant_method meth, const char *keep) {
     struct quantize_params p = quantize_default_params();
     char model[512], err[512] = "";
-    snprintf(model, sizeof model, "%s/tiny-qwen3", test_data_dir());
+    snprintf(model, sizeof model, "%s/%s", test_data_dir(), dir);
     p.model_dir = model;
     p.output = out;
     p.wtype = wt;
@@ -101,6 +102,65 @@ static int run_quantize(const char *out, enum pxq_type wt, enum quant_method met
     int rc = quantize_model(&p, err, sizeof err);
     if (rc) fprintf(stderr, "quantize: %s\n", err);
     return rc;
+}
+
+static int run_quantize(const char *out, enum pxq_type wt, enum quant_method meth, const char *keep) {
+    return run_quantize_dir("tiny-qwen3", out, wt, meth, keep);
+}
+
+/* Qwen3.5 (HF: 1+w norms, A_log, value heads grouped by key head) written in llama.cpp's layout:
+ * every tensor of llama.cpp's own Q8_0 file of the same checkpoint is in ours with the same shape,
+ * and decodes to the same values within one quantization step (F32: equal to 1e-6 relative). */
+static void check_qwen35_vs_llamacpp(void) {
+    char out[400], ref[512], err[512] = "";
+    snprintf(out, sizeof out, "%s/q35.gguf", tmpdir);
+    snprintf(ref, sizeof ref, "%s/qwen35/tiny-qwen35-Q8_0.gguf", test_data_dir());
+    if (!file_exists(ref)) {
+        fprintf(stderr, "  (no %s: Qwen3.5 layout check skipped)\n", ref);
+        return;
+    }
+    CHECK(run_quantize_dir("qwen35/tiny-qwen35", out, PXQ_TYPE_Q8_0, QUANT_RTN, NULL) == 0, "quantize tiny-qwen35");
+    struct gguf_file *g = gguf_open(out, err, sizeof err), *r = gguf_open(ref, err, sizeof err);
+    CHECK(g && r, "open: %s", err);
+    if (!g || !r) goto out;
+    CHECK(gguf_n_tensors(g) == gguf_n_tensors(r), "%d tensors, llama.cpp %d", gguf_n_tensors(g), gguf_n_tensors(r));
+    double worst = 0;
+    for (int i = 0; i < gguf_n_tensors(r); i++) {
+        const struct pxq_tensor *b = gguf_tensor(r, i), *a = gguf_find_tensor(g, b->name);
+        CHECK(a != NULL, "%s missing", b->name);
+        if (!a) continue;
+        int same_shape = a->n_dims == b->n_dims;
+        for (int d = 0; d < 4; d++) same_shape &= a->ne[d] == b->ne[d];
+        CHECK(same_shape, "%s: shape differs", b->name);
+        if (!same_shape) continue;
+        const int64_t n = tensor_nelements(b), rowlen = b->ne[0];
+        float *x = xmalloc((size_t)n * sizeof *x), *y = xmalloc((size_t)n * sizeof *y);
+        for (int64_t row = 0; row < n / rowlen; row++) {
+            dequantize_row(a->type, (const char *)a->data + (size_t)row * type_row_bytes(a->type, rowlen), x + row * rowlen, rowlen);
+            dequantize_row(b->type, (const char *)b->data + (size_t)row * type_row_bytes(b->type, rowlen), y + row * rowlen, rowlen);
+        }
+        int bad = 0;
+        for (int64_t k = 0; k < n; k++) {
+            float tol;
+            if (b->type == PXQ_TYPE_F32) {
+                tol = 1e-6f * fabsf(y[k]) + 1e-7f;
+            } else { /* one step of llama.cpp's block: its largest magnitude / 127 */
+                float amax = 0;
+                for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(y[k / 32 * 32 + j]));
+                tol = amax / 127.0f * 1.01f + 1e-7f;
+            }
+            double e = fabs((double)x[k] - y[k]);
+            if (e > tol) bad++;
+            if (e > worst && b->type == PXQ_TYPE_F32) worst = e;
+        }
+        CHECK(bad == 0, "%s (%s vs llama.cpp %s): %d values differ", b->name, type_name(a->type), type_name(b->type), bad);
+        free(x), free(y);
+    }
+    fprintf(stderr, "  qwen35 vs llama.cpp's Q8_0: %d tensors, worst F32 difference %.3g\n", gguf_n_tensors(r), worst);
+out:
+    if (g) gguf_close(g);
+    if (r) gguf_close(r);
+    check_meta_vs_llamacpp(out, "qwen35/tiny-qwen35-Q8_0.gguf", "rtn");
 }
 
 /* Every tensor of the written file against the source. */
@@ -169,9 +229,9 @@ static void check_file_vs_source(const char *path, enum pxq_type wt, const struc
 }
 
 /* Keys llama.cpp's converter wrote must be there with the same values. */
-static void check_meta_vs_llamacpp(const char *path) {
+static void check_meta_vs_llamacpp(const char *path, const char *ref_rel, const char *method) {
     char ref_path[512], err[512] = "";
-    snprintf(ref_path, sizeof ref_path, "%s/gguf/tiny-qwen3-Q4_0.gguf", test_data_dir());
+    snprintf(ref_path, sizeof ref_path, "%s/%s", test_data_dir(), ref_rel);
     struct gguf_file *g = gguf_open(path, err, sizeof err), *r = gguf_open(ref_path, err, sizeof err);
     CHECK(g && r, "open: %s", err);
     if (!g || !r) goto out;
@@ -205,7 +265,7 @@ static void check_meta_vs_llamacpp(const char *path) {
             CHECK(!strcmp(a, b), "%s = %s, llama.cpp %s", k, a, b);
         }
     }
-    CHECK(gguf_get_str(g, "pxq.quantize.method") && !strcmp(gguf_get_str(g, "pxq.quantize.method"), "rtn"), "method key");
+    CHECK(gguf_get_str(g, "pxq.quantize.method") && !strcmp(gguf_get_str(g, "pxq.quantize.method"), method), "method key");
     uint32_t gs = 0;
     CHECK(gguf_get_u32(g, "pxq.quantize.group_size", &gs) == 0 && gs == 32, "group size key %u", gs);
 out:
@@ -377,10 +437,11 @@ int main(void) {
         check_file_vs_source(path[i], types[i], st);
     }
     if (st) {
-        check_meta_vs_llamacpp(path[0]);
+        check_meta_vs_llamacpp(path[0], "gguf/tiny-qwen3-Q4_0.gguf", "rtn");
         check_runs(path[2], path[0]);
         st_close(st);
     }
+    check_qwen35_vs_llamacpp();
     check_gptq_awq();
     check_policy_and_errors();
     char cmd[600];
