@@ -113,7 +113,8 @@ int cmd_serve(int argc, char **argv) {
             "KV %d blocks of %d, %d threads%s\n",
             model_path(m), model_hparams(m)->arch_name, served, ep->n_ctx, sc.max_num_seqs, sc.max_num_batched_tokens,
             pxq_kv_blocks_total(e), pxq_kv_block_size(e), ep->n_threads, hc.api_key ? ", API key required" : "");
-    fprintf(stderr, "pxq serve: listening on http://%s:%d\n", hc.host, http_port(h));
+    int v6 = strchr(hc.host, ':') != NULL;
+    fprintf(stderr, "pxq serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", hc.host, v6 ? "]" : "", http_port(h));
     fflush(stderr);
 
     int sig = 0;

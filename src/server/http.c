@@ -141,7 +141,9 @@ static enum MHD_Result handle_generate(struct http_server *h, struct MHD_Connect
     if (!r) return send_error(h, c, status, msg, param, status == 404 ? "model_not_found" : NULL);
     r->conn = c;
     if (sched_submit(h->sched, r) != 0) {
+        int bad_params = r->smp == NULL; /* the sampler refused the parameters (parse checks them first) */
         srv_req_release(r);
+        if (bad_params) return send_error(h, c, 400, "invalid sampling parameters", NULL, NULL);
         return send_error(h, c, 503, "the server is shutting down", NULL, NULL);
     }
     atomic_fetch_add(&h->active, 1);
