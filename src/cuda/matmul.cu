@@ -6,8 +6,9 @@
  *   matmul_q8_cuda:   activations quantized to int8 per 32 (llama.cpp's q8_1: d = max|x|/127,
  *                     s = d * sum q), integer dot products with __dp4a (sm_61+), fp32 scale per
  *                     group; Q4_0, Q8_0, Q4M. w.x = d_w (d_x sum (nib q) - 8 s_x) for Q4_0.
- * Both use blocks of 4 warps over R rows; the warps split n_in (256 elements per warp step, lane
- * = 8 consecutive elements, so weight and activation loads are coalesced) and meet in shared memory.
+ *                     Lane = one whole group (16-byte loads).
+ * Both use blocks of 4 warps over R rows; the warps split n_in (coalesced loads: consecutive lanes
+ * read consecutive bytes) and meet in shared memory.
  * Everything here compiles for sm_70 (V100) and up. */
 #include <math.h>
 #include <stdint.h>
@@ -217,9 +218,9 @@ extern "C" void quantize_q8_cuda(int8_t *xq, float *xds, const float *x, int64_t
 
 extern "C" int matmul_q8_supported(int fmt) { return fmt == WFMT_Q4_0 || fmt == WFMT_Q8_0 || fmt == WFMT_Q4M; }
 
-/* Lane l of a warp step handles word k = l%4 of group g: 8 weights (Q4: one u32 of nibbles, elements
- * 4k..4k+3 low and 16+4k.. high; Q8: words k and 4+k) against the matching int8 words of x. The
- * group's offset term (-8 s_x, or m s_x) is added by the lane with k = 0. */
+/* Lane = one group of 32 weights (Q4: 16 bytes of nibbles, one 16-byte load; Q8: two) against the
+ * group's 32 int8 activations (two 16-byte loads per token); a warp step covers 32 groups, the 4
+ * warps of a block interleave their steps over n_in. */
 template <int F, int NT, int R>
 __global__ void __launch_bounds__(MM_WARPS * 32) matmul_q8_kernel(float *__restrict__ y, const cuda_weight w,
                                                                 const int8_t *__restrict__ xq,
@@ -227,52 +228,61 @@ __global__ void __launch_bounds__(MM_WARPS * 32) matmul_q8_kernel(float *__restr
                                                                 int accumulate) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row0 = blockIdx.x * R;
-    const int n_in = w.n_in, ng = n_in / 32, k = lane & 3;
+    const int n_in = w.n_in, ng = n_in / 32;
     float acc[R][NT];
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    for (int g = warp * 8 + (lane >> 2); g < ng; g += MM_WARPS * 8) {
-        int xa[NT], xb[NT];
-        float2 ds[NT];
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (t < n_tok) {
-                const int *xp = (const int *)(xq + (size_t)t * n_in + g * 32);
-                xa[t] = __ldg(xp + k);
-                xb[t] = __ldg(xp + 4 + k);
-                ds[t] = __ldg(xds + (size_t)t * ng + g);
-            } else {
-                xa[t] = xb[t] = 0;
-                ds[t] = make_float2(0.0f, 0.0f);
-            }
-        }
+    for (int g = warp * 32 + lane; g < ng; g += MM_WARPS * 32) {
+        /* weights of R rows first (16 or 32 bytes each), so R loads are in flight */
+        uint4 wq[R][F == WFMT_Q8_0 ? 2 : 1];
+        float d[R], m[R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
             const int64_t row = min(row0 + r, w.n_out - 1);
-            int wa, wb;
-            float d, m;
             if (F == WFMT_Q8_0) {
-                const int *wp = (const int *)((const int8_t *)w.q + row * n_in + g * 32);
-                wa = __ldg(wp + k), wb = __ldg(wp + 4 + k);
-                d = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * ng + g)), m = 0.0f;
+                const uint4 *wp = (const uint4 *)((const int8_t *)w.q + row * n_in + g * 32);
+                wq[r][0] = __ldg(wp);
+                wq[r][F == WFMT_Q8_0 ? 1 : 0] = __ldg(wp + 1);
+                d[r] = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * ng + g)), m[r] = 0.0f;
             } else {
-                const uint32_t word = __ldg((const uint32_t *)((const uint8_t *)w.q + row * (n_in / 2) + g * 16) + k);
-                wa = (int)(word & 0x0f0f0f0fu), wb = (int)((word >> 4) & 0x0f0f0f0fu);
+                wq[r][0] = __ldg((const uint4 *)((const uint8_t *)w.q + row * (n_in / 2) + g * 16));
                 if (F == WFMT_Q4_0) {
-                    d = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * ng + g));
-                    m = -8.0f * d;
+                    d[r] = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * ng + g));
+                    m[r] = -8.0f * d[r];
                 } else {
                     float2 dm = __ldg((const float2 *)w.s + row * ng + g);
-                    d = dm.x, m = dm.y;
+                    d[r] = dm.x, m[r] = dm.y;
                 }
             }
-            if (k != 0 || F == WFMT_Q8_0) m = 0.0f;
+        }
 #pragma unroll
-            for (int t = 0; t < NT; t++) {
-                const int sumi = __dp4a(wa, xa[t], __dp4a(wb, xb[t], 0));
-                acc[r][t] = fmaf(d * ds[t].x, (float)sumi, fmaf(m, ds[t].y, acc[r][t]));
+        for (int t = 0; t < NT; t++) {
+            if (t < n_tok) {
+                const int4 *xp = (const int4 *)(xq + (size_t)t * n_in + g * 32);
+                const int4 xa = __ldg(xp), xb = __ldg(xp + 1); /* elements 0..15, 16..31 */
+                const float2 ds = __ldg(xds + (size_t)t * ng + g);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int sumi;
+                    if (F == WFMT_Q8_0) {
+                        sumi = __dp4a((int)wq[r][0].x, xa.x, __dp4a((int)wq[r][0].y, xa.y, 0));
+                        sumi = __dp4a((int)wq[r][0].z, xa.z, __dp4a((int)wq[r][0].w, xa.w, sumi));
+                        sumi = __dp4a((int)wq[r][F == WFMT_Q8_0 ? 1 : 0].x, xb.x, __dp4a((int)wq[r][F == WFMT_Q8_0 ? 1 : 0].y, xb.y, sumi));
+                        sumi = __dp4a((int)wq[r][F == WFMT_Q8_0 ? 1 : 0].z, xb.z, __dp4a((int)wq[r][F == WFMT_Q8_0 ? 1 : 0].w, xb.w, sumi));
+                    } else { /* byte j: element j low, j+16 high */
+                        const uint32_t u[4] = {wq[r][0].x, wq[r][0].y, wq[r][0].z, wq[r][0].w};
+                        const int xl[4] = {xa.x, xa.y, xa.z, xa.w}, xh[4] = {xb.x, xb.y, xb.z, xb.w};
+                        sumi = 0;
+#pragma unroll
+                        for (int k = 0; k < 4; k++) {
+                            sumi = __dp4a((int)(u[k] & 0x0f0f0f0fu), xl[k], sumi);
+                            sumi = __dp4a((int)((u[k] >> 4) & 0x0f0f0f0fu), xh[k], sumi);
+                        }
+                    }
+                    acc[r][t] = fmaf(d[r] * ds.x, (float)sumi, fmaf(m[r], ds.y, acc[r][t]));
+                }
             }
         }
     }

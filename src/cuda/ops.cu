@@ -163,7 +163,7 @@ extern "C" void kv_store_cuda(const struct cuda_kv *kv, int l, const float *k, c
 #define ATT_TILE 32 /* positions per shared-memory tile: one per lane when scoring */
 
 extern "C" size_t attention_smem_bytes(int head_dim, int group) {
-    return (size_t)(ATT_TILE * (head_dim + 1) + ATT_TILE * head_dim + group * head_dim) * sizeof(float);
+    return (size_t)(ATT_TILE * (head_dim + 4) + ATT_TILE * head_dim + group * head_dim) * sizeof(float);
 }
 
 /* 8 consecutive K/V elements at off (off a multiple of 8; head_dim a multiple of 32) as float. */
@@ -186,26 +186,29 @@ static __device__ __forceinline__ void load8(const void *base, size_t off, float
 
 /* grid (n_tokens, n_head_kv, n_split), block group*32: warp w is query head kvh*group + w. Each
  * block reads its split's K/V tiles once for all heads of the group (GQA), keeps a running max m,
- * sum l and unnormalised output o per head, and writes them for attention_combine_kernel. */
+ * sum l and unnormalised output o per head, and writes them for attention_combine_kernel.
+ * Shared memory: K tile [32][head_dim + 4] (rows 16-byte aligned, a lane per row reads float4s
+ * without bank conflicts), V tile [32][head_dim], q of the group's heads. Scoring: lane j = position
+ * j; accumulating: lane owns dims 4*lane + 128c .. +3. */
 template <typename KV>
 __global__ void attention_kernel(float *__restrict__ part_o, float *__restrict__ part_ml, const float *__restrict__ q,
                                  const cuda_kv kv, int l, const int32_t *__restrict__ pos,
                                  const int32_t *__restrict__ seq_id, int n_head, int n_split, int split_len, float scale) {
-    extern __shared__ float sm[];
-    const int hd = kv.head_dim, group = n_head / kv.n_head_kv;
+    extern __shared__ float4 sm4[];
+    float *sm = (float *)sm4;
+    const int hd = kv.head_dim, group = n_head / kv.n_head_kv, ks = hd + 4;
     const int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = kvh * group + warp;
-    float *Ks = sm, *Vs = Ks + ATT_TILE * (hd + 1), *Qs = Vs + ATT_TILE * hd;
+    float *Ks = sm, *Vs = Ks + ATT_TILE * ks, *Qs = Vs + ATT_TILE * hd;
     const int n_kv = pos[t] + 1;
     const int p0 = split * split_len, p1 = min(n_kv, p0 + split_len);
     const int32_t *tab = kv.block_tab + (size_t)seq_id[t] * kv.max_blocks;
     const float *qt = q + (size_t)t * n_head * hd + (size_t)kvh * group * hd;
     for (int i = threadIdx.x; i < group * hd; i += blockDim.x) Qs[i] = qt[i];
-    float m = -INFINITY, lsum = 0.0f, o[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) o[i] = 0.0f;
-    const int nd = hd / 32, hd8 = hd / 8;
+    float m = -INFINITY, lsum = 0.0f;
+    float4 o[2] = {make_float4(0, 0, 0, 0), make_float4(0, 0, 0, 0)};
+    const int hd8 = hd / 8, hd4 = hd / 4;
     for (int t0 = p0; t0 < p1; t0 += ATT_TILE) {
         __syncthreads();
         for (int idx = threadIdx.x; idx < ATT_TILE * hd8; idx += blockDim.x) {
@@ -219,16 +222,20 @@ __global__ void attention_kernel(float *__restrict__ part_o, float *__restrict__
 #pragma unroll
                 for (int e = 0; e < 8; e++) kk[e] = vv[e] = 0.0f;
             }
-#pragma unroll
-            for (int e = 0; e < 8; e++) Ks[j * (hd + 1) + d + e] = kk[e], Vs[j * hd + d + e] = vv[e];
+            float4 *kd = (float4 *)(Ks + j * ks + d), *vd = (float4 *)(Vs + j * hd + d);
+            kd[0] = make_float4(kk[0], kk[1], kk[2], kk[3]), kd[1] = make_float4(kk[4], kk[5], kk[6], kk[7]);
+            vd[0] = make_float4(vv[0], vv[1], vv[2], vv[3]), vd[1] = make_float4(vv[4], vv[5], vv[6], vv[7]);
         }
         __syncthreads();
         const int p = t0 + lane;
         float s = -INFINITY;
         if (p < p1) {
-            const float *kr = Ks + lane * (hd + 1), *qr = Qs + warp * hd;
+            const float4 *kr = (const float4 *)(Ks + lane * ks), *qr = (const float4 *)(Qs + warp * hd);
             float a = 0.0f;
-            for (int d = 0; d < hd; d++) a = fmaf(qr[d], kr[d], a);
+            for (int d = 0; d < hd4; d++) {
+                const float4 kv4 = kr[d], q4 = qr[d];
+                a = fmaf(q4.x, kv4.x, fmaf(q4.y, kv4.y, fmaf(q4.z, kv4.z, fmaf(q4.w, kv4.w, a))));
+            }
             s = a * scale;
         }
         const float m_new = fmaxf(m, warp_max(s)); /* finite: the tile has at least one position */
@@ -236,21 +243,28 @@ __global__ void attention_kernel(float *__restrict__ part_o, float *__restrict__
         const float corr = expf(m - m_new);
         lsum = lsum * corr + warp_sum(pj);
 #pragma unroll
-        for (int i = 0; i < 8; i++) o[i] *= corr;
+        for (int c = 0; c < 2; c++) o[c].x *= corr, o[c].y *= corr, o[c].z *= corr, o[c].w *= corr;
         const int n_j = min(ATT_TILE, p1 - t0);
         for (int j = 0; j < n_j; j++) {
-            float pjj = __shfl_sync(FULL_MASK, pj, j);
-            const float *vr = Vs + j * hd + lane;
+            const float w = __shfl_sync(FULL_MASK, pj, j);
 #pragma unroll
-            for (int i = 0; i < 8; i++)
-                if (i < nd) o[i] = fmaf(pjj, vr[32 * i], o[i]);
+            for (int c = 0; c < 2; c++) {
+                const int d = 4 * lane + 128 * c;
+                if (d < hd) {
+                    const float4 v4 = *(const float4 *)(Vs + j * hd + d);
+                    o[c].x = fmaf(w, v4.x, o[c].x), o[c].y = fmaf(w, v4.y, o[c].y);
+                    o[c].z = fmaf(w, v4.z, o[c].z), o[c].w = fmaf(w, v4.w, o[c].w);
+                }
+            }
         }
         m = m_new;
     }
     const size_t pidx = ((size_t)t * n_head + h) * n_split + split;
 #pragma unroll
-    for (int i = 0; i < 8; i++)
-        if (i < nd) part_o[pidx * hd + lane + 32 * i] = o[i];
+    for (int c = 0; c < 2; c++) {
+        const int d = 4 * lane + 128 * c;
+        if (d < hd) *(float4 *)(part_o + pidx * hd + d) = o[c];
+    }
     if (lane == 0) part_ml[2 * pidx] = m, part_ml[2 * pidx + 1] = lsum;
 }
 
