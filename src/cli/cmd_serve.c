@@ -10,7 +10,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#ifdef PXQ_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include "args.h"
+#include "memplan.h"
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
@@ -25,7 +30,7 @@ static const char *usage =
     "  --max-num-batched-tokens N       tokens per scheduler step, decodes + prefill chunks (default 512)\n"
     "  --block-size N                   positions per KV block (default 16)\n"
     "  --num-gpu-blocks-override N      KV pool size in blocks (default: max-num-seqs full contexts)\n"
-    "  --gpu-memory-utilization F       CUDA: fraction of device memory (not in this build: use --gpu-mem)\n"
+    "  --gpu-memory-utilization F       CUDA: fraction of the device's memory to use (instead of --gpu-mem)\n"
     "  --api-key KEY                    require 'Authorization: Bearer KEY' on /v1 (default: $PXQ_API_KEY)\n"
     "  --served-model-name NAME         model id in the API (default: the -m argument)\n"
     "  --shutdown-timeout S             on SIGTERM, seconds in-flight requests may still run (default 30)\n"
@@ -62,8 +67,21 @@ int cmd_serve(int argc, char **argv) {
         } else
             fail(&a, 2, "unknown option '%s' (see pxq serve --help)", f);
     }
-    if (gpu_util > 0 && co.ep.device == PXQ_DEVICE_CUDA && !co.ep.gpu_mem)
-        fail(&a, 2, "--gpu-memory-utilization is not supported by this build's engine yet; give --gpu-mem SIZE");
+    if (gpu_util > 0 && co.ep.gpu_mem) fail(&a, 2, "give --gpu-mem or --gpu-memory-utilization, not both");
+    if (gpu_util > 0 && co.ep.device == PXQ_DEVICE_CUDA) {
+#ifdef PXQ_CUDA
+        /* vLLM's meaning: the fraction of the device's memory this server may use. The engine's
+         * arena (--gpu-mem) holds weights + KV + activations + workspace; the CUDA context lives
+         * outside it, so its estimate (memplan.h) is taken off. */
+        size_t dev_free = 0, dev_total = 0;
+        if (cudaMemGetInfo(&dev_free, &dev_total) != cudaSuccess) fail(&a, 1, "--gpu-memory-utilization: no CUDA device");
+        double arena = gpu_util * (double)dev_total - (double)MEMPLAN_CONTEXT_DEFAULT;
+        if (arena < (double)(64u << 20)) fail(&a, 2, "--gpu-memory-utilization %g leaves no room on this device", gpu_util);
+        co.ep.gpu_mem = (size_t)arena;
+#else
+        fail(&a, 2, "--gpu-memory-utilization needs the CUDA backend (this build has none)");
+#endif
+    }
     if (!hc.api_key) {
         const char *k = getenv("PXQ_API_KEY");
         if (k && *k) hc.api_key = k;
