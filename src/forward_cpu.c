@@ -25,12 +25,7 @@ struct attn_args {
 static float *scores_get(size_t n) {
     static __thread float *buf;
     static __thread size_t cap;
-    if (n > cap) {
-        free(buf);
-        buf = xmalloc(n * sizeof(float));
-        cap = n;
-    }
-    return buf;
+    return tls_grow(&buf, &cap, n);
 }
 
 /* One (token, head) pair per item: causal softmax(q k^T / sqrt(head_dim)) v over positions 0..pos. */

@@ -75,15 +75,6 @@ void gated_delta_rule_recurrent(float *out, float *S, const float *q, const floa
     }
 }
 
-static float *tls_grow(float **buf, size_t *cap, size_t n) {
-    if (n > *cap) {
-        free(*buf);
-        *buf = xmalloc(n * sizeof(float));
-        *cap = n;
-    }
-    return *buf;
-}
-
 /* torch_chunk_gated_delta_rule, chunk by chunk (no padding: a short last chunk is the same math).
  * Within a chunk of m tokens, gam_i = sum_{j<=i} g_j and, for j < i,
  *   A[i][j] = beta_i (k_i . k_j) exp(gam_i - gam_j)                       (ut_system, strictly lower)

@@ -2,6 +2,7 @@
 #include "ops_cpu.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "quant.h"
@@ -41,15 +42,45 @@ struct mm_args {
     size_t row_bytes;
 };
 
+/* Every buffer handed out by tls_grow on a thread, freed by a pthread key destructor at its exit. */
+#define TLS_MAX 8
+struct tls_list { float **slot[TLS_MAX]; int n; };
+static pthread_key_t tls_key;
+static pthread_once_t tls_once = PTHREAD_ONCE_INIT;
+
+static void tls_free_all(void *v) {
+    struct tls_list *l = v;
+    for (int i = 0; i < l->n; i++) {
+        free(*l->slot[i]);
+        *l->slot[i] = NULL;
+    }
+    free(l);
+}
+
+static void tls_key_init(void) { pthread_key_create(&tls_key, tls_free_all); }
+
+float *tls_grow(float **buf, size_t *cap, size_t n) {
+    if (n <= *cap) return *buf;
+    if (!*buf) { /* first use of this buffer on this thread: remember it */
+        pthread_once(&tls_once, tls_key_init);
+        struct tls_list *l = pthread_getspecific(tls_key);
+        if (!l) {
+            l = xcalloc(1, sizeof *l);
+            pthread_setspecific(tls_key, l);
+        }
+        if (l->n == TLS_MAX) die("tls_grow: more than %d per-thread buffers", TLS_MAX);
+        l->slot[l->n++] = buf;
+    }
+    free(*buf);
+    *buf = xmalloc(n * sizeof(float));
+    *cap = n;
+    return *buf;
+}
+
 static float *scratch_get(size_t n) {
     static __thread float *buf;
     static __thread size_t cap;
-    if (n > cap) {
-        free(buf);
-        buf = xmalloc(n * sizeof(float));
-        cap = n;
-    }
-    return buf;
+    return tls_grow(&buf, &cap, n);
 }
 
 static void mm_vec(void *arg, int64_t r0, int64_t r1, int ith) {

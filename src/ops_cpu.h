@@ -3,6 +3,7 @@
 #ifndef PXQ_OPS_CPU_H
 #define PXQ_OPS_CPU_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "tensor.h"
@@ -39,6 +40,10 @@ void tensor_row_f32(float *out, const struct pxq_tensor *t, int64_t row);
 
 /* Numerically stable in-place softmax over x[n]. */
 void softmax_cpu(float *x, int n);
+
+/* Per-thread scratch: grow *buf (a `static __thread float *` of the caller) to hold n floats and
+ * return it. Buffers of worker threads are freed when the thread exits. */
+float *tls_grow(float **buf, size_t *cap, size_t n);
 
 /* Float32 dot product with several accumulators (vectorised by the compiler). */
 float vec_dot_f32(const float *a, const float *b, int64_t n);
