@@ -3,7 +3,7 @@
 // for a bad API key, an unknown model and an over-long request.
 'use strict';
 const { OpenAI, AuthenticationError, NotFoundError, BadRequestError } = require('openai');
-const { startServer, check, finish } = require('./common');
+const { startServer, request, check, finish } = require('./common');
 
 (async () => {
   const srv = await startServer(['--api-key', 'sk-test', '--served-model-name', 'tiny', '--max-model-len', '512']);
@@ -77,6 +77,21 @@ const { startServer, check, finish } = require('./common');
     err = null;
     try { await client.chat.completions.create({ model: 'tiny', messages: msgs, temperature: 'hot' }); } catch (e) { err = e; }
     check('wrong type: BadRequestError naming the param', err instanceof BadRequestError && err.param === 'temperature', String(err));
+
+    // /metrics: Prometheus text, every family present, counters that moved with the requests above
+    const m = await request(srv.port, 'GET', '/metrics');
+    const lines = m.body.split('\n').filter((l) => l && !l.startsWith('#'));
+    check('/metrics: text format (name{labels} value)', m.status === 200 && /^text\/plain/.test(m.headers['content-type']) &&
+      lines.every((l) => /^[a-z_:][a-z0-9_:]*(\{[^}]*\})? [-+0-9.eE]+$/.test(l)), lines.find((l) => !/^[a-z_]+(\{[^}]*\})? [-+0-9.eE]+$/.test(l)));
+    const val = (name) => { const l = lines.find((x) => x.startsWith(name + ' ')); return l ? Number(l.split(' ')[1]) : NaN; };
+    for (const f of ['pxq_prompt_tokens_total', 'pxq_generation_tokens_total', 'pxq_num_requests_running', 'pxq_num_requests_waiting',
+      'pxq_kv_blocks_used', 'pxq_kv_blocks_free', 'pxq_time_to_first_token_seconds_count', 'pxq_inter_token_latency_seconds_count'])
+      check('/metrics: ' + f, Number.isFinite(val(f)), m.body.slice(0, 200));
+    check('/metrics: tokens out >= those counted by the usage objects above', val('pxq_generation_tokens_total') >=
+      c.usage.completion_tokens + chat.usage.completion_tokens + usage.completion_tokens);
+    check('/metrics: one TTFT per finished request, ITL per later token', val('pxq_time_to_first_token_seconds_count') >= 9 &&
+      val('pxq_inter_token_latency_seconds_count') === val('pxq_generation_tokens_total') - val('pxq_time_to_first_token_seconds_count'));
+    check('/metrics: idle server holds no KV', val('pxq_kv_blocks_used') === 0 && val('pxq_num_requests_running') === 0);
   } catch (e) {
     check('no unexpected exception', false, e.stack);
   }
