@@ -1,12 +1,13 @@
 // equivalence.js - continuous batching changes no output: 16 greedy requests of different prompt
 // lengths sent concurrently each return exactly the text the same request returns alone.
-//   1. one server, chunked prefill (--max-num-batched-tokens 64, so long prompts are prefilled over
-//      several steps while the others decode): alone vs all 16 at once;
+//   1. one server, chunked prefill (--max-num-batched-tokens 32, so long prompts are prefilled over
+//      several steps while the others decode): alone vs all 16 at once; and a running stream keeps
+//      getting tokens while a long prompt is prefilled;
 //   2. a server whose KV pool is too small for the 16 at once (--num-gpu-blocks-override), so the
 //      scheduler must queue (admission control) and preempt sequences whose KV no longer fits:
 //      the same 16 texts, the preemption counter moved, and every KV block is free afterwards.
 'use strict';
-const { startServer, post, check, finish, corpusPrompts, metric } = require('./common');
+const { startServer, post, stream, check, finish, corpusPrompts, metric } = require('./common');
 
 const N = 16, MAX_TOKENS = 24;
 
@@ -20,7 +21,7 @@ async function complete(port, prompt) {
 (async () => {
   const prompts = corpusPrompts(N, 1, 150);
   const common = ['--max-model-len', '512', '--max-num-seqs', '16'];
-  const a = await startServer([...common, '--max-num-batched-tokens', '64']);
+  const a = await startServer([...common, '--max-num-batched-tokens', '32']);
   let alone = [];
   try {
     for (const p of prompts) alone.push(await complete(a.port, p));
@@ -31,6 +32,24 @@ async function complete(port, prompt) {
     const diff = together.map((x, i) => x.text === alone[i].text ? -1 : i).filter((i) => i >= 0);
     check('16 concurrent (chunked prefill) == 16 alone', diff.length === 0,
       diff.map((i) => `#${i}: ${JSON.stringify(alone[i].text)} vs ${JSON.stringify(together[i].text)}`).join('; '));
+
+    // chunked prefill: while the longest prompt is prefilled in chunks of <= 32 tokens, a running
+    // stream keeps getting tokens (without chunking it would get none until the prefill is done)
+    const arrivals = [];
+    let tSend = 0, tFirst = 0, long = null;
+    const running = stream(a.port, '/v1/completions', { prompt: 'Once upon a time', max_tokens: 200, ignore_eos: true, temperature: 0,
+      stream: true }, { onEvent: () => {
+      arrivals.push(Date.now());
+      if (arrivals.length === 5) {
+        tSend = Date.now();
+        long = stream(a.port, '/v1/completions', { prompt: prompts[N - 1], max_tokens: 1, stream: true },
+          { onEvent: (o) => { if (!tFirst && o.choices[0].text) tFirst = Date.now(); } });
+      }
+    } });
+    await running;
+    await long;
+    const during = arrivals.filter((t) => t > tSend && t < tFirst).length;
+    check(`chunked prefill: a stream got ${during} tokens while a ${alone[N - 1].n_prompt}-token prompt was prefilled`, tFirst > 0 && during >= 3);
   } catch (e) {
     check('server A: no exception', false, e.stack);
   }
