@@ -17,8 +17,7 @@ for (const s of ['SIGINT', 'SIGTERM']) process.on(s, () => process.exit(1));
 // resolves with {code, signal}; the process is SIGKILLed if it outlives the test.
 function startServer(args = [], env = {}) {
   const proc = spawn(PXQ, ['serve', '--port', '0', '-t', process.env.PXQ_THREADS || '2', ...args], {
-    cwd: ROOT, stdio: ['ignore', 'ignore', 'pipe'],
-    env: { LSAN_OPTIONS: 'suppressions=' + path.join(__dirname, 'lsan.supp'), ...process.env, ...env },
+    cwd: ROOT, stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...env },
   });
   live.add(proc);
   let log = '';
