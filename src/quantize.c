@@ -521,7 +521,7 @@ static void *entry_data(struct qjob *j, struct qentry *q, size_t *nbytes) {
                     int64_t pa = cp ? cp[a] : a, pb = cp ? cp[b] : b;
                     H[a * n0 + b] = S->H[pa * n0 + pb] / ((double)c[pa] * c[pb]);
                 }
-            int rc = gptq_quantize(q->type, W, n1, n0, H, 0.01, o, j->tp);
+            int rc = gptq_quantize(q->type, W, n1, n0, H, 0.01, j->p->act_order, o, j->tp);
             free(H);
             if (rc == 0) continue;
             load_slice(q, k, W); /* not positive definite even damped: RTN */
@@ -556,7 +556,10 @@ static int write_file(struct qjob *j, int fd, const char *tmp, char *err, size_t
         gguf_w_str(w, "pxq.quantize.calib_sha256", j->calib_sha);
         gguf_w_u32(w, "pxq.quantize.calib_size", (uint32_t)j->calib_n_seq);
         gguf_w_u32(w, "pxq.quantize.calib_seq_len", (uint32_t)j->calib_seq_len);
-        if (uses_gptq(p->method)) gguf_w_f32(w, "pxq.quantize.gptq_damp", 0.01f);
+        if (uses_gptq(p->method)) {
+            gguf_w_f32(w, "pxq.quantize.gptq_damp", 0.01f);
+            gguf_w_bool(w, "pxq.quantize.gptq_act_order", p->act_order);
+        }
     }
     for (int i = 0; i < j->n_e; i++)
         if (gguf_w_add_tensor(w, j->e[i].name, j->e[i].type, j->e[i].n_dims, j->e[i].ne, err, errlen) < 0) goto out;

@@ -30,6 +30,32 @@ void qgroup_params(enum pxq_type t, const float *x, float *d, float *m) {
     *d = f16_round(t == PXQ_TYPE_Q4_0 ? max / -8.0f : amax / 127.0f);
 }
 
+void qgroup_params_mse(enum pxq_type t, const float *x, const float *imp, float *d, float *m) {
+    qgroup_params(t, x, d, m);
+    if (t == PXQ_TYPE_Q8_0) return;
+    float mn = x[0], mx = x[0], amax = 0, max = 0;
+    for (int j = 0; j < QG; j++) {
+        mn = fminf(mn, x[j]), mx = fmaxf(mx, x[j]);
+        if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
+    }
+    double best = INFINITY;
+    for (int k = 0; k < 20; k++) { /* shrink the range by 0..19 % (GPTQ's quantizer, mse=True) */
+        float p = 1.0f - 0.01f * (float)k, cd, cm = 0;
+        if (t == PXQ_TYPE_Q4_1) {
+            cd = fp16_to_f32(f32_to_fp16((mx - mn) * p / 15.0f));
+            cm = fp16_to_f32(f32_to_fp16(mn * p));
+        } else {
+            cd = fp16_to_f32(f32_to_fp16(max * p / -8.0f));
+        }
+        double e = 0;
+        for (int j = 0; j < QG; j++) {
+            float v = qgroup_value(t, qgroup_code(t, x[j], cd, cm), cd, cm) - x[j];
+            e += (double)(imp ? imp[j] : 1.0f) * v * v;
+        }
+        if (e < best) best = e, *d = cd, *m = cm;
+    }
+}
+
 int qgroup_code(enum pxq_type t, float x, float d, float m) {
     float id = d != 0 ? 1.0f / d : 0.0f;
     int q;
@@ -160,48 +186,79 @@ static int cholesky_lower(double *A, int64_t n) {
 struct gptq_args {
     enum pxq_type t;
     float *W;
-    const float *U; /* [n_in][n_in] upper Cholesky factor of H^-1 */
+    const float *U;   /* [n_in][n_in] upper Cholesky factor of (P H P^T)^-1, in processing order */
+    const float *imp; /* [n_in] diag(H), original order: importance for the group scale search */
+    const int *perm;  /* [n_in] processing order: step i quantizes column perm[i] */
     int64_t n_in;
     uint8_t *out;
     size_t rb;
 };
 
-/* Rows are independent given U: each row runs Algorithm 1's column loop on its own. */
+/* Rows are independent given U: each row runs Algorithm 1's column loop on its own. Groups stay
+ * the GGUF blocks (32 consecutive columns); a group's (d, m) is chosen when the first of its
+ * columns is reached, from the group's current (already updated) weights. */
 static void gptq_rows(void *arg, int64_t r0, int64_t r1, int ith) {
     const struct gptq_args *a = arg;
-    const int64_t n = a->n_in;
+    const int64_t n = a->n_in, ng = n / QG;
     const size_t bb = type_block_bytes(a->t);
-    int q[QG];
+    float *wp = xmalloc((size_t)n * sizeof *wp), *gd = xmalloc((size_t)ng * sizeof *gd), *gm = xmalloc((size_t)ng * sizeof *gm);
+    int *code = xmalloc((size_t)n * sizeof *code), *inv = xmalloc((size_t)n * sizeof *inv);
+    char *have = xmalloc((size_t)ng);
+    for (int64_t i = 0; i < n; i++) inv[a->perm[i]] = (int)i;
     for (int64_t r = r0; r < r1; r++) {
         float *w = a->W + r * n;
-        uint8_t *o = a->out + (size_t)r * a->rb;
-        float d = 0, m = 0;
+        for (int64_t i = 0; i < n; i++) wp[i] = w[a->perm[i]];
+        memset(have, 0, (size_t)ng);
         for (int64_t i = 0; i < n; i++) {
-            if (i % QG == 0) qgroup_params(a->t, w + i, &d, &m); /* from the updated weights */
-            int c = qgroup_code(a->t, w[i], d, m);
-            q[i % QG] = c;
-            float wq = qgroup_value(a->t, c, d, m);
+            const int c = a->perm[i];
+            const int64_t g = c / QG;
+            if (!have[g]) {
+                float x[QG];
+                for (int j = 0; j < QG; j++) x[j] = wp[inv[g * QG + j]];
+                qgroup_params_mse(a->t, x, a->imp + g * QG, &gd[g], &gm[g]);
+                have[g] = 1;
+            }
+            code[c] = qgroup_code(a->t, wp[i], gd[g], gm[g]);
+            float wq = qgroup_value(a->t, code[c], gd[g], gm[g]);
             const float *u = a->U + i * n;
-            float e = (w[i] - wq) / u[i];
-            w[i] = wq;
-            for (int64_t j = i + 1; j < n; j++) w[j] -= e * u[j];
-            if (i % QG == QG - 1) qgroup_pack(a->t, q, d, m, o + (size_t)(i / QG) * bb);
+            float e = (wp[i] - wq) / u[i];
+            wp[i] = wq;
+            for (int64_t j = i + 1; j < n; j++) wp[j] -= e * u[j];
         }
+        for (int64_t i = 0; i < n; i++) w[a->perm[i]] = wp[i];
+        uint8_t *o = a->out + (size_t)r * a->rb;
+        for (int64_t g = 0; g < ng; g++) qgroup_pack(a->t, code + g * QG, gd[g], gm[g], o + (size_t)g * bb);
     }
+    free(wp), free(gd), free(gm), free(code), free(inv), free(have);
 }
 
-int gptq_quantize(enum pxq_type t, float *W, int64_t n_out, int64_t n_in, const double *H, double damp, void *out,
-                  struct threadpool *tp) {
+static const double *g_sort_key;
+static int by_key_desc(const void *x, const void *y) {
+    double a = g_sort_key[*(const int *)x], b = g_sort_key[*(const int *)y];
+    return a > b ? -1 : a < b ? 1 : *(const int *)x - *(const int *)y;
+}
+
+int gptq_quantize(enum pxq_type t, float *W, int64_t n_out, int64_t n_in, const double *H, double damp, int act_order,
+                  void *out, struct threadpool *tp) {
     const int64_t n = n_in;
-    double *A = xmalloc((size_t)(n * n) * sizeof *A);
-    memcpy(A, H, (size_t)(n * n) * sizeof *A);
+    int *perm = xmalloc((size_t)n * sizeof *perm);
+    double *dg = xmalloc((size_t)n * sizeof *dg);
+    for (int64_t i = 0; i < n; i++) perm[i] = (int)i, dg[i] = H[i * n + i];
+    if (act_order) { /* descending diag(H) (the paper's "act-order"), stable */
+        g_sort_key = dg;
+        qsort(perm, (size_t)n, sizeof *perm, by_key_desc);
+    }
+    free(dg);
+    double *A = xmalloc((size_t)(n * n) * sizeof *A); /* P H P^T */
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < n; j++) A[i * n + j] = H[(int64_t)perm[i] * n + perm[j]];
     double mean_diag = 0;
     for (int64_t i = 0; i < n; i++) mean_diag += A[i * n + i];
     mean_diag /= (double)n;
     for (int64_t i = 0; i < n; i++) {
         if (A[i * n + i] <= 0) { /* dead input channel: never active, its weights do not matter */
             A[i * n + i] = 1;
-            for (int64_t r = 0; r < n_out; r++) W[r * n + i] = 0;
+            for (int64_t r = 0; r < n_out; r++) W[r * n + perm[i]] = 0;
         }
         A[i * n + i] += damp * (mean_diag > 0 ? mean_diag : 1);
     }
@@ -229,12 +286,16 @@ int gptq_quantize(enum pxq_type t, float *W, int64_t n_out, int64_t n_in, const 
     for (int64_t i = 0; i < n; i++)
         for (int64_t j = 0; j < n; j++) U[i * n + j] = j >= i ? (float)Hi[j * n + i] : 0.0f;
     free(Hi);
-    struct gptq_args a = {t, W, U, n, out, type_row_bytes(t, n)};
+    float *imp = xmalloc((size_t)n * sizeof *imp);
+    for (int64_t i = 0; i < n; i++) imp[i] = (float)H[i * n + i];
+    struct gptq_args a = {t, W, U, imp, perm, n, out, type_row_bytes(t, n)};
     parallel_for(tp, n_out, 1, gptq_rows, &a);
+    free(imp);
     rc = 0;
 out:
     free(A);
     free(U);
+    free(perm);
     return rc;
 }
 

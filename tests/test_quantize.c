@@ -9,8 +9,9 @@
  *   equals what llama.cpp's converter wrote into tests/data/gguf/tiny-qwen3-Q4_0.gguf.
  * - The files load and run: logits of a prompt against the HF model (Q8_0: close; Q4_0: same argmax
  *   mostly), through the engine.
- * - GPTQ on a synthetic layer: with H = I it equals RTN byte for byte; with correlated inputs its
- *   output error tr(dW H dW^T) is below RTN's. AWQ's search never does worse than its alpha = 0 (RTN).
+ * - GPTQ on a synthetic layer: with H = I it equals rounding to nearest (with its group search)
+ *   byte for byte; with correlated inputs its output error tr(dW H dW^T), checked against
+ *   ||dW X^T||^2 computed directly, is below RTN's (with and without act-order). AWQ's search never does worse than its alpha = 0 (RTN).
  * - Policy and errors: --keep-f16 glob, a bad group size / dtype, a missing directory.
  */
 #include <math.h>
@@ -355,14 +356,24 @@ static void check_gptq_awq(void) {
         enum pxq_type t = types[k];
         size_t nb = type_row_bytes(t, NI) * NO;
         uint8_t *a = xmalloc(nb), *b = xmalloc(nb);
-        rtn_quantize(t, W, NO, NI, a, deq);
+        /* H = I: no error feedback, so GPTQ is round-to-nearest with its (uniformly weighted) group search */
+        const float ones[32] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+        for (int r = 0; r < NO; r++)
+            for (int g = 0; g < NI / 32; g++) {
+                float d, m;
+                int q[32];
+                qgroup_params_mse(t, W + r * NI + g * 32, ones, &d, &m);
+                for (int j = 0; j < 32; j++) q[j] = qgroup_code(t, W[r * NI + g * 32 + j], d, m);
+                qgroup_pack(t, q, d, m, a + r * type_row_bytes(t, NI) + g * type_block_bytes(t));
+            }
         memcpy(W2, W, NO * NI * sizeof *W);
-        CHECK(gptq_quantize(t, W2, NO, NI, I, 0.0, b, tp) == 0, "gptq H=I");
-        CHECK(memcmp(a, b, nb) == 0, "%s: GPTQ with H = I differs from RTN", type_name(t));
+        CHECK(gptq_quantize(t, W2, NO, NI, I, 0.0, 0, b, tp) == 0, "gptq H=I");
+        CHECK(memcmp(a, b, nb) == 0, "%s: GPTQ with H = I differs from rounding to nearest", type_name(t));
+        rtn_quantize(t, W, NO, NI, a, deq);
         for (int i = 0; i < NO * NI; i++) dW[i] = W[i] - deq[i];
         double e_rtn = quant_output_error(dW, NO, NI, Hf, tp);
         memcpy(W2, W, NO * NI * sizeof *W);
-        CHECK(gptq_quantize(t, W2, NO, NI, H, 0.01, b, tp) == 0, "gptq");
+        CHECK(gptq_quantize(t, W2, NO, NI, H, 0.01, k == 1, b, tp) == 0, "gptq"); /* Q4_1 with act-order */
         for (int r = 0; r < NO; r++) dequantize_row(t, b + r * type_row_bytes(t, NI), deq + r * NI, NI);
         for (int i = 0; i < NO * NI; i++) dW[i] = W[i] - deq[i];
         double e_gptq = quant_output_error(dW, NO, NI, Hf, tp);

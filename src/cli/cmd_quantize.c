@@ -19,6 +19,7 @@ static const char *usage_text =
     "  --calib-file FILE        calibration text: a JSON list of strings, or plain text\n"
     "  --calib-size N           calibration sequences (default 128)\n"
     "  --calib-seq-len L        tokens per sequence (default 512)\n"
+    "  --act-order              GPTQ: quantize columns by descending activation energy (default off)\n"
     "  --keep-f16 PATTERN       store tensors whose GGUF name matches the glob in F16 (repeatable)\n"
     "  --embd-type T            token_embd type: f32 f16 bf16 q8_0 q4_0 q4_1 (default: the weight type)\n"
     "  --output-type T          lm_head type, also token_embd when tied (default q8_0)\n"
@@ -64,6 +65,7 @@ int cmd_quantize(int argc, char **argv) {
         else if (!strcmp(f, "--output-type")) p.output_type = parse_type(&a);
         else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) p.n_threads = (int)arg_int(&a, 1, 1024);
         else if (!strcmp(f, "--no-progress")) progress = 0;
+        else if (!strcmp(f, "--act-order")) p.act_order = 1;
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             fputs(usage_text, stdout);
             return 0;
