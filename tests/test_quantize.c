@@ -320,6 +320,83 @@ out:
     free(ref), free(a), free(b);
 }
 
+/* Q8_0 output of an HF dir against the HF model itself: last-position logits of a prompt of ids
+ * below 512, max |diff| under 2% of the largest logit, same argmax. Covers qwen2 (biases, untied
+ * lm_head), llama (q/k rows and biases permuted for GGUF's RoPE layout: a wrong permutation gives
+ * wrong logits) and qwen3moe (experts stacked into ffn_*_exps). */
+static float *check_arch_logits(const char *dir, const char *label) {
+    char out[400], err[512] = "";
+    snprintf(out, sizeof out, "%s/%s.gguf", tmpdir, label);
+    struct quantize_params p = quantize_default_params();
+    p.model_dir = dir;
+    p.output = out;
+    p.wtype = PXQ_TYPE_Q8_0;
+    p.quiet = 1;
+    int rc = quantize_model(&p, err, sizeof err);
+    CHECK(rc == 0, "%s: %s", label, err);
+    if (rc) return NULL;
+    const char *paths[2] = {dir, out};
+    float *lg[2] = {NULL, NULL};
+    int nv = 0;
+    for (int k = 0; k < 2; k++) {
+        struct pxq_model *m = model_open(paths[k], err, sizeof err);
+        CHECK(m != NULL, "%s: %s", paths[k], err);
+        if (!m) goto out;
+        nv = model_hparams(m)->n_vocab;
+        struct pxq_engine_params ep = pxq_engine_default_params();
+        ep.n_ctx = 64;
+        ep.n_threads = 2;
+        struct pxq_engine *e = pxq_engine_new(m, &ep, err, sizeof err);
+        int32_t tok[20], pos[20], sid[20];
+        int seq = pxq_seq_new(e);
+        for (int i = 0; i < 20; i++) tok[i] = (int32_t)((7 + 29 * i) % 500), pos[i] = i, sid[i] = seq;
+        struct pxq_batch b = {20, tok, pos, sid, NULL};
+        CHECK(pxq_decode(e, &b, err, sizeof err) == 0, "%s: %s", paths[k], err);
+        lg[k] = xmalloc((size_t)nv * sizeof(float));
+        memcpy(lg[k], pxq_logits(e, 0), (size_t)nv * sizeof(float));
+        pxq_engine_free(e);
+        model_free(m);
+    }
+    double md = 0, mx = 0;
+    int a0 = 0, a1 = 0;
+    for (int i = 0; i < nv; i++) {
+        md = fmax(md, fabs(lg[0][i] - lg[1][i]));
+        mx = fmax(mx, fabs(lg[0][i]));
+        if (lg[0][i] > lg[0][a0]) a0 = i;
+        if (lg[1][i] > lg[1][a1]) a1 = i;
+    }
+    fprintf(stderr, "  %s Q8_0 vs HF: max |logit diff| %.4f of %.3f\n", label, md, mx);
+    /* random (untrained) weights: Q8_0 moves these logits by a few % of the largest */
+    CHECK(md < 0.05 * mx && a0 == a1, "%s: logits differ by %.4f (max %.3f), argmax %d vs %d", label, md, mx, a0, a1);
+    free(lg[0]);
+    return lg[1];
+out:
+    free(lg[0]), free(lg[1]);
+    return NULL;
+}
+
+static void check_archs(void) {
+    char dir[512], ldir[400], cmd[2400];
+    snprintf(dir, sizeof dir, "%s/random-qwen2", test_data_dir());
+    float *q2 = check_arch_logits(dir, "qwen2");
+    /* the same weights as an HF llama (with attention_bias) */
+    snprintf(ldir, sizeof ldir, "%s/llama", tmpdir);
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p '%s' && ln -sf \"$(realpath '%s')/model.safetensors\" '%s/' && "
+             "sed 's/\"model_type\": \"qwen2\"/\"model_type\": \"llama\", \"attention_bias\": true/' '%s/config.json' > '%s/config.json'",
+             ldir, dir, ldir, dir, ldir);
+    CHECK(system(cmd) == 0, "making the llama dir");
+    float *ll = check_arch_logits(ldir, "llama");
+    if (q2 && ll) { /* same quantized rows in another order: the same function to float rounding */
+        double md = 0;
+        for (int i = 0; i < 512; i++) md = fmax(md, fabs(q2[i] - ll[i]));
+        CHECK(md < 1e-3, "llama GGUF (permuted q/k) vs qwen2 GGUF logits differ by %.6f", md);
+    }
+    free(q2), free(ll);
+    const char *moe = getenv("PXQ_RANDOM_QWEN3MOE"); /* not in tests/data: /work/shared/models/random-qwen3moe */
+    if (moe && is_dir(moe)) free(check_arch_logits(moe, "qwen3moe"));
+}
+
 /* ---- GPTQ and AWQ on a synthetic layer ---- */
 
 static uint64_t rng = 0x243f6a8885a308d3ull;
@@ -453,6 +530,7 @@ int main(void) {
         st_close(st);
     }
     check_qwen35_vs_llamacpp();
+    check_archs();
     check_gptq_awq();
     check_policy_and_errors();
     char cmd[600];
