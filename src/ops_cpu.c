@@ -83,11 +83,18 @@ static float *scratch_get(size_t n) {
     return tls_grow(&buf, &cap, n);
 }
 
+/* Few tokens: the fused quantized dot per (row, token); the row stays in L1 across the tokens, and
+ * no dequantized copy is made (cheaper than dequantizing until about MM_FUSED_MAX tokens). */
+#define MM_FUSED_MAX 4
+
 static void mm_vec(void *arg, int64_t r0, int64_t r1, int ith) {
     const struct mm_args *a = arg;
-    const int64_t n_in = a->w->ne[0];
+    const int64_t n_in = a->w->ne[0], n_out = a->w->ne[1];
     const char *base = a->w->data;
-    for (int64_t r = r0; r < r1; r++) a->y[r] = dot_row_f32(a->w->type, base + (size_t)r * a->row_bytes, a->x, n_in);
+    for (int64_t r = r0; r < r1; r++)
+        for (int t = 0; t < a->n_tokens; t++)
+            a->y[(size_t)t * (size_t)n_out + (size_t)r] =
+                dot_row_f32(a->w->type, base + (size_t)r * a->row_bytes, a->x + (size_t)t * (size_t)n_in, n_in);
 }
 
 /* 4 weight rows x 2 tokens per step: 8 vector accumulators, each loaded vector used twice. */
@@ -154,7 +161,7 @@ void matmul_cpu_set_observer(matmul_observer_fn fn, void *ctx) {
 void matmul_cpu(struct threadpool *tp, float *y, const struct pxq_tensor *w, const float *x, int n_tokens) {
     if (mm_observer) mm_observer(mm_observer_ctx, w, x, n_tokens);
     struct mm_args a = {y, w, x, n_tokens, type_row_bytes(w->type, w->ne[0])};
-    if (n_tokens == 1) {
+    if (n_tokens <= MM_FUSED_MAX) {
         parallel_for(tp, w->ne[1], 16, mm_vec, &a);
     } else {
         int64_t n_tiles = (w->ne[1] + MM_TILE - 1) / MM_TILE;
