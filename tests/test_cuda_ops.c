@@ -8,6 +8,7 @@
  *   dequantized rows to f32 (embedding)                          <= 1e-6; to f16 (prefill tiles) <= 1e-3
  *   rmsnorm, swiglu, biases, residual                            <= 1e-6
  *   rope, neox and interleaved, positions up to 32767            <= 1e-5
+ *   fused q/k norm + rope + KV store vs the CPU ops in order      <= 1e-5 (f16 cache rows <= 1e-3)
  *   attention over a shuffled paged cache vs float64, f32 KV     <= 1e-5; f16 KV <= 2e-3
  *     (f16 rounds K and V to 11 bits: 2^-12 relative each), split into 1 or several chunks.
  * Every output buffer is poisoned with NaN first, so an unwritten element fails. */
@@ -385,6 +386,61 @@ static void test_attention(int kv_f32, int hd, int n_head, int n_head_kv) {
     free(tab), free(kc), free(vc), free(k16), free(v16), free(q), free(ref), free(got), free(sc);
 }
 
+/* The fused q/k norm + RoPE + KV store against rmsnorm_cpu, rope_cpu and a copy into the cache. */
+static void test_qk_norm_rope_store(int neox, int kv_f32) {
+    const int n_tok = 3, n_head = 4, n_head_kv = 2, hd = 64, n_rot = 64, bs = 16, n_layer_kv = 2, l = 1, max_blocks = 4;
+    const int q_dim = n_head * hd, kv_dim = n_head_kv * hd, n_blocks = max_blocks;
+    int32_t pos[3] = {0, 5, 37}, seq[3] = {0, 0, 0}, tab[4] = {2, 0, 3, 1};
+    float *q = xmalloc((size_t)n_tok * q_dim * 4), *k = xmalloc((size_t)n_tok * kv_dim * 4), *v = xmalloc((size_t)n_tok * kv_dim * 4);
+    float qn[64], kn[64], inv[32];
+    fill(q, (size_t)n_tok * q_dim, 2.0f), fill(k, (size_t)n_tok * kv_dim, 2.0f), fill(v, (size_t)n_tok * kv_dim, 1.0f);
+    fill(qn, 64, 1.0f), fill(kn, 64, 1.0f);
+    rope_inv_freq(inv, n_rot, 1000000.0f);
+    float *dq = dev_put(q, (size_t)n_tok * q_dim * 4), *dk = dev_put(k, (size_t)n_tok * kv_dim * 4), *dv = dev_put(v, (size_t)n_tok * kv_dim * 4);
+    float *dqn = dev_put(qn, sizeof qn), *dkn = dev_put(kn, sizeof kn), *dinv = dev_put(inv, sizeof inv);
+    int32_t *dpos = dev_put(pos, sizeof pos), *dseq = dev_put(seq, sizeof seq);
+    const size_t kv_elems = (size_t)n_blocks * n_layer_kv * bs * kv_dim, es = kv_f32 ? 4 : 2;
+    struct cuda_kv kv = {0};
+    CK(cudaMalloc(&kv.k, kv_elems * es));
+    CK(cudaMalloc(&kv.v, kv_elems * es));
+    kv.kv_f32 = kv_f32, kv.n_layer_kv = n_layer_kv, kv.block_size = bs, kv.n_head_kv = n_head_kv, kv.head_dim = hd;
+    kv.kv_dim = kv_dim, kv.block_tab = dev_put(tab, sizeof tab), kv.max_blocks = max_blocks;
+    qk_norm_rope_store_cuda(dq, dk, dv, dqn, dkn, 1e-6f, n_head, n_rot, dpos, dinv, neox, &kv, l, dseq, n_tok, 0);
+    for (int t = 0; t < n_tok; t++) {
+        rmsnorm_cpu(q + (size_t)t * q_dim, q + (size_t)t * q_dim, qn, hd, n_head, 1e-6f);
+        rmsnorm_cpu(k + (size_t)t * kv_dim, k + (size_t)t * kv_dim, kn, hd, n_head_kv, 1e-6f);
+        rope_cpu(q + (size_t)t * q_dim, n_head, hd, n_rot, pos[t], inv, neox);
+        rope_cpu(k + (size_t)t * kv_dim, n_head_kv, hd, n_rot, pos[t], inv, neox);
+    }
+    float *got = xmalloc((size_t)n_tok * q_dim * 4);
+    dev_get(got, dq, (size_t)n_tok * q_dim * 4);
+    double eq = norm_err(got, q, (size_t)n_tok * q_dim);
+    dev_get(got, dk, (size_t)n_tok * kv_dim * 4);
+    double ek = norm_err(got, k, (size_t)n_tok * kv_dim);
+    /* the cache rows */
+    double ec = 0;
+    for (int t = 0; t < n_tok; t++) {
+        size_t off = (((size_t)tab[pos[t] / bs] * n_layer_kv + l) * bs + pos[t] % bs) * kv_dim;
+        float hk[128], hvv[128];
+        if (kv_f32) {
+            dev_get(hk, (const float *)kv.k + off, (size_t)kv_dim * 4);
+            dev_get(hvv, (const float *)kv.v + off, (size_t)kv_dim * 4);
+        } else {
+            uint16_t a[128], b[128];
+            dev_get(a, (const uint16_t *)kv.k + off, (size_t)kv_dim * 2);
+            dev_get(b, (const uint16_t *)kv.v + off, (size_t)kv_dim * 2);
+            for (int i = 0; i < kv_dim; i++) hk[i] = fp16_to_f32(a[i]), hvv[i] = fp16_to_f32(b[i]);
+        }
+        ec = fmax(ec, fmax(norm_err(hk, k + (size_t)t * kv_dim, (size_t)kv_dim), norm_err(hvv, v + (size_t)t * kv_dim, (size_t)kv_dim)));
+    }
+    CHECK(eq <= 1e-5 && ek <= 1e-5 && ec <= (kv_f32 ? 1e-5 : 1e-3), "qk_norm_rope_store neox %d kv_f32 %d: q %.3g k %.3g cache %.3g",
+          neox, kv_f32, eq, ek, ec);
+    printf("qk_norm_rope_store neox %d kv %s: q %.2e, k %.2e, cache %.2e\n", neox, kv_f32 ? "f32" : "f16", eq, ek, ec);
+    cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dqn), cudaFree(dkn), cudaFree(dinv), cudaFree(dpos), cudaFree(dseq);
+    cudaFree(kv.k), cudaFree(kv.v), cudaFree((void *)kv.block_tab);
+    free(q), free(k), free(v), free(got);
+}
+
 int main(void) {
     int gate = cuda_test_gate("test_cuda_ops");
     if (gate >= 0) return gate;
@@ -392,6 +448,8 @@ int main(void) {
     test_matmul(tp);
     test_small_ops();
     test_rope();
+    for (int neox = 0; neox < 2; neox++)
+        for (int f32 = 0; f32 < 2; f32++) test_qk_norm_rope_store(neox, f32);
     test_attention(1, 64, 6, 2);
     test_attention(0, 64, 6, 2);
     test_attention(1, 128, 16, 2);

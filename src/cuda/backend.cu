@@ -358,11 +358,9 @@ static void run_layers(struct pxq_engine *e, cuda_backend *b, int n, int n_out, 
         if (L->bq) add_bias_cuda(b->q, L->bq, n, q_dim, st);
         if (L->bk) add_bias_cuda(b->k, L->bk, n, kv_dim, st);
         if (L->bv) add_bias_cuda(b->v, L->bv, n, kv_dim, st);
-        if (L->q_norm) rmsnorm_cuda(b->q, b->q, L->q_norm, hd, n * hp->n_head, hp->rms_eps, NULL, st);
-        if (L->k_norm) rmsnorm_cuda(b->k, b->k, L->k_norm, hd, n * hp->n_head_kv, hp->rms_eps, NULL, st);
-        rope_cuda(b->q, hp->n_head, hd, hp->n_rot, pos, b->inv_freq, neox, n, q_dim, st);
-        rope_cuda(b->k, hp->n_head_kv, hd, hp->n_rot, pos, b->inv_freq, neox, n, kv_dim, st);
-        kv_store_cuda(&b->kv, l, b->k, b->v, pos, seq, n, st);
+        /* q/k norm (before RoPE, Qwen3), RoPE, and the KV store: one kernel */
+        qk_norm_rope_store_cuda(b->q, b->k, b->v, L->q_norm, L->k_norm, hp->rms_eps, hp->n_head, hp->n_rot, pos,
+                                b->inv_freq, neox, &b->kv, l, seq, n, st);
         attention_cuda(b->att, b->q, &b->kv, l, pos, seq, n, hp->n_head, n_split, split_len, b->part_o, b->part_ml, st);
         if (q8 && matmul_q8_supported(L->wo.fmt)) quantize_q8_cuda(b->xq, b->xds, b->att, (int64_t)n * q_dim, st);
         matmul_cuda(b, b->x, &L->wo, b->att, n, q8, 1); /* x += o_proj(att) */

@@ -18,7 +18,8 @@
 #include "cuda/common.cuh"
 #include "cuda/ops_cuda.h"
 
-#define MM_WARPS 4
+#define MM_WARPS 4       /* warps per block of the fp32 mat-vec */
+#define MM_WARPS_MAX 8   /* the q8 mat-vec picks 4..8 warps to split n_in evenly */
 
 /* 8 consecutive elements e..e+7 (e a multiple of 8) of a row, dequantized (layouts: backend.h). */
 template <int F>
@@ -91,7 +92,8 @@ static __device__ __forceinline__ float load1(const cuda_weight &w, int64_t row,
 template <int NT, int R>
 static __device__ __forceinline__ void block_store(float (&acc)[R][NT], float *y, int row0, int n_out, int n_tok,
                                                    int ldy, int accumulate) {
-    __shared__ float red[MM_WARPS][R * NT];
+    __shared__ float red[MM_WARPS_MAX][R * NT];
+    const int n_warps = blockDim.x >> 5;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -106,7 +108,7 @@ static __device__ __forceinline__ void block_store(float (&acc)[R][NT], float *y
         if (row0 + r < n_out && t < n_tok) {
             float s = 0.0f;
 #pragma unroll
-            for (int k = 0; k < MM_WARPS; k++) s += red[k][i];
+            for (int k = 0; k < n_warps; k++) s += red[k][i];
             float *o = y + (size_t)t * ldy + row0 + r;
             *o = accumulate ? *o + s : s;
         }
@@ -222,7 +224,7 @@ extern "C" int matmul_q8_supported(int fmt) { return fmt == WFMT_Q4_0 || fmt == 
  * group's 32 int8 activations (two 16-byte loads per token); a warp step covers 32 groups, the 4
  * warps of a block interleave their steps over n_in. */
 template <int F, int NT, int R>
-__global__ void __launch_bounds__(MM_WARPS * 32) matmul_q8_kernel(float *__restrict__ y, const cuda_weight w,
+__global__ void __launch_bounds__(MM_WARPS_MAX * 32) matmul_q8_kernel(float *__restrict__ y, const cuda_weight w,
                                                                 const int8_t *__restrict__ xq,
                                                                 const float2 *__restrict__ xds, int n_tok, int ldy,
                                                                 int accumulate) {
@@ -234,7 +236,8 @@ __global__ void __launch_bounds__(MM_WARPS * 32) matmul_q8_kernel(float *__restr
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    for (int g = warp * 32 + lane; g < ng; g += MM_WARPS * 32) {
+    const int n_warps = blockDim.x >> 5;
+    for (int g = warp * 32 + lane; g < ng; g += n_warps * 32) {
         /* weights of R rows first (16 or 32 bytes each), so R loads are in flight */
         uint4 wq[R][F == WFMT_Q8_0 ? 2 : 1];
         float d[R], m[R];
@@ -293,7 +296,14 @@ template <int F, int NT>
 static void q8_launch_nt(float *y, const cuda_weight &w, const int8_t *xq, const float2 *xds, int n_tok, int ldy,
                          int acc, cudaStream_t st) {
     constexpr int R = NT >= 8 ? 8 : 4;
-    matmul_q8_kernel<F, NT, R><<<(w.n_out + R - 1) / R, MM_WARPS * 32, 0, st>>>(y, w, xq, xds, n_tok, ldy, acc);
+    /* warps per block: the count in 4..8 that leaves the fewest idle lanes over n_in/32 groups */
+    const int ng = w.n_in / 32;
+    int nw = 4, best = 1 << 30;
+    for (int k = MM_WARPS_MAX; k >= 4; k--) {
+        int waste = (ng + 32 * k - 1) / (32 * k) * 32 * k - ng;
+        if (waste < best) best = waste, nw = k;
+    }
+    matmul_q8_kernel<F, NT, R><<<(w.n_out + R - 1) / R, nw * 32, 0, st>>>(y, w, xq, xds, n_tok, ldy, acc);
 }
 
 template <int F>

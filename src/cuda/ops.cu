@@ -30,6 +30,7 @@ __global__ void rmsnorm_kernel(float *out, int8_t *xq, float2 *xds, const float 
     __shared__ float red[32];
     const float *xr = x + (size_t)(rows ? rows[blockIdx.x] : blockIdx.x) * n;
     float ss = 0.0f;
+#pragma unroll 4
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
     ss = warp_sum(ss);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
@@ -52,14 +53,14 @@ __global__ void rmsnorm_kernel(float *out, int8_t *xq, float2 *xds, const float 
 extern "C" void rmsnorm_cuda(float *out, const float *x, const float *w, int n, int n_rows, float eps,
                              const int32_t *rows, cudaStream_t st) {
     if (n_rows <= 0) return;
-    int threads = n >= 1024 ? 256 : n >= 256 ? 128 : 32;
+    int threads = n >= 4096 ? 1024 : n >= 1024 ? 256 : n >= 256 ? 128 : 32;
     rmsnorm_kernel<<<n_rows, threads, 0, st>>>(out, NULL, NULL, x, w, n, eps, rows);
 }
 
 extern "C" void rmsnorm_q8_cuda(float *out, int8_t *xq, float *xds, const float *x, const float *w, int n, int n_rows,
                                 float eps, const int32_t *rows, cudaStream_t st) {
     if (n_rows <= 0) return;
-    int threads = n >= 1024 ? 256 : n >= 256 ? 128 : 32;
+    int threads = n >= 4096 ? 1024 : n >= 1024 ? 256 : n >= 256 ? 128 : 32; /* a row is latency-bound: wide blocks */
     rmsnorm_kernel<<<n_rows, threads, 0, st>>>(out, xq, (float2 *)xds, x, w, n, eps, rows);
 }
 
@@ -156,6 +157,71 @@ extern "C" void kv_store_cuda(const struct cuda_kv *kv, int l, const float *k, c
                               const int32_t *seq_id, int n_tokens, cudaStream_t st) {
     if (n_tokens <= 0) return;
     kv_store_kernel<<<n_tokens, 128, 0, st>>>(*kv, l, k, v, pos, seq_id);
+}
+
+/* Block per (token, head) over q then k heads: the head's q/k norm (if w != NULL), RoPE, and for k
+ * heads the store of k and v into the cache. One launch for rmsnorm_cuda(q), rmsnorm_cuda(k),
+ * rope_cuda(q), rope_cuda(k) and kv_store_cuda, the same arithmetic in the same order. */
+__global__ void qk_norm_rope_store_kernel(float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
+                                          float eps, int n_head, int n_rot, const int32_t *pos, const float *inv_freq,
+                                          int neox, const cuda_kv kv, int l, const int32_t *seq_id) {
+    __shared__ float hv[256];
+    __shared__ float red[8];
+    const int t = blockIdx.x, hh = blockIdx.y, hd = kv.head_dim, is_k = hh >= n_head;
+    const int h = is_k ? hh - n_head : hh;
+    float *x = is_k ? k + ((size_t)t * kv.n_head_kv + h) * hd : q + ((size_t)t * n_head + h) * hd;
+    const float *w = is_k ? k_norm : q_norm;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) hv[i] = x[i];
+    __syncthreads();
+    if (w) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) ss = fmaf(hv[i], hv[i], ss);
+        ss = warp_sum(ss);
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+        __syncthreads();
+        float tot = 0.0f;
+        for (int i = 0; i < (int)(blockDim.x >> 5); i++) tot += red[i];
+        const float scale = 1.0f / sqrtf(tot / (float)hd + eps);
+        __syncthreads();
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) hv[i] = hv[i] * scale * w[i];
+        __syncthreads();
+    }
+    const int half = n_rot / 2;
+    const float p = (float)pos[t];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float ang = p * inv_freq[i];
+        float c = cosf(ang), s = sinf(ang);
+        int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        float a = hv[i0], b = hv[i1];
+        hv[i0] = a * c - b * s;
+        hv[i1] = b * c + a * s;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) x[i] = hv[i];
+    if (is_k) {
+        const int32_t *tab = kv.block_tab + (size_t)seq_id[t] * kv.max_blocks;
+        const size_t off = kv_off(kv, l, tab, pos[t]) + (size_t)h * hd;
+        const float *vh = v + ((size_t)t * kv.n_head_kv + h) * hd;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+            if (kv.kv_f32) {
+                ((float *)kv.k)[off + i] = hv[i];
+                ((float *)kv.v)[off + i] = vh[i];
+            } else {
+                ((__half *)kv.k)[off + i] = __float2half(hv[i]);
+                ((__half *)kv.v)[off + i] = __float2half(vh[i]);
+            }
+        }
+    }
+}
+
+extern "C" void qk_norm_rope_store_cuda(float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
+                                        float eps, int n_head, int n_rot, const int32_t *pos, const float *inv_freq,
+                                        int neox, const struct cuda_kv *kv, int l, const int32_t *seq_id, int n_tokens,
+                                        cudaStream_t st) {
+    if (n_tokens <= 0) return;
+    dim3 grid(n_tokens, n_head + kv->n_head_kv);
+    qk_norm_rope_store_kernel<<<grid, kv->head_dim >= 128 ? 128 : 64, 0, st>>>(q, k, v, q_norm, k_norm, eps, n_head, n_rot,
+                                                                                pos, inv_freq, neox, *kv, l, seq_id);
 }
 
 /* ---- attention: split-K flash-decoding over the paged cache ---- */

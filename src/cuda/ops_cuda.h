@@ -94,6 +94,14 @@ struct cuda_kv {
 void kv_store_cuda(const struct cuda_kv *kv, int l, const float *k, const float *v, const int32_t *pos,
                    const int32_t *seq_id, int n_tokens, cudaStream_t st);
 
+/* For each token t: q heads and k heads get their q/k norm (q_norm, k_norm [head_dim], NULL to skip),
+ * then RoPE at pos[t]; k[t] and v[t] are then stored at (seq_id[t], pos[t]) of layer l. The fused
+ * form of rmsnorm_cuda + rope_cuda (q and k) + kv_store_cuda, same order (forward_cpu's
+ * attention_layer). q [n_tokens][n_head][head_dim], k, v [n_tokens][n_head_kv][head_dim]. */
+void qk_norm_rope_store_cuda(float *q, float *k, const float *v, const float *q_norm, const float *k_norm, float eps,
+                             int n_head, int n_rot, const int32_t *pos, const float *inv_freq, int neox,
+                             const struct cuda_kv *kv, int l, const int32_t *seq_id, int n_tokens, cudaStream_t st);
+
 /* Causal attention of q[t] ([n_tokens][n_head*head_dim]) over positions 0..pos[t] of its sequence
  * in layer l: out[t][h] = softmax(q k^T / sqrt(head_dim)) v (the CPU forward's attn_range). Split-K
  * flash-decoding (Dao et al. 2023): n_split chunks of split_len positions are reduced online
