@@ -57,7 +57,8 @@ int quantize_pick_type(const char *dtype, int group_size, int sym, enum pxq_type
 
 /* Run the whole job. Returns 0, or -1 with a one-line message; on failure (and on SIGINT, SIGTERM,
  * SIGHUP, which it handles while writing) no OUT and no temp file remain. SIGXFSZ is ignored while
- * writing, so a file-size limit surfaces as write() failing with EFBIG. */
+ * writing, so a file-size limit surfaces as write() failing with EFBIG. Not reentrant: the signal
+ * handlers clean up one process-wide temp path, so one quantize_model at a time per process. */
 int quantize_model(const struct quantize_params *p, char *err, size_t errlen);
 
 /* ---- the group quantizers, shared by RTN, AWQ and GPTQ (quantize_algo.c) ---- */
