@@ -85,4 +85,4 @@ clean:
 	rm -rf build build-asan build-fuzz pxq
 
 .PHONY: all tests test test-asan test-cuda bench fuzz clean
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(CU_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(CU_OBJ:.o=.d) $(TESTS:=.d)

@@ -19,35 +19,7 @@
 int main(void) { return cuda_test_gate("test_cuda_model"); }
 #else
 
-#include <cjson/cJSON.h>
-
-#include "engine.h"
-#include "sampler.h"
-#include "util.h"
-
-static cJSON *load_ref(const char *name, float **logits, size_t *n_floats) {
-    char path[512], err[256];
-    snprintf(path, sizeof path, "%s/ref/%s/reference.json", test_data_dir(), name);
-    char *s = read_file(path, 64 << 20, NULL, err, sizeof err);
-    if (!s) {
-        fprintf(stderr, "%s\n", err);
-        return NULL;
-    }
-    cJSON *j = cJSON_Parse(s);
-    free(s);
-    snprintf(path, sizeof path, "%s/ref/%s/reference_logits.bin", test_data_dir(), name);
-    size_t len;
-    *logits = (float *)read_file(path, 256 << 20, &len, err, sizeof err);
-    *n_floats = len / 4;
-    return j;
-}
-
-static int json_ids(const cJSON *arr, int32_t *out, int cap) {
-    int n = 0;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, arr) if (n < cap) out[n++] = (int32_t)e->valuedouble;
-    return n;
-}
+#include "refcase.h"
 
 static void set_mode(int exact, int graphs) {
     setenv("PXQ_CUDA_FP32", exact ? "1" : "0", 1);
@@ -64,37 +36,6 @@ static struct pxq_engine *engine(struct pxq_model *m, enum pxq_device dev, int n
     struct pxq_engine *e = pxq_engine_new(m, &ep, err, sizeof err);
     CHECK(e != NULL, "engine (%s): %s", dev == PXQ_DEVICE_CUDA ? "cuda" : "cpu", err);
     return e;
-}
-
-/* Prefill ids into a new sequence with logits for every row; returns the sequence or -1. */
-static int prefill(struct pxq_engine *e, const int32_t *ids, int n) {
-    int seq = pxq_seq_new(e);
-    int32_t pos[1024], sid[1024];
-    int8_t want[1024];
-    for (int i = 0; i < n; i++) pos[i] = i, sid[i] = seq, want[i] = 1;
-    struct pxq_batch b = {n, ids, pos, sid, want};
-    char err[256];
-    if (pxq_decode(e, &b, err, sizeof err) != 0) {
-        fprintf(stderr, "decode: %s\n", err);
-        return -1;
-    }
-    return seq;
-}
-
-/* Greedy continuation of k tokens after a prefill of n (logits of row n-1 already there). */
-static int greedy(struct pxq_engine *e, int seq, int n, int k, int32_t *out) {
-    const int n_vocab = model_hparams(pxq_engine_model(e))->n_vocab;
-    int32_t next = argmax_f32(pxq_logits(e, pxq_n_outputs(e) - 1), n_vocab);
-    char err[256];
-    int i = 0;
-    for (; i < k; i++) {
-        out[i] = next;
-        int32_t p = n + i;
-        struct pxq_batch b = {1, &next, &p, &seq, NULL};
-        if (pxq_decode(e, &b, err, sizeof err) != 0) break;
-        next = argmax_f32(pxq_logits(e, 0), n_vocab);
-    }
-    return i;
 }
 
 struct cmp {
@@ -120,11 +61,17 @@ static void check_model(const char *path, const char *ref_name, int cpu_ref, int
     struct pxq_model *m = model_open(path, err, sizeof err);
     CHECK(m != NULL, "open %s: %s", path, err);
     if (!m) return;
-    float *ref = NULL;
-    size_t n_ref = 0;
-    cJSON *j = load_ref(ref_name, &ref, &n_ref);
-    CHECK(j && ref, "reference %s", ref_name);
-    if (!j || !ref) return;
+    struct ref_set rs;
+    char ref_dir[512];
+    snprintf(ref_dir, sizeof ref_dir, "%s/ref/%s", test_data_dir(), ref_name);
+    if (ref_load(&rs, ref_dir) != 0) {
+        CHECK(0, "reference %s", ref_dir);
+        ref_free(&rs);
+        model_free(m);
+        return;
+    }
+    const float *ref = rs.logits;
+    const cJSON *j = rs.json;
     const int n_vocab = model_hparams(m)->n_vocab;
     set_mode(exact, 1);
     struct pxq_engine *e = engine(m, PXQ_DEVICE_CUDA, 256, 1, 0);
@@ -136,9 +83,9 @@ static void check_model(const char *path, const char *ref_name, int cpu_ref, int
     const cJSON *cs;
     cJSON_ArrayForEach(cs, cJSON_GetObjectItem(j, "cases")) {
         int32_t ids[512], want[64], got[16], cgot[16];
-        int n = json_ids(cJSON_GetObjectItem(cs, "input_ids"), ids, 512);
-        int ng = json_ids(cJSON_GetObjectItem(cs, "greedy_ids"), want, 64);
-        int seq = prefill(e, ids, n), cseq = c ? prefill(c, ids, n) : -1;
+        int n = ref_ids(cJSON_GetObjectItem(cs, "input_ids"), ids, 512);
+        int ng = ref_ids(cJSON_GetObjectItem(cs, "greedy_ids"), want, 64);
+        int seq = prefill_all(e, ids, n), cseq = c ? prefill_all(c, ids, n) : -1;
         CHECK(seq >= 0, "prefill %s", path);
         if (seq < 0) break;
         for (int r = 0; r < n; r++) {
@@ -146,12 +93,12 @@ static void check_model(const char *path, const char *ref_name, int cpu_ref, int
             else cmp_rows(&vs_cpu, pxq_logits(e, r), pxq_logits(c, r), n_vocab);
         }
         row0 += (size_t)n;
-        int k = greedy(e, seq, n, 16, got);
+        int k = greedy_continue(e, seq, n, 16, got);
         CHECK(k == 16, "greedy decode %s", path);
         if (!cpu_ref)
             for (int i = 0; i < k && i < ng; i++) greedy_ok &= got[i] == want[i];
         if (c) {
-            int kc = greedy(c, cseq, n, 16, cgot);
+            int kc = greedy_continue(c, cseq, n, 16, cgot);
             for (int i = 0; i < k && i < kc; i++) greedy_cpu_ok &= got[i] == cgot[i];
             pxq_seq_free(c, cseq);
         }
@@ -186,8 +133,7 @@ static void check_model(const char *path, const char *ref_name, int cpu_ref, int
     }
     pxq_engine_free(e);
     pxq_engine_free(c);
-    cJSON_Delete(j);
-    free(ref);
+    ref_free(&rs);
     model_free(m);
 }
 
@@ -210,9 +156,9 @@ static void check_batching(const char *path, int exact) {
     int32_t alone[4][8];
     float *alone_last = xmalloc(4 * (size_t)n_vocab * sizeof(float));
     for (int s = 0; s < 4; s++) {
-        int seq = prefill(e, toks[s], lens[s]);
+        int seq = prefill_all(e, toks[s], lens[s]);
         memcpy(alone_last + (size_t)s * n_vocab, pxq_logits(e, lens[s] - 1), (size_t)n_vocab * sizeof(float));
-        greedy(e, seq, lens[s], steps, alone[s]);
+        greedy_continue(e, seq, lens[s], steps, alone[s]);
         pxq_seq_free(e, seq);
     }
     int32_t tk[64], pos[64], sid[64];
@@ -265,8 +211,8 @@ static void check_batching(const char *path, int exact) {
     if (exact) { /* chunked prefill (n_batch 7) vs one-shot */
         struct pxq_engine *e1 = engine(m, PXQ_DEVICE_CUDA, 64, 1, 0), *e7 = engine(m, PXQ_DEVICE_CUDA, 64, 1, 7);
         if (e1 && e7) {
-            prefill(e1, toks[3], lens[3]);
-            prefill(e7, toks[3], lens[3]);
+            prefill_all(e1, toks[3], lens[3]);
+            prefill_all(e7, toks[3], lens[3]);
             worst = 0;
             for (int i = 0; i < lens[3]; i++)
                 for (int v = 0; v < n_vocab; v++) worst = fmax(worst, fabs((double)pxq_logits(e7, i)[v] - pxq_logits(e1, i)[v]));
@@ -292,9 +238,9 @@ static void check_graphs(const char *path) {
         set_mode(0, g);
         struct pxq_engine *e = engine(m, PXQ_DEVICE_CUDA, 64, 1, 0);
         if (!e) return;
-        int seq = prefill(e, ids, 3);
+        int seq = prefill_all(e, ids, 3);
         int32_t toks[12];
-        greedy(e, seq, 3, 12, toks); /* 12 graph replays (or eager steps) */
+        greedy_continue(e, seq, 3, 12, toks); /* 12 graph replays (or eager steps) */
         out[g] = xmalloc((size_t)n_vocab * sizeof(float));
         memcpy(out[g], pxq_logits(e, 0), (size_t)n_vocab * sizeof(float));
         if (g) printf("kernel path: %s\n", pxq_engine_kernel_path(e));

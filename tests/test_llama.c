@@ -5,7 +5,6 @@
  * arch "llama", q and k (weights and biases) permuted, must reproduce the HF Qwen2 reference:
  * the same logits (bound 1e-4, as test_model) and the same greedy tokens. Without the permutation
  * handled (or with the wrong RoPE pairing) the logits differ at O(1). */
-#include <cjson/cJSON.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -16,6 +15,7 @@
 #include "gguf_write.h"
 #include "safetensors.h"
 #include "sampler.h"
+#include "refcase.h"
 #include "testutil.h"
 #include "util.h"
 
@@ -101,54 +101,10 @@ int main(void) {
     CHECK(m != NULL, "open the llama GGUF: %s", err);
     if (m) {
         CHECK(model_hparams(m)->arch == ARCH_LLAMA && model_hparams(m)->rope_style == ROPE_NORM, "llama, interleaved RoPE");
-        char path[512];
-        snprintf(path, sizeof path, "%s/ref/random-qwen2/reference.json", test_data_dir());
-        char *js = read_file(path, 1 << 24, NULL, err, sizeof err);
-        cJSON *ref = cJSON_Parse(js);
-        snprintf(path, sizeof path, "%s/ref/random-qwen2/reference_logits.bin", test_data_dir());
-        float *rl = (float *)read_file(path, 1 << 28, NULL, err, sizeof err);
-        struct pxq_engine_params ep = pxq_engine_default_params();
-        ep.n_ctx = 256;
-        struct pxq_engine *e = pxq_engine_new(m, &ep, err, sizeof err);
-        const int nv = model_hparams(m)->n_vocab;
-        size_t row0 = 0;
-        double worst = 0;
-        int greedy_ok = 1;
-        const cJSON *c;
-        cJSON_ArrayForEach(c, cJSON_GetObjectItem(ref, "cases")) {
-            int32_t ids[512], pos[512], sid[512];
-            int8_t want[512];
-            int k = 0;
-            const cJSON *v;
-            int seq = pxq_seq_new(e);
-            cJSON_ArrayForEach(v, cJSON_GetObjectItem(c, "input_ids")) {
-                ids[k] = (int32_t)v->valuedouble, pos[k] = k, sid[k] = seq, want[k] = 1;
-                k++;
-            }
-            struct pxq_batch b = {k, ids, pos, sid, want};
-            CHECK(pxq_decode(e, &b, err, sizeof err) == 0, "decode: %s", err);
-            for (int r = 0; r < k; r++)
-                for (int x = 0; x < nv; x++) worst = fmax(worst, fabs((double)pxq_logits(e, r)[x] - rl[(row0 + r) * nv + x]));
-            row0 += (size_t)k;
-            int32_t next = argmax_f32(pxq_logits(e, k - 1), nv);
-            const cJSON *g = cJSON_GetObjectItem(c, "greedy_ids");
-            for (int i = 0; i < 16 && i < cJSON_GetArraySize(g); i++) {
-                greedy_ok &= next == (int32_t)cJSON_GetArrayItem(g, i)->valuedouble;
-                int32_t p = k + i;
-                struct pxq_batch nb = {1, &next, &p, &seq, NULL};
-                if (pxq_decode(e, &nb, err, sizeof err) != 0) break;
-                next = argmax_f32(pxq_logits(e, 0), nv);
-            }
-            pxq_seq_free(e, seq);
-        }
-        fprintf(stderr, "llama GGUF (permuted q/k) vs HF qwen2 reference: max |logit diff| %.3g\n", worst);
-        CHECK(worst <= 1e-4, "max |logit diff| %.3g > 1e-4", worst);
-        CHECK(greedy_ok, "greedy tokens equal HF's");
-        pxq_engine_free(e);
-        cJSON_Delete(ref);
-        free(js);
-        free(rl);
+        char ref_dir[512];
+        snprintf(ref_dir, sizeof ref_dir, "%s/ref/random-qwen2", test_data_dir());
         model_free(m);
+        ref_check_model(out, ref_dir, 1e-4); /* logits, top-1 and 16 greedy tokens against HF */
     }
     unlink(out);
     return test_summary("test_llama");

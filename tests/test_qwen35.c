@@ -22,6 +22,7 @@
 #include "engine.h"
 #include "forward_qwen35.h"
 #include "sampler.h"
+#include "refcase.h"
 #include "testutil.h"
 #include "util.h"
 
@@ -33,112 +34,14 @@ static char *data_path(char *buf, size_t cap, const char *rel) {
     return buf;
 }
 
-static cJSON *load_ref(const char *name, float **logits, size_t *n_floats) {
-    char path[512], rel[256], err[256];
-    snprintf(rel, sizeof rel, "ref/%s/reference.json", name);
-    char *s = read_file(data_path(path, sizeof path, rel), 64 << 20, NULL, err, sizeof err);
-    if (!s) {
-        fprintf(stderr, "%s\n", err);
-        return NULL;
-    }
-    cJSON *j = cJSON_Parse(s);
-    free(s);
-    snprintf(rel, sizeof rel, "ref/%s/reference_logits.bin", name);
-    size_t len = 0;
-    *logits = (float *)read_file(data_path(path, sizeof path, rel), 256 << 20, &len, err, sizeof err);
-    *n_floats = len / 4;
-    return j;
-}
-
-static int json_ids(const cJSON *arr, int32_t *out, int cap) {
-    int n = 0;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, arr) if (n < cap) out[n++] = (int32_t)e->valuedouble;
-    return n;
-}
-
-/* Decode ids into a fresh sequence, logits for every row. Returns the sequence or -1. */
-static int run_all_logits(struct pxq_engine *e, const int32_t *ids, int n) {
-    int seq = pxq_seq_new(e);
-    int32_t *pos = xmalloc((size_t)n * 4), *sid = xmalloc((size_t)n * 4);
-    int8_t *want = xmalloc((size_t)n);
-    for (int i = 0; i < n; i++) pos[i] = i, sid[i] = seq, want[i] = 1;
-    struct pxq_batch b = {n, ids, pos, sid, want};
-    char err[256];
-    int rc = pxq_decode(e, &b, err, sizeof err);
-    if (rc) fprintf(stderr, "decode: %s\n", err);
-    free(pos), free(sid), free(want);
-    return rc ? -1 : seq;
-}
-
-static double max_diff(const float *a, const float *b, size_t n) {
-    double md = 0;
-    for (size_t i = 0; i < n; i++) md = fmax(md, fabs((double)a[i] - b[i]));
-    return md;
-}
+static double max_diff(const float *a, const float *b, size_t n) { return max_abs_diff(a, b, n); }
 
 /* ---- against HF ---- */
 
 static void check_ref(const char *model_rel, const char *ref_name) {
-    char path[512], err[512] = "";
-    data_path(path, sizeof path, model_rel);
-    struct pxq_model *m = model_open(path, err, sizeof err);
-    CHECK(m != NULL, "open %s: %s", path, err);
-    if (!m) return;
-    float *ref = NULL;
-    size_t n_ref = 0;
-    cJSON *j = load_ref(ref_name, &ref, &n_ref);
-    CHECK(j && ref, "reference for %s", ref_name);
-    if (!j || !ref) {
-        model_free(m);
-        return;
-    }
-    const int n_vocab = model_hparams(m)->n_vocab;
-    struct pxq_engine_params ep = pxq_engine_default_params();
-    ep.n_ctx = 256;
-    struct pxq_engine *e = pxq_engine_new(m, &ep, err, sizeof err);
-    CHECK(e != NULL, "engine: %s", err);
-    size_t row0 = 0;
-    double worst = 0;
-    int rows = 0, top1 = 0;
-    const cJSON *c;
-    cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "cases")) {
-        int32_t ids[512], greedy[64];
-        int n = json_ids(cJSON_GetObjectItem(c, "input_ids"), ids, 512);
-        int ng = json_ids(cJSON_GetObjectItem(c, "greedy_ids"), greedy, 64);
-        int seq = run_all_logits(e, ids, n);
-        CHECK(seq >= 0, "decode %s", path);
-        if (seq < 0) break;
-        CHECK((row0 + n) * (size_t)n_vocab <= n_ref, "reference rows");
-        for (int r = 0; r < n && (row0 + r + 1) * (size_t)n_vocab <= n_ref; r++) {
-            const float *got = pxq_logits(e, r), *want = ref + (row0 + (size_t)r) * n_vocab;
-            worst = fmax(worst, max_diff(got, want, (size_t)n_vocab));
-            top1 += argmax_f32(got, n_vocab) == argmax_f32(want, n_vocab);
-            rows++;
-        }
-        row0 += (size_t)n;
-        int32_t out[16], next = argmax_f32(pxq_logits(e, n - 1), n_vocab);
-        int k = 0;
-        for (; k < 16 && k < ng; k++) {
-            out[k] = next;
-            int32_t p = n + k;
-            struct pxq_batch b = {1, &next, &p, &seq, NULL};
-            if (pxq_decode(e, &b, err, sizeof err) != 0) break;
-            next = argmax_f32(pxq_logits(e, 0), n_vocab);
-        }
-        int same = k == 16 || k == ng;
-        for (int i = 0; i < k; i++) same &= out[i] == greedy[i];
-        CHECK(same, "%s: greedy tokens differ from HF (case with %d prompt tokens)", path, n);
-        pxq_seq_free(e, seq);
-    }
-    fprintf(stderr, "%s: %d rows, max |logit diff| %.3g, top-1 agreement %d/%d\n", path, rows, worst, top1, rows);
-    CHECK(rows > 0, "%s: no rows compared", path);
-    CHECK(worst <= LOGIT_TOL, "%s: max |logit diff| %.3g > %.1g", path, worst, LOGIT_TOL);
-    CHECK(top1 == rows, "%s: top-1 agreement %d/%d", path, top1, rows);
-    pxq_engine_free(e);
-    cJSON_Delete(j);
-    free(ref);
-    model_free(m);
+    char path[512], ref_dir[512], rel[256];
+    snprintf(rel, sizeof rel, "ref/%s", ref_name);
+    ref_check_model(data_path(path, sizeof path, model_rel), data_path(ref_dir, sizeof ref_dir, rel), LOGIT_TOL);
 }
 
 /* ---- the two forms of the gated delta rule ---- */
@@ -206,7 +109,7 @@ static void check_engine(const char *model_rel) {
     }
     float *alone[NS];
     for (int s = 0; s < NS; s++) { /* one shot: the chunked form */
-        int seq = run_all_logits(e, toks[s], lens[s]);
+        int seq = prefill_all(e, toks[s], lens[s]);
         CHECK(seq >= 0, "prefill");
         alone[s] = xmalloc((size_t)lens[s] * n_vocab * sizeof(float));
         for (int i = 0; i < lens[s]; i++) memcpy(alone[s] + (size_t)i * n_vocab, pxq_logits(e, i), (size_t)n_vocab * 4);
@@ -266,7 +169,7 @@ static void check_engine(const char *model_rel) {
     /* n_batch 7: the runs are cut across ubatches, the state carried between them */
     ep.n_batch = 7;
     e = pxq_engine_new(m, &ep, err, sizeof err);
-    seq = run_all_logits(e, toks[3], lens[3]);
+    seq = prefill_all(e, toks[3], lens[3]);
     worst = 0;
     for (int i = 0; i < lens[3] && seq >= 0; i++)
         worst = fmax(worst, max_diff(pxq_logits(e, i), alone[3] + (size_t)i * n_vocab, (size_t)n_vocab));
