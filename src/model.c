@@ -273,7 +273,7 @@ static int hparams_from_config(struct pxq_hparams *hp, const char *config_path, 
     double prf = cfg_num(c, "partial_rotary_factor", cJSON_IsObject(rp) ? cfg_num(rp, "partial_rotary_factor", 1.0) : 1.0);
     hp->n_rot = (int)(hp->head_dim * prf);
     hp->rope_style = ROPE_NEOX;
-    hp->tie_embd = cfg_bool(c, "tie_word_embeddings", hp->arch == ARCH_QWEN35 ? 0 : 0);
+    hp->tie_embd = cfg_bool(c, "tie_word_embeddings", 0);
     if (!cJSON_GetObjectItemCaseSensitive(c, "tie_word_embeddings") && cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings"))
         hp->tie_embd = cfg_bool(root, "tie_word_embeddings", 0);
     hp->has_qkv_bias = hp->arch == ARCH_QWEN2 || cfg_bool(c, "attention_bias", 0);
