@@ -1,0 +1,47 @@
+#!/bin/sh
+# One pass on a GPU machine, for a session's device time: build with CUDA, run the CUDA tests,
+# measure the server under load on the GPU, and the plan/bench rows of the CUDA issue. Logs go to
+# $OUT (default /tmp/pxq-gpu). Each step has its own time limit so one slow step cannot eat the
+# others. If the machine lacks the -dev libraries, put their headers and .so files in .devlibs/
+# (include/, lib/) and carry it: they are used when present.
+#   usage: tools/gpu-check.sh [build] [tests] [serve] [bench]   (default: all four, in that order)
+set -u
+OUT=${OUT:-/tmp/pxq-gpu}
+mkdir -p "$OUT"
+steps=${*:-build tests serve bench}
+if [ -d .devlibs ]; then
+    D=$(pwd)/.devlibs
+    export CFLAGS="-I$D/include -I$D/include/cjson" LDLIBS="-L$D/lib -Wl,-rpath,$D/lib" LD_LIBRARY_PATH=$D/lib
+fi
+PXQ=build/pxq
+M=models/tiny-qwen3-Q4_K_M.gguf
+for s in $steps; do
+    t0=$(date +%s)
+    case $s in
+    build)
+        timeout 240 make -j"$(nproc)" CUDA_ARCH="${CUDA_ARCH:-90}" all tests >"$OUT/build.log" 2>&1
+        echo "build: rc $? ($(tail -n 1 "$OUT/build.log"))" ;;
+    tests)
+        for t in test_cuda_ops test_cuda_model; do
+            PXQ_TEST_CUDA=1 timeout 180 build/tests/$t >"$OUT/$t.log" 2>&1
+            echo "$t: rc $? ($(tail -n 1 "$OUT/$t.log"))"
+        done ;;
+    serve)
+        $PXQ serve --device cuda -m $M --port 18000 --max-model-len 256 --max-num-seqs 64 2>"$OUT/serve.log" &
+        pid=$!
+        for i in $(seq 60); do grep -q listening "$OUT/serve.log" && break; sleep 1; done
+        timeout 120 python3 tools/loadgen.py --port 18000 --clients 64 --seconds 15 | tee "$OUT/load.log"
+        kill -TERM $pid; wait $pid; echo "serve exit: $?" ;;
+    bench)
+        C=presets/qwen3-32b.json
+        timeout 60 $PXQ plan --load-format dummy --config $C --dtype q4_0 -c 4096 --gpu-mem 16GiB >"$OUT/plan16.log" 2>&1
+        echo "plan 16GiB: rc $? ($(tail -n 2 "$OUT/plan16.log" | head -n 1))"
+        timeout 120 $PXQ bench --load-format dummy --config $C --dtype q4_0 --device cuda --gpu-mem 16GiB \
+            -p 0 -n 16 -r 1 >"$OUT/bench16.log" 2>&1
+        echo "bench 16GiB: rc $? ($(tail -n 1 "$OUT/bench16.log"))"
+        timeout 240 $PXQ bench --load-format dummy --config $C --dtype q4_0 --device cuda --gpu-mem 24GiB \
+            -p 512 -n 128 -b 1,16 -r 3 >"$OUT/bench24.log" 2>&1
+        echo "bench 24GiB: rc $?"; tail -n 8 "$OUT/bench24.log" ;;
+    esac
+    echo "  ($s: $(( $(date +%s) - t0 )) s)"
+done
