@@ -4,6 +4,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "quant.h"
 #include "threadpool.h"
@@ -150,6 +151,58 @@ static void mm_mat(void *arg, int64_t t0, int64_t t1, int ith) {
     }
 }
 
+/* ---- quantized weights: int8 activations (llama.cpp's CPU technique, see quant.h) ---- */
+
+#define MM_Q8_ROWS 16 /* weight rows per work item; each row is dotted against 4 tokens at a time */
+
+struct mm_q8_args {
+    float *y;
+    const struct pxq_tensor *w;
+    const float *x;
+    uint8_t *xq; /* [n_tokens][stride] quantized activations */
+    size_t stride, row_bytes;
+    int n_tokens;
+};
+
+static void mm_q8_quantize(void *arg, int64_t t0, int64_t t1, int ith) {
+    const struct mm_q8_args *a = arg;
+    const int64_t n_in = a->w->ne[0];
+    for (int64_t t = t0; t < t1; t++)
+        quantize_row_q8_act(a->x + (size_t)t * (size_t)n_in, a->xq + (size_t)t * a->stride, n_in);
+}
+
+static void mm_q8(void *arg, int64_t i0, int64_t i1, int ith) {
+    const struct mm_q8_args *a = arg;
+    const int64_t n_in = a->w->ne[0], n_out = a->w->ne[1];
+    const char *base = a->w->data;
+    for (int64_t tile = i0; tile < i1; tile++) {
+        const int64_t r0 = tile * MM_Q8_ROWS, r1 = r0 + MM_Q8_ROWS < n_out ? r0 + MM_Q8_ROWS : n_out;
+        for (int t = 0; t < a->n_tokens; t += 4) { /* 4 tokens' activations stay in L1 across the tile */
+            const int nt = a->n_tokens - t < 4 ? a->n_tokens - t : 4;
+            const uint8_t *xq = a->xq + (size_t)t * a->stride;
+            for (int64_t r = r0; r < r1; r++) {
+                float o[4];
+                dot_row_q8(a->w->type, base + (size_t)r * a->row_bytes, xq, a->stride, n_in, nt, o);
+                for (int c = 0; c < nt; c++) a->y[(size_t)(t + c) * (size_t)n_out + (size_t)r] = o[c];
+            }
+        }
+    }
+}
+
+static int mm_exact_flag = -1; /* -1: PXQ_CPU_EXACT not read yet */
+
+void matmul_cpu_set_exact(int on) { __atomic_store_n(&mm_exact_flag, on, __ATOMIC_RELAXED); }
+
+static int mm_exact(void) {
+    int f = __atomic_load_n(&mm_exact_flag, __ATOMIC_RELAXED);
+    if (f < 0) {
+        const char *s = getenv("PXQ_CPU_EXACT");
+        f = s && *s && strcmp(s, "0") != 0;
+        __atomic_store_n(&mm_exact_flag, f, __ATOMIC_RELAXED);
+    }
+    return f;
+}
+
 static _Thread_local matmul_observer_fn mm_observer;
 static _Thread_local void *mm_observer_ctx;
 
@@ -160,6 +213,18 @@ void matmul_cpu_set_observer(matmul_observer_fn fn, void *ctx) {
 
 void matmul_cpu(struct threadpool *tp, float *y, const struct pxq_tensor *w, const float *x, int n_tokens) {
     if (mm_observer) mm_observer(mm_observer_ctx, w, x, n_tokens);
+    if (type_has_q8_dot(w->type) && !mm_exact()) {
+        static __thread float *qbuf;
+        static __thread size_t qcap;
+        const size_t stride = q8_act_row_bytes(w->ne[0]);
+        float *buf = tls_grow(&qbuf, &qcap, ((size_t)n_tokens * stride + 64) / sizeof(float));
+        uint8_t *xq = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
+        struct mm_q8_args q = {y, w, x, xq, stride, type_row_bytes(w->type, w->ne[0]), n_tokens};
+        if (n_tokens >= 16) parallel_for(tp, n_tokens, 8, mm_q8_quantize, &q);
+        else mm_q8_quantize(&q, 0, n_tokens, 0);
+        parallel_for(tp, (w->ne[1] + MM_Q8_ROWS - 1) / MM_Q8_ROWS, 1, mm_q8, &q);
+        return;
+    }
     struct mm_args a = {y, w, x, n_tokens, type_row_bytes(w->type, w->ne[0])};
     if (n_tokens <= MM_FUSED_MAX) {
         parallel_for(tp, w->ne[1], 16, mm_vec, &a);

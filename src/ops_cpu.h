@@ -11,8 +11,18 @@
 struct threadpool;
 
 /* y[t][o] = sum_i W[o][i] * x[t][i] for t < n_tokens; W has ne = [n_in, n_out] in any supported type.
- * Rows of W are dequantized once per call and used for every token (matrix-matrix for prefill). */
+ * F32/F16/BF16 weights: float32 activations and accumulation (the exact path; the HF-reference
+ * model tests rely on it). Quantized weights (type_has_q8_dot): each token's x row is quantized once
+ * per call to int8 blocks of 32 (quant.h) and every weight row is dotted in integers against 4
+ * tokens at a time, as llama.cpp's CPU backend does; error per output at most
+ * sum over blocks of amax_block(x)/254 * sum |w| of the block, plus float rounding. PXQ_CPU_EXACT=1
+ * in the environment (or matmul_cpu_set_exact(1)) keeps float32 activations for them too:
+ * fused dequantize-dot up to 4 tokens, dequantized row tiles beyond. */
 void matmul_cpu(struct threadpool *tp, float *y, const struct pxq_tensor *w, const float *x, int n_tokens);
+
+/* 1: quantized weights use the float32-activation path; 0: int8 activations; -1: read
+ * PXQ_CPU_EXACT again at the next matmul_cpu. Process-wide; for tests and A/B comparisons. */
+void matmul_cpu_set_exact(int on);
 
 /* Calibration hook (pxq quantize, src/quantize_calib.c): when set, matmul_cpu calls
  * fn(ctx, w, x, n_tokens) with its input x[n_tokens][w->ne[0]] before each product on this thread.

@@ -50,4 +50,29 @@ int quantize_row(enum pxq_type t, const float *src, void *dst, int64_t n);
  * relative 1e-5 of sum |w*x|). Thread-safe, no allocation. Unsupported type: die, as above. */
 float dot_row_f32(enum pxq_type t, const void *row, const float *x, int64_t n);
 
+/* ---- int8 activations (src/quant_q8.c; llama.cpp's CPU technique, ggml vec_dot_*_q8_0) ----
+ * An activation row of n floats (n a multiple of 32) is quantized once to blocks of 32: int8 qs[n],
+ * then float d[n/32] (d = amax/127, q = round-half-even(x/d)), then float s[n/32] (s = d * sum of
+ * the block's q), q8_act_row_bytes(n) bytes in all (a multiple of 64). Weight rows are then dotted
+ * in integers per block of 32 with the float scales applied per block; the only error beyond
+ * float rounding is the activation rounding, at most amax/254 per element of each block.
+ * The K-quants use the same per-32 activation scales (not llama.cpp's per-256 Q8_K). */
+
+/* 1 for the weight types dot_row_q8 handles: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K. */
+int type_has_q8_dot(enum pxq_type t);
+/* Bytes of one quantized activation row of n elements (n a multiple of 32). */
+size_t q8_act_row_bytes(int64_t n);
+/* Quantize x[n] (n a multiple of 32) into dst (q8_act_row_bytes(n) bytes, any alignment of 4).
+ * AVX2 and the _generic C version give bit-identical output. */
+void quantize_row_q8_act(const float *x, void *dst, int64_t n);
+void quantize_row_q8_act_generic(const float *x, void *dst, int64_t n);
+/* y[c] = row . x_c for c < n_tok (1..4): one weight row (type t, n elements, n a multiple of the
+ * block size) against n_tok quantized activation rows at xq + c * xq_stride, each code block decoded
+ * once for all n_tok rows. AVX2 kernels where compiled in, else dot_row_q8_generic (portable C,
+ * the same integer sum per block of 32; they differ in float summation order only). Thread-safe,
+ * no allocation. A type without type_has_q8_dot or n_tok outside 1..4: die (programmer error). */
+void dot_row_q8(enum pxq_type t, const void *row, const void *xq, size_t xq_stride, int64_t n, int n_tok, float *y);
+void dot_row_q8_generic(enum pxq_type t, const void *row, const void *xq, size_t xq_stride, int64_t n, int n_tok,
+                        float *y);
+
 #endif

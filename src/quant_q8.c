@@ -1,0 +1,497 @@
+/* quant_q8.c - int8-activation dot products for the quantized weight types (see quant.h).
+ *
+ * The technique is llama.cpp's CPU one (ggml-cpu quants.c, vec_dot_q4_0_q8_0 and friends): each
+ * activation row is quantized once to blocks of 32 int8 with one float scale, and a weight row is
+ * dotted against it in integers, one block of 32 at a time, with the float scales applied per block:
+ *
+ *   row . x  ~=  sum_j  dw_j * dx_j * (sum_{i in block j} qw_i * qx_i)  +  mw_j * dx_j * sum_i qx_i
+ *
+ * where the weight block j is w_i = dw_j * qw_i + mw_j (qw an integer code, mw the block minimum of
+ * the _1 and K types, 0 elsewhere). Per-block integer sums are exact (|qw| <= 128, |qx| <= 127, 32
+ * terms), so the only new error is the activation rounding, |x - dx*qx| <= dx/2 = amax/254 per
+ * element. Unlike llama.cpp's Q8_K (one scale per 256), the K-quants here also get one activation
+ * scale per 32 (their sub-block size): one activation format for every type, never less accurate.
+ *
+ * Activation row layout for n elements (n a multiple of 32, nb = n/32), q8_act_row_bytes(n) bytes:
+ *   int8  qs[n]   at byte 0            qx, block j = qs[32j .. 32j+31]
+ *   float d[nb]   at byte n            dx_j = amax_j / 127
+ *   float s[nb]   at byte n + 4nb      s_j = dx_j * sum of block j's qx (for the minimum terms)
+ *
+ * Two implementations compute the same integers per block: the AVX2 kernels (#ifdef __AVX2__;
+ * vpdpbusd where AVX512-VNNI is compiled in) and a portable C fallback (dot_row_q8_generic, also
+ * built on x86 so the tests can compare the two). They differ only in float summation order.
+ */
+#include "quant.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "util.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#define QK 32
+#define QK_K 256
+#define INLINE static inline __attribute__((always_inline))
+
+size_t q8_act_row_bytes(int64_t n) {
+    size_t b = (size_t)n + 8 * (size_t)(n / QK);
+    return (b + 63) & ~(size_t)63;
+}
+
+int type_has_q8_dot(enum pxq_type t) {
+    switch (t) {
+    case PXQ_TYPE_Q4_0: case PXQ_TYPE_Q4_1: case PXQ_TYPE_Q5_0: case PXQ_TYPE_Q5_1: case PXQ_TYPE_Q8_0:
+    case PXQ_TYPE_Q4_K: case PXQ_TYPE_Q5_K: case PXQ_TYPE_Q6_K: return 1;
+    default: return 0;
+    }
+}
+
+static inline float h2f(const uint8_t *p) { return fp16_to_f32((uint16_t)(p[0] | (p[1] << 8))); }
+static inline uint32_t rd32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Q4_K / Q5_K 6-bit scale and min of sub-block j (ggml get_scale_min_k4; see quant.c). */
+static inline void k4_scale_min(int j, const uint8_t *s, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* ---- activation quantization --------------------------------------------------------------- */
+
+/* Per block: dx = amax/127, qx = round-half-even(x / dx) (x * (1/dx), as ggml quantize_row_q8_0). */
+void quantize_row_q8_act_generic(const float *x, void *dst, int64_t n) {
+    const int64_t nb = n / QK;
+    int8_t *qs = dst;
+    float *d = (float *)((uint8_t *)dst + n), *s = d + nb;
+    for (int64_t j = 0; j < nb; j++, x += QK, qs += QK) {
+        float amax = 0;
+        for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(x[i]));
+        float dj = amax / 127.0f, id = dj != 0 ? 1.0f / dj : 0.0f;
+        int sum = 0;
+        for (int i = 0; i < QK; i++) {
+            float v = x[i] * id;
+            int q = (int)nearbyintf(v);
+            qs[i] = (int8_t)q;
+            sum += q;
+        }
+        d[j] = dj;
+        s[j] = dj * (float)sum;
+    }
+}
+
+void quantize_row_q8_act(const float *x, void *dst, int64_t n) {
+#if defined(__AVX2__)
+    const int64_t nb = n / QK;
+    int8_t *qs = dst;
+    float *d = (float *)((uint8_t *)dst + n), *s = d + nb;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t j = 0; j < nb; j++, x += QK, qs += QK) {
+        __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
+        __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        float amax = _mm_cvtss_f32(h);
+        float dj = amax / 127.0f, id = dj != 0 ? 1.0f / dj : 0.0f;
+        const __m256 vid = _mm256_set1_ps(id);
+        const int r = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, vid), r));
+        __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, vid), r));
+        __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, vid), r));
+        __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, vid), r));
+        __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        /* packs work per 128-bit lane: (0..3, 8..11, 4..7, 12..15) -> interleaved dwords, fixed below */
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+        p = _mm256_permutevar8x32_epi32(p, perm);
+        _mm256_storeu_si256((__m256i *)qs, p);
+        d[j] = dj;
+        s[j] = dj * (float)_mm_cvtsi128_si32(s4);
+    }
+#else
+    quantize_row_q8_act_generic(x, dst, n);
+#endif
+}
+
+/* ---- portable fallback --------------------------------------------------------------------- */
+
+/* Block j (of 32) of a weight row as integer codes: w_i = d * sc[i/16] * q_i + m. sc is 1 except
+ * for Q6_K (its int8 scale per 16); d already includes the K-quants' 6-bit sub-block scale. */
+static void blk_codes(enum pxq_type t, const uint8_t *row, int64_t j, int8_t q[QK], float *d, float *m, int sc[2]) {
+    sc[0] = sc[1] = 1;
+    *m = 0;
+    switch (t) {
+    case PXQ_TYPE_Q8_0: {
+        const uint8_t *b = row + (size_t)j * 34;
+        *d = h2f(b);
+        memcpy(q, b + 2, QK);
+        return;
+    }
+    case PXQ_TYPE_Q4_0: case PXQ_TYPE_Q4_1: {
+        const int mn = t == PXQ_TYPE_Q4_1;
+        const uint8_t *b = row + (size_t)j * (mn ? 20 : 18), *qs = b + (mn ? 4 : 2);
+        *d = h2f(b);
+        if (mn) *m = h2f(b + 2);
+        for (int i = 0; i < 16; i++) {
+            q[i] = (int8_t)((qs[i] & 15) - (mn ? 0 : 8));
+            q[i + 16] = (int8_t)((qs[i] >> 4) - (mn ? 0 : 8));
+        }
+        return;
+    }
+    case PXQ_TYPE_Q5_0: case PXQ_TYPE_Q5_1: {
+        const int mn = t == PXQ_TYPE_Q5_1;
+        const uint8_t *b = row + (size_t)j * (mn ? 24 : 22), *qs = b + (mn ? 8 : 6);
+        uint32_t qh = rd32(b + (mn ? 4 : 2));
+        *d = h2f(b);
+        if (mn) *m = h2f(b + 2);
+        for (int i = 0; i < 16; i++) {
+            q[i] = (int8_t)(((qs[i] & 15) | ((qh >> i) & 1) << 4) - (mn ? 0 : 16));
+            q[i + 16] = (int8_t)(((qs[i] >> 4) | ((qh >> (i + 16)) & 1) << 4) - (mn ? 0 : 16));
+        }
+        return;
+    }
+    case PXQ_TYPE_Q4_K: case PXQ_TYPE_Q5_K: {
+        const int five = t == PXQ_TYPE_Q5_K, k = (int)(j % 8);
+        const uint8_t *b = row + (size_t)(j / 8) * (five ? 176 : 144);
+        const uint8_t *qs = b + (five ? 48 : 16) + 32 * (k / 2), *qh = b + 16;
+        int s6, m6;
+        k4_scale_min(k, b + 4, &s6, &m6);
+        *d = h2f(b) * (float)s6;
+        *m = -h2f(b + 2) * (float)m6;
+        for (int i = 0; i < QK; i++) {
+            int v = k & 1 ? qs[i] >> 4 : qs[i] & 15;
+            if (five) v |= ((qh[i] >> k) & 1) << 4;
+            q[i] = (int8_t)v;
+        }
+        return;
+    }
+    case PXQ_TYPE_Q6_K: {
+        const int k = (int)(j % 8), h = k / 4, g = k % 4;
+        const uint8_t *b = row + (size_t)(j / 8) * 210;
+        const uint8_t *ql = b + 64 * h + 32 * (g & 1), *qh = b + 128 + 32 * h;
+        const int8_t *s8 = (const int8_t *)(b + 192) + 8 * h + 2 * g;
+        *d = h2f(b + 208);
+        sc[0] = s8[0];
+        sc[1] = s8[1];
+        for (int i = 0; i < QK; i++) {
+            int lo = g < 2 ? ql[i] & 15 : ql[i] >> 4;
+            q[i] = (int8_t)((lo | ((qh[i] >> (2 * g)) & 3) << 4) - 32);
+        }
+        return;
+    }
+    default: die("dot_row_q8: type %s (%d) has no int8 dot", type_name(t), (int)t);
+    }
+}
+
+void dot_row_q8_generic(enum pxq_type t, const void *row, const void *xq, size_t xq_stride, int64_t n,
+                        int n_tok, float *y) {
+    const int64_t nb = n / QK;
+    for (int c = 0; c < n_tok; c++) y[c] = 0;
+    for (int64_t j = 0; j < nb; j++) {
+        int8_t q[QK];
+        float d = 0, m = 0;
+        int sc[2];
+        blk_codes(t, row, j, q, &d, &m, sc);
+        for (int c = 0; c < n_tok; c++) {
+            const uint8_t *a = (const uint8_t *)xq + (size_t)c * xq_stride;
+            const int8_t *qx = (const int8_t *)a + j * QK;
+            const float *dx = (const float *)(a + n), *sx = dx + nb;
+            int s0 = 0, s1 = 0;
+            for (int i = 0; i < 16; i++) s0 += q[i] * qx[i];
+            for (int i = 16; i < QK; i++) s1 += q[i] * qx[i];
+            int isum = sc[0] * s0 + sc[1] * s1;
+            y[c] += (float)isum * (d * dx[j]) + m * sx[j];
+        }
+    }
+}
+
+/* ---- AVX2 kernels -------------------------------------------------------------------------- */
+
+#if defined(__AVX2__)
+
+/* 8 int32 lanes, lane k = sum of u[i]*s[i] over bytes 4k..4k+3 (u unsigned, s signed). */
+INLINE __m256i dot_us(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+INLINE float hsum8(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+INLINE float f16s(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* 32 nibbles of 16 bytes: low nibbles first, then high nibbles (the Q4_0/Q4_1/Q5 element order). */
+INLINE __m256i nibbles32(const uint8_t *p) {
+    __m128i b = _mm_loadu_si128((const __m128i *)p);
+    const __m128i m = _mm_set1_epi8(15);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+/* 0x10 in byte i where bit i of qh is set (the fifth bit of Q5_0/Q5_1 element i). */
+INLINE __m256i bit4_of_bits32(uint32_t qh) {
+    const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/* Pointers into the n_tok activation rows. */
+struct act4 {
+    const int8_t *q[4];
+    const float *d[4], *s[4];
+};
+
+INLINE void act_setup(struct act4 *a, const void *xq, size_t stride, int64_t n, int T) {
+    for (int c = 0; c < T; c++) {
+        const uint8_t *p = (const uint8_t *)xq + (size_t)c * stride;
+        a->q[c] = (const int8_t *)p;
+        a->d[c] = (const float *)(p + n);
+        a->s[c] = a->d[c] + n / QK;
+    }
+}
+
+/* One block of 32 codes against block j of every token: signed codes (sign trick: |w| . sign(x, w))
+ * or unsigned codes (u . x directly), times dw * dx_j, into acc[c]. */
+INLINE void blk_s(__m256 *acc, __m256i w, float dw, const struct act4 *a, int64_t j, int T) {
+    const __m256i aw = _mm256_sign_epi8(w, w);
+#pragma GCC unroll 4
+    for (int c = 0; c < T; c++) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(a->q[c] + 32 * j));
+        __m256 v = _mm256_cvtepi32_ps(dot_us(aw, _mm256_sign_epi8(x, w)));
+        acc[c] = _mm256_fmadd_ps(v, _mm256_set1_ps(dw * a->d[c][j]), acc[c]);
+    }
+}
+
+INLINE void blk_u(__m256 *acc, __m256i w, float dw, const struct act4 *a, int64_t j, int T) {
+#pragma GCC unroll 4
+    for (int c = 0; c < T; c++) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(a->q[c] + 32 * j));
+        __m256 v = _mm256_cvtepi32_ps(dot_us(w, x));
+        acc[c] = _mm256_fmadd_ps(v, _mm256_set1_ps(dw * a->d[c][j]), acc[c]);
+    }
+}
+
+/* Block j of a 32-element type: codes (signed for Q4_0/Q5_0/Q8_0, unsigned for Q4_1/Q5_1), d, m. */
+INLINE __m256i blk32(enum pxq_type t, const uint8_t *row, int64_t j, float *d, float *m) {
+    switch (t) {
+    case PXQ_TYPE_Q8_0: {
+        const uint8_t *b = row + (size_t)j * 34;
+        *d = f16s(b);
+        return _mm256_loadu_si256((const __m256i *)(b + 2));
+    }
+    case PXQ_TYPE_Q4_0: {
+        const uint8_t *b = row + (size_t)j * 18;
+        *d = f16s(b);
+        return _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8));
+    }
+    case PXQ_TYPE_Q4_1: {
+        const uint8_t *b = row + (size_t)j * 20;
+        *d = f16s(b);
+        *m = f16s(b + 2);
+        return nibbles32(b + 4);
+    }
+    case PXQ_TYPE_Q5_0: {
+        const uint8_t *b = row + (size_t)j * 22;
+        *d = f16s(b);
+        __m256i v = _mm256_or_si256(nibbles32(b + 6), bit4_of_bits32(rd32(b + 2)));
+        return _mm256_sub_epi8(v, _mm256_set1_epi8(16));
+    }
+    default: { /* Q5_1 */
+        const uint8_t *b = row + (size_t)j * 24;
+        *d = f16s(b);
+        *m = f16s(b + 2);
+        return _mm256_or_si256(nibbles32(b + 8), bit4_of_bits32(rd32(b + 4)));
+    }
+    }
+}
+
+/* The 32-element types: two accumulators per token (even / odd blocks) to hide the FMA latency. */
+INLINE void dot32_avx2(enum pxq_type t, const uint8_t *row, const void *xq, size_t stride, int64_t n, int T,
+                       float *y) {
+    const int has_min = t == PXQ_TYPE_Q4_1 || t == PXQ_TYPE_Q5_1;
+    const int is_signed = !has_min;
+    const int64_t nb = n / QK;
+    struct act4 a;
+    act_setup(&a, xq, stride, n, T);
+    __m256 acc0[4], acc1[4];
+    float macc[4] = {0};
+    for (int c = 0; c < 4; c++) acc0[c] = acc1[c] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < nb; j++) {
+        float d, m = 0;
+        __m256i w = blk32(t, row, j, &d, &m);
+        if (is_signed) blk_s(acc0, w, d, &a, j, T);
+        else blk_u(acc0, w, d, &a, j, T);
+        if (has_min)
+            for (int c = 0; c < T; c++) macc[c] += m * a.s[c][j];
+        if (++j == nb) break;
+        m = 0;
+        w = blk32(t, row, j, &d, &m);
+        if (is_signed) blk_s(acc1, w, d, &a, j, T);
+        else blk_u(acc1, w, d, &a, j, T);
+        if (has_min)
+            for (int c = 0; c < T; c++) macc[c] += m * a.s[c][j];
+    }
+    for (int c = 0; c < T; c++) y[c] = hsum8(_mm256_add_ps(acc0[c], acc1[c])) + macc[c];
+}
+
+/* Q4_K / Q5_K: per super-block, 4 chunks of 32 bytes; low nibbles are sub-block 2i, high 2i+1
+ * (Q5_K adds bit 2i / 2i+1 of qh[l] as 16). Codes are unsigned; w = d*sc*q - dmin*mn. */
+INLINE void dotk4_avx2(enum pxq_type t, const uint8_t *row, const void *xq, size_t stride, int64_t n, int T,
+                       float *y) {
+    const int five = t == PXQ_TYPE_Q5_K;
+    const size_t bs = five ? 176 : 144;
+    const int64_t nsb = n / QK_K;
+    struct act4 a;
+    act_setup(&a, xq, stride, n, T);
+    __m256 acc0[4], acc1[4];
+    float macc[4] = {0};
+    for (int c = 0; c < 4; c++) acc0[c] = acc1[c] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        const uint8_t *b = row + (size_t)sb * bs, *qs = b + (five ? 48 : 16);
+        const float d = f16s(b), dmin = f16s(b + 2);
+        int sc[8], mn[8];
+        for (int k = 0; k < 8; k++) k4_scale_min(k, b + 4, &sc[k], &mn[k]);
+        __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+        for (int i = 0; i < 4; i++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * i));
+            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if (five) {
+                const __m256i one = _mm256_set1_epi8(1);
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
+                qh = _mm256_srli_epi16(qh, 2);
+            }
+            const int64_t j = sb * 8 + 2 * i;
+            blk_u(acc0, lo, d * (float)sc[2 * i], &a, j, T);
+            blk_u(acc1, hi, d * (float)sc[2 * i + 1], &a, j + 1, T);
+        }
+        for (int c = 0; c < T; c++) {
+            float s = 0;
+            for (int k = 0; k < 8; k++) s += (float)mn[k] * a.s[c][sb * 8 + k];
+            macc[c] -= dmin * s;
+        }
+    }
+    for (int c = 0; c < T; c++) y[c] = hsum8(_mm256_add_ps(acc0[c], acc1[c])) + macc[c];
+}
+
+/* Q6_K: per half of 128, group g (32 elements) = ql nibble (g >> 1) of ql[32(g&1) + l] with bits
+ * 2g..2g+1 of qh[l] on top, minus 32; an int8 scale per 16 elements, applied in the pair sum. */
+INLINE void dotq6k_avx2(const uint8_t *row, const void *xq, size_t stride, int64_t n, int T, float *y) {
+    const int64_t nsb = n / QK_K;
+    struct act4 a;
+    act_setup(&a, xq, stride, n, T);
+    __m256 acc0[4], acc1[4];
+    for (int c = 0; c < 4; c++) acc0[c] = acc1[c] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), o32 = _mm256_set1_epi8(32);
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        const uint8_t *b = row + (size_t)sb * 210;
+        const int8_t *s8 = (const int8_t *)(b + 192);
+        const float d = f16s(b + 208);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = b + 64 * h, *qhp = b + 128 + 32 * h;
+            __m256i A = _mm256_loadu_si256((const __m256i *)ql), B = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            __m256i H = _mm256_loadu_si256((const __m256i *)qhp);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(A, m4), _mm256_slli_epi16(_mm256_and_si256(H, m2), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(B, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 2), m2), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 4), m2), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 6), m2), 4));
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                const __m256i w = _mm256_sub_epi8(q[g], o32), aw = _mm256_sign_epi8(w, w);
+                const int si = 8 * h + 2 * g;
+                const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(s8[si + 1]), _mm_set1_epi16(s8[si]));
+                const int64_t j = sb * 8 + 4 * h + g;
+                __m256 *acc = g & 1 ? acc1 : acc0;
+#pragma GCC unroll 4
+                for (int c = 0; c < T; c++) {
+                    __m256i x = _mm256_loadu_si256((const __m256i *)(a.q[c] + 32 * j));
+                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), scv);
+                    acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * a.d[c][j]), acc[c]);
+                }
+            }
+        }
+    }
+    for (int c = 0; c < T; c++) y[c] = hsum8(_mm256_add_ps(acc0[c], acc1[c]));
+}
+
+/* One function per (type, token count), so every loop over tokens is unrolled with constant bounds. */
+#define Q8_KERNELS(NAME, CALL)                                                                           \
+    static void NAME##_1(const uint8_t *r, const void *x, size_t s, int64_t n, float *y) { CALL(1); }    \
+    static void NAME##_2(const uint8_t *r, const void *x, size_t s, int64_t n, float *y) { CALL(2); }    \
+    static void NAME##_3(const uint8_t *r, const void *x, size_t s, int64_t n, float *y) { CALL(3); }    \
+    static void NAME##_4(const uint8_t *r, const void *x, size_t s, int64_t n, float *y) { CALL(4); }    \
+    static void (*const NAME[4])(const uint8_t *, const void *, size_t, int64_t, float *) = {            \
+        NAME##_1, NAME##_2, NAME##_3, NAME##_4};
+
+#define C_Q4_0(T) dot32_avx2(PXQ_TYPE_Q4_0, r, x, s, n, T, y)
+#define C_Q4_1(T) dot32_avx2(PXQ_TYPE_Q4_1, r, x, s, n, T, y)
+#define C_Q5_0(T) dot32_avx2(PXQ_TYPE_Q5_0, r, x, s, n, T, y)
+#define C_Q5_1(T) dot32_avx2(PXQ_TYPE_Q5_1, r, x, s, n, T, y)
+#define C_Q8_0(T) dot32_avx2(PXQ_TYPE_Q8_0, r, x, s, n, T, y)
+#define C_Q4_K(T) dotk4_avx2(PXQ_TYPE_Q4_K, r, x, s, n, T, y)
+#define C_Q5_K(T) dotk4_avx2(PXQ_TYPE_Q5_K, r, x, s, n, T, y)
+#define C_Q6_K(T) dotq6k_avx2(r, x, s, n, T, y)
+Q8_KERNELS(k_q4_0, C_Q4_0)
+Q8_KERNELS(k_q4_1, C_Q4_1)
+Q8_KERNELS(k_q5_0, C_Q5_0)
+Q8_KERNELS(k_q5_1, C_Q5_1)
+Q8_KERNELS(k_q8_0, C_Q8_0)
+Q8_KERNELS(k_q4_k, C_Q4_K)
+Q8_KERNELS(k_q5_k, C_Q5_K)
+Q8_KERNELS(k_q6_k, C_Q6_K)
+
+#endif /* __AVX2__ */
+
+void dot_row_q8(enum pxq_type t, const void *row, const void *xq, size_t xq_stride, int64_t n, int n_tok,
+                float *y) {
+    if (n_tok < 1 || n_tok > 4) die("dot_row_q8: n_tok %d not in 1..4", n_tok);
+#if defined(__AVX2__)
+    const uint8_t *r = row;
+    switch (t) {
+    case PXQ_TYPE_Q4_0: k_q4_0[n_tok - 1](r, xq, xq_stride, n, y); return;
+    case PXQ_TYPE_Q4_1: k_q4_1[n_tok - 1](r, xq, xq_stride, n, y); return;
+    case PXQ_TYPE_Q5_0: k_q5_0[n_tok - 1](r, xq, xq_stride, n, y); return;
+    case PXQ_TYPE_Q5_1: k_q5_1[n_tok - 1](r, xq, xq_stride, n, y); return;
+    case PXQ_TYPE_Q8_0: k_q8_0[n_tok - 1](r, xq, xq_stride, n, y); return;
+    case PXQ_TYPE_Q4_K: k_q4_k[n_tok - 1](r, xq, xq_stride, n, y); return;
+    case PXQ_TYPE_Q5_K: k_q5_k[n_tok - 1](r, xq, xq_stride, n, y); return;
+    case PXQ_TYPE_Q6_K: k_q6_k[n_tok - 1](r, xq, xq_stride, n, y); return;
+    default: die("dot_row_q8: type %s (%d) has no int8 dot", type_name(t), (int)t);
+    }
+#else
+    dot_row_q8_generic(t, row, xq, xq_stride, n, n_tok, y);
+#endif
+}
