@@ -108,6 +108,14 @@ int memplan_compute(struct memplan *mp, const struct pxq_hparams *hp, const stru
     mp->kv_bytes_per_token = memplan_kv_bytes_per_token(hp, p->kv_type);
     int64_t ctx_blocks = ((int64_t)p->n_ctx + p->kv_block_size - 1) / p->kv_block_size;
     mp->kv_positions = ctx_blocks * p->kv_block_size * p->n_seq;
+    /* the same account in double first: -c 2^30 x 2^15 sequences of a 32B model is 2^64 bytes of KV,
+     * which in size_t wraps to 0 and would "fit" */
+    double approx = (double)mp->weight_bytes + (double)mp->kv_bytes_per_token * (double)mp->kv_positions +
+                    (double)memplan_state_bytes_per_seq(hp) * p->n_seq + (double)act_floats(hp) * p->n_batch * sizeof(float) +
+                    (double)p->n_seq * hp->n_vocab * sizeof(float) + (double)p->workspace + (double)p->cuda_context;
+    if (approx > 0x1p62)
+        return set_err(err, errlen, "memory plan: %.3g bytes (KV cache %.3g) is beyond any device: lower -c or --max-num-seqs",
+                       approx, (double)mp->kv_bytes_per_token * (double)mp->kv_positions);
     mp->kv_bytes = mp->kv_bytes_per_token * (size_t)mp->kv_positions;
     mp->state_bytes_per_seq = memplan_state_bytes_per_seq(hp);
     mp->state_bytes = mp->state_bytes_per_seq * (size_t)p->n_seq;

@@ -7,6 +7,8 @@
 #include "model.h"
 
 #include <cjson/cJSON.h>
+#include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -178,6 +180,33 @@ static double cfg_num(const cJSON *c, const char *key, double def) {
     return cJSON_IsNumber(v) ? v->valuedouble : def;
 }
 
+/* A double as a float without undefined behaviour: beyond float's range it becomes +-INFINITY
+ * (C11 6.3.1.5 leaves the plain conversion undefined), which check_norm_rope then refuses. */
+static float to_f32(double d) {
+    return d > FLT_MAX ? INFINITY : d < -FLT_MAX ? -INFINITY : (float)d;
+}
+
+/* A token id from JSON: an integer in [0, 2^31), else -1 (a value that can name no token is ignored). */
+static int32_t json_token_id(const cJSON *v) {
+    if (!cJSON_IsNumber(v)) return -1;
+    double d = v->valuedouble;
+    return d >= 0 && d <= 2147483647.0 && d == floor(d) ? (int32_t)d : -1;
+}
+
+/* rms_eps and rope_theta from either format: NaN, infinite, negative eps or theta <= 0 would turn every
+ * logit into NaN (the model then "generates" token 0 forever), so they fail at load. */
+static int check_norm_rope(const struct pxq_hparams *hp, int gguf, char *err, size_t errlen) {
+    const char *src = gguf ? "GGUF" : "config.json";
+    if (!(hp->rms_eps >= 0) || !isfinite(hp->rms_eps))
+        return set_err(err, errlen, "%s: %s %g must be finite and >= 0", src,
+                       gguf ? "attention.layer_norm_rms_epsilon" : "rms_norm_eps", hp->rms_eps);
+    if (!(hp->rope_theta > 0) || !isfinite(hp->rope_theta))
+        return set_err(err, errlen, "%s: %s %g must be finite and > 0", src, gguf ? "rope.freq_base" : "rope_theta", hp->rope_theta);
+    if (hp->n_ctx_train <= 0)
+        return set_err(err, errlen, "%s: %s must be positive", src, gguf ? "context_length" : "max_position_embeddings");
+    return 0;
+}
+
 static int cfg_bool(const cJSON *c, const char *key, int def) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(c, key);
     return cJSON_IsBool(v) ? cJSON_IsTrue(v) : def;
@@ -193,9 +222,9 @@ static void add_eos(struct pxq_hparams *hp, int32_t id) {
 /* eos_token_id: int or list of ints (config.json and generation_config.json). */
 static void cfg_eos(struct pxq_hparams *hp, const cJSON *c) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(c, "eos_token_id");
-    if (cJSON_IsNumber(v)) add_eos(hp, (int32_t)v->valuedouble);
+    if (cJSON_IsNumber(v)) add_eos(hp, json_token_id(v));
     const cJSON *e;
-    if (cJSON_IsArray(v)) cJSON_ArrayForEach(e, v) if (cJSON_IsNumber(e)) add_eos(hp, (int32_t)e->valuedouble);
+    if (cJSON_IsArray(v)) cJSON_ArrayForEach(e, v) add_eos(hp, json_token_id(e));
 }
 
 static cJSON *load_json_path(const char *path, char *err, size_t errlen, int *failed);
@@ -267,11 +296,16 @@ static int hparams_from_config(struct pxq_hparams *hp, const char *config_path, 
         goto out;
     }
     if (cfg_int(c, "head_dim", 0, hp->n_embd / hp->n_head, &hp->head_dim, err, errlen)) goto out;
-    hp->rms_eps = (float)cfg_num(c, "rms_norm_eps", 1e-6);
+    hp->rms_eps = to_f32(cfg_num(c, "rms_norm_eps", 1e-6));
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(c, "rope_parameters");
-    hp->rope_theta = (float)cfg_num(c, "rope_theta", cJSON_IsObject(rp) ? cfg_num(rp, "rope_theta", 10000.0) : 10000.0);
+    hp->rope_theta = to_f32(cfg_num(c, "rope_theta", cJSON_IsObject(rp) ? cfg_num(rp, "rope_theta", 10000.0) : 10000.0));
     double prf = cfg_num(c, "partial_rotary_factor", cJSON_IsObject(rp) ? cfg_num(rp, "partial_rotary_factor", 1.0) : 1.0);
+    if (!(prf > 0 && prf <= 1)) {
+        set_err(err, errlen, "config.json: partial_rotary_factor %g must be in (0, 1]", prf);
+        goto out;
+    }
     hp->n_rot = (int)(hp->head_dim * prf);
+    if (check_norm_rope(hp, 0, err, errlen)) goto out;
     hp->rope_style = ROPE_NEOX;
     hp->tie_embd = cfg_bool(c, "tie_word_embeddings", 0);
     if (!cJSON_GetObjectItemCaseSensitive(c, "tie_word_embeddings") && cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings"))
@@ -318,7 +352,7 @@ static int hparams_from_config(struct pxq_hparams *hp, const char *config_path, 
     }
     hp->bos_id = -1;
     const cJSON *bos = cJSON_GetObjectItemCaseSensitive(c, "bos_token_id");
-    if (cJSON_IsNumber(bos)) hp->bos_id = (int32_t)bos->valuedouble;
+    if (cJSON_IsNumber(bos)) hp->bos_id = json_token_id(bos);
     cfg_eos(hp, c);
     cJSON *gen = gen_dir ? load_json(gen_dir, "generation_config.json", 0, err, errlen, &failed) : NULL;
     if (gen_dir && failed) goto out;
@@ -385,6 +419,7 @@ static int hparams_from_gguf(struct pxq_hparams *hp, const struct gguf_file *g, 
         return -1;
     hp->rope_theta = gguf_f32_arch(g, a, "rope.freq_base", 10000.0f);
     hp->rms_eps = gguf_f32_arch(g, a, "attention.layer_norm_rms_epsilon", 1e-6f);
+    if (check_norm_rope(hp, 1, err, errlen)) return -1;
     hp->rope_style = hp->arch == ARCH_LLAMA ? ROPE_NORM : ROPE_NEOX;
     hp->has_qkv_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
     hp->has_qk_norm = hp->arch == ARCH_QWEN3 || hp->arch == ARCH_QWEN3MOE || hp->arch == ARCH_QWEN35;
@@ -655,6 +690,12 @@ struct pxq_model *model_open(const char *path, char *err, size_t errlen) {
         int n = tokenizer_eos_ids(m->tok, ids, PXQ_MAX_EOS);
         for (int i = 0; i < n; i++) add_eos(&m->hp, ids[i]);
     }
+    /* ids the model cannot produce (a config or GGUF key naming a token past n_vocab) are dropped */
+    int k = 0;
+    for (int i = 0; i < m->hp.n_eos; i++)
+        if (m->hp.eos_ids[i] < m->hp.n_vocab) m->hp.eos_ids[k++] = m->hp.eos_ids[i];
+    m->hp.n_eos = k;
+    if (m->hp.bos_id >= m->hp.n_vocab) m->hp.bos_id = -1;
     return m;
 fail:
     model_free(m);

@@ -137,6 +137,15 @@ int dummy_manifest(const struct pxq_hparams *hp, enum pxq_type dtype, struct dum
             add(&l, FILL_LINEAR, 1, hp->n_ff, E, 1, "blk.%d.ffn_down.weight", il);
         }
     }
+    /* a config can name any size up to 1e9 per field: refuse tensors no machine holds before anyone
+     * multiplies their dims in int64 (2^48 elements: far beyond every model, far from overflow) */
+    for (int i = 0; i < l.n; i++)
+        if ((double)l.t[i].ne[0] * (double)l.t[i].ne[1] * (double)l.t[i].ne[2] > 0x1p48) {
+            set_err(err, errlen, "dummy weights: tensor %s [%lld, %lld, %lld] has more than 2^48 elements", l.t[i].name,
+                    (long long)l.t[i].ne[0], (long long)l.t[i].ne[1], (long long)l.t[i].ne[2]);
+            free(l.t);
+            return -1;
+        }
     *out = l.t;
     return l.n;
 }

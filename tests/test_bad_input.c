@@ -3,6 +3,8 @@
  * (no signal, no sanitizer report). Run under AddressSanitizer by `make test-asan`.
  * The binary is $BUILD/pxq (BUILD defaults to "build"). */
 #include <fcntl.h>
+#include <limits.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,16 +18,18 @@
 
 static char pxq[512], tmp[256];
 
-/* Run pxq with args; returns exit status (or 128+signal), stderr into err[cap]. */
-static int run_pxq(char *const args[], char *err, size_t cap) {
-    char errfile[300];
+/* Run pxq with args; returns exit status (or 128+signal), stderr into err[cap] and, if out is not
+ * NULL, stdout into out[outcap]. */
+static int run_pxq_out(char *const args[], char *err, size_t cap, char *out, size_t outcap) {
+    char errfile[300], outfile[300];
     snprintf(errfile, sizeof errfile, "%s/stderr.txt", tmp);
+    snprintf(outfile, sizeof outfile, "%s/stdout.txt", tmp);
     pid_t pid = fork();
     if (pid == 0) {
         int fd = open(errfile, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(fd, 2);
-        int devnull = open("/dev/null", O_WRONLY);
-        dup2(devnull, 1);
+        int ofd = open(out ? outfile : "/dev/null", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(ofd, 1);
         char *argv[32] = {pxq};
         for (int i = 0; args[i] && i < 30; i++) argv[i + 1] = args[i];
         execv(pxq, argv);
@@ -37,8 +41,15 @@ static int run_pxq(char *const args[], char *err, size_t cap) {
     char *s = read_file(errfile, 1 << 20, &n, NULL, 0);
     snprintf(err, cap, "%s", s ? s : "");
     free(s);
+    if (out) {
+        s = read_file(outfile, 1 << 20, &n, NULL, 0);
+        snprintf(out, outcap, "%s", s ? s : "");
+        free(s);
+    }
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
+
+static int run_pxq(char *const args[], char *err, size_t cap) { return run_pxq_out(args, err, cap, NULL, 0); }
 
 static int count_lines(const char *s) {
     int n = 0;
@@ -62,6 +73,11 @@ static void write_bytes(const char *path, const void *data, size_t n) {
     fclose(f);
 }
 
+/* A copy of GGUF image b[len] with the value of metadata key `key` replaced by type t and bytes
+ * val[vlen]; the tensor data moves to the next 32-byte boundary after the grown or shrunk header
+ * (the fixture has no general.alignment). Trusted input (our fixture). NULL if the key is absent. */
+static uint8_t *gguf_replace(const uint8_t *b, size_t len, const char *key, uint32_t t, const void *val, size_t vlen, size_t *out_len);
+
 /* Skip a GGUF metadata value of type t at p; returns the new position. Trusted input (our fixture). */
 static size_t skip_value(const uint8_t *b, size_t p, uint32_t t) {
     static const int sz[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
@@ -82,6 +98,165 @@ static size_t skip_value(const uint8_t *b, size_t p, uint32_t t) {
     return p + (size_t)sz[t];
 }
 
+static uint8_t *gguf_replace(const uint8_t *b, size_t len, const char *key, uint32_t t, const void *val, size_t vlen, size_t *out_len) {
+    uint64_t n_t, n_kv;
+    memcpy(&n_t, b + 8, 8);
+    memcpy(&n_kv, b + 16, 8);
+    size_t p = 24, v0 = 0, v1 = 0;
+    for (uint64_t i = 0; i < n_kv; i++) {
+        uint64_t kl;
+        memcpy(&kl, b + p, 8);
+        int hit = kl == strlen(key) && memcmp(b + p + 8, key, kl) == 0;
+        p += 8 + kl;
+        uint32_t vt;
+        memcpy(&vt, b + p, 4);
+        size_t e = skip_value(b, p + 4, vt);
+        if (hit) v0 = p, v1 = e;
+        p = e;
+    }
+    for (uint64_t i = 0; i < n_t; i++) { /* tensor infos: name, n_dims, ne[n_dims], type, offset */
+        uint64_t nl;
+        uint32_t nd;
+        memcpy(&nl, b + p, 8);
+        memcpy(&nd, b + p + 8 + nl, 4);
+        p += 8 + nl + 4 + 8 * (size_t)nd + 4 + 8;
+    }
+    if (!v0) return NULL;
+    size_t data = (p + 31) & ~(size_t)31, head = v0 + 4 + vlen + (p - v1), new_data = (head + 31) & ~(size_t)31;
+    uint8_t *o = xcalloc(1, new_data + (len - data));
+    memcpy(o, b, v0);
+    memcpy(o + v0, &t, 4);
+    memcpy(o + v0 + 4, val, vlen);
+    memcpy(o + v0 + 4 + vlen, b + v1, p - v1);
+    memcpy(o + new_data, b + data, len - data);
+    *out_len = new_data + (len - data);
+    return o;
+}
+
+/* dir/config.json = base with the first `from` replaced by `to` (the test fails if `from` is absent). */
+static void write_config_variant(const char *dir, const char *base, const char *from, const char *to) {
+    char path[600], *buf = xmalloc(strlen(base) + strlen(to) + 1);
+    const char *at = strstr(base, from);
+    CHECK(at != NULL, "fixture config has '%s'", from);
+    if (!at) at = base + strlen(base), from = "";
+    size_t k = (size_t)(at - base);
+    memcpy(buf, base, k);
+    strcpy(buf + k, to);
+    strcat(buf, at + strlen(from));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    write_bytes(path, buf, strlen(buf));
+    free(buf);
+}
+
+/* Expect exit 0; stdout into out[cap]. */
+static int expect_success(const char *what, char *const args[], char *out, size_t cap) {
+    char err[8192];
+    int rc = run_pxq_out(args, err, sizeof err, out, cap);
+    CHECK(rc == 0 && strstr(err, "Sanitizer") == NULL && strstr(err, "runtime error") == NULL, "%s: exit %d, stderr: %s", what, rc, err);
+    if (rc == 0) fprintf(stderr, "ok  %-40s -> exit 0\n", what);
+    return rc == 0;
+}
+
+/* Hostile but well-formed models: GGUF metadata and HF config.json values of the right type and out
+ * of range, and prompts that are empty, directories or hold NUL bytes. */
+static void hostile_models_and_prompts(const uint8_t *img, size_t len) {
+    char path[600], dir[400], buf[1 << 16];
+    size_t n;
+    /* GGUF: NaN rope base, zero context length -> refused at load, naming the key */
+    float nan_f = NAN;
+    uint8_t *g = gguf_replace(img, len, "qwen3.rope.freq_base", 6, &nan_f, 4, &n);
+    CHECK(g != NULL, "fixture has qwen3.rope.freq_base");
+    snprintf(path, sizeof path, "%s/variant.gguf", tmp);
+    if (g) write_bytes(path, g, n), free(g);
+    expect_clean_failure("GGUF rope.freq_base NaN", (char *[]){"run", "-m", path, "-p", "hi", NULL}, "rope.freq_base");
+    uint32_t zero = 0, big = 1000000000u;
+    g = gguf_replace(img, len, "qwen3.context_length", 4, &zero, 4, &n);
+    CHECK(g != NULL, "fixture has qwen3.context_length");
+    if (g) write_bytes(path, g, n), free(g);
+    expect_clean_failure("GGUF context_length 0", (char *[]){"run", "-m", path, "-p", "hi", NULL}, "context_length");
+    float neg = -1.0f;
+    g = gguf_replace(img, len, "qwen3.attention.layer_norm_rms_epsilon", 6, &neg, 4, &n);
+    if (g) write_bytes(path, g, n), free(g);
+    expect_clean_failure("GGUF negative rms epsilon", (char *[]){"info", path, NULL}, "layer_norm_rms_epsilon");
+    /* GGUF: an eos id past the vocab loads, and is not reported as an eos id */
+    g = gguf_replace(img, len, "tokenizer.ggml.eos_token_id", 4, &big, 4, &n);
+    CHECK(g != NULL, "fixture has tokenizer.ggml.eos_token_id");
+    if (g) write_bytes(path, g, n), free(g);
+    if (expect_success("GGUF eos_token_id past the vocab", (char *[]){"info", path, NULL}, buf, sizeof buf))
+        CHECK(strstr(buf, "1000000000") == NULL, "eos id past the vocab dropped: %s", buf);
+
+    /* HF: tiny-qwen3's files, with config.json variants */
+    snprintf(dir, sizeof dir, "%s/hf", tmp);
+    mkdir(dir, 0755);
+    const char *files[] = {"chat_template.jinja", "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                           "model-00003-of-00003.safetensors", "model.safetensors.index.json", "tokenizer.json",
+                           "tokenizer_config.json"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char src[600], abs[PATH_MAX];
+        snprintf(src, sizeof src, "%s/tiny-qwen3/%s", test_data_dir(), files[i]);
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        CHECK(realpath(src, abs) && symlink(abs, path) == 0, "symlink %s", files[i]);
+    }
+    snprintf(path, sizeof path, "%s/tiny-qwen3/config.json", test_data_dir());
+    char *base = read_file(path, 1 << 20, &n, NULL, 0);
+    CHECK(base != NULL, "read %s", path);
+    if (!base) return;
+    static const struct { const char *what, *from, *to, *needle; } cfg[] = {
+        {"partial_rotary_factor 1e30", "\"head_dim\"", "\"partial_rotary_factor\": 1e30, \"head_dim\"", "partial_rotary_factor"},
+        {"rope_theta 0", "\"rope_theta\": 10000.0", "\"rope_theta\": 0", "rope_theta"},
+        {"rms_norm_eps -1", "\"rms_norm_eps\": 1e-06", "\"rms_norm_eps\": -1", "rms_norm_eps"},
+        {"rms_norm_eps 1e300 (inf as float)", "\"rms_norm_eps\": 1e-06", "\"rms_norm_eps\": 1e300", "rms_norm_eps"},
+        {"max_position_embeddings 0", "\"max_position_embeddings\": 2048", "\"max_position_embeddings\": 0", "max_position_embeddings"},
+        {"head_dim 0", "\"head_dim\": 64", "\"head_dim\": 0", "head_dim"},
+        {"num_key_value_heads not dividing", "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 4", "n_head_kv"},
+        {"hidden_size as a string", "\"hidden_size\": 288", "\"hidden_size\": \"288\"", "hidden_size"},
+        {"vocab_size smaller than the weights", "\"vocab_size\": 8192", "\"vocab_size\": 100", "token_embd"},
+    };
+    for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
+        write_config_variant(dir, base, cfg[i].from, cfg[i].to);
+        char what[128];
+        snprintf(what, sizeof what, "config.json %s", cfg[i].what);
+        expect_clean_failure(what, (char *[]){"run", "-m", dir, "-p", "hi", "-n", "1", NULL}, cfg[i].needle);
+    }
+    /* eos ids that are no token id (1e30 would be an undefined int conversion) are ignored, not kept */
+    write_config_variant(dir, base, "\"eos_token_id\": 8189", "\"eos_token_id\": [8189, 1e30, -1, 5e9, 1.5, \"x\", null]");
+    if (expect_success("config.json eos_token_id list of junk", (char *[]){"info", dir, NULL}, buf, sizeof buf))
+        CHECK(strstr(buf, "eos ids: 8189\n") != NULL, "eos ids are only 8189: %s", buf);
+    free(base);
+
+    /* prompts: empty, a directory, NUL bytes */
+    expect_clean_failure("empty prompt", (char *[]){"run", "-p", "", NULL}, "empty");
+    expect_clean_failure("empty prompt file", (char *[]){"run", "-f", "/dev/null", NULL}, "empty");
+    expect_clean_failure("prompt file is a directory", (char *[]){"run", "-f", tmp, NULL}, "directory");
+    expect_clean_failure("tokenize file is a directory", (char *[]){"tokenize", "-f", tmp, NULL}, "directory");
+    snprintf(path, sizeof path, "%s/nul.txt", tmp);
+    write_bytes(path, "he\0llo\0\0world", 13);
+    expect_clean_failure("NUL bytes with --chat", (char *[]){"run", "--chat", "-f", path, NULL}, "NUL");
+    /* without --chat the whole file is the prompt: as many tokens as `pxq tokenize -f` gives */
+    char err[8192];
+    int n_tok = 0;
+    if (expect_success("tokenize a file with NUL bytes", (char *[]){"tokenize", "-f", path, NULL}, buf, sizeof buf)) {
+        n_tok = 1;
+        for (const char *q = buf; *q; q++) n_tok += *q == ',';
+    }
+    int rc = run_pxq((char *[]){"run", "-f", path, "-n", "1", "--temp", "0", NULL}, err, sizeof err);
+    char want[64];
+    snprintf(want, sizeof want, " %d prompt tokens", n_tok);
+    CHECK(rc == 0 && n_tok > 1 && strstr(err, want) != NULL, "run reads past NUL bytes (want%s): exit %d, %s", want, rc, err);
+
+    /* pxq plan: a KV account that overflows size_t, and a dummy tensor no machine holds */
+    snprintf(path, sizeof path, "%s/big.json", tmp);
+    const char *big_cfg = "{\"model_type\": \"qwen3\", \"hidden_size\": 256, \"intermediate_size\": 256, \"num_hidden_layers\": 64, "
+                          "\"num_attention_heads\": 8, \"num_key_value_heads\": 8, \"head_dim\": 128, \"vocab_size\": 1024}";
+    write_bytes(path, big_cfg, strlen(big_cfg));
+    expect_clean_failure("plan: KV bytes beyond 2^64", (char *[]){"plan", "--load-format", "dummy", "--config", path, "-c", "1073741824",
+                         "--max-num-seqs", "32768", "--kv-cache-type", "f32", "--gpu-mem", "80GB", NULL}, "beyond");
+    const char *huge_cfg = "{\"model_type\": \"qwen3\", \"hidden_size\": 1000000000, \"intermediate_size\": 256, "
+                           "\"num_hidden_layers\": 1, \"num_attention_heads\": 1000000000, \"head_dim\": 1000000000, \"vocab_size\": 1000000000}";
+    write_bytes(path, huge_cfg, strlen(huge_cfg));
+    expect_clean_failure("plan: dummy tensor of 1e27 elements", (char *[]){"plan", "--load-format", "dummy", "--config", path, NULL}, "2^48");
+}
+
 int main(void) {
     const char *build = getenv("BUILD") ? getenv("BUILD") : "build";
     snprintf(pxq, sizeof pxq, "%s/pxq", build);
@@ -93,6 +268,7 @@ int main(void) {
     uint8_t *img = (uint8_t *)read_file(gg, 64 << 20, &len, NULL, 0);
     CHECK(img != NULL, "read %s", gg);
     if (!img) return test_summary("test_bad_input");
+    const size_t img_len = len; /* len is reused below */
 
     /* truncated GGUF, at several points */
     size_t cuts[] = {3, 16, 100, 5000, len / 2, len - 1};
@@ -195,6 +371,7 @@ int main(void) {
     expect_clean_failure("unknown flag", (char *[]){"run", "--frobnicate", NULL}, "--frobnicate");
     expect_clean_failure("flag without value", (char *[]){"run", "-p", NULL}, "-p");
     free(longp);
+    hostile_models_and_prompts(img, img_len);
     free(config);
     free(bad);
     free(img);

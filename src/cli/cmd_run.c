@@ -79,10 +79,12 @@ int cmd_run(int argc, char **argv) {
     if (prompt && file) fail(&a, 2, "give either -p or -f, not both");
     char err[512] = "";
     char *text = NULL;
+    size_t prompt_len = prompt ? strlen(prompt) : 0;
     if (file) {
-        text = read_file(file, 256u << 20, NULL, err, sizeof err);
+        if (is_dir(file)) fail(&a, 1, "%s: is a directory, not a prompt file", file);
+        text = read_file(file, 256u << 20, &prompt_len, err, sizeof err);
         if (!text) fail(&a, 1, "%s", err);
-        prompt = text;
+        prompt = text; /* NUL bytes in the file are text too: prompt_len, not strlen, is its length */
     }
     if (!prompt) fail(&a, 2, "no prompt: give -p TEXT or -f FILE");
     if (!seed_set) gp.sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
@@ -95,6 +97,8 @@ int cmd_run(int argc, char **argv) {
     if (!tok) fail(&a, 1, "%s has no tokenizer; pxq run needs one", model_path(m));
     char *rendered = NULL;
     if (chat) {
+        const char *nul = memchr(prompt, 0, prompt_len);
+        if (nul) fail(&a, 1, "%s has a NUL byte at offset %zu; --chat renders text without them", file, (size_t)(nul - prompt));
         struct chat_msg msgs[2];
         int nm = 0;
         if (system) msgs[nm++] = (struct chat_msg){"system", system};
@@ -102,16 +106,21 @@ int cmd_run(int argc, char **argv) {
         rendered = tokenizer_apply_chat(tok, msgs, nm, 1, err, sizeof err);
         if (!rendered) fail(&a, 1, "%s", err);
         prompt = rendered;
+        prompt_len = strlen(rendered);
     }
     int32_t *ids = NULL;
     int n_ids = 0;
-    if (tokenizer_encode(tok, prompt, strlen(prompt), 1, &ids, &n_ids) != 0) fail(&a, 1, "could not tokenize the prompt");
+    if (tokenizer_encode(tok, prompt, prompt_len, 1, &ids, &n_ids) != 0) fail(&a, 1, "could not tokenize the prompt");
+    if (n_ids == 0) fail(&a, 1, "the prompt is empty (0 tokens)");
     struct pxq_engine *e = pxq_engine_new(m, &co.ep, err, sizeof err);
     if (!e) fail(&a, 1, "%s", err);
     const struct pxq_engine_params *ep = pxq_engine_params(e);
     if (n_ids >= ep->n_ctx) fail(&a, 1, "the prompt has %d tokens, more than the context allows (%d; see -c)", n_ids, ep->n_ctx - 1);
-    fprintf(stderr, "pxq run: %s (%s), %d prompt tokens, n_ctx %d, %d threads, seed %llu\n", model_path(m),
-            model_hparams(m)->arch_name, n_ids, ep->n_ctx, ep->n_threads, (unsigned long long)gp.sp.seed);
+    const int n_ctx_train = model_hparams(m)->n_ctx_train;
+    char beyond[64] = ""; /* allowed, as llama.cpp does, but said: quality past the trained length is not guaranteed */
+    if (ep->n_ctx > n_ctx_train) snprintf(beyond, sizeof beyond, " (beyond the model's trained %d)", n_ctx_train);
+    fprintf(stderr, "pxq run: %s (%s), %d prompt tokens, n_ctx %d%s, %d threads, seed %llu\n", model_path(m),
+            model_hparams(m)->arch_name, n_ids, ep->n_ctx, beyond, ep->n_threads, (unsigned long long)gp.sp.seed);
     struct gen_stats st;
     int rc = generate(e, tok, ids, n_ids, &gp, write_out, NULL, &st, err, sizeof err);
     if (rc != 0) {

@@ -29,6 +29,7 @@ int cmd_tokenize(int argc, char **argv) {
     char *buf = NULL;
     size_t len = 0;
     if (file) {
+        if (is_dir(file)) fail(&a, 1, "%s: is a directory, not a text file", file);
         buf = read_file(file, 256u << 20, &len, err, sizeof err);
         if (!buf) fail(&a, 1, "%s", err);
         text = buf;
