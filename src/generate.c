@@ -38,8 +38,10 @@ int stop_push(struct stop_matcher *m, const char *text, size_t len, size_t *emit
     size_t hold = 0;
     for (int i = 0; i < m->n_stop; i++) {
         size_t sl = strlen(m->stop[i]);
-        for (size_t k = sl - 1; k > hold; k--)
-            if (k <= m->n_pending && memcmp(m->pending + m->n_pending - k, m->stop[i], k) == 0) {
+        /* start at the longest prefix that can fit in what is pending, not at sl - 1: a 4 MB stop
+         * string would otherwise cost 4M iterations per token on the scheduler thread */
+        for (size_t k = sl - 1 < m->n_pending ? sl - 1 : m->n_pending; k > hold; k--)
+            if (memcmp(m->pending + m->n_pending - k, m->stop[i], k) == 0) {
                 hold = k;
                 break;
             }

@@ -105,7 +105,7 @@ function buildCases() {
     ['top_p', ['0', '2', '-1', '1e300']],
     ['top_k', ['1e20', '-5', '2.5', '1e400']],
     ['min_p', ['-0.1', '1.5', '1e99']],
-    ['seed', ['1e30', '-1e30', '0.5', '1e400']],
+    ['seed', ['1e30', '-1e30', '0.5', '1e400', '18446744073709551615', '18446744073709551616']], // 2^64 - 1 reads as 2^64
     ['presence_penalty', ['3', '-2.5', '1e308']],
     ['frequency_penalty', ['2.01', '-1e308']],
     ['repetition_penalty', ['0', '-1', '5']],
@@ -237,6 +237,13 @@ function judge(c, r) {
     check('/health answers 200 afterwards', h.status === 200);
     const r = await post(srv.port, C, { model: 'tiny', prompt: 'Once upon a time', max_tokens: 8, temperature: 0 });
     check('a normal completion works afterwards', r.status === 200 && JSON.parse(r.body).choices[0].text.length > 0, r.body);
+    // a stop string longer than the output whose prefix is the whole output: every token is held back
+    // as a possible start of it, and all of it must come out when max_tokens ends the request
+    const text = JSON.parse(r.body).choices[0].text;
+    const held = await post(srv.port, C, { model: 'tiny', prompt: 'Once upon a time', max_tokens: 8, temperature: 0,
+      stop: [text + 'z'.repeat(100000), 'q'.repeat(1000000)] });
+    check('stop strings longer than the output (1 MB): the held-back text is returned', held.status === 200 &&
+      JSON.parse(held.body).choices[0].text === text, held.body.slice(0, 300));
     let running = -1, used = -1;
     for (let i = 0; i < 50; i++) { // cancelled sequences are dropped at the scheduler's next step
       running = await metric(srv.port, 'pxq_num_requests_running');
