@@ -180,11 +180,8 @@ static void mm_q8(void *arg, int64_t i0, int64_t i1, int ith) {
         for (int t = 0; t < a->n_tokens; t += 4) { /* 4 tokens' activations stay in L1 across the tile */
             const int nt = a->n_tokens - t < 4 ? a->n_tokens - t : 4;
             const uint8_t *xq = a->xq + (size_t)t * a->stride;
-            for (int64_t r = r0; r < r1; r++) {
-                float o[4];
-                dot_row_q8(a->w->type, base + (size_t)r * a->row_bytes, xq, a->stride, n_in, nt, o);
-                for (int c = 0; c < nt; c++) a->y[(size_t)(t + c) * (size_t)n_out + (size_t)r] = o[c];
-            }
+            dot_rows_q8(a->w->type, base + (size_t)r0 * a->row_bytes, a->row_bytes, (int)(r1 - r0), xq, a->stride,
+                        n_in, nt, a->y + (size_t)t * (size_t)n_out + (size_t)r0, (size_t)n_out);
         }
     }
 }

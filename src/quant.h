@@ -72,6 +72,10 @@ void quantize_row_q8_act_generic(const float *x, void *dst, int64_t n);
  * the same integer sum per block of 32; they differ in float summation order only). Thread-safe,
  * no allocation. A type without type_has_q8_dot or n_tok outside 1..4: die (programmer error). */
 void dot_row_q8(enum pxq_type t, const void *row, const void *xq, size_t xq_stride, int64_t n, int n_tok, float *y);
+/* The same for n_rows weight rows at w + r * w_stride: y[c * y_stride + r] = row r . x_c (c < n_tok,
+ * 1..4), the layout of matmul_cpu's output; up to 4 rows share each loaded activation block. */
+void dot_rows_q8(enum pxq_type t, const void *w, size_t w_stride, int n_rows, const void *xq, size_t xq_stride,
+                 int64_t n, int n_tok, float *y, size_t y_stride);
 void dot_row_q8_generic(enum pxq_type t, const void *row, const void *xq, size_t xq_stride, int64_t n, int n_tok,
                         float *y);
 

@@ -223,14 +223,41 @@ void dot_row_q8_generic(enum pxq_type t, const void *row, const void *xq, size_t
 
 #if defined(__AVX2__)
 
-/* 8 int32 lanes, lane k = sum of u[i]*s[i] over bytes 4k..4k+3 (u unsigned, s signed). */
-INLINE __m256i dot_us(__m256i u, __m256i s) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#define Q8_VNNI 1
+#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
 #elif defined(__AVXVNNI__)
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#define Q8_VNNI 1
+#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#else
+#define Q8_VNNI 0
+#endif
+
+/* 8 int32 lanes, lane k = sum of u[i]*s[i] over bytes 4k..4k+3 (u unsigned, s signed). Without
+ * VNNI the int16 pair sums must not saturate: |u| <= 128 with the sign trick, or u <= 63. */
+INLINE __m256i dot_us(__m256i u, __m256i s) {
+#if Q8_VNNI
+    return DPBUSD(_mm256_setzero_si256(), u, s);
 #else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+/* Offset codes: lane k of dot_off(u, x, off_lanes(x, off)) = sum over bytes 4k..4k+3 of (u - off)*x,
+ * with off_lanes computed once per activation block and shared by every weight row. */
+INLINE __m256i off_lanes(__m256i x, int off) {
+#if Q8_VNNI
+    return _mm256_sub_epi32(_mm256_setzero_si256(), DPBUSD(_mm256_setzero_si256(), _mm256_set1_epi8((char)off), x));
+#else
+    return dot_us(_mm256_set1_epi8((char)off), x);
+#endif
+}
+
+INLINE __m256i dot_off(__m256i u, __m256i x, __m256i o) {
+#if Q8_VNNI
+    return DPBUSD(o, u, x);
+#else
+    return _mm256_sub_epi32(dot_us(u, x), o);
 #endif
 }
 
@@ -279,10 +306,11 @@ INLINE void act_setup(struct act4 *a, const void *xq, size_t stride, int64_t n, 
     }
 }
 
-/* One block of 32 codes against block j of every token: signed codes (sign trick: |w| . sign(x, w))
- * or unsigned codes (u . x directly), times dw * dx_j, into acc[c]. */
-INLINE void blk_s(__m256 *acc, __m256i w, float dw, const struct act4 *a, int64_t j, int T) {
-    const __m256i aw = _mm256_sign_epi8(w, w);
+/* Q8_0 without VNNI: signed codes, sign trick (|w| . sign(x, w), as ggml's mul_sum_i8_pairs), two
+ * accumulators per token (even / odd blocks) to hide the FMA latency. */
+INLINE void blk_s(__m256 *acc, const uint8_t *b, const struct act4 *a, int64_t j, int T) {
+    const __m256i w = _mm256_loadu_si256((const __m256i *)(b + 2)), aw = _mm256_sign_epi8(w, w);
+    const float dw = f16s(b);
 #pragma GCC unroll 4
     for (int c = 0; c < T; c++) {
         __m256i x = _mm256_loadu_si256((const __m256i *)(a->q[c] + 32 * j));
@@ -291,27 +319,53 @@ INLINE void blk_s(__m256 *acc, __m256i w, float dw, const struct act4 *a, int64_
     }
 }
 
-INLINE void blk_u(__m256 *acc, __m256i w, float dw, const struct act4 *a, int64_t j, int T) {
-#pragma GCC unroll 4
-    for (int c = 0; c < T; c++) {
-        __m256i x = _mm256_loadu_si256((const __m256i *)(a->q[c] + 32 * j));
-        __m256 v = _mm256_cvtepi32_ps(dot_us(w, x));
-        acc[c] = _mm256_fmadd_ps(v, _mm256_set1_ps(dw * a->d[c][j]), acc[c]);
+INLINE void dotq8_0_avx2(const uint8_t *row, const void *xq, size_t stride, int64_t n, int T, float *y) {
+    const int64_t nb = n / QK;
+    struct act4 a;
+    act_setup(&a, xq, stride, n, T);
+    __m256 acc0[4], acc1[4];
+    for (int c = 0; c < 4; c++) acc0[c] = acc1[c] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < nb; j += 2) {
+        blk_s(acc0, row + (size_t)j * 34, &a, j, T);
+        if (j + 1 < nb) blk_s(acc1, row + (size_t)(j + 1) * 34, &a, j + 1, T);
+    }
+    for (int c = 0; c < T; c++) y[c] = hsum8(_mm256_add_ps(acc0[c], acc1[c]));
+}
+
+/* ---- R weight rows x T tokens, unsigned codes ----
+ * Codes are stored unsigned, u = q + off (Q4_0: nibble, off 8; Q5_0: off 16; Q8_0: q ^ 0x80, off 128,
+ * VNNI only, as the int16 pair sums of maddubs would saturate), so each activation block is used as
+ * loaded by every row, and the offset term off * sum(x) is one vector per token and block. Types
+ * with a minimum (Q4_1, Q5_1, Q4_K, Q5_K) add m * s_j per block. Q4_K/Q5_K sub-block j of 32 uses
+ * d*sc_j and -dmin*mn_j from its super-block header (decoded once per super-block and row). */
+INLINE int code_off(enum pxq_type t) {
+    return t == PXQ_TYPE_Q4_0 ? 8 : t == PXQ_TYPE_Q5_0 ? 16 : t == PXQ_TYPE_Q8_0 ? 128 : 0;
+}
+INLINE int code_min(enum pxq_type t) {
+    return t == PXQ_TYPE_Q4_1 || t == PXQ_TYPE_Q5_1 || t == PXQ_TYPE_Q4_K || t == PXQ_TYPE_Q5_K;
+}
+INLINE int is_k4(enum pxq_type t) { return t == PXQ_TYPE_Q4_K || t == PXQ_TYPE_Q5_K; }
+
+struct khdr {
+    float d[8], m[8];
+};
+
+INLINE void khdr_load(const uint8_t *b, struct khdr *h) {
+    const float d = f16s(b), dmin = f16s(b + 2);
+    for (int k = 0; k < 8; k++) {
+        int sc, mn;
+        k4_scale_min(k, b + 4, &sc, &mn);
+        h->d[k] = d * (float)sc;
+        h->m[k] = -dmin * (float)mn;
     }
 }
 
-/* Block j of a 32-element type: codes (signed for Q4_0/Q5_0/Q8_0, unsigned for Q4_1/Q5_1), d, m. */
-INLINE __m256i blk32(enum pxq_type t, const uint8_t *row, int64_t j, float *d, float *m) {
+INLINE __m256i ucodes(enum pxq_type t, const uint8_t *row, int64_t j, int odd, const struct khdr *h, float *d, float *m) {
     switch (t) {
-    case PXQ_TYPE_Q8_0: {
-        const uint8_t *b = row + (size_t)j * 34;
-        *d = f16s(b);
-        return _mm256_loadu_si256((const __m256i *)(b + 2));
-    }
     case PXQ_TYPE_Q4_0: {
         const uint8_t *b = row + (size_t)j * 18;
         *d = f16s(b);
-        return _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8));
+        return nibbles32(b + 2);
     }
     case PXQ_TYPE_Q4_1: {
         const uint8_t *b = row + (size_t)j * 20;
@@ -322,86 +376,83 @@ INLINE __m256i blk32(enum pxq_type t, const uint8_t *row, int64_t j, float *d, f
     case PXQ_TYPE_Q5_0: {
         const uint8_t *b = row + (size_t)j * 22;
         *d = f16s(b);
-        __m256i v = _mm256_or_si256(nibbles32(b + 6), bit4_of_bits32(rd32(b + 2)));
-        return _mm256_sub_epi8(v, _mm256_set1_epi8(16));
+        return _mm256_or_si256(nibbles32(b + 6), bit4_of_bits32(rd32(b + 2)));
     }
-    default: { /* Q5_1 */
+    case PXQ_TYPE_Q5_1: {
         const uint8_t *b = row + (size_t)j * 24;
         *d = f16s(b);
         *m = f16s(b + 2);
         return _mm256_or_si256(nibbles32(b + 8), bit4_of_bits32(rd32(b + 4)));
     }
+    case PXQ_TYPE_Q8_0: {
+        const uint8_t *b = row + (size_t)j * 34;
+        *d = f16s(b);
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), _mm256_set1_epi8((char)0x80));
+    }
+    default: { /* Q4_K, Q5_K */
+        const int five = t == PXQ_TYPE_Q5_K, k = (int)(j & 7);
+        const uint8_t *b = row + (size_t)(j >> 3) * (five ? 176 : 144);
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(b + (five ? 48 : 16) + 32 * (k >> 1)));
+        __m256i u = _mm256_and_si256(odd ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(15)); /* odd == (k & 1) */
+        if (five) {
+            __m256i qh = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(b + 16)), _mm_cvtsi32_si128(k));
+            u = _mm256_or_si256(u, _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(1)), 4));
+        }
+        *d = h->d[k];
+        *m = h->m[k];
+        return u;
+    }
     }
 }
 
-/* The 32-element types: two accumulators per token (even / odd blocks) to hide the FMA latency. */
-INLINE void dot32_avx2(enum pxq_type t, const uint8_t *row, const void *xq, size_t stride, int64_t n, int T,
-                       float *y) {
-    const int has_min = t == PXQ_TYPE_Q4_1 || t == PXQ_TYPE_Q5_1;
-    const int is_signed = !has_min;
+INLINE void gemm_step(enum pxq_type t, int R, int T, const uint8_t *w, size_t ws, const struct act4 *a, int64_t j, int odd,
+                      const struct khdr *h, __m256 acc[4][4], float macc[4][4]) {
+    const int off = code_off(t), mn = code_min(t);
+    __m256i u[4];
+    float d[4], m[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        m[r] = 0;
+        u[r] = ucodes(t, w + (size_t)r * ws, j, odd, &h[r], &d[r], &m[r]);
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < T; c++) {
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(a->q[c] + 32 * j));
+        const __m256i o = off ? off_lanes(x, off) : _mm256_setzero_si256();
+        const __m256 bdx = _mm256_set1_ps(a->d[c][j]);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m256i v = off ? dot_off(u[r], x, o) : dot_us(u[r], x);
+            acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(_mm256_set1_ps(d[r]), bdx), acc[r][c]);
+            if (mn) macc[r][c] += m[r] * a->s[c][j];
+        }
+    }
+}
+
+/* y[c * ys + r] = row r . x_c. Even and odd blocks go to two accumulator sets (hides the FMA latency
+ * when R*T is small); the summation order is the same for every R and T, so a token's result does
+ * not depend on how many rows or tokens shared the call. */
+INLINE void gemm_u(enum pxq_type t, int R, int T, const uint8_t *w, size_t ws, const void *xq, size_t xs, int64_t n,
+                   float *y, size_t ys) {
     const int64_t nb = n / QK;
+    const size_t kbs = t == PXQ_TYPE_Q5_K ? 176 : 144;
     struct act4 a;
-    act_setup(&a, xq, stride, n, T);
-    __m256 acc0[4], acc1[4];
-    float macc[4] = {0};
-    for (int c = 0; c < 4; c++) acc0[c] = acc1[c] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < nb; j++) {
-        float d, m = 0;
-        __m256i w = blk32(t, row, j, &d, &m);
-        if (is_signed) blk_s(acc0, w, d, &a, j, T);
-        else blk_u(acc0, w, d, &a, j, T);
-        if (has_min)
-            for (int c = 0; c < T; c++) macc[c] += m * a.s[c][j];
-        if (++j == nb) break;
-        m = 0;
-        w = blk32(t, row, j, &d, &m);
-        if (is_signed) blk_s(acc1, w, d, &a, j, T);
-        else blk_u(acc1, w, d, &a, j, T);
-        if (has_min)
-            for (int c = 0; c < T; c++) macc[c] += m * a.s[c][j];
+    act_setup(&a, xq, xs, n, T);
+    __m256 acc0[4][4], acc1[4][4];
+    float macc[4][4];
+    struct khdr h[4];
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < 4; c++) acc0[r][c] = acc1[r][c] = _mm256_setzero_ps(), macc[r][c] = 0;
+    for (int64_t j = 0; j < nb; j += 2) {
+        if (is_k4(t) && (j & 7) == 0)
+            for (int r = 0; r < R; r++) khdr_load(w + (size_t)r * ws + (size_t)(j >> 3) * kbs, &h[r]);
+        gemm_step(t, R, T, w, ws, &a, j, 0, h, acc0, macc);
+        if (j + 1 < nb) gemm_step(t, R, T, w, ws, &a, j + 1, 1, h, acc1, macc);
     }
-    for (int c = 0; c < T; c++) y[c] = hsum8(_mm256_add_ps(acc0[c], acc1[c])) + macc[c];
-}
-
-/* Q4_K / Q5_K: per super-block, 4 chunks of 32 bytes; low nibbles are sub-block 2i, high 2i+1
- * (Q5_K adds bit 2i / 2i+1 of qh[l] as 16). Codes are unsigned; w = d*sc*q - dmin*mn. */
-INLINE void dotk4_avx2(enum pxq_type t, const uint8_t *row, const void *xq, size_t stride, int64_t n, int T,
-                       float *y) {
-    const int five = t == PXQ_TYPE_Q5_K;
-    const size_t bs = five ? 176 : 144;
-    const int64_t nsb = n / QK_K;
-    struct act4 a;
-    act_setup(&a, xq, stride, n, T);
-    __m256 acc0[4], acc1[4];
-    float macc[4] = {0};
-    for (int c = 0; c < 4; c++) acc0[c] = acc1[c] = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(15);
-    for (int64_t sb = 0; sb < nsb; sb++) {
-        const uint8_t *b = row + (size_t)sb * bs, *qs = b + (five ? 48 : 16);
-        const float d = f16s(b), dmin = f16s(b + 2);
-        int sc[8], mn[8];
-        for (int k = 0; k < 8; k++) k4_scale_min(k, b + 4, &sc[k], &mn[k]);
-        __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
-        for (int i = 0; i < 4; i++) {
-            __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * i));
-            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            if (five) {
-                const __m256i one = _mm256_set1_epi8(1);
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
-                qh = _mm256_srli_epi16(qh, 2);
-            }
-            const int64_t j = sb * 8 + 2 * i;
-            blk_u(acc0, lo, d * (float)sc[2 * i], &a, j, T);
-            blk_u(acc1, hi, d * (float)sc[2 * i + 1], &a, j + 1, T);
-        }
-        for (int c = 0; c < T; c++) {
-            float s = 0;
-            for (int k = 0; k < 8; k++) s += (float)mn[k] * a.s[c][sb * 8 + k];
-            macc[c] -= dmin * s;
-        }
-    }
-    for (int c = 0; c < T; c++) y[c] = hsum8(_mm256_add_ps(acc0[c], acc1[c])) + macc[c];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < T; c++) y[(size_t)c * ys + (size_t)r] = hsum8(_mm256_add_ps(acc0[r][c], acc1[r][c])) + macc[r][c];
 }
 
 /* Q6_K: per half of 128, group g (32 elements) = ql nibble (g >> 1) of ql[32(g&1) + l] with bits
@@ -447,51 +498,94 @@ INLINE void dotq6k_avx2(const uint8_t *row, const void *xq, size_t stride, int64
     for (int c = 0; c < T; c++) y[c] = hsum8(_mm256_add_ps(acc0[c], acc1[c]));
 }
 
-/* One function per (type, token count), so every loop over tokens is unrolled with constant bounds. */
-#define Q8_KERNELS(NAME, CALL)                                                                           \
-    static void NAME##_1(const uint8_t *r, const void *x, size_t s, int64_t n, float *y) { CALL(1); }    \
-    static void NAME##_2(const uint8_t *r, const void *x, size_t s, int64_t n, float *y) { CALL(2); }    \
-    static void NAME##_3(const uint8_t *r, const void *x, size_t s, int64_t n, float *y) { CALL(3); }    \
-    static void NAME##_4(const uint8_t *r, const void *x, size_t s, int64_t n, float *y) { CALL(4); }    \
-    static void (*const NAME[4])(const uint8_t *, const void *, size_t, int64_t, float *) = {            \
-        NAME##_1, NAME##_2, NAME##_3, NAME##_4};
+/* One function per (type, rows, tokens), so every loop over rows and tokens has constant bounds:
+ * R = 1 or 2 for 1..4 tokens, R = 4 for one token (decode). Q6_K (int8 scales per 16) and, without
+ * VNNI, Q8_0 (signed codes, sign trick) keep a one-row kernel. */
+typedef void (*gemm_fn)(const uint8_t *, size_t, const void *, size_t, int64_t, float *, size_t);
+#define GEMM_FN(TY, NAME, R, T)                                                                        \
+    static void NAME##_##R##_##T(const uint8_t *w, size_t ws, const void *x, size_t xs, int64_t n, float *y, \
+                                 size_t ys) {                                                          \
+        gemm_u(TY, R, T, w, ws, x, xs, n, y, ys);                                                      \
+    }
+#define GEMM_SET(TY, NAME)                                                                             \
+    GEMM_FN(TY, NAME, 1, 1) GEMM_FN(TY, NAME, 1, 2) GEMM_FN(TY, NAME, 1, 3) GEMM_FN(TY, NAME, 1, 4)   \
+    GEMM_FN(TY, NAME, 2, 1) GEMM_FN(TY, NAME, 2, 2) GEMM_FN(TY, NAME, 2, 3) GEMM_FN(TY, NAME, 2, 4)   \
+    GEMM_FN(TY, NAME, 4, 1)                                                                            \
+    static const gemm_fn NAME[3][4] = {{NAME##_1_1, NAME##_1_2, NAME##_1_3, NAME##_1_4},                \
+                                       {NAME##_2_1, NAME##_2_2, NAME##_2_3, NAME##_2_4},                \
+                                       {NAME##_4_1, NULL, NULL, NULL}};
+GEMM_SET(PXQ_TYPE_Q4_0, g_q4_0)
+GEMM_SET(PXQ_TYPE_Q4_1, g_q4_1)
+GEMM_SET(PXQ_TYPE_Q5_0, g_q5_0)
+GEMM_SET(PXQ_TYPE_Q5_1, g_q5_1)
+GEMM_SET(PXQ_TYPE_Q4_K, g_q4_k)
+GEMM_SET(PXQ_TYPE_Q5_K, g_q5_k)
+#if Q8_VNNI
+GEMM_SET(PXQ_TYPE_Q8_0, g_q8_0)
+#endif
 
-#define C_Q4_0(T) dot32_avx2(PXQ_TYPE_Q4_0, r, x, s, n, T, y)
-#define C_Q4_1(T) dot32_avx2(PXQ_TYPE_Q4_1, r, x, s, n, T, y)
-#define C_Q5_0(T) dot32_avx2(PXQ_TYPE_Q5_0, r, x, s, n, T, y)
-#define C_Q5_1(T) dot32_avx2(PXQ_TYPE_Q5_1, r, x, s, n, T, y)
-#define C_Q8_0(T) dot32_avx2(PXQ_TYPE_Q8_0, r, x, s, n, T, y)
-#define C_Q4_K(T) dotk4_avx2(PXQ_TYPE_Q4_K, r, x, s, n, T, y)
-#define C_Q5_K(T) dotk4_avx2(PXQ_TYPE_Q5_K, r, x, s, n, T, y)
-#define C_Q6_K(T) dotq6k_avx2(r, x, s, n, T, y)
-Q8_KERNELS(k_q4_0, C_Q4_0)
-Q8_KERNELS(k_q4_1, C_Q4_1)
-Q8_KERNELS(k_q5_0, C_Q5_0)
-Q8_KERNELS(k_q5_1, C_Q5_1)
-Q8_KERNELS(k_q8_0, C_Q8_0)
-Q8_KERNELS(k_q4_k, C_Q4_K)
-Q8_KERNELS(k_q5_k, C_Q5_K)
-Q8_KERNELS(k_q6_k, C_Q6_K)
+typedef void (*row_fn)(const uint8_t *, const void *, size_t, int64_t, float *);
+#define ROW_FN(NAME, CALL, T) \
+    static void NAME##_##T(const uint8_t *r, const void *x, size_t s, int64_t n, float *y) { CALL; }
+ROW_FN(r_q6_k, dotq6k_avx2(r, x, s, n, 1, y), 1)
+ROW_FN(r_q6_k, dotq6k_avx2(r, x, s, n, 2, y), 2)
+ROW_FN(r_q6_k, dotq6k_avx2(r, x, s, n, 3, y), 3)
+ROW_FN(r_q6_k, dotq6k_avx2(r, x, s, n, 4, y), 4)
+static const row_fn r_q6_k[4] = {r_q6_k_1, r_q6_k_2, r_q6_k_3, r_q6_k_4};
+#if !Q8_VNNI
+ROW_FN(r_q8_0, dotq8_0_avx2(r, x, s, n, 1, y), 1)
+ROW_FN(r_q8_0, dotq8_0_avx2(r, x, s, n, 2, y), 2)
+ROW_FN(r_q8_0, dotq8_0_avx2(r, x, s, n, 3, y), 3)
+ROW_FN(r_q8_0, dotq8_0_avx2(r, x, s, n, 4, y), 4)
+static const row_fn r_q8_0[4] = {r_q8_0_1, r_q8_0_2, r_q8_0_3, r_q8_0_4};
+#endif
 
 #endif /* __AVX2__ */
 
-void dot_row_q8(enum pxq_type t, const void *row, const void *xq, size_t xq_stride, int64_t n, int n_tok,
-                float *y) {
-    if (n_tok < 1 || n_tok > 4) die("dot_row_q8: n_tok %d not in 1..4", n_tok);
+void dot_rows_q8(enum pxq_type t, const void *w, size_t w_stride, int n_rows, const void *xq, size_t xq_stride,
+                 int64_t n, int n_tok, float *y, size_t y_stride) {
+    if (n_tok < 1 || n_tok > 4) die("dot_rows_q8: n_tok %d not in 1..4", n_tok);
+    if (!type_has_q8_dot(t)) die("dot_rows_q8: type %s (%d) has no int8 dot", type_name(t), (int)t);
 #if defined(__AVX2__)
-    const uint8_t *r = row;
+    const gemm_fn(*g)[4] = NULL;
+    const row_fn *rf = NULL;
     switch (t) {
-    case PXQ_TYPE_Q4_0: k_q4_0[n_tok - 1](r, xq, xq_stride, n, y); return;
-    case PXQ_TYPE_Q4_1: k_q4_1[n_tok - 1](r, xq, xq_stride, n, y); return;
-    case PXQ_TYPE_Q5_0: k_q5_0[n_tok - 1](r, xq, xq_stride, n, y); return;
-    case PXQ_TYPE_Q5_1: k_q5_1[n_tok - 1](r, xq, xq_stride, n, y); return;
-    case PXQ_TYPE_Q8_0: k_q8_0[n_tok - 1](r, xq, xq_stride, n, y); return;
-    case PXQ_TYPE_Q4_K: k_q4_k[n_tok - 1](r, xq, xq_stride, n, y); return;
-    case PXQ_TYPE_Q5_K: k_q5_k[n_tok - 1](r, xq, xq_stride, n, y); return;
-    case PXQ_TYPE_Q6_K: k_q6_k[n_tok - 1](r, xq, xq_stride, n, y); return;
-    default: die("dot_row_q8: type %s (%d) has no int8 dot", type_name(t), (int)t);
+    case PXQ_TYPE_Q4_0: g = g_q4_0; break;
+    case PXQ_TYPE_Q4_1: g = g_q4_1; break;
+    case PXQ_TYPE_Q5_0: g = g_q5_0; break;
+    case PXQ_TYPE_Q5_1: g = g_q5_1; break;
+    case PXQ_TYPE_Q4_K: g = g_q4_k; break;
+    case PXQ_TYPE_Q5_K: g = g_q5_k; break;
+#if Q8_VNNI
+    case PXQ_TYPE_Q8_0: g = g_q8_0; break;
+#else
+    case PXQ_TYPE_Q8_0: rf = r_q8_0; break;
+#endif
+    default: rf = r_q6_k; break;
+    }
+    const uint8_t *p = w;
+    for (int r = 0; r < n_rows;) {
+        if (rf) {
+            float o[4];
+            rf[n_tok - 1](p + (size_t)r * w_stride, xq, xq_stride, n, o);
+            for (int c = 0; c < n_tok; c++) y[(size_t)c * y_stride + (size_t)r] = o[c];
+            r++;
+            continue;
+        }
+        const int R = n_tok == 1 && n_rows - r >= 4 ? 4 : n_rows - r >= 2 ? 2 : 1;
+        g[R == 4 ? 2 : R - 1][n_tok - 1](p + (size_t)r * w_stride, w_stride, xq, xq_stride, n, y + r, y_stride);
+        r += R;
     }
 #else
-    dot_row_q8_generic(t, row, xq, xq_stride, n, n_tok, y);
+    for (int r = 0; r < n_rows; r++) {
+        float o[4];
+        dot_row_q8_generic(t, (const uint8_t *)w + (size_t)r * w_stride, xq, xq_stride, n, n_tok, o);
+        for (int c = 0; c < n_tok; c++) y[(size_t)c * y_stride + (size_t)r] = o[c];
+    }
 #endif
+}
+
+void dot_row_q8(enum pxq_type t, const void *row, const void *xq, size_t xq_stride, int64_t n, int n_tok,
+                float *y) {
+    dot_rows_q8(t, row, 0, 1, xq, xq_stride, n, n_tok, y, 1);
 }

@@ -123,7 +123,7 @@ static void test_quantize_act(void) {
 /* ---- dot_row_q8 against dequantize + double ------------------------------------------------ */
 
 static void test_dot(enum pxq_type t, int64_t n) {
-    const int n_rows = 6;
+    const int n_rows = 7;
     uint8_t *w = random_rows(t, n, n_rows);
     const size_t rb = type_row_bytes(t, n), stride = q8_act_row_bytes(n);
     float *x = xmalloc(4 * n * sizeof(float)), *wf = xmalloc(n * sizeof(float));
@@ -132,6 +132,17 @@ static void test_dot(enum pxq_type t, int64_t n) {
     for (int c = 0; c < 4; c++) quantize_row_q8_act(x + c * n, xq + c * stride, n);
     double worst_q = 0, worst_g = 0, worst_x = 0;
     int bad = 0;
+    /* all rows at once (4-, 2- and 1-row kernels) give the one-row results exactly */
+    for (int T = 1; T <= 4; T++) {
+        float ya[4 * 8], y1[4];
+        dot_rows_q8(t, w, rb, n_rows, xq, stride, n, T, ya, n_rows);
+        for (int r = 0; r < n_rows; r++) {
+            dot_row_q8(t, w + r * rb, xq, stride, n, T, y1);
+            for (int c = 0; c < T; c++) bad += ya[c * n_rows + r] != y1[c];
+        }
+    }
+    CHECK(bad == 0, "%s: dot_rows_q8 differs from dot_row_q8 in %d outputs", type_name(t), bad);
+    bad = 0;
     for (int r = 0; r < n_rows; r++) {
         const uint8_t *row = w + r * rb;
         dequantize_row(t, row, wf, n);
@@ -309,21 +320,18 @@ static void bench_dots(void) {
         for (int r = 0; r < reps; r++)
             for (int i = 0; i < rows; i++) sink += dot_row_f32(t, w + i * rb, x, n);
         double t1 = now_s();
-        for (int r = 0; r < reps; r++)
-            for (int i = 0; i < rows; i++) {
-                float y[4];
-                dot_row_q8(t, w + i * rb, xq, stride, n, 1, y);
-                sink += y[0];
-            }
+        float y[4 * 64];
+        for (int r = 0; r < reps; r++) {
+            dot_rows_q8(t, w, rb, rows, xq, stride, n, 1, y, rows);
+            sink += y[0];
+        }
         double t2 = now_s();
-        for (int r = 0; r < reps; r++)
-            for (int i = 0; i < rows; i++) {
-                float y[4];
-                dot_row_q8(t, w + i * rb, xq, stride, n, 4, y);
-                sink += y[0];
-            }
+        for (int r = 0; r < reps; r++) {
+            dot_rows_q8(t, w, rb, rows, xq, stride, n, 4, y, rows);
+            sink += y[0];
+        }
         double t3 = now_s(), fl = 2.0 * n * rows * reps;
-        fprintf(stderr, "  %-5s GFLOP/s per thread: dot_row_f32 %.1f, dot_row_q8 1 token %.1f, 4 tokens %.1f\n",
+        fprintf(stderr, "  %-5s GFLOP/s per thread: dot_row_f32 %.1f, dot_rows_q8 1 token %.1f, 4 tokens %.1f\n",
                 type_name(t), fl / (t1 - t0) * 1e-9, fl / (t2 - t1) * 1e-9, 4 * fl / (t3 - t2) * 1e-9);
         free(w);
         (void)sink;
