@@ -172,11 +172,12 @@ static void blk_codes(enum pxq_type t, const uint8_t *row, int64_t j, int8_t q[Q
         k4_scale_min(k, b + 4, &s6, &m6);
         *d = h2f(b) * (float)s6;
         *m = -h2f(b + 2) * (float)m6;
-        for (int i = 0; i < QK; i++) {
-            int v = k & 1 ? qs[i] >> 4 : qs[i] & 15;
-            if (five) v |= ((qh[i] >> k) & 1) << 4;
-            q[i] = (int8_t)v;
-        }
+        if (k & 1)
+            for (int i = 0; i < QK; i++) q[i] = (int8_t)(qs[i] >> 4);
+        else
+            for (int i = 0; i < QK; i++) q[i] = (int8_t)(qs[i] & 15);
+        if (five)
+            for (int i = 0; i < QK; i++) q[i] = (int8_t)(q[i] | ((qh[i] >> k) & 1) << 4);
         return;
     }
     case PXQ_TYPE_Q6_K: {
@@ -187,10 +188,8 @@ static void blk_codes(enum pxq_type t, const uint8_t *row, int64_t j, int8_t q[Q
         *d = h2f(b + 208);
         sc[0] = s8[0];
         sc[1] = s8[1];
-        for (int i = 0; i < QK; i++) {
-            int lo = g < 2 ? ql[i] & 15 : ql[i] >> 4;
-            q[i] = (int8_t)((lo | ((qh[i] >> (2 * g)) & 3) << 4) - 32);
-        }
+        const int sh = g < 2 ? 0 : 4;
+        for (int i = 0; i < QK; i++) q[i] = (int8_t)((((ql[i] >> sh) & 15) | ((qh[i] >> (2 * g)) & 3) << 4) - 32);
         return;
     }
     default: die("dot_row_q8: type %s (%d) has no int8 dot", type_name(t), (int)t);
