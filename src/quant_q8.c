@@ -282,12 +282,16 @@ INLINE __m256i nibbles32(const uint8_t *p) {
 
 /* 0x10 in byte i where bit i of qh is set (the fifth bit of Q5_0/Q5_1 element i). */
 INLINE __m256i bit4_of_bits32(uint32_t qh) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    return _mm256_maskz_mov_epi8((__mmask32)qh, _mm256_set1_epi8(0x10)); /* the bits as a byte mask */
+#else /* byte i gets byte i/8 of qh, tests bit i%8 */
     const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                           2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
     __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
     v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
     return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+#endif
 }
 
 /* Pointers into the n_tok activation rows. */
@@ -335,28 +339,31 @@ INLINE void dotq8_0_avx2(const uint8_t *row, const void *xq, size_t stride, int6
  * Codes are stored unsigned, u = q + off (Q4_0: nibble, off 8; Q5_0: off 16; Q8_0: q ^ 0x80, off 128,
  * VNNI only, as the int16 pair sums of maddubs would saturate), so each activation block is used as
  * loaded by every row, and the offset term off * sum(x) is one vector per token and block. Types
- * with a minimum (Q4_1, Q5_1, Q4_K, Q5_K) add m * s_j per block. Q4_K/Q5_K sub-block j of 32 uses
- * d*sc_j and -dmin*mn_j from its super-block header (decoded once per super-block and row). */
+ * with a minimum add m * s_j: Q4_1/Q5_1 per block; Q4_K/Q5_K once per super-block and row as one
+ * 8-lane FMA of the header's -dmin*mn_k with s of the 8 sub-blocks. Q4_K/Q5_K sub-block j of 32
+ * uses d*sc_j from the header (decoded once per super-block and row). */
 INLINE int code_off(enum pxq_type t) {
     return t == PXQ_TYPE_Q4_0 ? 8 : t == PXQ_TYPE_Q5_0 ? 16 : t == PXQ_TYPE_Q8_0 ? 128 : 0;
 }
-INLINE int code_min(enum pxq_type t) {
-    return t == PXQ_TYPE_Q4_1 || t == PXQ_TYPE_Q5_1 || t == PXQ_TYPE_Q4_K || t == PXQ_TYPE_Q5_K;
-}
+INLINE int code_min(enum pxq_type t) { return t == PXQ_TYPE_Q4_1 || t == PXQ_TYPE_Q5_1; } /* per block */
 INLINE int is_k4(enum pxq_type t) { return t == PXQ_TYPE_Q4_K || t == PXQ_TYPE_Q5_K; }
 
 struct khdr {
     float d[8], m[8];
 };
 
+/* The 8 scales and mins of a Q4_K/Q5_K header at once (k4_scale_min on 32-bit words): bytes 0-3
+ * hold sc0-3 and bytes 4-7 mn0-3 in their low 6 bits; sc4-7 / mn4-7 take the low / high nibbles of
+ * bytes 8-11 and the top 2 bits of bytes 0-3 / 4-7. */
 INLINE void khdr_load(const uint8_t *b, struct khdr *h) {
-    const float d = f16s(b), dmin = f16s(b + 2);
-    for (int k = 0; k < 8; k++) {
-        int sc, mn;
-        k4_scale_min(k, b + 4, &sc, &mn);
-        h->d[k] = d * (float)sc;
-        h->m[k] = -dmin * (float)mn;
-    }
+    uint32_t w0, w1, w2;
+    memcpy(&w0, b + 4, 4), memcpy(&w1, b + 8, 4), memcpy(&w2, b + 12, 4);
+    const uint64_t sc = (uint64_t)(w0 & 0x3f3f3f3fu) | (uint64_t)((w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4) << 32;
+    const uint64_t mn = (uint64_t)(w1 & 0x3f3f3f3fu) | (uint64_t)(((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4) << 32;
+    const __m256 fs = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
+    const __m256 fm = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)));
+    _mm256_storeu_ps(h->d, _mm256_mul_ps(fs, _mm256_set1_ps(f16s(b))));
+    _mm256_storeu_ps(h->m, _mm256_mul_ps(fm, _mm256_set1_ps(-f16s(b + 2))));
 }
 
 INLINE __m256i ucodes(enum pxq_type t, const uint8_t *row, int64_t j, int odd, const struct khdr *h, float *d, float *m) {
@@ -398,7 +405,6 @@ INLINE __m256i ucodes(enum pxq_type t, const uint8_t *row, int64_t j, int odd, c
             u = _mm256_or_si256(u, _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(1)), 4));
         }
         *d = h->d[k];
-        *m = h->m[k];
         return u;
     }
     }
@@ -443,8 +449,15 @@ INLINE void gemm_u(enum pxq_type t, int R, int T, const uint8_t *w, size_t ws, c
     for (int r = 0; r < 4; r++)
         for (int c = 0; c < 4; c++) acc0[r][c] = acc1[r][c] = _mm256_setzero_ps(), macc[r][c] = 0;
     for (int64_t j = 0; j < nb; j += 2) {
-        if (is_k4(t) && (j & 7) == 0)
-            for (int r = 0; r < R; r++) khdr_load(w + (size_t)r * ws + (size_t)(j >> 3) * kbs, &h[r]);
+        if (is_k4(t) && (j & 7) == 0) {
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                khdr_load(w + (size_t)r * ws + (size_t)(j >> 3) * kbs, &h[r]);
+                const __m256 hm = _mm256_loadu_ps(h[r].m);
+#pragma GCC unroll 4
+                for (int c = 0; c < T; c++) acc0[r][c] = _mm256_fmadd_ps(hm, _mm256_loadu_ps(a.s[c] + j), acc0[r][c]);
+            }
+        }
         gemm_step(t, R, T, w, ws, &a, j, 0, h, acc0, macc);
         if (j + 1 < nb) gemm_step(t, R, T, w, ws, &a, j + 1, 1, h, acc1, macc);
     }
