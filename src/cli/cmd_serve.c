@@ -105,18 +105,20 @@ int cmd_serve(int argc, char **argv) {
     }
     co.ep.n_seq_max = sc.max_num_seqs;
     co.ep.kv_blocks = kv_blocks;
-    char err[512] = "";
-    struct pxq_engine *e = pxq_engine_new(m, &co.ep, err, sizeof err);
-    if (!e) fail(&a, 1, "%s", err);
-    const struct pxq_engine_params *ep = pxq_engine_params(e);
-
-    /* signals: handled by sigwait below, blocked in every thread started from here */
+    /* signals: handled by sigwait below, blocked in every thread, so before the engine starts its
+     * thread pool: a worker that left SIGTERM unblocked took it with the default action (the process
+     * died mid-request, without the graceful drain) */
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+    char err[512] = "";
+    struct pxq_engine *e = pxq_engine_new(m, &co.ep, err, sizeof err);
+    if (!e) fail(&a, 1, "%s", err);
+    const struct pxq_engine_params *ep = pxq_engine_params(e);
+
 
     struct srv_metrics *met = metrics_new();
     struct scheduler *sched = sched_new(e, tok, &sc, met, err, sizeof err);

@@ -389,8 +389,12 @@ struct srv_req *srv_req_parse(enum srv_kind kind, const char *body, size_t len, 
     r->sp.repeat_penalty = (float)d;
     if ((v = field(root, "seed"))) {
         /* 2^64 - 1 is not a double: it reads as 2^64, whose conversion to uint64_t is undefined
-         * (C11 6.3.1.4), so the bound is the largest double below 2^64 */
-        if (get_num(&c, root, "seed", 1, -9223372036854775808.0, 18446744073709549568.0, &d)) goto out;
+         * (C11 6.3.1.4), so 2^64 itself is refused */
+        if (get_num(&c, root, "seed", 1, -9223372036854775808.0, 18446744073709551616.0, &d)) goto out;
+        if (d >= 18446744073709551616.0) {
+            bad(&c, 400, "seed", "'seed' must be an integer in [-2^63, 2^64)");
+            goto out;
+        }
         r->sp.seed = d < 0 ? (uint64_t)(int64_t)d : (uint64_t)d;
     }
     if (parse_stop(&c, root, r)) goto out;

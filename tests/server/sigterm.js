@@ -1,6 +1,7 @@
 // sigterm.js - SIGTERM with requests in flight: (1) with the default grace period the streams run to
 // their end; (2) with --shutdown-timeout 0.5 long streams are ended cleanly (finish chunk, usage,
-// [DONE]) and a waiting non-streamed request gets its answer. Both servers exit 0.
+// [DONE]) and a waiting non-streamed request gets its answer; (3) a second SIGTERM while draining changes
+// nothing. Every server exits 0.
 'use strict';
 const { startServer, post, stream, check, finish } = require('./common');
 
@@ -43,6 +44,23 @@ function intact(s) {
     check('after SIGTERM new requests are refused (' + late + ')', late === 503 || late === 'ECONNREFUSED' || late === 'ECONNRESET');
     const eb = await b.exited;
     check('exit status 0', eb.code === 0, JSON.stringify(eb));
+
+    // 3. a second SIGTERM while draining (an impatient supervisor) is not fatal: the signal is blocked in
+    // every thread, the engine's workers included, so it cannot take its default action in one of them
+    const c = await startServer(['--max-model-len', '2048']);
+    let twice = false;
+    const onEvent3 = () => {
+      if (twice) return;
+      twice = true;
+      c.proc.kill('SIGTERM');
+      setTimeout(() => c.proc.kill('SIGTERM'), 200);
+    };
+    const drained = await Promise.all([0, 1].map((i) => stream(c.port, '/v1/completions', body(1000), i === 0 ? { onEvent: onEvent3 } : {})));
+    const okc = drained.map(intact);
+    check('SIGTERM twice mid-stream: every stream completes all 1000 tokens with [DONE]',
+      okc.every((x) => x && x.usage.completion_tokens === 1000 && x.reason === 'length'), JSON.stringify(okc));
+    const ec = await c.exited;
+    check('exit status 0 after two SIGTERMs', ec.code === 0, JSON.stringify(ec));
   } catch (e) {
     check('no exception', false, e.stack);
   }
