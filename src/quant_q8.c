@@ -343,13 +343,20 @@ INLINE void dotq8_0_avx2(const uint8_t *row, const void *xq, size_t stride, int6
  * 8-lane FMA of the header's -dmin*mn_k with s of the 8 sub-blocks. Q4_K/Q5_K sub-block j of 32
  * uses d*sc_j from the header (decoded once per super-block and row). */
 INLINE int code_off(enum pxq_type t) {
-    return t == PXQ_TYPE_Q4_0 ? 8 : t == PXQ_TYPE_Q5_0 ? 16 : t == PXQ_TYPE_Q8_0 ? 128 : 0;
+    switch (t) {
+    case PXQ_TYPE_Q4_0: return 8;
+    case PXQ_TYPE_Q5_0: return 16;
+    case PXQ_TYPE_Q6_K: return 32;
+    case PXQ_TYPE_Q8_0: return 128;
+    default: return 0;
+    }
 }
 INLINE int code_min(enum pxq_type t) { return t == PXQ_TYPE_Q4_1 || t == PXQ_TYPE_Q5_1; } /* per block */
 INLINE int is_k4(enum pxq_type t) { return t == PXQ_TYPE_Q4_K || t == PXQ_TYPE_Q5_K; }
 
+
 struct khdr {
-    float d[8], m[8];
+    float d[16], m[8]; /* Q4_K/Q5_K: d*sc and -dmin*mn per sub-block of 32; Q6_K: d*sc per 16 */
 };
 
 /* The 8 scales and mins of a Q4_K/Q5_K header at once (k4_scale_min on 32-bit words): bytes 0-3
@@ -364,6 +371,15 @@ INLINE void khdr_load(const uint8_t *b, struct khdr *h) {
     const __m256 fm = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)));
     _mm256_storeu_ps(h->d, _mm256_mul_ps(fs, _mm256_set1_ps(f16s(b))));
     _mm256_storeu_ps(h->m, _mm256_mul_ps(fm, _mm256_set1_ps(-f16s(b + 2))));
+}
+
+/* Q6_K's 16 int8 scales times d. Its codes (blk_codes above): sub-block k = 4h + g of 32 takes
+ * nibble g >> 1 of ql[64h + 32(g & 1) + l] and bits 2g..2g+1 of qh[32h + l]; offset 32. */
+INLINE void q6hdr_load(const uint8_t *b, struct khdr *h) {
+    const __m128i s = _mm_loadu_si128((const __m128i *)(b + 192));
+    const __m256 d = _mm256_set1_ps(f16s(b + 208));
+    _mm256_storeu_ps(h->d, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s)), d));
+    _mm256_storeu_ps(h->d + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s, 8))), d));
 }
 
 INLINE __m256i ucodes(enum pxq_type t, const uint8_t *row, int64_t j, int odd, const struct khdr *h, float *d, float *m) {
@@ -394,6 +410,16 @@ INLINE __m256i ucodes(enum pxq_type t, const uint8_t *row, int64_t j, int odd, c
         const uint8_t *b = row + (size_t)j * 34;
         *d = f16s(b);
         return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), _mm256_set1_epi8((char)0x80));
+    }
+    case PXQ_TYPE_Q6_K: { /* sub-block k = group g of half h */
+        const int k = (int)(j & 7), hf = k >> 2, g = k & 3;
+        const uint8_t *b = row + (size_t)(j >> 3) * 210;
+        const __m256i ql = _mm256_loadu_si256((const __m256i *)(b + 64 * hf + 32 * odd)); /* odd == (g & 1) */
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * hf));
+        const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (g >> 1))), _mm256_set1_epi8(15));
+        const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g)), _mm256_set1_epi8(3));
+        *d = 0;
+        return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
     }
     default: { /* Q4_K, Q5_K */
         const int five = t == PXQ_TYPE_Q5_K, k = (int)(j & 7);
@@ -428,7 +454,11 @@ INLINE void gemm_step(enum pxq_type t, int R, int T, const uint8_t *w, size_t ws
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             __m256i v = off ? dot_off(u[r], x, o) : dot_us(u[r], x);
-            acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(_mm256_set1_ps(d[r]), bdx), acc[r][c]);
+            /* Q6_K: lanes 0-3 are elements 0-15, lanes 4-7 elements 16-31, each with its own scale */
+            const int k2 = 2 * (int)(j & 7);
+            const __m256 dw = t == PXQ_TYPE_Q6_K ? _mm256_set_m128(_mm_set1_ps(h[r].d[k2 + 1]), _mm_set1_ps(h[r].d[k2]))
+                                                 : _mm256_set1_ps(d[r]);
+            acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(dw, bdx), acc[r][c]);
             if (mn) macc[r][c] += m[r] * a->s[c][j];
         }
     }
@@ -449,6 +479,9 @@ INLINE void gemm_u(enum pxq_type t, int R, int T, const uint8_t *w, size_t ws, c
     for (int r = 0; r < 4; r++)
         for (int c = 0; c < 4; c++) acc0[r][c] = acc1[r][c] = _mm256_setzero_ps(), macc[r][c] = 0;
     for (int64_t j = 0; j < nb; j += 2) {
+        if (t == PXQ_TYPE_Q6_K && (j & 7) == 0)
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) q6hdr_load(w + (size_t)r * ws + (size_t)(j >> 3) * 210, &h[r]);
         if (is_k4(t) && (j & 7) == 0) {
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
@@ -467,52 +500,9 @@ INLINE void gemm_u(enum pxq_type t, int R, int T, const uint8_t *w, size_t ws, c
         for (int c = 0; c < T; c++) y[(size_t)c * ys + (size_t)r] = hsum8(_mm256_add_ps(acc0[r][c], acc1[r][c])) + macc[r][c];
 }
 
-/* Q6_K: per half of 128, group g (32 elements) = ql nibble (g >> 1) of ql[32(g&1) + l] with bits
- * 2g..2g+1 of qh[l] on top, minus 32; an int8 scale per 16 elements, applied in the pair sum. */
-INLINE void dotq6k_avx2(const uint8_t *row, const void *xq, size_t stride, int64_t n, int T, float *y) {
-    const int64_t nsb = n / QK_K;
-    struct act4 a;
-    act_setup(&a, xq, stride, n, T);
-    __m256 acc0[4], acc1[4];
-    for (int c = 0; c < 4; c++) acc0[c] = acc1[c] = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), o32 = _mm256_set1_epi8(32);
-    for (int64_t sb = 0; sb < nsb; sb++) {
-        const uint8_t *b = row + (size_t)sb * 210;
-        const int8_t *s8 = (const int8_t *)(b + 192);
-        const float d = f16s(b + 208);
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = b + 64 * h, *qhp = b + 128 + 32 * h;
-            __m256i A = _mm256_loadu_si256((const __m256i *)ql), B = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            __m256i H = _mm256_loadu_si256((const __m256i *)qhp);
-            __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(A, m4), _mm256_slli_epi16(_mm256_and_si256(H, m2), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(B, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 2), m2), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 4), m2), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 6), m2), 4));
-#pragma GCC unroll 4
-            for (int g = 0; g < 4; g++) {
-                const __m256i w = _mm256_sub_epi8(q[g], o32), aw = _mm256_sign_epi8(w, w);
-                const int si = 8 * h + 2 * g;
-                const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(s8[si + 1]), _mm_set1_epi16(s8[si]));
-                const int64_t j = sb * 8 + 4 * h + g;
-                __m256 *acc = g & 1 ? acc1 : acc0;
-#pragma GCC unroll 4
-                for (int c = 0; c < T; c++) {
-                    __m256i x = _mm256_loadu_si256((const __m256i *)(a.q[c] + 32 * j));
-                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), scv);
-                    acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * a.d[c][j]), acc[c]);
-                }
-            }
-        }
-    }
-    for (int c = 0; c < T; c++) y[c] = hsum8(_mm256_add_ps(acc0[c], acc1[c]));
-}
-
 /* One function per (type, rows, tokens), so every loop over rows and tokens has constant bounds:
- * R = 1 or 2 for 1..4 tokens, R = 4 for one token (decode). Q6_K (int8 scales per 16) and, without
- * VNNI, Q8_0 (signed codes, sign trick) keep a one-row kernel. */
+ * R = 1 or 2 for 1..4 tokens, R = 4 for one token (decode). Without VNNI, Q8_0 (signed codes, sign
+ * trick) keeps a one-row kernel. */
 typedef void (*gemm_fn)(const uint8_t *, size_t, const void *, size_t, int64_t, float *, size_t);
 #define GEMM_FN(TY, NAME, R, T)                                                                        \
     static void NAME##_##R##_##T(const uint8_t *w, size_t ws, const void *x, size_t xs, int64_t n, float *y, \
@@ -532,6 +522,7 @@ GEMM_SET(PXQ_TYPE_Q5_0, g_q5_0)
 GEMM_SET(PXQ_TYPE_Q5_1, g_q5_1)
 GEMM_SET(PXQ_TYPE_Q4_K, g_q4_k)
 GEMM_SET(PXQ_TYPE_Q5_K, g_q5_k)
+GEMM_SET(PXQ_TYPE_Q6_K, g_q6_k)
 #if Q8_VNNI
 GEMM_SET(PXQ_TYPE_Q8_0, g_q8_0)
 #endif
@@ -539,11 +530,6 @@ GEMM_SET(PXQ_TYPE_Q8_0, g_q8_0)
 typedef void (*row_fn)(const uint8_t *, const void *, size_t, int64_t, float *);
 #define ROW_FN(NAME, CALL, T) \
     static void NAME##_##T(const uint8_t *r, const void *x, size_t s, int64_t n, float *y) { CALL; }
-ROW_FN(r_q6_k, dotq6k_avx2(r, x, s, n, 1, y), 1)
-ROW_FN(r_q6_k, dotq6k_avx2(r, x, s, n, 2, y), 2)
-ROW_FN(r_q6_k, dotq6k_avx2(r, x, s, n, 3, y), 3)
-ROW_FN(r_q6_k, dotq6k_avx2(r, x, s, n, 4, y), 4)
-static const row_fn r_q6_k[4] = {r_q6_k_1, r_q6_k_2, r_q6_k_3, r_q6_k_4};
 #if !Q8_VNNI
 ROW_FN(r_q8_0, dotq8_0_avx2(r, x, s, n, 1, y), 1)
 ROW_FN(r_q8_0, dotq8_0_avx2(r, x, s, n, 2, y), 2)
@@ -573,7 +559,7 @@ void dot_rows_q8(enum pxq_type t, const void *w, size_t w_stride, int n_rows, co
 #else
     case PXQ_TYPE_Q8_0: rf = r_q8_0; break;
 #endif
-    default: rf = r_q6_k; break;
+    default: g = g_q6_k; break;
     }
     const uint8_t *p = w;
     for (int r = 0; r < n_rows;) {

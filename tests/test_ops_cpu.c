@@ -339,6 +339,40 @@ static void bench_dots(void) {
     free(x), free(xq);
 }
 
+/* matmul_cpu, one thread, [768 x 768] weights: int8 activations against PXQ_CPU_EXACT's float path,
+ * for decode (1 token) and prefill (512 tokens); best of 3 each, interleaved. */
+static void bench_matmul(void) {
+    static const enum pxq_type types[] = {PXQ_TYPE_Q4_0, PXQ_TYPE_Q5_0, PXQ_TYPE_Q8_0, PXQ_TYPE_Q4_K, PXQ_TYPE_Q6_K};
+    const int64_t n = 768;
+    struct threadpool *tp = threadpool_new(1);
+    float *x = xmalloc(512 * n * sizeof(float)), *y = xmalloc(512 * n * sizeof(float));
+    random_x(x, 512 * n, 0);
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        const enum pxq_type t = types[k];
+        uint8_t *w = random_rows(t, n, (int)n);
+        struct pxq_tensor W = {.type = t, .n_dims = 2, .ne = {n, n, 1, 1}, .data = w, .nbytes = type_row_bytes(t, n) * n};
+        double gf[2][2];
+        for (int tk = 0; tk < 2; tk++) {
+            const int nt = tk ? 512 : 1, reps = tk ? 1 : 200;
+            double best[2] = {1e9, 1e9};
+            for (int round = 0; round < 3; round++)
+                for (int e = 0; e < 2; e++) {
+                    matmul_cpu_set_exact(e);
+                    double t0 = now_s();
+                    for (int r = 0; r < reps; r++) matmul_cpu(tp, y, &W, x, nt);
+                    best[e] = fmin(best[e], now_s() - t0);
+                }
+            for (int e = 0; e < 2; e++) gf[tk][e] = 2.0 * n * n * nt * reps / best[e] * 1e-9;
+        }
+        matmul_cpu_set_exact(-1);
+        fprintf(stderr, "  matmul_cpu %-5s 768x768, 1 thread, GFLOP/s: 1 token exact %.1f int8 %.1f (x%.1f); 512 tokens exact %.1f int8 %.1f (x%.1f)\n",
+                type_name(t), gf[0][1], gf[0][0], gf[0][0] / gf[0][1], gf[1][1], gf[1][0], gf[1][0] / gf[1][1]);
+        free(w);
+    }
+    threadpool_free(tp);
+    free(x), free(y);
+}
+
 int main(void) {
     test_quantize_act();
     for (int k = 0; k < N_TYPES; k++) {
@@ -357,5 +391,6 @@ int main(void) {
     test_model_exact(path);
     test_model_exact("models/tiny-qwen3-Q4_K_M.gguf");
     bench_dots();
+    bench_matmul();
     return test_summary("test_ops_cpu");
 }
