@@ -84,6 +84,10 @@ void mmap_close(struct pxq_mmap *m) {
 }
 
 char *read_file(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen) {
+    if (is_dir(path)) {
+        set_err(err, errlen, "%s: %s", path, strerror(EISDIR));
+        return NULL;
+    }
     FILE *f = fopen(path, "rb");
     if (!f) {
         set_err(err, errlen, "%s: %s", path, strerror(errno));
@@ -106,11 +110,11 @@ char *read_file(const char *path, size_t max_bytes, size_t *len, char *err, size
         n += r;
         if (r == 0) break;
     }
-    int bad = ferror(f);
+    int bad = ferror(f), e = errno;
     fclose(f);
     if (bad) {
         free(buf);
-        set_err(err, errlen, "%s: read error", path);
+        set_err(err, errlen, "%s: %s", path, strerror(e));
         return NULL;
     }
     buf[n] = 0;
