@@ -267,6 +267,12 @@ INLINE float hsum8(__m256 v) {
     return _mm_cvtss_f32(h);
 }
 
+/* The sums of a, b, c, d: pairs within each 128-bit half, then the halves. */
+INLINE __m128 hsum8x4(__m256 a, __m256 b, __m256 c, __m256 d) {
+    const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
 INLINE float f16s(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
@@ -494,10 +500,17 @@ INLINE void gemm_u(enum pxq_type t, int R, int T, const uint8_t *w, size_t ws, c
         gemm_step(t, R, T, w, ws, &a, j, 0, h, acc0, macc);
         if (j + 1 < nb) gemm_step(t, R, T, w, ws, &a, j + 1, 1, h, acc1, macc);
     }
+    /* horizontal sums four accumulators at a time (the same arithmetic for every output) */
+    __m256 v[8];
+    float out[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) v[i] = i < R * T ? _mm256_add_ps(acc0[i / T][i % T], acc1[i / T][i % T]) : _mm256_setzero_ps();
+    _mm_storeu_ps(out, hsum8x4(v[0], v[1], v[2], v[3]));
+    if (R * T > 4) _mm_storeu_ps(out + 4, hsum8x4(v[4], v[5], v[6], v[7]));
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int c = 0; c < T; c++) y[(size_t)c * ys + (size_t)r] = hsum8(_mm256_add_ps(acc0[r][c], acc1[r][c])) + macc[r][c];
+        for (int c = 0; c < T; c++) y[(size_t)c * ys + (size_t)r] = out[r * T + c] + macc[r][c];
 }
 
 /* One function per (type, rows, tokens), so every loop over rows and tokens has constant bounds:
