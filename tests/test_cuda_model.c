@@ -19,6 +19,7 @@
 int main(void) { return cuda_test_gate("test_cuda_model"); }
 #else
 
+#include "ops_cpu.h"
 #include "refcase.h"
 
 static void set_mode(int exact, int graphs) {
@@ -277,6 +278,7 @@ static void check_gpu_mem(const char *path) {
 int main(void) {
     int gate = cuda_test_gate("test_cuda_model");
     if (gate >= 0) return gate;
+    matmul_cpu_set_exact(1); /* the CPU twin is the float32 reference, without int8 activations */
     char hf[512], bf16[512], q8[512], q4[512], qwen2[512];
     const char *q4km = "models/tiny-qwen3-Q4_K_M.gguf";
     snprintf(hf, sizeof hf, "%s/tiny-qwen3", test_data_dir());
