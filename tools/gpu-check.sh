@@ -19,11 +19,11 @@ for s in $steps; do
     t0=$(date +%s)
     case $s in
     build)
-        timeout 240 make -j"$(nproc)" CUDA_ARCH="${CUDA_ARCH:-90}" all tests >"$OUT/build.log" 2>&1
+        timeout 150 make -j"$(nproc)" CUDA_ARCH="${CUDA_ARCH:-90}" all tests >"$OUT/build.log" 2>&1
         echo "build: rc $? ($(tail -n 1 "$OUT/build.log"))" ;;
     tests)
         for t in test_cuda_ops test_cuda_model; do
-            PXQ_TEST_CUDA=1 timeout 180 build/tests/$t >"$OUT/$t.log" 2>&1
+            PXQ_TEST_CUDA=1 timeout 90 build/tests/$t >"$OUT/$t.log" 2>&1
             echo "$t: rc $? ($(tail -n 1 "$OUT/$t.log"))"
         done ;;
     serve)
