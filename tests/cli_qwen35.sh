@@ -3,14 +3,14 @@
 # continues the prompt as HF's generate did (reference greedy_text), and perplexity on
 # frankenstein.txt (-c 256 --chunks 64) is within 0.5% of HF's 91.447 for the HF dir (BF16 weights,
 # float32 compute) and within 3% of it for llama.cpp's Q8_0, Q4_0 and Q4_K_M GGUFs.
-# Fixtures: tests/data/qwen35/ (skipped with a message when absent).
+# Fixtures: tests/data/qwen35/.
 set -u
 BUILD=${BUILD:-build}
 PXQ=$BUILD/pxq
 D=tests/data/qwen35
 fail=0
 check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1"; fail=1; fi; }
-if [ ! -f $D/tiny-qwen35/config.json ]; then echo "skip: no $D/tiny-qwen35"; exit 0; fi
+if [ ! -f $D/tiny-qwen35/config.json ]; then echo "FAIL: no $D/tiny-qwen35"; exit 1; fi
 
 info=$($PXQ info $D/tiny-qwen35-Q4_0.gguf)
 check "info names the hybrid" 'printf "%s" "$info" | grep -q "architecture: qwen35" && printf "%s" "$info" | grep -q "6 Gated DeltaNet + 2 attention"'

@@ -116,10 +116,8 @@ static void check_qwen35_vs_llamacpp(void) {
     char out[400], ref[512], err[512] = "";
     snprintf(out, sizeof out, "%s/q35.gguf", tmpdir);
     snprintf(ref, sizeof ref, "%s/qwen35/tiny-qwen35-Q8_0.gguf", test_data_dir());
-    if (!file_exists(ref)) {
-        fprintf(stderr, "  (no %s: Qwen3.5 layout check skipped)\n", ref);
-        return;
-    }
+    CHECK(file_exists(ref), "fixture %s", ref);
+    if (!file_exists(ref)) return;
     CHECK(run_quantize_dir("qwen35/tiny-qwen35", out, PXQ_TYPE_Q8_0, QUANT_RTN, NULL) == 0, "quantize tiny-qwen35");
     struct gguf_file *g = gguf_open(out, err, sizeof err), *r = gguf_open(ref, err, sizeof err);
     CHECK(g && r, "open: %s", err);
