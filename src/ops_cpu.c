@@ -25,8 +25,8 @@ float vec_dot_f32(const float *a, const float *b, int64_t n) {
         acc1 += a1 * b1;
     }
     acc0 += acc1;
-    float s = 0;
-    for (int j = 0; j < 8; j++) s += acc0[j];
+    /* pairwise: a chain of 8 dependent adds would cost more than the loop for head_dim 64 */
+    float s = ((acc0[0] + acc0[4]) + (acc0[2] + acc0[6])) + ((acc0[1] + acc0[5]) + (acc0[3] + acc0[7]));
     for (; i < n; i++) s += a[i] * b[i];
     return s;
 }
