@@ -79,7 +79,9 @@ fuzz:
 	@for f in fuzz/fuzz_*.c; do n=$$(basename $$f .c); \
 	  echo "clang $$f"; clang -std=c11 -g -O1 -D_GNU_SOURCE -Isrc -fsanitize=fuzzer,address,undefined \
 	  $$(pkg-config --cflags $(PKGS)) -o build-fuzz/fuzz/$$n $$f build-fuzz/libpxq.a $(LDLIBS) || exit 1; done
-	@echo "fuzzers in build-fuzz/fuzz; run e.g. build-fuzz/fuzz/fuzz_gguf -max_total_time=180 fuzz/corpus/gguf"
+	@echo "fuzzers in build-fuzz/fuzz; run on a copy of the seeds, e.g.:"
+	@echo "  mkdir -p fuzz/corpus-work/gguf && cp fuzz/corpus/gguf/* fuzz/corpus-work/gguf/"
+	@echo "  build-fuzz/fuzz/fuzz_gguf -dict=fuzz/gguf.dict -max_total_time=180 fuzz/corpus-work/gguf"
 
 clean:
 	rm -rf build build-asan build-fuzz pxq
