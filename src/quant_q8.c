@@ -276,7 +276,11 @@ INLINE __m128 hsum8x4(__m256 a, __m256 b, __m256 c, __m256 d) {
 INLINE float f16s(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
+#if defined(__F16C__)
     return _cvtsh_ss(h);
+#else
+    return fp16_to_f32(h);
+#endif
 }
 
 /* 32 nibbles of 16 bytes: low nibbles first, then high nibbles (the Q4_0/Q4_1/Q5 element order). */
