@@ -63,7 +63,8 @@ int type_has_q8_dot(enum pxq_type t);
 /* Bytes of one quantized activation row of n elements (n a multiple of 32). */
 size_t q8_act_row_bytes(int64_t n);
 /* Quantize x[n] (n a multiple of 32) into dst (q8_act_row_bytes(n) bytes, any alignment of 4).
- * AVX2 and the _generic C version give bit-identical output. */
+ * AVX2 and the _generic C version give bit-identical output for finite x (NaN/Inf: defined but
+ * meaningless codes, as the float path would give NaN/Inf outputs). */
 void quantize_row_q8_act(const float *x, void *dst, int64_t n);
 void quantize_row_q8_act_generic(const float *x, void *dst, int64_t n);
 /* y[c] = row . x_c for c < n_tok (1..4): one weight row (type t, n elements, n a multiple of the

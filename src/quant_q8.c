@@ -67,7 +67,8 @@ static inline void k4_scale_min(int j, const uint8_t *s, int *sc, int *mn) {
 
 /* ---- activation quantization --------------------------------------------------------------- */
 
-/* Per block: dx = amax/127, qx = round-half-even(x / dx) (x * (1/dx), as ggml quantize_row_q8_0). */
+/* Per block: dx = amax/127, qx = round-half-even(x / dx) (x * (1/dx), as ggml quantize_row_q8_0),
+ * clamped to [-127, 127] (which only matters for non-finite x: no undefined float-to-int conversion). */
 void quantize_row_q8_act_generic(const float *x, void *dst, int64_t n) {
     const int64_t nb = n / QK;
     int8_t *qs = dst;
@@ -78,7 +79,7 @@ void quantize_row_q8_act_generic(const float *x, void *dst, int64_t n) {
         float dj = amax / 127.0f, id = dj != 0 ? 1.0f / dj : 0.0f;
         int sum = 0;
         for (int i = 0; i < QK; i++) {
-            float v = x[i] * id;
+            float v = fminf(fmaxf(x[i] * id, -127.0f), 127.0f); /* no-op for finite x; NaN -> -127 */
             int q = (int)nearbyintf(v);
             qs[i] = (int8_t)q;
             sum += q;
@@ -107,10 +108,10 @@ void quantize_row_q8_act(const float *x, void *dst, int64_t n) {
         float dj = amax / 127.0f, id = dj != 0 ? 1.0f / dj : 0.0f;
         const __m256 vid = _mm256_set1_ps(id);
         const int r = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-        __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, vid), r));
-        __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, vid), r));
-        __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, vid), r));
-        __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, vid), r));
+        const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+#define Q8_ROUND(v) _mm256_cvtps_epi32(_mm256_round_ps(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v, vid), lo), hi), r))
+        __m256i i0 = Q8_ROUND(v0), i1 = Q8_ROUND(v1), i2 = Q8_ROUND(v2), i3 = Q8_ROUND(v3);
+#undef Q8_ROUND
         __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
         __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
