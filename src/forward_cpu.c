@@ -28,7 +28,24 @@ static float *scores_get(size_t n) {
     return tls_grow(&buf, &cap, n);
 }
 
-/* One (token, head) pair per item: causal softmax(q k^T / sqrt(head_dim)) v over positions 0..pos. */
+/* o[d] += w * v[d], d < n. */
+static inline void axpy_f32(float *o, float w, const float *v, int n) {
+    typedef float v8f __attribute__((vector_size(32)));
+    int d = 0;
+    const v8f wv = {w, w, w, w, w, w, w, w};
+    for (; d + 8 <= n; d += 8) {
+        v8f x, y;
+        memcpy(&x, o + d, 32);
+        memcpy(&y, v + d, 32);
+        x += wv * y;
+        memcpy(o + d, &x, 32);
+    }
+    for (; d < n; d++) o[d] += w * v[d];
+}
+
+/* One (token, KV head) pair per item: for each of the `group` query heads sharing that KV head,
+ * causal softmax(q k^T / sqrt(head_dim)) v over positions 0..pos. Each K and V row is read once
+ * for the whole group (GQA). The arithmetic per query head is the same as head by head. */
 static void attn_range(void *arg, int64_t j0, int64_t j1, int ith) {
     const struct attn_args *a = arg;
     const struct pxq_engine *e = a->e;
@@ -36,19 +53,21 @@ static void attn_range(void *arg, int64_t j0, int64_t j1, int ith) {
     const int hd = hp->head_dim, q_dim = hp->n_head * hd, group = hp->n_head / hp->n_head_kv;
     const float scale = 1.0f / sqrtf((float)hd);
     for (int64_t j = j0; j < j1; j++) {
-        int t = (int)(j / hp->n_head), h = (int)(j % hp->n_head), kvh = h / group;
+        const int t = (int)(j / hp->n_head_kv), kvh = (int)(j % hp->n_head_kv);
         const struct kv_seq *s = &e->seqs[a->ub->seq_id[t]].kv;
         const int n_kv = a->ub->pos[t] + 1;
-        const float *q = e->q + (size_t)t * q_dim + (size_t)h * hd;
-        float *sc = scores_get((size_t)n_kv);
-        for (int p = 0; p < n_kv; p++) sc[p] = vec_dot_f32(q, kv_k(&e->kv, s, a->l, p) + kvh * hd, hd) * scale;
-        softmax_cpu(sc, n_kv);
-        float *o = e->att + (size_t)t * q_dim + (size_t)h * hd;
-        memset(o, 0, (size_t)hd * sizeof(float));
+        const float *q = e->q + (size_t)t * q_dim + (size_t)kvh * group * hd; /* the group's heads, contiguous */
+        float *sc = scores_get((size_t)n_kv * group);                       /* [group][n_kv] */
+        for (int p = 0; p < n_kv; p++) {
+            const float *k = kv_k(&e->kv, s, a->l, p) + kvh * hd;
+            for (int g = 0; g < group; g++) sc[(size_t)g * n_kv + p] = vec_dot_f32(q + (size_t)g * hd, k, hd) * scale;
+        }
+        for (int g = 0; g < group; g++) softmax_cpu(sc + (size_t)g * n_kv, n_kv);
+        float *o = e->att + (size_t)t * q_dim + (size_t)kvh * group * hd;
+        memset(o, 0, (size_t)group * hd * sizeof(float));
         for (int p = 0; p < n_kv; p++) {
             const float *v = kv_v(&e->kv, s, a->l, p) + kvh * hd;
-            const float w = sc[p];
-            for (int d = 0; d < hd; d++) o[d] += w * v[d];
+            for (int g = 0; g < group; g++) axpy_f32(o + (size_t)g * hd, sc[(size_t)g * n_kv + p], v, hd);
         }
     }
 }
@@ -87,7 +106,7 @@ static void attention_layer(struct pxq_engine *e, const struct ubatch *ub, int i
 
 void attention_core_cpu(struct pxq_engine *e, const struct ubatch *ub, int l) {
     struct attn_args a = {e, ub, l};
-    parallel_for(e->tp, (int64_t)ub->n * e->hp->n_head, 1, attn_range, &a);
+    parallel_for(e->tp, (int64_t)ub->n * e->hp->n_head_kv, 1, attn_range, &a);
 }
 
 /* ---- feed-forward ---- */
