@@ -5,7 +5,8 @@
 //      getting tokens while a long prompt is prefilled;
 //   2. a server whose KV pool is too small for the 16 at once (--num-gpu-blocks-override), so the
 //      scheduler must queue (admission control) and preempt sequences whose KV no longer fits:
-//      the same 16 texts, the preemption counter moved, and every KV block is free afterwards.
+//      the same 16 texts; then 3 long generations at once that cannot all fit: the same text as
+//      alone, the preemption counter moved, and every KV block is free afterwards.
 'use strict';
 const { startServer, post, stream, check, finish, corpusPrompts, metric } = require('./common');
 
@@ -62,6 +63,14 @@ async function complete(port, prompt) {
     const diff = together.map((x, i) => x.text === alone[i].text ? -1 : i).filter((i) => i >= 0);
     check('small KV pool: 16 concurrent == 16 alone', diff.length === 0,
       diff.map((i) => `#${i}: ${JSON.stringify(alone[i].text)} vs ${JSON.stringify(together[i].text)}`).join('; '));
+    // Whether the 16 above collide depends on how their arrivals interleave; three long generations
+    // started together cannot all fit (3 x ~16 blocks > 20), so at least one must be preempted.
+    const longPrompt = 'Once upon a time';
+    const soloLong = await post(b.port, '/v1/completions', { prompt: longPrompt, max_tokens: 250, temperature: 0, ignore_eos: true });
+    const three = await Promise.all([0, 1, 2].map(() =>
+      post(b.port, '/v1/completions', { prompt: longPrompt, max_tokens: 250, temperature: 0, ignore_eos: true })));
+    const soloText = JSON.parse(soloLong.body).choices[0].text;
+    check('small KV pool: 3 long generations at once == alone', three.every((r) => r.status === 200 && JSON.parse(r.body).choices[0].text === soloText));
     const pre = await metric(b.port, 'pxq_num_preemptions_total');
     check('small KV pool: sequences were preempted and recomputed (' + pre + ')', pre > 0);
     check('small KV pool: all blocks free afterwards', (await metric(b.port, 'pxq_kv_blocks_used')) === 0);
