@@ -409,8 +409,9 @@ int cmd_bench(int argc, char **argv) {
                         snprintf(backend, sizeof backend, "%s", pxq_engine_kernel_path ? pxq_engine_kernel_path(e) : "cuda");
                     else
                         snprintf(backend, sizeof backend, "cpu: matmul_cpu (%s), %d threads",
-                                 getenv("PXQ_CPU_EXACT") && atoi(getenv("PXQ_CPU_EXACT")) ? "f32 dots"
-                                                                                        : "int8 activations x quantized weights",
+                                 (getenv("PXQ_CPU_EXACT") && atoi(getenv("PXQ_CPU_EXACT"))) || !strchr(quant, 'q')
+                                     ? "f32 dots"
+                                     : "int8 activations x quantized weights, f32 dots for float weights",
                                  pxq_engine_params(e)->n_threads);
                     char test[64];
                     snprintf(test, sizeof test, "%s%d", r.kind, r.len);
