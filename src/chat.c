@@ -35,17 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct sbuf { char *p; size_t n, cap; };
-
-static void put(struct sbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        b->cap = (b->n + n + 1) * 2;
-        b->p = xrealloc(b->p, b->cap);
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
+static void put(struct sbuf *b, const char *s, size_t n) { sbuf_put(b, s, n); }
 static void puts_(struct sbuf *b, const char *s) { put(b, s, strlen(s)); }
 
 static void turn(struct sbuf *b, const char *role, const char *content) {

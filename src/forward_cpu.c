@@ -28,20 +28,6 @@ static float *scores_get(size_t n) {
     return tls_grow(&buf, &cap, n);
 }
 
-/* o[d] += w * v[d], d < n. */
-static inline void axpy_f32(float *o, float w, const float *v, int n) {
-    typedef float v8f __attribute__((vector_size(32)));
-    int d = 0;
-    const v8f wv = {w, w, w, w, w, w, w, w};
-    for (; d + 8 <= n; d += 8) {
-        v8f x, y;
-        memcpy(&x, o + d, 32);
-        memcpy(&y, v + d, 32);
-        x += wv * y;
-        memcpy(o + d, &x, 32);
-    }
-    for (; d < n; d++) o[d] += w * v[d];
-}
 
 /* One (token, KV head) pair per item: for each of the `group` query heads sharing that KV head,
  * causal softmax(q k^T / sqrt(head_dim)) v over positions 0..pos. Each K and V row is read once
@@ -67,7 +53,7 @@ static void attn_range(void *arg, int64_t j0, int64_t j1, int ith) {
         memset(o, 0, (size_t)group * hd * sizeof(float));
         for (int p = 0; p < n_kv; p++) {
             const float *v = kv_v(&e->kv, s, a->l, p) + kvh * hd;
-            for (int g = 0; g < group; g++) axpy_f32(o + (size_t)g * hd, sc[(size_t)g * n_kv + p], v, hd);
+            for (int g = 0; g < group; g++) vec_axpy_f32(o + (size_t)g * hd, sc[(size_t)g * n_kv + p], v, hd);
         }
     }
 }

@@ -34,19 +34,6 @@
 
 typedef float v8f __attribute__((vector_size(32)));
 
-/* y[i] += a * x[i] (8 lanes at a time; y and x do not overlap) */
-static inline void axpy(float *restrict y, float a, const float *restrict x, int n) {
-    int i = 0;
-    const v8f va = {a, a, a, a, a, a, a, a};
-    for (; i + 8 <= n; i += 8) {
-        v8f yv, xv;
-        memcpy(&yv, y + i, 32);
-        memcpy(&xv, x + i, 32);
-        yv += va * xv;
-        memcpy(y + i, &yv, 32);
-    }
-    for (; i < n; i++) y[i] += a * x[i];
-}
 
 static inline void scale(float *y, float a, int n) {
     for (int i = 0; i < n; i++) y[i] *= a;
@@ -63,14 +50,14 @@ void gated_delta_rule_recurrent(float *out, float *S, const float *q, const floa
         for (int i = 0; i < dk; i++) { /* S *= exp(g); kv_mem = k S */
             float *Si = S + (size_t)i * dv;
             scale(Si, decay, dv);
-            axpy(kv_mem, kt[i], Si, dv);
+            vec_axpy_f32(kv_mem, kt[i], Si, dv);
         }
         for (int j = 0; j < dv; j++) delta[j] = (vt[j] - kv_mem[j]) * beta[t];
         memset(ot, 0, (size_t)dv * sizeof(float));
         for (int i = 0; i < dk; i++) { /* S += k^T delta; out = q S */
             float *Si = S + (size_t)i * dv;
-            axpy(Si, kt[i], delta, dv);
-            axpy(ot, qt[i], Si, dv);
+            vec_axpy_f32(Si, kt[i], delta, dv);
+            vec_axpy_f32(ot, qt[i], Si, dv);
         }
     }
 }
@@ -113,8 +100,8 @@ void gated_delta_rule_chunked(float *out, float *S, const float *q, const float 
             for (int x = 0; x < dv; x++) Ui[x] = bc[i] * vi[x];
             for (int x = 0; x < dk; x++) Wi[x] = wk * ki[x];
             for (int j = 0; j < i; j++) {
-                axpy(Ui, -A[i * C + j], U + (size_t)j * dv, dv);
-                axpy(Wi, -A[i * C + j], W + (size_t)j * dk, dk);
+                vec_axpy_f32(Ui, -A[i * C + j], U + (size_t)j * dv, dv);
+                vec_axpy_f32(Wi, -A[i * C + j], W + (size_t)j * dk, dk);
             }
         }
         for (int i = 0; i < m; i++) { /* U becomes vnew = U - W S; out = exp(gam) q S (inter-chunk part) */
@@ -124,18 +111,18 @@ void gated_delta_rule_chunked(float *out, float *S, const float *q, const float 
             memset(oi, 0, (size_t)dv * sizeof(float));
             for (int r = 0; r < dk; r++) {
                 const float *Sr = S + (size_t)r * dv;
-                axpy(vn, -Wi[r], Sr, dv);
-                axpy(oi, qi[r] * eg, Sr, dv);
+                vec_axpy_f32(vn, -Wi[r], Sr, dv);
+                vec_axpy_f32(oi, qi[r] * eg, Sr, dv);
             }
         }
         for (int i = 0; i < m; i++) /* intra-chunk part */
-            for (int j = 0; j <= i; j++) axpy(oc + (size_t)i * dv, M[i * C + j], U + (size_t)j * dv, dv);
+            for (int j = 0; j <= i; j++) vec_axpy_f32(oc + (size_t)i * dv, M[i * C + j], U + (size_t)j * dv, dv);
         const float glast = gam[m - 1], dlast = expf(glast);
         for (int j = 0; j < m; j++) elast[j] = expf(glast - gam[j]);
         for (int r = 0; r < dk; r++) { /* state update */
             float *Sr = S + (size_t)r * dv;
             scale(Sr, dlast, dv);
-            for (int j = 0; j < m; j++) axpy(Sr, kc[(size_t)j * dk + r] * elast[j], U + (size_t)j * dv, dv);
+            for (int j = 0; j < m; j++) vec_axpy_f32(Sr, kc[(size_t)j * dk + r] * elast[j], U + (size_t)j * dv, dv);
         }
     }
 }

@@ -55,6 +55,21 @@ void softmax_cpu(float *x, int n);
  * return it. Buffers of worker threads are freed when the thread exits. */
 float *tls_grow(float **buf, size_t *cap, size_t n);
 
+/* y[i] += a * x[i] for i < n, 8 lanes at a time; y and x do not overlap. */
+static inline void vec_axpy_f32(float *restrict y, float a, const float *restrict x, int n) {
+    typedef float v8f_ __attribute__((vector_size(32)));
+    const v8f_ va = {a, a, a, a, a, a, a, a};
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8f_ yv, xv;
+        __builtin_memcpy(&yv, y + i, 32);
+        __builtin_memcpy(&xv, x + i, 32);
+        yv += va * xv;
+        __builtin_memcpy(y + i, &yv, 32);
+    }
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
 /* Float32 dot product with several accumulators (vectorised by the compiler). */
 float vec_dot_f32(const float *a, const float *b, int64_t n);
 

@@ -146,30 +146,21 @@ static int utf8_next(const unsigned char *s, size_t n, uint32_t *cp) {
     return need;
 }
 
-struct buf { char *p; size_t n, cap; };
-static void buf_put(struct buf *b, const void *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        b->cap = (b->n + n + 1) * 2;
-        b->p = xrealloc(b->p, b->cap);
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
+
 
 /* Append s[0..n) to b with every invalid maximal subpart (and an incomplete tail) as U+FFFD. */
-static void put_lossy(struct buf *b, const char *s, size_t n) {
+static void put_lossy(struct sbuf *b, const char *s, size_t n) {
     const unsigned char *u = (const unsigned char *)s;
     size_t i = 0, run = 0;
     while (i < n) {
         int r = utf8_next(u + i, n - i, NULL);
         if (r > 0) { i += r; run += r; continue; }
-        buf_put(b, u + i - run, run);
-        buf_put(b, "\xEF\xBF\xBD", 3);
+        sbuf_put(b, u + i - run, run);
+        sbuf_put(b, "\xEF\xBF\xBD", 3);
         run = 0;
         i += r < 0 ? (size_t)-r : n - i;
     }
-    buf_put(b, u + i - run, run);
+    sbuf_put(b, u + i - run, run);
 }
 
 /* Rust char::is_whitespace (Unicode White_Space). */
@@ -362,13 +353,13 @@ static struct pxq_tokenizer *build(const struct tok_spec *sp, char *err, size_t 
     t->merge_key = xmalloc((size_t)(t->merge_mask + 1) * sizeof(uint64_t));
     t->merge_val = xmalloc((size_t)(t->merge_mask + 1) * sizeof(struct merge_val));
     memset(t->merge_key, 0xFF, (size_t)(t->merge_mask + 1) * sizeof(uint64_t));
-    struct buf cat = {0};
+    struct sbuf cat = {0};
     for (int i = 0; i < sp->n_merges; i++) {
         const struct merge_src *m = &sp->merges[i];
         int32_t a = vocab_find(t, m->a, m->alen), b = vocab_find(t, m->b, m->blen);
         cat.n = 0;
-        buf_put(&cat, m->a, m->alen);
-        buf_put(&cat, m->b, m->blen);
+        sbuf_put(&cat, m->a, m->alen);
+        sbuf_put(&cat, m->b, m->blen);
         int32_t c = vocab_find(t, cat.p, cat.n);
         if (a < 0 || b < 0 || c < 0) {
             set_err(err, errlen, "tokenizer: merge %d (\"%.*s\" + \"%.*s\") uses a token not in the vocab",
@@ -509,7 +500,7 @@ struct enc {
     struct sym { int32_t id, prev, next; } *sym;
     struct heap_e { uint32_t rank, pos; int32_t id; } *heap;
     int sym_cap, heap_cap, heap_n;
-    struct buf word;
+    struct sbuf word;
     int failed;
 };
 
@@ -556,8 +547,8 @@ static void bpe_piece(const struct pxq_tokenizer *t, struct enc *e, const unsign
         for (size_t i = 0; i < n; i++) {
             int cp = t->byte_cp[s[i]];
             char u[2] = {(char)(0xC0 | cp >> 6), (char)(0x80 | (cp & 0x3F))};
-            if (cp < 0x80) buf_put(&e->word, &s[i], 1);
-            else buf_put(&e->word, u, 2);
+            if (cp < 0x80) sbuf_put(&e->word, &s[i], 1);
+            else sbuf_put(&e->word, u, 2);
         }
         int32_t id = vocab_find(t, e->word.p, e->word.n);
         if (id >= 0) { emit(e, id); return; }
@@ -727,7 +718,7 @@ int tokenizer_encode(const struct pxq_tokenizer *t, const char *text, size_t len
     if (n_ids) *n_ids = 0;
     if (!t || !ids || !n_ids || (!text && len) || len > (size_t)1 << 30) return -1;
     struct enc e = {.mctx = pcre2_match_context_create(NULL)};
-    struct buf clean = {0};
+    struct sbuf clean = {0};
     if (!e.mctx) return -1;
     pcre2_set_match_limit(e.mctx, (uint32_t)(10000000 + 3 * (uint64_t)len)); /* len <= 2^30 */
     const char *s = text;
@@ -775,15 +766,15 @@ int tokenizer_is_special(const struct pxq_tokenizer *t, int32_t id) {
 }
 
 char *tokenizer_decode(const struct pxq_tokenizer *t, const int32_t *ids, int n, int skip_special) {
-    struct buf raw = {0}, out = {0};
+    struct sbuf raw = {0}, out = {0};
     for (int i = 0; t && ids && i < n; i++) {
         size_t l;
         const char *b = tokenizer_token_bytes(t, ids[i], &l);
-        if (b && !(skip_special && t->special[ids[i]])) buf_put(&raw, b, l);
+        if (b && !(skip_special && t->special[ids[i]])) sbuf_put(&raw, b, l);
     }
     put_lossy(&out, raw.p ? raw.p : "", raw.n);
     free(raw.p);
-    if (!out.p) buf_put(&out, "", 0);
+    if (!out.p) sbuf_put(&out, "", 0);
     return out.p;
 }
 

@@ -193,6 +193,16 @@ uint16_t f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+void sbuf_put(struct sbuf *b, const void *s, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        b->cap = (b->n + n + 1) * 2;
+        b->p = xrealloc(b->p, b->cap);
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
 double now_sec(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

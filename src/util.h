@@ -60,6 +60,10 @@ static inline float bf16_to_f32(uint16_t b) {
 }
 uint16_t f32_to_bf16(float f);
 
+/* A growable byte string, always NUL-terminated after the first append. Start with {0}; free(b.p). */
+struct sbuf { char *p; size_t n, cap; };
+void sbuf_put(struct sbuf *b, const void *s, size_t n);
+
 /* Monotonic wall clock in seconds. */
 double now_sec(void);
 

@@ -92,21 +92,19 @@ void metrics_sched(struct srv_metrics *m, int running, int waiting, int kv_used,
     pthread_mutex_unlock(&m->mu);
 }
 
-struct sbuf { char *s; size_t n, cap; };
-
 static void sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void sb_printf(struct sbuf *b, const char *fmt, ...) {
     for (;;) {
         va_list ap;
         va_start(ap, fmt);
-        int k = vsnprintf(b->s + b->n, b->cap - b->n, fmt, ap);
+        int k = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
         va_end(ap);
         if (k >= 0 && (size_t)k < b->cap - b->n) {
             b->n += (size_t)k;
             return;
         }
         b->cap = b->cap * 2 + (size_t)(k > 0 ? k : 256);
-        b->s = xrealloc(b->s, b->cap);
+        b->p = xrealloc(b->p, b->cap);
     }
 }
 
@@ -154,5 +152,5 @@ char *metrics_render(struct srv_metrics *m) {
     emit_hist(&b, "pxq_inter_token_latency_seconds", "Time between consecutive generated tokens of a request.", &m->itl);
     emit_hist(&b, "pxq_e2e_request_latency_seconds", "Time from request arrival to its end in the scheduler.", &m->e2e);
     pthread_mutex_unlock(&m->mu);
-    return b.s;
+    return b.p;
 }
