@@ -343,7 +343,6 @@ struct http_server *http_start(const struct http_config *cfg, const struct srv_l
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,                         //
                             MHD_OPTION_CONNECTION_LIMIT, cfg->connection_limit,                   //
                             MHD_OPTION_CONNECTION_TIMEOUT, cfg->connection_timeout,               //
-                            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,                      //
                             MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!h->d) {

@@ -148,4 +148,16 @@ async function metric(port, name) {
   return m ? Number(m[1]) : NaN;
 }
 
-module.exports = { ROOT, PXQ, startServer, request, post, stream, streamText, percentile, check, finish, corpusPrompts, metric };
+// Poll a metric until it equals `want` or `ms` pass; resolves the last value. The scheduler publishes
+// its gauges at the end of a step, which can come just after a client has its answer.
+async function metricSettles(port, name, want, ms = 5000) {
+  const t0 = Date.now();
+  let v = await metric(port, name);
+  while (v !== want && Date.now() - t0 < ms) {
+    await new Promise((r) => setTimeout(r, 50));
+    v = await metric(port, name);
+  }
+  return v;
+}
+
+module.exports = { ROOT, PXQ, startServer, request, post, stream, streamText, percentile, check, finish, corpusPrompts, metric, metricSettles };

@@ -8,7 +8,7 @@
 //      the same 16 texts; then 3 long generations at once that cannot all fit: the same text as
 //      alone, the preemption counter moved, and every KV block is free afterwards.
 'use strict';
-const { startServer, post, stream, check, finish, corpusPrompts, metric } = require('./common');
+const { startServer, post, stream, check, finish, corpusPrompts, metric, metricSettles } = require('./common');
 
 const N = 16, MAX_TOKENS = 24;
 
@@ -73,7 +73,7 @@ async function complete(port, prompt) {
     check('small KV pool: 3 long generations at once == alone', three.every((r) => r.status === 200 && JSON.parse(r.body).choices[0].text === soloText));
     const pre = await metric(b.port, 'pxq_num_preemptions_total');
     check('small KV pool: sequences were preempted and recomputed (' + pre + ')', pre > 0);
-    check('small KV pool: all blocks free afterwards', (await metric(b.port, 'pxq_kv_blocks_used')) === 0);
+    check('small KV pool: all blocks free afterwards', (await metricSettles(b.port, 'pxq_kv_blocks_used', 0)) === 0);
   } catch (e) {
     check('server B: no exception', false, e.stack);
   }

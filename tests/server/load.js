@@ -6,7 +6,7 @@
 // duplicated or interleaved tokens. Prints requests/s, tokens/s and p50/p99 time to first token.
 // Usage: node load.js [--clients N] [--seconds S] [--max-tokens N]  (extra args after -- go to pxq serve)
 'use strict';
-const { startServer, post, stream, streamText, percentile, check, finish, corpusPrompts, metric } = require('./common');
+const { startServer, post, stream, streamText, percentile, check, finish, corpusPrompts, metric, metricSettles } = require('./common');
 
 const argv = process.argv.slice(2);
 const opt = (name, def) => { const i = argv.indexOf(name); return i >= 0 ? Number(argv[i + 1]) : def; };
@@ -53,8 +53,8 @@ const serveArgs = argv.includes('--') ? argv.slice(argv.indexOf('--') + 1) : [];
       bad.slice(0, 5).join('\n  '));
     console.log(`load: clients ${CLIENTS}, ${dt.toFixed(1)} s, ${nReq} requests, ${(nReq / dt).toFixed(2)} requests/s, ` +
       `${(nTok / dt).toFixed(1)} generated tokens/s, TTFT p50 ${percentile(ttfts, 50).toFixed(1)} ms, p99 ${percentile(ttfts, 99).toFixed(1)} ms`);
-    check('no sequence left running, KV all free', (await metric(srv.port, 'pxq_num_requests_running')) === 0 &&
-      (await metric(srv.port, 'pxq_kv_blocks_used')) === 0);
+    check('no sequence left running, KV all free', (await metricSettles(srv.port, 'pxq_num_requests_running', 0)) === 0 &&
+      (await metricSettles(srv.port, 'pxq_kv_blocks_used', 0)) === 0);
   } catch (e) {
     check('no exception', false, e.stack);
   }
