@@ -302,7 +302,7 @@ int cmd_bench(int argc, char **argv) {
     /* roofline first, before the model takes the memory */
     struct roofline rl;
     if (dev == PXQ_DEVICE_CUDA) {
-        if (roofline_measure_cuda(&rl, err, sizeof err) != 0) fail(&a, 1, "%s", err);
+        if (roofline_measure_cuda(&rl, err, sizeof err) != 0) fail(&a, 1, "%s (no usable CUDA device? use --device cpu)", err);
     } else {
         roofline_measure_cpu(&rl, o.ep.n_threads);
     }
