@@ -160,10 +160,11 @@ int cmd_perplexity(int argc, char **argv) {
     double ppl = exp(nll / (double)n_scored);
     double dt = now_sec() - t0;
     fprintf(stderr, "pxq perplexity: %s, %d chunks of %d tokens, %.1f tok/s\n", model_path(m), chunks, ctx, chunks * ctx / dt);
-    printf("ppl = %.4f\n", ppl);
+    FILE *human = json ? stderr : stdout; /* with --json, stdout holds only the JSON line */
+    fprintf(human, "ppl = %.4f\n", ppl);
     if (eb)
-        printf("base ppl = %.4f\nkld = %.6f\ntop1 = %.4f\n", exp(nll_base / (double)n_scored), kld / (double)n_scored,
-               (double)n_top1 / (double)n_scored);
+        fprintf(human, "base ppl = %.4f\nkld = %.6f\ntop1 = %.4f\n", exp(nll_base / (double)n_scored), kld / (double)n_scored,
+                (double)n_top1 / (double)n_scored);
     if (json) {
         printf("{\"ppl\": %.6f, \"n_tokens\": %d, \"n_chunks\": %d, \"n_scored\": %ld, \"ctx\": %d", ppl, chunks * ctx, chunks,
                n_scored, ctx);
