@@ -71,6 +71,23 @@ static inline int prefill_all(struct pxq_engine *e, const int32_t *ids, int n) {
     return rc ? -1 : seq;
 }
 
+/* A ragged batch of n_seq sequences interleaved token by token: token i of every sequence before
+ * token i+1 of any, each at its own position, all with logits. toks[s] holds lens[s] ids of
+ * sequence seqs[s]; tk/pos/sid/want need room for the sum of lens. Returns the batch size. */
+static inline int interleave_batch(const int32_t *const *toks, const int *lens, const int *seqs, int n_seq,
+                                   int32_t *tk, int32_t *pos, int32_t *sid, int8_t *want) {
+    int n = 0;
+    for (int i = 0, more = 1; more; i++) {
+        more = 0;
+        for (int s = 0; s < n_seq; s++)
+            if (i < lens[s]) {
+                tk[n] = toks[s][i], pos[n] = i, sid[n] = seqs[s], want[n] = 1, n++;
+                more = 1;
+            }
+    }
+    return n;
+}
+
 /* Greedy continuation of up to k tokens of seq, which holds n positions and whose last output row
  * has the logits of position n-1. Returns how many tokens were produced into out. */
 static inline int greedy_continue(struct pxq_engine *e, int seq, int n, int k, int32_t *out) {

@@ -51,17 +51,10 @@ static void check_batching(const char *path) {
     /* together, interleaved token by token */
     int32_t tk[128], pos[128], sid[128];
     int8_t want[128];
-    int n = 0, seqs[4], at[4] = {0};
-    for (int s = 0; s < 4; s++) seqs[s] = pxq_seq_new(e);
-    for (int more = 1; more;) {
-        more = 0;
-        for (int s = 0; s < 4; s++)
-            if (at[s] < lens[s]) {
-                tk[n] = toks[s][at[s]], pos[n] = at[s], sid[n] = seqs[s], want[n] = 1, n++;
-                at[s]++;
-                more = 1;
-            }
-    }
+    int seqs[4];
+    const int32_t *rows[4];
+    for (int s = 0; s < 4; s++) seqs[s] = pxq_seq_new(e), rows[s] = toks[s];
+    int n = interleave_batch(rows, lens, seqs, 4, tk, pos, sid, want);
     struct pxq_batch b = {n, tk, pos, sid, want};
     CHECK(pxq_decode(e, &b, err, sizeof err) == 0, "ragged batch: %s", err);
     double worst = 0;

@@ -145,17 +145,10 @@ static void check_engine(const char *model_rel) {
     /* ragged batch of NS sequences, interleaved token by token */
     int32_t tk[NS * MAXL], pos[NS * MAXL], sid[NS * MAXL];
     int8_t want[NS * MAXL];
-    int n = 0, seqs[NS], at[NS] = {0};
-    for (int s = 0; s < NS; s++) seqs[s] = pxq_seq_new(e);
-    for (int more = 1; more;) {
-        more = 0;
-        for (int s = 0; s < NS; s++)
-            if (at[s] < lens[s]) {
-                tk[n] = toks[s][at[s]], pos[n] = at[s], sid[n] = seqs[s], want[n] = 1, n++;
-                at[s]++;
-                more = 1;
-            }
-    }
+    int seqs[NS];
+    const int32_t *rows[NS];
+    for (int s = 0; s < NS; s++) seqs[s] = pxq_seq_new(e), rows[s] = toks[s];
+    int n = interleave_batch(rows, lens, seqs, NS, tk, pos, sid, want);
     struct pxq_batch b = {n, tk, pos, sid, want};
     CHECK(pxq_decode(e, &b, err, sizeof err) == 0, "ragged batch: %s", err);
     worst = 0;
