@@ -1,0 +1,294 @@
+/* deltanet.cu - CUDA kernels of Qwen3.5's token mixers (ops_qwen35_cuda.h), the twins of
+ * forward_qwen35.c: the DeltaNet conv (conv_range), q/k/beta/g prep (prep_range), the recurrent
+ * gated delta rule (gated_delta_rule_recurrent), the gated RMSNorm (gated_norm) and the gated
+ * attention's q/gate split and output gate. The chunked delta rule is in deltanet_chunked.cu.
+ *
+ * sm_70 and up: plain loads, shuffles and fp32 FMAs. Transcendentals are expf / log1pf / sqrtf as
+ * the CPU forward (no fast-math intrinsics), so the two differ by summation order only. */
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/ops_qwen35_cuda.h"
+
+#include "cuda/common.cuh"
+
+static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+static __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* The 32 values v of a warp (an aligned group of 32 at flat index i) to int8, as quantize_q8_kernel
+ * (matmul.cu): d = max|v|/127, q = rint(v/d), xds[i/32] = (d, d * sum q). */
+static __device__ __forceinline__ void warp_q8(float v, int8_t *xq, float2 *xds, int64_t i) {
+    const float amax = warp_max(fabsf(v)), d = amax / 127.0f;
+    const float q = d > 0.0f ? rintf(v / d) : 0.0f;
+    xq[i] = (int8_t)q;
+    const float s = warp_sum(q);
+    if ((threadIdx.x & 31) == 0) xds[i / 32] = make_float2(d, d * s);
+}
+
+static unsigned grid_for(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 65536 ? (b > 0 ? b : 1) : 65536);
+}
+
+extern "C" int deltanet_cuda_supported(int dk, int dv) { return dk >= 1 && dk <= 256 && dv >= 1 && dv <= 4096; }
+
+/* ---- causal depthwise conv + SiLU ---- */
+
+/* Thread per (channel c, run blockIdx.y); the run's tokens in order. KT > 0: K = KT at compile time
+ * (window in registers); KT == 0: K at run time, at most 16. Layout read: conv state [K-1][conv_dim]
+ * at state + run_seq * seq_stride, oldest first; w [conv_dim][K]. */
+template <int KT>
+__global__ void ssm_conv_kernel(float *__restrict__ y, float *__restrict__ state, size_t seq_stride,
+                                const float *__restrict__ x, const float *__restrict__ w, int conv_dim, int K_rt,
+                                const int32_t *__restrict__ run_seq, const int32_t *__restrict__ run_off,
+                                const int32_t *__restrict__ run_tok) {
+    constexpr int KM = KT > 0 ? KT : 16;
+    const int K = KT > 0 ? KT : K_rt;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x, run = blockIdx.y;
+    if (c >= conv_dim) return;
+    float *cs = state + (size_t)run_seq[run] * seq_stride + c;
+    float wc[KM], win[KM]; /* win[0 .. K-2]: previous inputs, oldest first */
+#pragma unroll
+    for (int j = 0; j < KM; j++) {
+        wc[j] = j < K ? w[(size_t)c * K + j] : 0.0f;
+        win[j] = j < K - 1 ? cs[(size_t)j * conv_dim] : 0.0f;
+    }
+    const int p1 = run_off[run + 1];
+    for (int p = run_off[run]; p < p1; p++) {
+        const size_t t = (size_t)run_tok[p];
+        const float xv = x[t * conv_dim + c];
+        float acc = wc[K - 1] * xv; /* the CPU's order: newest tap first, then oldest to newest */
+#pragma unroll
+        for (int j = 0; j < KM - 1; j++)
+            if (j < K - 1) acc = fmaf(wc[j], win[j], acc);
+#pragma unroll
+        for (int j = 0; j < KM - 2; j++)
+            if (j < K - 2) win[j] = win[j + 1];
+        if (K > 1) win[K - 2] = xv;
+        y[t * conv_dim + c] = silu_f(acc);
+    }
+#pragma unroll
+    for (int j = 0; j < KM - 1; j++)
+        if (j < K - 1) cs[(size_t)j * conv_dim] = win[j];
+}
+
+extern "C" void ssm_conv_cuda(float *y, float *state, size_t seq_stride, const float *x, const float *w, int conv_dim,
+                              int K, const int32_t *run_seq, const int32_t *run_off, const int32_t *run_tok,
+                              int n_runs, cudaStream_t st) {
+    if (n_runs <= 0 || conv_dim <= 0) return;
+    dim3 grid((conv_dim + 127) / 128, n_runs);
+    if (K == 4)
+        ssm_conv_kernel<4><<<grid, 128, 0, st>>>(y, state, seq_stride, x, w, conv_dim, K, run_seq, run_off, run_tok);
+    else
+        ssm_conv_kernel<0><<<grid, 128, 0, st>>>(y, state, seq_stride, x, w, conv_dim, K, run_seq, run_off, run_tok);
+}
+
+/* ---- q/k l2norm, beta, g ---- */
+
+/* Block per token; warp per q or k head (heads 0..nk-1 are q, nk..2nk-1 are k, contiguous in the
+ * row), then thread per value head for beta and g. */
+__global__ void deltanet_prep_kernel(float *__restrict__ qkv, float *__restrict__ ba, const float *__restrict__ A,
+                                     const float *__restrict__ dt_bias, int nk, int nv, int dk, int conv_dim,
+                                     float qscale) {
+    const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    float *row = qkv + (size_t)t * conv_dim;
+    for (int hh = warp; hh < 2 * nk; hh += nw) {
+        float *x = row + (size_t)hh * dk;
+        float ss = 0.0f;
+        for (int i = lane; i < dk; i += 32) ss = fmaf(x[i], x[i], ss);
+        ss = warp_sum(ss);
+        const float inv = 1.0f / sqrtf(ss + 1e-6f), scale = hh < nk ? qscale : 1.0f;
+        for (int i = lane; i < dk; i += 32) x[i] = x[i] * inv * scale;
+    }
+    float *bt = ba + (size_t)t * 2 * nv;
+    for (int h = threadIdx.x; h < nv; h += blockDim.x) {
+        bt[h] = sigmoid_f(bt[h]);
+        const float a = bt[nv + h] + dt_bias[h];
+        bt[nv + h] = A[h] * (a > 20.0f ? a : log1pf(expf(a)));
+    }
+}
+
+extern "C" void deltanet_prep_cuda(float *qkv, float *ba, const float *A, const float *dt_bias, int nk, int nv, int dk,
+                                   int conv_dim, int n, cudaStream_t st) {
+    if (n <= 0) return;
+    deltanet_prep_kernel<<<n, 128, 0, st>>>(qkv, ba, A, dt_bias, nk, nv, dk, conv_dim, 1.0f / sqrtf((float)dk));
+}
+
+/* ---- the gated delta rule, recurrent ---- */
+
+/* grid (column tiles of 32, value head, run), block nw <= 8 warps, nw * R >= dk. Columns j of S are
+ * independent (kv_mem_j and out_j read column j only): lane = column j of the tile, warp w holds
+ * rows w*R .. w*R+R-1 of that column in registers (rows >= dk are zero and never stored). Per token
+ * two block reductions over the warps (kv_mem = k S, then out = q S); q and k of the token sit in
+ * shared memory, double-buffered so the next token's are loaded before the second barrier.
+ * Shared: qs[2][nw*R], ks[2][nw*R], red1[nw][32], red2[nw][32].
+ * Barrier discipline: every thread runs the same loop (the trip count is the run's, uniform per
+ * block), and threads of columns >= dv compute on zeros instead of leaving. */
+template <int R>
+__global__ void __launch_bounds__(256) gated_delta_rule_kernel(
+    float *__restrict__ o, float *__restrict__ state, size_t seq_stride, const float *__restrict__ qkv,
+    const float *__restrict__ ba, int nk, int nv, int dk, int dv, int K, int conv_dim, int v_tiled,
+    const int32_t *__restrict__ run_seq, const int32_t *__restrict__ run_off, const int32_t *__restrict__ run_tok) {
+    extern __shared__ float sm[];
+    const int nw = blockDim.x >> 5, rows = nw * R;
+    float *qs = sm, *ks = qs + 2 * rows, *red1 = ks + 2 * rows, *red2 = red1 + nw * 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r0 = warp * R;
+    const int h = blockIdx.y, run = blockIdx.z, j = blockIdx.x * 32 + lane;
+    const bool col = j < dv;
+    const int kh = v_tiled ? h % nk : h / (nv / nk), key_dim = nk * dk;
+    const size_t ldo = (size_t)nv * dv;
+    float *S = state + (size_t)run_seq[run] * seq_stride + (size_t)(K - 1) * conv_dim + (size_t)h * dk * dv;
+    float s[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) s[i] = col && r0 + i < dk ? S[(size_t)(r0 + i) * dv + j] : 0.0f;
+    const int p0 = run_off[run], p1 = run_off[run + 1];
+    if (p0 < p1) {
+        const float *row = qkv + (size_t)run_tok[p0] * conv_dim + (size_t)kh * dk;
+        for (int i = threadIdx.x; i < rows; i += blockDim.x) {
+            qs[i] = i < dk ? row[i] : 0.0f;
+            ks[i] = i < dk ? row[key_dim + i] : 0.0f;
+        }
+    }
+    __syncthreads();
+    for (int p = p0; p < p1; p++) {
+        const int b = (p - p0) & 1;
+        const float *qb = qs + b * rows, *kb = ks + b * rows;
+        const size_t t = (size_t)run_tok[p];
+        const float *xr = qkv + t * conv_dim;
+        const float vj = col ? xr[2 * key_dim + (size_t)h * dv + j] : 0.0f;
+        const float beta = ba[t * 2 * nv + h], decay = expf(ba[t * 2 * nv + nv + h]);
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            s[i] *= decay;
+            acc = fmaf(kb[r0 + i], s[i], acc);
+        }
+        red1[warp * 32 + lane] = acc;
+        __syncthreads(); /* red1 complete */
+        float kv = 0.0f;
+        for (int w = 0; w < nw; w++) kv += red1[w * 32 + lane];
+        const float delta = (vj - kv) * beta;
+        acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            s[i] = fmaf(kb[r0 + i], delta, s[i]);
+            acc = fmaf(qb[r0 + i], s[i], acc);
+        }
+        red2[warp * 32 + lane] = acc;
+        if (p + 1 < p1) { /* the next token's q, k into the other buffer (its last readers passed the barrier above) */
+            const float *row = qkv + (size_t)run_tok[p + 1] * conv_dim + (size_t)kh * dk;
+            float *qn = qs + (b ^ 1) * rows, *kn = ks + (b ^ 1) * rows;
+            for (int i = threadIdx.x; i < rows; i += blockDim.x) {
+                qn[i] = i < dk ? row[i] : 0.0f;
+                kn[i] = i < dk ? row[key_dim + i] : 0.0f;
+            }
+        }
+        __syncthreads(); /* red2 complete, next q/k loaded */
+        if (warp == 0 && col) {
+            float out = 0.0f;
+            for (int w = 0; w < nw; w++) out += red2[w * 32 + lane];
+            o[t * ldo + (size_t)h * dv + j] = out;
+        }
+        /* red1 is next written after this barrier; red2 after the next token's first barrier, which
+         * warp 0 reaches only after reading it */
+    }
+    if (col) {
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            if (r0 + i < dk) S[(size_t)(r0 + i) * dv + j] = s[i];
+    }
+}
+
+template <int R>
+static void gdr_launch(dim3 grid, int nw, cudaStream_t st, float *o, float *state, size_t seq_stride, const float *qkv,
+                       const float *ba, int nk, int nv, int dk, int dv, int K, int conv_dim, int v_tiled,
+                       const int32_t *run_seq, const int32_t *run_off, const int32_t *run_tok) {
+    const size_t smem = (size_t)(4 * nw * R + 2 * nw * 32) * sizeof(float); /* <= 6 KiB */
+    gated_delta_rule_kernel<R><<<grid, nw * 32, smem, st>>>(o, state, seq_stride, qkv, ba, nk, nv, dk, dv, K, conv_dim,
+                                                            v_tiled, run_seq, run_off, run_tok);
+}
+
+extern "C" void gated_delta_rule_cuda(float *o, float *state, size_t seq_stride, const float *qkv, const float *ba,
+                                      int nk, int nv, int dk, int dv, int K, int conv_dim, int v_tiled,
+                                      const int32_t *run_seq, const int32_t *run_off, const int32_t *run_tok, int n_runs,
+                                      cudaStream_t st) {
+    if (n_runs <= 0 || !deltanet_cuda_supported(dk, dv)) return;
+    /* rows per thread: the fewest of 4, 8, 16, 32 that keep the block at 8 warps or fewer (dk 32: 4 x 8,
+     * 48: 8 x 6, 64: 8 x 8, 128: 16 x 8, 256: 32 x 8) */
+    const int R = dk <= 32 ? 4 : dk <= 64 ? 8 : dk <= 128 ? 16 : 32;
+    const int nw = (dk + R - 1) / R;
+    dim3 grid((dv + 31) / 32, nv, n_runs);
+    switch (R) {
+    case 4: gdr_launch<4>(grid, nw, st, o, state, seq_stride, qkv, ba, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok); break;
+    case 8: gdr_launch<8>(grid, nw, st, o, state, seq_stride, qkv, ba, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok); break;
+    case 16: gdr_launch<16>(grid, nw, st, o, state, seq_stride, qkv, ba, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok); break;
+    default: gdr_launch<32>(grid, nw, st, o, state, seq_stride, qkv, ba, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok); break;
+    }
+}
+
+/* ---- gated RMSNorm ---- */
+
+/* Warp per row of dv; the sum of squares in float32 (HF Qwen3_5RMSNormGated upcasts to float32).
+ * With xq the warp steps over aligned groups of 32 (dv % 32 == 0), one group per step. */
+__global__ void gated_rmsnorm_silu_kernel(float *__restrict__ o, int8_t *__restrict__ xq, float2 *__restrict__ xds,
+                                          const float *__restrict__ z, const float *__restrict__ w, int n_rows, int dv,
+                                          float eps) {
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= n_rows) return; /* whole warps: no block barrier below */
+    float *x = o + (size_t)row * dv;
+    const float *zr = z + (size_t)row * dv;
+    float ss = 0.0f;
+    for (int i = lane; i < dv; i += 32) ss = fmaf(x[i], x[i], ss);
+    ss = warp_sum(ss);
+    const float scale = 1.0f / sqrtf(ss / (float)dv + eps);
+    for (int i0 = 0; i0 < dv; i0 += 32) {
+        const int i = i0 + lane;
+        float v = 0.0f;
+        if (i < dv) {
+            v = w[i] * (x[i] * scale) * silu_f(zr[i]);
+            x[i] = v;
+        }
+        if (xq) warp_q8(v, xq, xds, (int64_t)row * dv + i);
+    }
+}
+
+extern "C" void gated_rmsnorm_silu_cuda(float *o, int8_t *xq, float *xds, const float *z, const float *w, int n_rows,
+                                        int dv, float eps, cudaStream_t st) {
+    if (n_rows <= 0) return;
+    gated_rmsnorm_silu_kernel<<<(n_rows + 3) / 4, 128, 0, st>>>(o, xq, (float2 *)xds, z, w, n_rows, dv, eps);
+}
+
+/* ---- gated attention: q/gate split and output gate ---- */
+
+__global__ void split_q_gate_kernel(float *__restrict__ q, float *__restrict__ gate, const float *__restrict__ qg,
+                                    int head_dim, int64_t total) {
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t th = e / head_dim; /* token * n_head + head */
+        const int d = (int)(e - th * head_dim);
+        const float *src = qg + th * 2 * head_dim;
+        q[e] = src[d];
+        gate[e] = src[head_dim + d];
+    }
+}
+
+extern "C" void split_q_gate_cuda(float *q, float *gate, const float *qg, int n, int n_head, int head_dim,
+                                  cudaStream_t st) {
+    const int64_t total = (int64_t)n * n_head * head_dim;
+    if (total <= 0) return;
+    split_q_gate_kernel<<<grid_for(total, 256), 256, 0, st>>>(q, gate, qg, head_dim, total);
+}
+
+__global__ void sigmoid_gate_kernel(float *__restrict__ att, int8_t *__restrict__ xq, float2 *__restrict__ xds,
+                                    const float *__restrict__ gate, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float v = att[i] * sigmoid_f(gate[i]);
+        att[i] = v;
+        if (xq) warp_q8(v, xq, xds, i); /* n % 32 == 0: whole warps take each step */
+    }
+}
+
+extern "C" void sigmoid_gate_cuda(float *att, int8_t *xq, float *xds, const float *gate, int64_t n_elems,
+                                  cudaStream_t st) {
+    if (n_elems <= 0) return;
+    sigmoid_gate_kernel<<<grid_for(n_elems, 256), 256, 0, st>>>(att, xq, (float2 *)xds, gate, n_elems);
+}

@@ -1,0 +1,461 @@
+/* test_cuda_qwen35_ops.c - the CUDA ops of Qwen3.5's token mixers (cuda/ops_qwen35_cuda.h) against
+ * references written here in double precision, straight from the formulas of forward_qwen35.c /
+ * HF modeling_qwen3_5.py (no code shared with the kernels), by the normalised error
+ * ||out - ref|| / ||ref|| (tests/test_cuda_common.h).
+ *
+ * Inputs: seeded random, realistic scale: q, k of unit norm (q also / sqrt(dk)), v in [-1, 1],
+ * beta in (0.02, 0.98), g = -3 u^3 in [-3, 0] (mostly near 0: long memory), initial S in
+ * [-0.5, 0.5], conv state in [-1, 1]. Runs of 1, 2, 7, 65 and 130 tokens in one call, token rows
+ * shuffled, state slots {3, 0, 5, 1, 6} of 8, DeltaNet layer 1 of 2 (so seq_stride != layer size);
+ * a decode batch of 16 one-token runs. Shapes (nk, nv, dk, dv, K): (2, 4, 64, 64, 4),
+ * (4, 8, 48, 48, 4) (random-qwen35), (16, 48, 128, 128, 4) (the 27B's; few tokens), (4, 8, 128, 256, 4);
+ * v_tiled 0 and 1.
+ *
+ * Bounds (float32 kernels vs float64 references):
+ *   ssm_conv: y <= 1e-6; the conv state is moved, not computed: the whole state buffer bit-exact
+ *   deltanet_prep: q, k, beta, g <= 1e-6; v bit-exact
+ *   gated delta rule, recurrent: outputs and final S <= 1e-5 (130 steps of fp32 rounding, each
+ *     about 1e-7 relative; the rule is a contraction, so errors do not grow); every float of the
+ *     state buffer outside the runs' S (other slots, the other layer, the conv state) bit-exact
+ *   gated delta rule, chunked (chunks of 64 or 32): the same bounds (prefix sums of g over a chunk
+ *     lose about 64 * 6e-8 * |gamma| in the exponents: a few 1e-6 at most for g >= -3)
+ *   gated RMSNorm: <= 1e-6; its int8 groups dequantized <= 1e-2 of the reference, and each group's
+ *     (d, d * sum q) consistent with the floats written (d = max|x| / 127) to 1e-6
+ *   split_q_gate: bit-exact; sigmoid_gate <= 1e-6, int8 form <= 1e-2
+ * Every output buffer is poisoned with NaN (int8 with 0x7f) first, so an unwritten element fails.
+ * Each op's error is printed, for the run on a GPU machine. */
+#include "test_cuda_common.h"
+#include "testutil.h"
+
+#ifndef PXQ_CUDA
+int main(void) { return cuda_test_gate("test_cuda_qwen35_ops"); }
+#else
+
+#include <stdint.h>
+
+#include "cuda/ops_qwen35_cuda.h"
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+static uint32_t rnd_u32(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static float rnd_u(void) { return (float)rnd_u32() / 4294967296.0f; }  /* [0, 1) */
+static float rnd_f(void) { return rnd_u() * 2.0f - 1.0f; }             /* [-1, 1) */
+static void fill(float *x, size_t n, float scale) {
+    for (size_t i = 0; i < n; i++) x[i] = rnd_f() * scale;
+}
+
+static void *xmalloc_t(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+#define ALLOC(type, n) ((type *)xmalloc_t((size_t)(n) * sizeof(type)))
+
+#define CK(call)                                                                                  \
+    do {                                                                                          \
+        cudaError_t e_ = (call);                                                                  \
+        if (e_ != cudaSuccess) {                                                                  \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+static void *dev_put(const void *h, size_t bytes) {
+    void *d;
+    CK(cudaMalloc(&d, bytes ? bytes : 1));
+    if (bytes) CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+static void *dev_poison(size_t bytes) { /* 0xff bytes: NaN floats, -1 int8 */
+    void *d;
+    CK(cudaMalloc(&d, bytes ? bytes : 1));
+    CK(cudaMemset(d, 0xff, bytes));
+    return d;
+}
+static void dev_get(void *h, const void *d, size_t bytes) {
+    CK(cudaDeviceSynchronize());
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+}
+
+static double silu_d(double x) { return x / (1.0 + exp(-x)); }
+static double sigmoid_d(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+/* ---- shapes, runs, state ---- */
+
+struct shape {
+    int nk, nv, dk, dv, K;
+    int key_dim, conv_dim;
+    size_t layer_floats; /* (K-1) conv_dim + nv dk dv */
+};
+
+static struct shape shape_of(int nk, int nv, int dk, int dv, int K) {
+    struct shape s = {nk, nv, dk, dv, K, nk * dk, 2 * nk * dk + nv * dv, 0};
+    s.layer_floats = (size_t)(K - 1) * s.conv_dim + (size_t)nv * dk * dv;
+    return s;
+}
+
+#define N_DN 2 /* DeltaNet layers per slot; the ops see layer DL */
+#define DL 1
+
+struct runs {
+    int n_runs, n, n_slots;
+    int32_t seq[32], off[33], *tok;
+};
+
+/* Runs of lens[i] tokens for slots seqs[i]; token rows a random permutation of 0..n-1. */
+static struct runs runs_make(int n_runs, const int *lens, const int *seqs, int n_slots) {
+    struct runs r = {n_runs, 0, n_slots, {0}, {0}, NULL};
+    for (int i = 0; i < n_runs; i++) r.seq[i] = seqs[i], r.off[i + 1] = r.off[i] + lens[i];
+    r.n = r.off[n_runs];
+    r.tok = ALLOC(int32_t, r.n);
+    for (int i = 0; i < r.n; i++) r.tok[i] = i;
+    for (int i = r.n - 1; i > 0; i--) {
+        int j = (int)(rnd_u32() % (uint32_t)(i + 1)), t = r.tok[i];
+        r.tok[i] = r.tok[j], r.tok[j] = t;
+    }
+    return r;
+}
+
+struct druns {
+    int32_t *seq, *off, *tok;
+};
+
+static struct druns druns_put(const struct runs *r) {
+    struct druns d = {dev_put(r->seq, (size_t)r->n_runs * 4), dev_put(r->off, (size_t)(r->n_runs + 1) * 4),
+                      dev_put(r->tok, (size_t)r->n * 4)};
+    return d;
+}
+static void druns_free(struct druns *d) { cudaFree(d->seq), cudaFree(d->off), cudaFree(d->tok); }
+
+static size_t seq_stride(const struct shape *s) { return (size_t)N_DN * s->layer_floats; }
+/* Offset of layer DL of slot `slot` in the state buffer. */
+static size_t layer_at(const struct shape *s, int slot) { return (size_t)slot * seq_stride(s) + (size_t)DL * s->layer_floats; }
+
+/* ---- causal conv ---- */
+
+static void test_conv(const struct shape *s, const struct runs *r) {
+    const int C = s->conv_dim, K = s->K, n = r->n;
+    const size_t sn = (size_t)r->n_slots * seq_stride(s);
+    float *x = ALLOC(float, (size_t)n * C), *w = ALLOC(float, (size_t)C * K), *st = ALLOC(float, sn);
+    float *ref = ALLOC(float, (size_t)n * C), *got = ALLOC(float, (size_t)n * C), *st_ref = ALLOC(float, sn);
+    float *st_got = ALLOC(float, sn);
+    fill(x, (size_t)n * C, 1.0f), fill(w, (size_t)C * K, 0.5f), fill(st, sn, 1.0f);
+    memcpy(st_ref, st, sn * sizeof(float));
+    /* reference: the history h = conv state (K-1 oldest first) then the run's inputs; output i is the
+     * window h[i .. i+K-1]; the state ends as the last K-1 entries of h */
+    double *h = ALLOC(double, 200 + 16);
+    for (int ri = 0; ri < r->n_runs; ri++) {
+        const int m = r->off[ri + 1] - r->off[ri];
+        float *cs = st_ref + layer_at(s, r->seq[ri]);
+        for (int c = 0; c < C; c++) {
+            for (int j = 0; j < K - 1; j++) h[j] = cs[(size_t)j * C + c];
+            for (int i = 0; i < m; i++) h[K - 1 + i] = x[(size_t)r->tok[r->off[ri] + i] * C + c];
+            for (int i = 0; i < m; i++) {
+                double a = 0;
+                for (int j = 0; j < K; j++) a += (double)w[(size_t)c * K + j] * h[i + j];
+                ref[(size_t)r->tok[r->off[ri] + i] * C + c] = (float)silu_d(a);
+            }
+            for (int j = 0; j < K - 1; j++) cs[(size_t)j * C + c] = (float)h[m + j];
+        }
+    }
+    struct druns d = druns_put(r);
+    float *dx = dev_put(x, (size_t)n * C * 4), *dw = dev_put(w, (size_t)C * K * 4), *dst = dev_put(st, sn * 4);
+    float *dy = dev_poison((size_t)n * C * 4);
+    ssm_conv_cuda(dy, dst + (size_t)DL * s->layer_floats, seq_stride(s), dx, dw, C, K, d.seq, d.off, d.tok, r->n_runs, 0);
+    dev_get(got, dy, (size_t)n * C * 4);
+    dev_get(st_got, dst, sn * 4);
+    const double err = norm_err(got, ref, (size_t)n * C);
+    const int st_same = memcmp(st_got, st_ref, sn * sizeof(float)) == 0;
+    CHECK(err <= 1e-6 && st_same, "ssm_conv conv_dim %d K %d runs %d: y %.3g, state bit-exact %d", C, K, r->n_runs, err,
+          st_same);
+    printf("ssm_conv conv_dim %5d K %d runs %2d tokens %3d: y %.2e, state %s\n", C, K, r->n_runs, n, err,
+           st_same ? "exact" : "DIFFERS");
+    druns_free(&d);
+    cudaFree(dx), cudaFree(dw), cudaFree(dst), cudaFree(dy);
+    free(x), free(w), free(st), free(ref), free(got), free(st_ref), free(st_got), free(h);
+}
+
+/* ---- q/k l2norm, beta, g ---- */
+
+static void test_prep(const struct shape *s, int n) {
+    const int C = s->conv_dim, nv = s->nv;
+    float *qkv = ALLOC(float, (size_t)n * C), *ba = ALLOC(float, (size_t)n * 2 * nv), *A = ALLOC(float, nv);
+    float *dtb = ALLOC(float, nv), *ref = ALLOC(float, (size_t)n * C), *got = ALLOC(float, (size_t)n * C);
+    float *ba_ref = ALLOC(float, (size_t)n * 2 * nv), *ba_got = ALLOC(float, (size_t)n * 2 * nv);
+    fill(qkv, (size_t)n * C, 1.0f), fill(ba, (size_t)n * 2 * nv, 4.0f), fill(dtb, nv, 1.0f);
+    for (int h = 0; h < nv; h++) A[h] = -(0.1f + 1.4f * rnd_u());
+    ba[nv] = 25.0f, ba[nv + 1] = 19.5f; /* above and below softplus's threshold of 20 */
+    for (int t = 0; t < n; t++) {
+        const float *x = qkv + (size_t)t * C;
+        float *y = ref + (size_t)t * C;
+        memcpy(y, x, (size_t)C * sizeof(float));
+        for (int hh = 0; hh < 2 * s->nk; hh++) {
+            double ss = 0;
+            for (int i = 0; i < s->dk; i++) ss += (double)x[hh * s->dk + i] * x[hh * s->dk + i];
+            const double sc = 1.0 / sqrt(ss + 1e-6) * (hh < s->nk ? 1.0 / sqrt((double)s->dk) : 1.0);
+            for (int i = 0; i < s->dk; i++) y[hh * s->dk + i] = (float)(x[hh * s->dk + i] * sc);
+        }
+        for (int h = 0; h < nv; h++) {
+            const double b = ba[(size_t)t * 2 * nv + h], a = (double)ba[(size_t)t * 2 * nv + nv + h] + dtb[h];
+            ba_ref[(size_t)t * 2 * nv + h] = (float)sigmoid_d(b);
+            ba_ref[(size_t)t * 2 * nv + nv + h] = (float)(A[h] * log1p(exp(a)));
+        }
+    }
+    float *dq = dev_put(qkv, (size_t)n * C * 4), *dba = dev_put(ba, (size_t)n * 2 * nv * 4);
+    float *dA = dev_put(A, (size_t)nv * 4), *ddt = dev_put(dtb, (size_t)nv * 4);
+    deltanet_prep_cuda(dq, dba, dA, ddt, s->nk, nv, s->dk, C, n, 0);
+    dev_get(got, dq, (size_t)n * C * 4);
+    dev_get(ba_got, dba, (size_t)n * 2 * nv * 4);
+    double eqk = 0;
+    int v_same = 1;
+    for (int t = 0; t < n; t++) {
+        eqk = fmax(eqk, norm_err(got + (size_t)t * C, ref + (size_t)t * C, (size_t)2 * s->key_dim));
+        v_same &= memcmp(got + (size_t)t * C + 2 * s->key_dim, qkv + (size_t)t * C + 2 * s->key_dim,
+                         (size_t)(C - 2 * s->key_dim) * sizeof(float)) == 0;
+    }
+    double eb = 0, eg = 0;
+    for (int t = 0; t < n; t++) {
+        eb = fmax(eb, norm_err(ba_got + (size_t)t * 2 * nv, ba_ref + (size_t)t * 2 * nv, (size_t)nv));
+        eg = fmax(eg, norm_err(ba_got + (size_t)t * 2 * nv + nv, ba_ref + (size_t)t * 2 * nv + nv, (size_t)nv));
+    }
+    CHECK(eqk <= 1e-6 && eb <= 1e-6 && eg <= 1e-6 && v_same, "deltanet_prep dk %d: q/k %.3g beta %.3g g %.3g v exact %d",
+          s->dk, eqk, eb, eg, v_same);
+    printf("deltanet_prep nk %2d nv %2d dk %3d: q/k %.2e, beta %.2e, g %.2e, v %s\n", s->nk, nv, s->dk, eqk, eb, eg,
+           v_same ? "exact" : "DIFFERS");
+    cudaFree(dq), cudaFree(dba), cudaFree(dA), cudaFree(ddt);
+    free(qkv), free(ba), free(A), free(dtb), free(ref), free(got), free(ba_ref), free(ba_got);
+}
+
+/* ---- the gated delta rule ---- */
+
+static void unit(float *x, int n, double scale) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) x[i] = rnd_f(), ss += (double)x[i] * x[i];
+    for (int i = 0; i < n; i++) x[i] = (float)(x[i] / sqrt(ss) * scale);
+}
+
+/* Per run and value head, per token in order, in double:
+ *   S = S exp(g);  kv = k S;  S += k^T (beta (v - kv));  o = q S */
+static void rule_ref(float *o, float *st, const struct shape *s, const struct runs *r, const float *qkv, const float *ba,
+                     int v_tiled) {
+    const int dk = s->dk, dv = s->dv, nv = s->nv;
+    double *S = ALLOC(double, (size_t)dk * dv), *kv = ALLOC(double, dv);
+    for (int ri = 0; ri < r->n_runs; ri++)
+        for (int h = 0; h < nv; h++) {
+            const int kh = v_tiled ? h % s->nk : h / (nv / s->nk);
+            float *Sf = st + layer_at(s, r->seq[ri]) + (size_t)(s->K - 1) * s->conv_dim + (size_t)h * dk * dv;
+            for (size_t i = 0; i < (size_t)dk * dv; i++) S[i] = Sf[i];
+            for (int p = r->off[ri]; p < r->off[ri + 1]; p++) {
+                const int t = r->tok[p];
+                const float *q = qkv + (size_t)t * s->conv_dim + (size_t)kh * dk, *k = q + s->key_dim;
+                const float *v = qkv + (size_t)t * s->conv_dim + 2 * s->key_dim + (size_t)h * dv;
+                const double beta = ba[(size_t)t * 2 * nv + h], decay = exp((double)ba[(size_t)t * 2 * nv + nv + h]);
+                for (int j = 0; j < dv; j++) kv[j] = 0;
+                for (int i = 0; i < dk; i++)
+                    for (int j = 0; j < dv; j++) {
+                        S[(size_t)i * dv + j] *= decay;
+                        kv[j] += k[i] * S[(size_t)i * dv + j];
+                    }
+                for (int j = 0; j < dv; j++) kv[j] = beta * (v[j] - kv[j]); /* now delta */
+                for (int j = 0; j < dv; j++) {
+                    double out = 0;
+                    for (int i = 0; i < dk; i++) {
+                        S[(size_t)i * dv + j] += k[i] * kv[j];
+                        out += q[i] * S[(size_t)i * dv + j];
+                    }
+                    o[(size_t)t * nv * dv + (size_t)h * dv + j] = (float)out;
+                }
+            }
+            for (size_t i = 0; i < (size_t)dk * dv; i++) Sf[i] = (float)S[i];
+        }
+    free(S), free(kv);
+}
+
+static void test_rule(const struct shape *s, const struct runs *r, int v_tiled, int chunked) {
+    const int C = s->conv_dim, nv = s->nv, n = r->n, vd = nv * s->dv;
+    const size_t sn = (size_t)r->n_slots * seq_stride(s), sh = (size_t)nv * s->dk * s->dv;
+    float *qkv = ALLOC(float, (size_t)n * C), *ba = ALLOC(float, (size_t)n * 2 * nv), *st = ALLOC(float, sn);
+    float *st_ref = ALLOC(float, sn), *st_got = ALLOC(float, sn), *ref = ALLOC(float, (size_t)n * vd);
+    float *got = ALLOC(float, (size_t)n * vd);
+    for (int t = 0; t < n; t++) {
+        float *x = qkv + (size_t)t * C;
+        for (int hh = 0; hh < 2 * s->nk; hh++) unit(x + (size_t)hh * s->dk, s->dk, hh < s->nk ? 1.0 / sqrt((double)s->dk) : 1.0);
+        fill(x + 2 * s->key_dim, (size_t)vd, 1.0f);
+        for (int h = 0; h < nv; h++) {
+            const float u = rnd_u();
+            ba[(size_t)t * 2 * nv + h] = 0.02f + 0.96f * rnd_u();
+            ba[(size_t)t * 2 * nv + nv + h] = -3.0f * u * u * u;
+        }
+    }
+    fill(st, sn, 0.5f);
+    for (int sl = 0; sl < r->n_slots; sl++) /* conv parts in [-1, 1] */
+        for (int l = 0; l < N_DN; l++) fill(st + (size_t)sl * seq_stride(s) + (size_t)l * s->layer_floats, (size_t)(s->K - 1) * C, 1.0f);
+    memcpy(st_ref, st, sn * sizeof(float));
+    rule_ref(ref, st_ref, s, r, qkv, ba, v_tiled);
+    struct druns d = druns_put(r);
+    float *dq = dev_put(qkv, (size_t)n * C * 4), *dba = dev_put(ba, (size_t)n * 2 * nv * 4), *dst = dev_put(st, sn * 4);
+    float *dout = dev_poison((size_t)n * vd * 4);
+    (void)chunked;
+    gated_delta_rule_cuda(dout, dst + (size_t)DL * s->layer_floats, seq_stride(s), dq, dba, s->nk, nv, s->dk, s->dv, s->K, C, v_tiled, d.seq, d.off, d.tok, r->n_runs, 0);
+    dev_get(got, dout, (size_t)n * vd * 4);
+    dev_get(st_got, dst, sn * 4);
+    const double eo = norm_err(got, ref, (size_t)n * vd);
+    /* the runs' S regions (contiguous per slot: all nv heads), then everything else bit-exact */
+    float *sa = ALLOC(float, sh * r->n_runs), *sb = ALLOC(float, sh * r->n_runs);
+    for (int ri = 0; ri < r->n_runs; ri++) {
+        const size_t off = layer_at(s, r->seq[ri]) + (size_t)(s->K - 1) * C;
+        memcpy(sa + ri * sh, st_got + off, sh * sizeof(float));
+        memcpy(sb + ri * sh, st_ref + off, sh * sizeof(float));
+        memcpy(st_ref + off, st_got + off, sh * sizeof(float));
+    }
+    const double es = norm_err(sa, sb, sh * r->n_runs);
+    const int rest_same = memcmp(st_ref, st_got, sn * sizeof(float)) == 0;
+    const double bound = 1e-5;
+    CHECK(eo <= bound && es <= bound && rest_same, "gated delta rule%s nk %d nv %d dk %d dv %d v_tiled %d runs %d: out %.3g state %.3g, rest exact %d",
+          chunked ? " chunked" : "", s->nk, nv, s->dk, s->dv, v_tiled, r->n_runs, eo, es, rest_same);
+    printf("delta rule %-9s nk %2d nv %2d dk %3d dv %3d v_tiled %d runs %2d tokens %3d: out %.2e, state %.2e, rest %s\n",
+           chunked ? "chunked" : "recurrent", s->nk, nv, s->dk, s->dv, v_tiled, r->n_runs, n, eo, es,
+           rest_same ? "exact" : "DIFFERS");
+    druns_free(&d);
+    cudaFree(dq), cudaFree(dba), cudaFree(dst), cudaFree(dout);
+    free(qkv), free(ba), free(st), free(st_ref), free(st_got), free(ref), free(got), free(sa), free(sb);
+}
+
+/* ---- gated RMSNorm, gated attention ---- */
+
+/* The int8 groups of 32 (xq, xds) of x[n]: dequantized against ref (<= 1e-2), and consistent with x. */
+static void check_q8(const char *what, const int8_t *xq, const float *xds, const float *x, const float *ref, size_t n) {
+    float *deq = ALLOC(float, n);
+    double worst = 0;
+    for (size_t g = 0; g < n / 32; g++) {
+        float amax = 0, d = xds[2 * g];
+        double sq = 0;
+        for (int i = 0; i < 32; i++) {
+            amax = fmaxf(amax, fabsf(x[g * 32 + i]));
+            deq[g * 32 + i] = d * xq[g * 32 + i];
+            sq += xq[g * 32 + i];
+        }
+        worst = fmax(worst, fabs(d - amax / 127.0f) / fmax(amax / 127.0, 1e-30));
+        worst = fmax(worst, fabs(xds[2 * g + 1] - d * sq) / fmax(fabs(d * sq), d * 32.0 + 1e-30));
+    }
+    const double err = norm_err(deq, ref, n);
+    CHECK(err <= 1e-2 && worst <= 1e-6, "%s int8: dequantized %.3g, (d, d sum q) off by %.3g", what, err, worst);
+    printf("%s int8: dequantized %.2e, scales %.1e\n", what, err, worst);
+    free(deq);
+}
+
+static void test_gated_norm(int n_rows, int dv, int with_q8) {
+    const size_t ne = (size_t)n_rows * dv;
+    float *o = ALLOC(float, ne), *z = ALLOC(float, ne), *w = ALLOC(float, dv), *ref = ALLOC(float, ne);
+    float *got = ALLOC(float, ne), *xds = ALLOC(float, ne / 32 * 2 + 1);
+    int8_t *xq = ALLOC(int8_t, ne);
+    fill(o, ne, 2.0f), fill(z, ne, 4.0f), fill(w, dv, 1.5f);
+    const float eps = 1e-6f;
+    for (int r = 0; r < n_rows; r++) {
+        double ss = 0;
+        for (int i = 0; i < dv; i++) ss += (double)o[(size_t)r * dv + i] * o[(size_t)r * dv + i];
+        const double sc = 1.0 / sqrt(ss / dv + eps);
+        for (int i = 0; i < dv; i++)
+            ref[(size_t)r * dv + i] = (float)(o[(size_t)r * dv + i] * sc * w[i] * silu_d(z[(size_t)r * dv + i]));
+    }
+    float *dO = dev_put(o, ne * 4), *dz = dev_put(z, ne * 4), *dw = dev_put(w, (size_t)dv * 4);
+    int8_t *dxq = with_q8 ? dev_poison(ne) : NULL;
+    float *dxds = with_q8 ? dev_poison(ne / 32 * 8) : NULL;
+    gated_rmsnorm_silu_cuda(dO, dxq, dxds, dz, dw, n_rows, dv, eps, 0);
+    dev_get(got, dO, ne * 4);
+    const double err = norm_err(got, ref, ne);
+    CHECK(err <= 1e-6, "gated_rmsnorm_silu rows %d dv %d q8 %d: %.3g", n_rows, dv, with_q8, err);
+    printf("gated_rmsnorm_silu rows %4d dv %3d%s: %.2e\n", n_rows, dv, with_q8 ? " (+int8)" : "", err);
+    if (with_q8) {
+        dev_get(xq, dxq, ne);
+        dev_get(xds, dxds, ne / 32 * 8);
+        check_q8("gated_rmsnorm_silu", xq, xds, got, ref, ne);
+        cudaFree(dxq), cudaFree(dxds);
+    }
+    cudaFree(dO), cudaFree(dz), cudaFree(dw);
+    free(o), free(z), free(w), free(ref), free(got), free(xds), free(xq);
+}
+
+static void test_gated_attention(int n, int n_head, int head_dim) {
+    const size_t ne = (size_t)n * n_head * head_dim;
+    float *qg = ALLOC(float, 2 * ne), *q = ALLOC(float, ne), *gate = ALLOC(float, ne), *gq = ALLOC(float, ne);
+    float *gg = ALLOC(float, ne), *att = ALLOC(float, ne), *ref = ALLOC(float, ne), *xds = ALLOC(float, ne / 16 + 1);
+    int8_t *xq = ALLOC(int8_t, ne);
+    fill(qg, 2 * ne, 6.0f), fill(att, ne, 2.0f);
+    for (int t = 0; t < n; t++) /* view(n, n_head, 2 * head_dim) then chunk in two along the last dim */
+        for (int h = 0; h < n_head; h++)
+            for (int d = 0; d < head_dim; d++) {
+                const size_t src = ((size_t)t * n_head + h) * 2 * head_dim + d, dst = ((size_t)t * n_head + h) * head_dim + d;
+                q[dst] = qg[src], gate[dst] = qg[src + head_dim];
+            }
+    float *dqg = dev_put(qg, 2 * ne * 4), *dq = dev_poison(ne * 4), *dg = dev_poison(ne * 4);
+    split_q_gate_cuda(dq, dg, dqg, n, n_head, head_dim, 0);
+    dev_get(gq, dq, ne * 4);
+    dev_get(gg, dg, ne * 4);
+    const int same = memcmp(gq, q, ne * 4) == 0 && memcmp(gg, gate, ne * 4) == 0;
+    CHECK(same, "split_q_gate n %d heads %d head_dim %d: not bit-exact", n, n_head, head_dim);
+    printf("split_q_gate n %d heads %d head_dim %d: %s\n", n, n_head, head_dim, same ? "exact" : "DIFFERS");
+    for (size_t i = 0; i < ne; i++) ref[i] = (float)(att[i] * sigmoid_d(gate[i]));
+    for (int with_q8 = 0; with_q8 < 2; with_q8++) {
+        float *da = dev_put(att, ne * 4);
+        int8_t *dxq = with_q8 ? dev_poison(ne) : NULL;
+        float *dxds = with_q8 ? dev_poison(ne / 32 * 8) : NULL;
+        sigmoid_gate_cuda(da, dxq, dxds, dg, (int64_t)ne, 0);
+        dev_get(gq, da, ne * 4);
+        const double err = norm_err(gq, ref, ne);
+        CHECK(err <= 1e-6, "sigmoid_gate q8 %d: %.3g", with_q8, err);
+        printf("sigmoid_gate %zu elements%s: %.2e\n", ne, with_q8 ? " (+int8)" : "", err);
+        if (with_q8) {
+            dev_get(xq, dxq, ne);
+            dev_get(xds, dxds, ne / 32 * 8);
+            check_q8("sigmoid_gate", xq, xds, gq, ref, ne);
+            cudaFree(dxq), cudaFree(dxds);
+        }
+        cudaFree(da);
+    }
+    cudaFree(dqg), cudaFree(dq), cudaFree(dg);
+    free(qg), free(q), free(gate), free(gq), free(gg), free(att), free(ref), free(xds), free(xq);
+}
+
+int main(void) {
+    int gate = cuda_test_gate("test_cuda_qwen35_ops");
+    if (gate >= 0) return gate;
+    const int lens[5] = {1, 2, 7, 65, 130}, seqs[5] = {3, 0, 5, 1, 6};
+    const int dec_lens[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    const int dec_seqs[16] = {9, 2, 15, 0, 7, 11, 4, 13, 1, 8, 14, 3, 10, 6, 12, 5};
+    const struct shape shapes[4] = {shape_of(2, 4, 64, 64, 4), shape_of(4, 8, 48, 48, 4), shape_of(16, 48, 128, 128, 4),
+                                    shape_of(4, 8, 128, 256, 4)};
+    for (int si = 0; si < 4; si++) {
+        const struct shape *s = &shapes[si];
+        CHECK(deltanet_cuda_supported(s->dk, s->dv), "dk %d dv %d unsupported", s->dk, s->dv);
+        const int big = s->nv * s->dk * s->dv > 200000; /* the 27B's heads: few tokens (reference time) */
+        struct runs r = runs_make(big ? 3 : 5, lens, seqs, 8), dec = runs_make(16, dec_lens, dec_seqs, 16);
+        test_conv(s, &r);
+        test_prep(s, 9);
+        for (int chunked = 0; chunked < 1; chunked++) {
+            for (int v_tiled = 0; v_tiled < 2; v_tiled++) test_rule(s, &r, v_tiled, chunked);
+            test_rule(s, &dec, 0, chunked);
+        }
+        free(r.tok), free(dec.tok);
+    }
+    { /* a ragged conv: K 2 and K 6 take the run-time-K kernel */
+        const struct shape k2 = shape_of(2, 4, 32, 32, 2), k6 = shape_of(2, 4, 32, 32, 6);
+        struct runs r = runs_make(5, lens, seqs, 8);
+        test_conv(&k2, &r);
+        test_conv(&k6, &r);
+        free(r.tok);
+    }
+    test_gated_norm(10 * 48, 128, 1);
+    test_gated_norm(10 * 8, 48, 0);
+    test_gated_norm(7 * 4, 256, 1);
+    test_gated_attention(5, 4, 256);
+    test_gated_attention(3, 6, 64);
+    return test_summary("test_cuda_qwen35_ops");
+}
+#endif
