@@ -143,6 +143,7 @@ void pxq_seq_free(struct pxq_engine *e, int seq) {
     kv_seq_shrink(&e->kv, &e->seqs[seq].kv, 0);
     free(e->seqs[seq].rstate);
     e->seqs[seq].rstate = NULL;
+    e->seqs[seq].rstate_live = 0;
     e->seqs[seq].in_use = 0;
     e->seqs[seq].n_pos = 0;
 }
@@ -156,10 +157,11 @@ int pxq_seq_truncate(struct pxq_engine *e, int seq, int n_pos) {
     if (seq < 0 || seq >= e->p.n_seq_max || !e->seqs[seq].in_use) return -1;
     struct pxq_seq *s = &e->seqs[seq];
     if (n_pos < 0 || n_pos > s->n_pos) return -1;
-    if (s->rstate && n_pos != s->n_pos && n_pos != 0) return -1; /* recurrent state cannot rewind */
-    if (n_pos == 0 && s->rstate) { /* recreated, zeroed, by the next forward */
+    if (s->rstate_live && n_pos != s->n_pos && n_pos != 0) return -1; /* recurrent state cannot rewind */
+    if (n_pos == 0 && s->rstate_live) { /* recreated, zeroed, by the next forward */
         free(s->rstate);
         s->rstate = NULL;
+        s->rstate_live = 0;
     }
     s->n_pos = n_pos;
     kv_seq_shrink(&e->kv, &s->kv, n_pos);

@@ -11,7 +11,8 @@ struct pxq_seq {
     int in_use;
     int n_pos;              /* positions in the cache */
     struct kv_seq kv;       /* block table */
-    float *rstate;          /* recurrent state of DeltaNet layers (qwen35), NULL otherwise */
+    float *rstate;          /* recurrent state of DeltaNet layers (qwen35, CPU), NULL otherwise */
+    int rstate_live;        /* the backend holds a state for this sequence (it starts at zero when 0) */
 };
 
 /* Small per-layer vectors, converted to float32 once at engine creation. NULL where absent. */

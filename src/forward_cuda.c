@@ -2,6 +2,7 @@
  * and their sizes, the arena plan the backend allocates by (cuda/backend.h), and the engine.h
  * device accessors. The device code is in src/cuda/. */
 #include <stdio.h>
+#include <string.h>
 
 #include "cuda/backend.h"
 #include "engine_impl.h"
@@ -58,40 +59,101 @@ static int weight_plan(const struct pxq_tensor *t, size_t *bytes, char *err, siz
     return 0;
 }
 
+void cuda_layer_mats(const struct pxq_layer *L, const struct pxq_tensor *mats[CM_COUNT]) {
+    const struct pxq_tensor *m[CM_COUNT] = {L->attn_q,   L->attn_k,    L->attn_v,   L->attn_output, L->ffn_gate, L->ffn_up,
+                                            L->ffn_down, L->attn_qkv,  L->attn_gate, L->ssm_beta,   L->ssm_alpha, L->ssm_out};
+    memcpy(mats, m, sizeof m);
+}
+
+void cuda_layer_vec_sizes(const struct pxq_hparams *hp, const struct pxq_layer *L, int il, size_t n[CV_COUNT]) {
+    const size_t d = (size_t)hp->n_embd, hd = (size_t)hp->head_dim;
+    memset(n, 0, CV_COUNT * sizeof *n);
+    n[CV_ATTN_NORM] = n[CV_FFN_NORM] = d;
+    if (hp->layer_kind[il] == LAYER_DELTANET) {
+        const size_t nv = (size_t)hp->ssm_n_v_head;
+        const size_t conv_dim = 2 * (size_t)hp->ssm_n_k_head * hp->ssm_head_k_dim + nv * hp->ssm_head_v_dim;
+        n[CV_SSM_A] = n[CV_SSM_DT] = nv;
+        n[CV_SSM_NORM] = (size_t)hp->ssm_head_v_dim;
+        n[CV_SSM_CONV] = conv_dim * (size_t)hp->ssm_conv_kernel;
+        return;
+    }
+    if (L->attn_q_norm) n[CV_Q_NORM] = hd;
+    if (L->attn_k_norm) n[CV_K_NORM] = hd;
+    if (L->attn_q_b) n[CV_BQ] = (size_t)hp->n_head * hd;
+    if (L->attn_k_b) n[CV_BK] = (size_t)hp->n_head_kv * hd;
+    if (L->attn_v_b) n[CV_BV] = (size_t)hp->n_head_kv * hd;
+}
+
+void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *p, size_t max_in, size_t max_mat,
+                  struct cuda_bufs *bf) {
+    memset(bf, 0, sizeof *bf);
+    const size_t nb = (size_t)p->n_batch, d = (size_t)hp->n_embd, hd = (size_t)hp->head_dim;
+    const size_t q_dim = (size_t)hp->n_head * hd, kv_dim = (size_t)hp->n_head_kv * hd, ff = (size_t)hp->n_ff;
+    const size_t wide = d > q_dim ? d : q_dim;
+    bf->x = nb * d;
+    bf->xb = bf->xb2 = nb * wide;
+    bf->q = bf->att = nb * q_dim;
+    bf->k = bf->v = nb * kv_dim;
+    bf->hb = bf->hb2 = nb * ff;
+    bf->logits = nb * (size_t)hp->n_vocab;
+    if (hp->attn_output_gate) bf->qg = nb * 2 * q_dim;
+    int n_dn = 0;
+    for (int il = 0; il < hp->n_layer; il++) n_dn += hp->layer_kind[il] == LAYER_DELTANET;
+    if (n_dn) {
+        const size_t nv = (size_t)hp->ssm_n_v_head, value_dim = nv * hp->ssm_head_v_dim;
+        const size_t conv_dim = 2 * (size_t)hp->ssm_n_k_head * hp->ssm_head_k_dim + value_dim;
+        bf->ssm_qkv = bf->ssm_conv = nb * conv_dim;
+        bf->ssm_z = bf->ssm_o = nb * value_dim;
+        bf->ssm_ba = nb * 2 * nv;
+        bf->rstate = (size_t)n_dn * ((size_t)(hp->ssm_conv_kernel - 1) * conv_dim + nv * hp->ssm_head_k_dim * hp->ssm_head_v_dim);
+        bf->state = bf->rstate * (size_t)p->n_seq_max;
+    }
+    const size_t max_blocks = (size_t)((p->n_ctx + p->kv_block_size - 1) / p->kv_block_size);
+    const size_t n_tab = nb < (size_t)p->n_seq_max ? nb : (size_t)p->n_seq_max;
+    /* token, pos, seq, rows, run_seq, run_off (nb + 1), run_tok, tiles (2 nb), then the block tables */
+    bf->in_ints = 9 * nb + 1 + n_tab * max_blocks;
+    const size_t max_splits = ((size_t)p->n_ctx + CUDA_SPLIT_LEN - 1) / CUDA_SPLIT_LEN;
+    size_t part_rows = (size_t)CUDA_DECODE_MAX * max_splits;
+    if (nb > part_rows) part_rows = nb;
+    part_rows *= (size_t)hp->n_head;
+    bf->x16 = nb * max_in;
+    bf->xq = nb * max_in;
+    bf->xds = nb * max_in / 32 * 2 + 2;
+    bf->w16 = max_mat < CUDA_W16_MAX_ELEMS ? max_mat : CUDA_W16_MAX_ELEMS;
+    bf->part_o = part_rows * hd;
+    bf->part_ml = part_rows * 2;
+}
+
 int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, int kv_elt, struct cuda_plan *plan,
                   char *err, size_t errlen) {
     const struct pxq_hparams *hp = model_hparams(m);
     memset(plan, 0, sizeof *plan);
     if (hp->n_expert) return set_err(err, errlen, "CUDA backend: MoE models (%s) are not supported yet", hp->arch_name);
-    if (hp->attn_output_gate) return set_err(err, errlen, "CUDA backend: %s (gated attention) is not supported yet", hp->arch_name);
-    for (int il = 0; il < hp->n_layer; il++)
-        if (hp->layer_kind[il] != LAYER_ATTN)
-            return set_err(err, errlen, "CUDA backend: DeltaNet layers (%s) are not supported yet", hp->arch_name);
     const int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
     if (hd % 32 != 0 || hd > 256)
         return set_err(err, errlen, "CUDA backend: head_dim %d (attention needs a multiple of 32, at most 256)", hd);
     if (hp->n_head % hp->n_head_kv != 0 || group > 32)
         return set_err(err, errlen, "CUDA backend: n_head %d / n_head_kv %d (at most 32 query heads per KV head)",
                        hp->n_head, hp->n_head_kv);
-    size_t w = 0;
-    const size_t d = (size_t)hp->n_embd, q_dim = (size_t)hp->n_head * hd, kv_dim = (size_t)hp->n_head_kv * hd;
-    size_t max_in = d, max_mat = 0;
+    size_t w = 0, max_in = (size_t)hp->n_embd, max_mat = 0;
     for (int il = 0; il < hp->n_layer; il++) {
         const struct pxq_layer *L = model_layer(m, il);
-        const struct pxq_tensor *mats[7] = {L->attn_q, L->attn_k, L->attn_v, L->attn_output, L->ffn_gate, L->ffn_up, L->ffn_down};
-        for (int i = 0; i < 7; i++) {
+        const struct pxq_tensor *mats[CM_COUNT];
+        cuda_layer_mats(L, mats);
+        const int dn = hp->layer_kind[il] == LAYER_DELTANET;
+        for (int i = 0; i < CM_COUNT; i++) {
+            const int want = i >= CM_GATE && i <= CM_DOWN ? 1 : (i >= CM_SSM_QKV) == dn;
+            if (!want) continue;
             if (!mats[i]) return set_err(err, errlen, "CUDA backend: layer %d lacks a weight matrix", il);
             if (weight_plan(mats[i], &w, err, errlen)) return -1;
             if ((size_t)mats[i]->ne[0] > max_in) max_in = (size_t)mats[i]->ne[0];
             size_t ne = (size_t)mats[i]->ne[0] * (size_t)mats[i]->ne[1];
             if (ne > max_mat) max_mat = ne;
         }
-        w += 2 * al(d * 4);
-        if (L->attn_q_norm) w += al((size_t)hd * 4);
-        if (L->attn_k_norm) w += al((size_t)hd * 4);
-        if (L->attn_q_b) w += al(q_dim * 4);
-        if (L->attn_k_b) w += al(kv_dim * 4);
-        if (L->attn_v_b) w += al(kv_dim * 4);
+        size_t vn[CV_COUNT];
+        cuda_layer_vec_sizes(hp, L, il, vn);
+        for (int i = 0; i < CV_COUNT; i++)
+            if (vn[i]) w += al(vn[i] * 4);
     }
     if (weight_plan(model_token_embd(m), &w, err, errlen)) return -1;
     if (model_output(m) != model_token_embd(m)) {
@@ -102,36 +164,34 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
         size_t ne = (size_t)model_token_embd(m)->ne[0] * (size_t)model_token_embd(m)->ne[1];
         if (ne > max_mat) max_mat = ne;
     }
-    w += al(d * 4) + al((size_t)(hp->n_rot / 2 + 1) * 4);
+    w += al((size_t)hp->n_embd * 4) + al((size_t)(hp->n_rot / 2 + 1) * 4);
     plan->weights = w;
+    const size_t kv_dim = (size_t)hp->n_head_kv * hd;
     int n_layer_kv = 0;
     for (int il = 0; il < hp->n_layer; il++) n_layer_kv += hp->layer_kind[il] == LAYER_ATTN;
     plan->kv_per_token = (size_t)n_layer_kv * kv_dim * 2 * (size_t)kv_elt;
     plan->kv_tokens = (int64_t)p->kv_blocks * p->kv_block_size;
     plan->kv = 2 * al((size_t)plan->kv_tokens * plan->kv_per_token / 2);
-    const size_t nb = (size_t)p->n_batch, ff = (size_t)hp->n_ff, wide = d > q_dim ? d : q_dim;
-    const size_t max_blocks = (size_t)((p->n_ctx + p->kv_block_size - 1) / p->kv_block_size);
-    const size_t n_tab = nb < (size_t)p->n_seq_max ? nb : (size_t)p->n_seq_max;
-    plan->activations = al(nb * d * 4) + 2 * al(nb * wide * 4) + 2 * al(nb * q_dim * 4) + 2 * al(nb * kv_dim * 4) +
-                        2 * al(nb * ff * 4) + al(nb * (size_t)hp->n_vocab * 4) + al((4 * nb + n_tab * max_blocks) * 4);
-    const size_t max_splits = ((size_t)p->n_ctx + CUDA_SPLIT_LEN - 1) / CUDA_SPLIT_LEN;
-    size_t part_rows = (size_t)CUDA_DECODE_MAX * max_splits;
-    if (nb > part_rows) part_rows = nb;
-    part_rows *= (size_t)hp->n_head;
-    const size_t w16 = max_mat < CUDA_W16_MAX_ELEMS ? max_mat : CUDA_W16_MAX_ELEMS;
-    plan->workspace = al(nb * max_in * 2) + al(nb * max_in) + al((nb * max_in / 32 * 2 + 2) * 4) + al(w16 * 2) + al(part_rows * (size_t)hd * 4) + al(part_rows * 2 * 4) +
-                      al(CUDA_CUBLAS_WS);
-    plan->total = plan->weights + plan->kv + plan->activations + plan->workspace;
+    struct cuda_bufs bf;
+    cuda_bufs_of(hp, p, max_in, max_mat, &bf);
+    if (bf.state) plan->state = al(bf.state * 4);
+    const size_t act[] = {bf.x, bf.xb, bf.xb2, bf.q, bf.att, bf.k, bf.v, bf.hb, bf.hb2, bf.logits, bf.qg, bf.ssm_qkv,
+                          bf.ssm_conv, bf.ssm_z, bf.ssm_ba, bf.ssm_o, bf.in_ints};
+    for (size_t i = 0; i < sizeof act / sizeof *act; i++)
+        if (act[i]) plan->activations += al(act[i] * 4);
+    plan->workspace = al(bf.x16 * 2) + al(bf.xq) + al(bf.xds * 4) + al(bf.w16 * 2) + al(bf.part_o * 4) +
+                      al(bf.part_ml * 4) + al(CUDA_CUBLAS_WS);
+    plan->total = plan->weights + plan->kv + plan->state + plan->activations + plan->workspace;
     return 0;
 }
 
 void cuda_mem_plan_str(const struct cuda_plan *plan, char *out, size_t cap) {
     const double gib = 1024.0 * 1024.0 * 1024.0, mib = 1024.0 * 1024.0;
     snprintf(out, cap,
-             "weights %.2f GiB + KV %.2f GiB (%.1f KiB/token x %lld tokens) + activations %.1f MiB + workspace %.1f MiB"
-             " = %.2f GiB",
+             "weights %.2f GiB + KV %.2f GiB (%.1f KiB/token x %lld tokens) + state %.1f MiB + activations %.1f MiB"
+             " + workspace %.1f MiB = %.2f GiB",
              plan->weights / gib, plan->kv / gib, plan->kv_per_token / 1024.0, (long long)plan->kv_tokens,
-             plan->activations / mib, plan->workspace / mib, plan->total / gib);
+             plan->state / mib, plan->activations / mib, plan->workspace / mib, plan->total / gib);
 }
 
 size_t pxq_engine_device_mem_peak(const struct pxq_engine *e) {

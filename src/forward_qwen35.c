@@ -367,6 +367,7 @@ void deltanet_layer_cpu(struct pxq_engine *e, const struct ubatch *ub, int il) {
     for (int i = 0; i < r.n_runs; i++) { /* zeroed state for a fresh (or truncated-to-0) sequence */
         struct pxq_seq *s = &e->seqs[r.seq[i]];
         if (!s->rstate) s->rstate = xcalloc(e->rstate_floats, sizeof(float));
+        s->rstate_live = 1;
     }
     matmul_cpu(e->tp, e->ssm_qkv, L->attn_qkv, e->xb, n);
     matmul_cpu(e->tp, e->ssm_z, L->attn_gate, e->xb, n);

@@ -11,7 +11,13 @@ for t in "$BUILD"/tests/test_*; do
     echo "== $name"
     if ! "$t"; then echo "FAILED: $name"; fail=1; fi
 done
-if [ "$1" != cuda ]; then
+if [ "$1" = cuda ]; then
+    for s in tests/cuda_*.sh; do
+        [ -f "$s" ] || continue
+        echo "== $s"
+        if ! BUILD="$BUILD" sh "$s"; then echo "FAILED: $s"; fail=1; fi
+    done
+else
     for s in tests/cli_*.sh tests/bad_input.sh; do
         [ -f "$s" ] || continue
         echo "== $s"

@@ -26,6 +26,7 @@ extern "C" {
 }
 #include "cuda/backend.h"
 #include "cuda/ops_cuda.h"
+#include "cuda/ops_qwen35_cuda.h"
 
 #define CK(call)                                                                                   \
     do {                                                                                           \
@@ -37,13 +38,18 @@ extern "C" {
 #define STAGE_BYTES ((size_t)64 << 20)
 
 struct cuda_layer {
-    cuda_weight wq, wk, wv, wo, wgate, wup, wdown;
-    float *attn_norm, *ffn_norm, *q_norm, *k_norm, *bq, *bk, *bv;
+    cuda_weight w[CM_COUNT];   /* by role (cuda/backend.h); fmt -1 where the layer has none */
+    float *v[CV_COUNT];        /* float32 vectors, NULL where absent */
 };
 
 struct graph_entry {
-    int n, n_out, n_split;
+    int n, n_out, n_split, n_runs;
     cudaGraphExec_t exec;
+};
+
+/* Per-step inputs, one host-to-device copy: int32 arrays at these offsets of in_d / in_h. */
+struct step_inputs {
+    int32_t *tok, *pos, *seq, *rows, *run_seq, *run_off, *run_tok, *tiles, *tab;
 };
 
 struct cuda_backend {
@@ -56,10 +62,15 @@ struct cuda_backend {
     cuda_weight embd, output;
     float *output_norm, *inv_freq;
     cuda_kv kv;
-    int32_t *in_d, *in_h;   /* token[nb] pos[nb] seq[nb] rows[nb] tables[n_tab][max_blocks] */
+    int32_t *in_d, *in_h;
+    step_inputs di, hi;     /* the arrays in in_d and in in_h */
     int nb, n_tab, max_blocks, max_splits;
     int *seq_map;           /* [n_seq_max] -> compact index, scratch */
     float *x, *xb, *xb2, *q, *k, *v, *att, *hb, *hb2, *logits, *part_o, *part_ml;
+    float *qg;              /* gated attention: q_proj output [nb][n_head][query | gate] */
+    float *ssm_qkv, *ssm_conv, *ssm_z, *ssm_ba, *ssm_o; /* DeltaNet activations (forward_qwen35.c's) */
+    float *rstate;          /* [n_seq_max][rstate_floats] DeltaNet conv + delta-rule state */
+    size_t rstate_floats;
     void *x16, *w16, *cublas_ws;
     int8_t *xq;             /* q8 activations [nb][max_in] and their (d, s) [nb][max_in/32][2] */
     float *xds;
@@ -168,6 +179,9 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
         return set_err(err, errlen, "device arena of %.2f GiB exceeds the %.2f GiB free on the GPU (plan: %s)",
                        arena_size / gib, free_b / gib, ps);
     const int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+    if (hp->arch == ARCH_QWEN35 && !deltanet_cuda_supported(hp->ssm_head_k_dim, hp->ssm_head_v_dim))
+        return set_err(err, errlen, "CUDA backend: DeltaNet heads of %d x %d have no kernel", hp->ssm_head_k_dim,
+                       hp->ssm_head_v_dim);
     if (attention_cuda_prepare(hd, group) != 0)
         return set_err(err, errlen, "attention needs %zu bytes of shared memory per block, more than this GPU allows",
                        attention_smem_bytes(hd, group));
@@ -197,28 +211,29 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
         CK(cudaEventCreate(&u.done[i]));
         CK(cudaEventRecord(u.done[i], b->st));
     }
-    const size_t d = (size_t)hp->n_embd, q_dim = (size_t)hp->n_head * hd, kv_dim = (size_t)hp->n_head_kv * hd;
+    const size_t d = (size_t)hp->n_embd, kv_dim = (size_t)hp->n_head_kv * hd;
     b->L = (cuda_layer *)xcalloc((size_t)hp->n_layer, sizeof *b->L);
     size_t max_in = d, max_mat = 0;
     for (int il = 0; il < hp->n_layer; il++) {
         const struct pxq_layer *L = model_layer(e->m, il);
         cuda_layer *cl = &b->L[il];
-        const struct pxq_tensor *src[7] = {L->attn_q, L->attn_k, L->attn_v, L->attn_output, L->ffn_gate, L->ffn_up, L->ffn_down};
-        cuda_weight *dst[7] = {&cl->wq, &cl->wk, &cl->wv, &cl->wo, &cl->wgate, &cl->wup, &cl->wdown};
-        for (int i = 0; i < 7; i++) {
-            upload_weight(e, b, &u, src[i], dst[i]);
-            if ((size_t)src[i]->ne[0] > max_in) max_in = (size_t)src[i]->ne[0];
-            size_t ne = (size_t)src[i]->ne[0] * (size_t)src[i]->ne[1];
+        const struct pxq_tensor *mats[CM_COUNT];
+        cuda_layer_mats(L, mats);
+        const int dn = hp->layer_kind[il] == LAYER_DELTANET;
+        for (int i = 0; i < CM_COUNT; i++) {
+            cl->w[i].fmt = -1;
+            if (!mats[i] || (i < CM_GATE || i > CM_DOWN ? (i >= CM_SSM_QKV) != dn : 0)) continue;
+            upload_weight(e, b, &u, mats[i], &cl->w[i]);
+            if ((size_t)mats[i]->ne[0] > max_in) max_in = (size_t)mats[i]->ne[0];
+            size_t ne = (size_t)mats[i]->ne[0] * (size_t)mats[i]->ne[1];
             if (ne > max_mat) max_mat = ne;
         }
         const struct layer_f32 *w = &e->lw[il];
-        cl->attn_norm = upload_f32(b, w->attn_norm, d);
-        cl->ffn_norm = upload_f32(b, w->ffn_norm, d);
-        cl->q_norm = upload_f32(b, w->q_norm, (size_t)hd);
-        cl->k_norm = upload_f32(b, w->k_norm, (size_t)hd);
-        cl->bq = upload_f32(b, w->bq, q_dim);
-        cl->bk = upload_f32(b, w->bk, kv_dim);
-        cl->bv = upload_f32(b, w->bv, kv_dim);
+        const float *src[CV_COUNT] = {w->attn_norm, w->ffn_norm, w->q_norm, w->k_norm, w->bq, w->bk, w->bv,
+                                      w->ssm_a, w->ssm_dt, w->ssm_norm, w->ssm_conv1d};
+        size_t vn[CV_COUNT];
+        cuda_layer_vec_sizes(hp, L, il, vn);
+        for (int i = 0; i < CV_COUNT; i++) cl->v[i] = vn[i] ? upload_f32(b, src[i], vn[i]) : NULL;
     }
     upload_weight(e, b, &u, model_token_embd(e->m), &b->embd);
     if (model_output(e->m) != model_token_embd(e->m)) upload_weight(e, b, &u, model_output(e->m), &b->output);
@@ -247,38 +262,55 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     kv->k = arena_get(b, kv_bytes);
     kv->v = arena_get(b, kv_bytes);
 
-    /* activations and inputs */
-    const size_t nb = (size_t)e->p.n_batch, ff = (size_t)hp->n_ff, wide = d > q_dim ? d : q_dim;
+    /* activations, inputs, workspace, state: sizes from cuda_bufs_of, as the plan counted them */
+    struct cuda_bufs bf;
+    cuda_bufs_of(hp, &e->p, max_in, max_mat, &bf);
+    const size_t nb = (size_t)e->p.n_batch;
     b->nb = (int)nb;
     b->max_blocks = (e->p.n_ctx + e->p.kv_block_size - 1) / e->p.kv_block_size;
     b->n_tab = (int)(nb < (size_t)e->p.n_seq_max ? nb : (size_t)e->p.n_seq_max);
     b->max_splits = (e->p.n_ctx + CUDA_SPLIT_LEN - 1) / CUDA_SPLIT_LEN;
-    b->x = arena_f32(b, nb * d);
-    b->xb = arena_f32(b, nb * wide);
-    b->xb2 = arena_f32(b, nb * wide);
-    b->q = arena_f32(b, nb * q_dim);
-    b->att = arena_f32(b, nb * q_dim);
-    b->k = arena_f32(b, nb * kv_dim);
-    b->v = arena_f32(b, nb * kv_dim);
-    b->hb = arena_f32(b, nb * ff);
-    b->hb2 = arena_f32(b, nb * ff);
-    b->logits = arena_f32(b, nb * (size_t)hp->n_vocab);
-    const size_t in_ints = 4 * nb + (size_t)b->n_tab * b->max_blocks;
-    b->in_d = (int32_t *)arena_get(b, in_ints * 4);
-    CK(cudaMallocHost((void **)&b->in_h, in_ints * 4));
-    kv->block_tab = b->in_d + 4 * nb;
+    if (bf.state) {
+        b->rstate = arena_f32(b, bf.state);
+        b->rstate_floats = bf.rstate;
+    }
+    b->x = arena_f32(b, bf.x);
+    b->xb = arena_f32(b, bf.xb);
+    b->xb2 = arena_f32(b, bf.xb2);
+    b->q = arena_f32(b, bf.q);
+    b->att = arena_f32(b, bf.att);
+    b->k = arena_f32(b, bf.k);
+    b->v = arena_f32(b, bf.v);
+    b->hb = arena_f32(b, bf.hb);
+    b->hb2 = arena_f32(b, bf.hb2);
+    b->logits = arena_f32(b, bf.logits);
+    if (bf.qg) b->qg = arena_f32(b, bf.qg);
+    if (bf.ssm_qkv) {
+        b->ssm_qkv = arena_f32(b, bf.ssm_qkv);
+        b->ssm_conv = arena_f32(b, bf.ssm_conv);
+        b->ssm_z = arena_f32(b, bf.ssm_z);
+        b->ssm_ba = arena_f32(b, bf.ssm_ba);
+        b->ssm_o = arena_f32(b, bf.ssm_o);
+    }
+    b->in_d = (int32_t *)arena_get(b, bf.in_ints * 4);
+    CK(cudaMallocHost((void **)&b->in_h, bf.in_ints * 4));
+    int32_t *base[2] = {b->in_d, b->in_h};
+    step_inputs *si[2] = {&b->di, &b->hi};
+    for (int i = 0; i < 2; i++) {
+        int32_t *p = base[i];
+        *si[i] = step_inputs{p, p + nb, p + 2 * nb, p + 3 * nb, p + 4 * nb, p + 5 * nb, p + 6 * nb + 1, p + 7 * nb + 1,
+                             p + 9 * nb + 1};
+    }
+    kv->block_tab = b->di.tab;
     kv->max_blocks = b->max_blocks;
     b->seq_map = (int *)xmalloc((size_t)e->p.n_seq_max * sizeof(int));
-    size_t part_rows = (size_t)CUDA_DECODE_MAX * b->max_splits;
-    if (nb > part_rows) part_rows = nb;
-    part_rows *= (size_t)hp->n_head;
-    b->x16 = arena_get(b, nb * max_in * 2);
-    b->xq = (int8_t *)arena_get(b, nb * max_in);
-    b->xds = arena_f32(b, nb * max_in / 32 * 2 + 2);
-    b->w16_elems = max_mat < CUDA_W16_MAX_ELEMS ? max_mat : CUDA_W16_MAX_ELEMS;
+    b->x16 = arena_get(b, bf.x16 * 2);
+    b->xq = (int8_t *)arena_get(b, bf.xq);
+    b->xds = arena_f32(b, bf.xds);
+    b->w16_elems = bf.w16;
     b->w16 = arena_get(b, b->w16_elems * 2);
-    b->part_o = arena_f32(b, part_rows * (size_t)hd);
-    b->part_ml = arena_f32(b, part_rows * 2);
+    b->part_o = arena_f32(b, bf.part_o);
+    b->part_ml = arena_f32(b, bf.part_ml);
     if (b->peak > plan.total) die("CUDA arena: used %zu bytes, plan %zu", b->peak, plan.total);
     snprintf(b->path, sizeof b->path, "cuda");
     return 0;
@@ -305,19 +337,30 @@ extern "C" const char *cuda_backend_path(const struct pxq_engine *e) { return B(
 
 /* ---- the forward ---- */
 
-/* matmul_cpu's twin, y (+)= W x: for decode the q8 mat-vec (b->xq holds x quantized, q8 != 0) or
- * the fp32 mat-vec (exact mode, formats without a q8 kernel); for prefill, weight rows dequantized
- * to f16 in tiles and cublasGemmEx (f16 in, fp32 accumulate and out). accumulate fuses the residual. */
-static void matmul_cuda(cuda_backend *b, float *y, const cuda_weight *w, const float *x, int n, int q8, int accumulate) {
+/* matmul_cpu's twin, y (+)= W x, output rows of stride ldy: for decode the q8 mat-vec (b->xq holds
+ * x quantized, q8 != 0) or the fp32 mat-vec (exact mode, formats without a q8 kernel); for prefill,
+ * weight rows dequantized to f16 in tiles and cublasGemmEx (f16 in, fp32 accumulate and out).
+ * accumulate fuses the residual. */
+static void matmul_ld(cuda_backend *b, float *y, const cuda_weight *w, const float *x, int n, int q8, int accumulate,
+                      int ldy) {
     if (n <= CUDA_DECODE_MAX || b->exact) {
-        if (q8 && matmul_q8_supported(w->fmt)) matmul_q8_cuda(y, w, b->xq, b->xds, n, w->n_out, accumulate, b->st);
-        else matmul_gemv_cuda(y, w, x, n, w->n_out, accumulate, b->st);
+        if (q8 && matmul_q8_supported(w->fmt)) matmul_q8_cuda(y, w, b->xq, b->xds, n, ldy, accumulate, b->st);
+        else matmul_gemv_cuda(y, w, x, n, ldy, accumulate, b->st);
         return;
     }
     const int n_in = w->n_in, n_out = w->n_out;
     f32_to_f16_cuda(b->x16, x, (int64_t)n * n_in, b->st);
-    int64_t rows = w->fmt == WFMT_F16 ? n_out : (int64_t)(b->w16_elems / (size_t)n_in);
-    if (rows < 1) die("prefill tile smaller than one row");
+    /* tiles of equal size, rows a multiple of 128 where they can be: y + r0 and the f16 tile stay
+     * 16-byte aligned, so cuBLAS picks its aligned tensor-core kernels (an odd r0 costs ~6x) */
+    int64_t rows = n_out;
+    if (w->fmt != WFMT_F16) {
+        const int64_t cap = (int64_t)(b->w16_elems / (size_t)n_in);
+        if (cap < 1) die("prefill tile smaller than one row");
+        const int64_t n_tiles = (n_out + cap - 1) / cap;
+        rows = (n_out + n_tiles - 1) / n_tiles;
+        rows = (rows + 127) / 128 * 128;
+        if (rows > cap) rows = cap >= 128 ? cap / 128 * 128 : cap;
+    }
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     for (int64_t r0 = 0; r0 < n_out; r0 += rows) {
         int rc = (int)(n_out - r0 < rows ? n_out - r0 : rows);
@@ -330,61 +373,121 @@ static void matmul_cuda(cuda_backend *b, float *y, const cuda_weight *w, const f
         }
         /* column-major view: y^T[n_out x n] = W[n_in x n_out]^T x^T[n_in x n] */
         cublasStatus_t s = cublasGemmEx(b->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rc, n, n_in, &one, A, CUDA_R_16F, n_in,
-                                        b->x16, CUDA_R_16F, n_in, &beta, y + r0, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F,
+                                        b->x16, CUDA_R_16F, n_in, &beta, y + r0, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
                                         CUBLAS_GEMM_DEFAULT);
         if (s != CUBLAS_STATUS_SUCCESS) die("cublasGemmEx failed (%d)", (int)s);
     }
 }
 
-/* forward_cpu, step for step; inputs already in b->in_d. */
-static void run_layers(struct pxq_engine *e, cuda_backend *b, int n, int n_out, int n_split, int split_len) {
+static void matmul_cuda(cuda_backend *b, float *y, const cuda_weight *w, const float *x, int n, int q8, int accumulate) {
+    matmul_ld(b, y, w, x, n, q8, accumulate, w->n_out);
+}
+
+/* q8 form of x for the next mat-vec when it has a q8 kernel (xq NULL otherwise) */
+static int8_t *q8_for(cuda_backend *b, int q8, const cuda_weight *w) {
+    return q8 && matmul_q8_supported(w->fmt) ? b->xq : NULL;
+}
+
+struct step {
+    int n, n_out, n_split, split_len, n_runs, q8;
+};
+
+/* Llama / Qwen2 / Qwen3 attention, and Qwen3.5's gated attention (q_proj gives [query | gate] per
+ * head; partial NeoX RoPE; output times sigmoid(gate); forward_qwen35.c), x += o_proj(...). */
+static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_layer *L, int il, const step &s) {
     const struct pxq_hparams *hp = e->hp;
-    const int d = hp->n_embd, hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
-    const int32_t *tok = b->in_d, *pos = b->in_d + b->nb, *seq = b->in_d + 2 * b->nb, *rows = b->in_d + 3 * b->nb;
+    const int n = s.n, hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
+    const int l = e->kv_layer[il], gated = hp->attn_output_gate;
+    const int neox = gated || hp->rope_style == ROPE_NEOX;
     cudaStream_t st = b->st;
-    const int neox = hp->rope_style == ROPE_NEOX;
+    if (gated) {
+        matmul_cuda(b, b->qg, &L->w[CM_Q], b->xb, n, s.q8, 0);
+        split_q_gate_cuda(b->q, b->xb2, b->qg, n, hp->n_head, hd, st);
+    } else {
+        matmul_cuda(b, b->q, &L->w[CM_Q], b->xb, n, s.q8, 0);
+    }
+    matmul_cuda(b, b->k, &L->w[CM_K], b->xb, n, s.q8, 0);
+    matmul_cuda(b, b->v, &L->w[CM_V], b->xb, n, s.q8, 0);
+    if (L->v[CV_BQ]) add_bias_cuda(b->q, L->v[CV_BQ], n, q_dim, st);
+    if (L->v[CV_BK]) add_bias_cuda(b->k, L->v[CV_BK], n, kv_dim, st);
+    if (L->v[CV_BV]) add_bias_cuda(b->v, L->v[CV_BV], n, kv_dim, st);
+    /* q/k norm (before RoPE), RoPE, and the KV store: one kernel */
+    qk_norm_rope_store_cuda(b->q, b->k, b->v, L->v[CV_Q_NORM], L->v[CV_K_NORM], hp->rms_eps, hp->n_head, hp->n_rot,
+                            b->di.pos, b->inv_freq, neox, &b->kv, l, b->di.seq, n, st);
+    attention_cuda(b->att, b->q, &b->kv, l, b->di.pos, b->di.seq, n, hp->n_head, s.n_split, s.split_len, b->part_o,
+                   b->part_ml, st);
+    int8_t *xq = q8_for(b, s.q8, &L->w[CM_O]);
+    if (gated) sigmoid_gate_cuda(b->att, xq, b->xds, b->xb2, (int64_t)n * q_dim, st);
+    else if (xq) quantize_q8_cuda(b->xq, b->xds, b->att, (int64_t)n * q_dim, st);
+    matmul_cuda(b, b->x, &L->w[CM_O], b->att, n, s.q8, 1); /* x += o_proj(att) */
+}
+
+/* Qwen3.5 Gated DeltaNet (forward_qwen35.c's deltanet_layer_cpu, step for step), x += out_proj(...).
+ * The runs (tokens grouped by sequence) and the state slots are in b->di. */
+static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_layer *L, int il, const step &s) {
+    const struct pxq_hparams *hp = e->hp;
+    const int n = s.n, nk = hp->ssm_n_k_head, nv = hp->ssm_n_v_head, dk = hp->ssm_head_k_dim, dv = hp->ssm_head_v_dim;
+    const int K = hp->ssm_conv_kernel, conv_dim = 2 * nk * dk + nv * dv;
+    cudaStream_t st = b->st;
+    float *state = b->rstate + (size_t)e->dn_layer[il] * ((size_t)(K - 1) * conv_dim + (size_t)nv * dk * dv);
+    const step_inputs &di = b->di;
+    matmul_cuda(b, b->ssm_qkv, &L->w[CM_SSM_QKV], b->xb, n, s.q8, 0);
+    matmul_cuda(b, b->ssm_z, &L->w[CM_SSM_Z], b->xb, n, s.q8, 0);
+    matmul_ld(b, b->ssm_ba, &L->w[CM_SSM_BETA], b->xb, n, s.q8, 0, 2 * nv);
+    matmul_ld(b, b->ssm_ba + nv, &L->w[CM_SSM_ALPHA], b->xb, n, s.q8, 0, 2 * nv);
+    ssm_conv_cuda(b->ssm_conv, state, b->rstate_floats, b->ssm_qkv, L->v[CV_SSM_CONV], conv_dim, K, di.run_seq,
+                  di.run_off, di.run_tok, s.n_runs, st);
+    deltanet_prep_cuda(b->ssm_conv, b->ssm_ba, L->v[CV_SSM_A], L->v[CV_SSM_DT], nk, nv, dk, conv_dim, n, st);
+    gated_delta_rule_cuda(b->ssm_o, state, b->rstate_floats, b->ssm_conv, b->ssm_ba, nk, nv, dk, dv, K, conv_dim,
+                          hp->ssm_v_tiled, di.run_seq, di.run_off, di.run_tok, s.n_runs, st);
+    int8_t *xq = q8_for(b, s.q8, &L->w[CM_SSM_OUT]);
+    if (xq && dv % 32 == 0) {
+        gated_rmsnorm_silu_cuda(b->ssm_o, xq, b->xds, b->ssm_z, L->v[CV_SSM_NORM], n * nv, dv, hp->rms_eps, st);
+    } else {
+        gated_rmsnorm_silu_cuda(b->ssm_o, NULL, NULL, b->ssm_z, L->v[CV_SSM_NORM], n * nv, dv, hp->rms_eps, st);
+        if (xq) quantize_q8_cuda(b->xq, b->xds, b->ssm_o, (int64_t)n * nv * dv, st);
+    }
+    matmul_cuda(b, b->x, &L->w[CM_SSM_OUT], b->ssm_o, n, s.q8, 1); /* x += out_proj(o) */
+}
+
+/* forward_cpu, step for step; inputs already in b->in_d. */
+static void run_layers(struct pxq_engine *e, cuda_backend *b, step s) {
+    const struct pxq_hparams *hp = e->hp;
+    const int n = s.n, d = hp->n_embd;
+    cudaStream_t st = b->st;
     /* int8 activations for the q8 mat-vec: decode, default mode, rows in whole groups of 32 */
-    const int q8 = !b->exact && n <= CUDA_DECODE_MAX && d % 32 == 0 && q_dim % 32 == 0 && hp->n_ff % 32 == 0;
+    int q8 = !b->exact && n <= CUDA_DECODE_MAX && d % 32 == 0 && hp->n_head * hp->head_dim % 32 == 0 &&
+             hp->n_ff % 32 == 0;
+    if (hp->arch == ARCH_QWEN35) q8 = q8 && hp->ssm_n_v_head * hp->ssm_head_v_dim % 32 == 0;
+    s.q8 = q8;
     int8_t *xq = q8 ? b->xq : NULL;
-    dequant_rows_cuda(b->x, 0, &b->embd, tok, 0, n, st);
+    dequant_rows_cuda(b->x, 0, &b->embd, b->di.tok, 0, n, st);
     for (int il = 0; il < hp->n_layer; il++) {
         const cuda_layer *L = &b->L[il];
-        const int l = e->kv_layer[il];
-        /* attention */
-        rmsnorm_q8_cuda(b->xb, xq, b->xds, b->x, L->attn_norm, d, n, hp->rms_eps, NULL, st);
-        matmul_cuda(b, b->q, &L->wq, b->xb, n, q8, 0);
-        matmul_cuda(b, b->k, &L->wk, b->xb, n, q8, 0);
-        matmul_cuda(b, b->v, &L->wv, b->xb, n, q8, 0);
-        if (L->bq) add_bias_cuda(b->q, L->bq, n, q_dim, st);
-        if (L->bk) add_bias_cuda(b->k, L->bk, n, kv_dim, st);
-        if (L->bv) add_bias_cuda(b->v, L->bv, n, kv_dim, st);
-        /* q/k norm (before RoPE, Qwen3), RoPE, and the KV store: one kernel */
-        qk_norm_rope_store_cuda(b->q, b->k, b->v, L->q_norm, L->k_norm, hp->rms_eps, hp->n_head, hp->n_rot, pos,
-                                b->inv_freq, neox, &b->kv, l, seq, n, st);
-        attention_cuda(b->att, b->q, &b->kv, l, pos, seq, n, hp->n_head, n_split, split_len, b->part_o, b->part_ml, st);
-        if (q8 && matmul_q8_supported(L->wo.fmt)) quantize_q8_cuda(b->xq, b->xds, b->att, (int64_t)n * q_dim, st);
-        matmul_cuda(b, b->x, &L->wo, b->att, n, q8, 1); /* x += o_proj(att) */
+        rmsnorm_q8_cuda(b->xb, xq, b->xds, b->x, L->v[CV_ATTN_NORM], d, n, hp->rms_eps, NULL, st);
+        if (hp->layer_kind[il] == LAYER_DELTANET) deltanet_layer(e, b, L, il, s);
+        else attention_layer(e, b, L, il, s);
         /* feed-forward */
-        rmsnorm_q8_cuda(b->xb, xq, b->xds, b->x, L->ffn_norm, d, n, hp->rms_eps, NULL, st);
-        matmul_cuda(b, b->hb, &L->wgate, b->xb, n, q8, 0);
-        matmul_cuda(b, b->hb2, &L->wup, b->xb, n, q8, 0);
-        swiglu_q8_cuda(b->hb, q8 && matmul_q8_supported(L->wdown.fmt) ? b->xq : NULL, b->xds, b->hb, b->hb2,
-                       (int64_t)hp->n_ff * n, st);
-        matmul_cuda(b, b->x, &L->wdown, b->hb, n, q8, 1); /* x += down(...) */
+        rmsnorm_q8_cuda(b->xb, xq, b->xds, b->x, L->v[CV_FFN_NORM], d, n, hp->rms_eps, NULL, st);
+        matmul_cuda(b, b->hb, &L->w[CM_GATE], b->xb, n, q8, 0);
+        matmul_cuda(b, b->hb2, &L->w[CM_UP], b->xb, n, q8, 0);
+        swiglu_q8_cuda(b->hb, q8_for(b, q8, &L->w[CM_DOWN]), b->xds, b->hb, b->hb2, (int64_t)hp->n_ff * n, st);
+        matmul_cuda(b, b->x, &L->w[CM_DOWN], b->hb, n, q8, 1); /* x += down(...) */
     }
     /* final norm of the rows that asked for logits (gathered), then lm_head */
-    if (n_out) {
-        rmsnorm_q8_cuda(b->xb, xq, b->xds, b->x, b->output_norm, d, n_out, hp->rms_eps, rows, st);
-        matmul_cuda(b, b->logits, &b->output, b->xb, n_out, q8, 0);
+    if (s.n_out) {
+        rmsnorm_q8_cuda(b->xb, xq, b->xds, b->x, b->output_norm, d, s.n_out, hp->rms_eps, b->di.rows, st);
+        matmul_cuda(b, b->logits, &b->output, b->xb, s.n_out, q8, 0);
     }
 }
 
-static cudaGraphExec_t graph_get(struct pxq_engine *e, cuda_backend *b, int n, int n_out, int n_split) {
+static cudaGraphExec_t graph_get(struct pxq_engine *e, cuda_backend *b, const step &s) {
     for (int i = 0; i < b->n_graphs; i++)
-        if (b->g[i].n == n && b->g[i].n_out == n_out && b->g[i].n_split == n_split) return b->g[i].exec;
+        if (b->g[i].n == s.n && b->g[i].n_out == s.n_out && b->g[i].n_split == s.n_split && b->g[i].n_runs == s.n_runs)
+            return b->g[i].exec;
     cudaGraph_t graph;
     CK(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal));
-    run_layers(e, b, n, n_out, n_split, CUDA_SPLIT_LEN);
+    run_layers(e, b, s);
     CK(cudaStreamEndCapture(b->st, &graph));
     cudaGraphExec_t exec;
     CK(cudaGraphInstantiate(&exec, graph, 0));
@@ -397,55 +500,90 @@ static cudaGraphExec_t graph_get(struct pxq_engine *e, cuda_backend *b, int n, i
         b->next_evict = (b->next_evict + 1) % MAX_GRAPHS;
         CK(cudaGraphExecDestroy(b->g[slot].exec));
     }
-    b->g[slot] = graph_entry{n, n_out, n_split, exec};
+    b->g[slot] = graph_entry{s.n, s.n_out, s.n_split, s.n_runs, exec};
     return exec;
+}
+
+/* Host side of the per-step inputs: tokens, positions, compacted sequence ids with their block
+ * tables, the output rows, and the runs (tokens grouped by sequence, in batch order). Returns the
+ * bytes to copy; fills s's counts. A sequence's DeltaNet state is cleared on its first step. */
+static size_t stage_inputs(struct pxq_engine *e, cuda_backend *b, const struct ubatch *ub, step *s, int *first_out,
+                           int *max_pos) {
+    const step_inputs &h = b->hi;
+    const int n = ub->n;
+    for (int i = 0; i < e->p.n_seq_max; i++) b->seq_map[i] = -1;
+    int n_tab = 0, n_out = 0, first = -1, mp = 0;
+    for (int t = 0; t < n; t++) {
+        const int sq = ub->seq_id[t];
+        if (b->seq_map[sq] < 0) {
+            const struct kv_seq *ks = &e->seqs[sq].kv;
+            b->seq_map[sq] = n_tab;
+            memcpy(h.tab + (size_t)n_tab * b->max_blocks, ks->blocks, (size_t)ks->n_blocks * sizeof(int32_t));
+            h.run_seq[n_tab] = sq; /* run i is compact sequence i; the state slot is the sequence id */
+            n_tab++;
+        }
+        h.tok[t] = ub->token[t];
+        h.pos[t] = ub->pos[t];
+        h.seq[t] = b->seq_map[sq];
+        if (ub->pos[t] > mp) mp = ub->pos[t];
+        if (ub->out_idx[t] >= 0) {
+            if (first < 0) first = ub->out_idx[t];
+            h.rows[n_out++] = t;
+        }
+    }
+    if (b->rstate) { /* runs: counting sort of the tokens by compact sequence, batch order kept */
+        for (int r = 0; r <= n_tab; r++) h.run_off[r] = 0;
+        for (int t = 0; t < n; t++) h.run_off[h.seq[t] + 1]++;
+        for (int r = 0; r < n_tab; r++) h.run_off[r + 1] += h.run_off[r];
+        for (int r = 0; r < n_tab; r++) h.tiles[r] = h.run_off[r]; /* scratch cursor */
+        for (int t = 0; t < n; t++) h.run_tok[h.tiles[h.seq[t]]++] = t;
+        for (int r = 0; r < n_tab; r++) {
+            struct pxq_seq *sq = &e->seqs[h.run_seq[r]];
+            if (!sq->rstate_live) {
+                CK(cudaMemsetAsync(b->rstate + (size_t)h.run_seq[r] * b->rstate_floats, 0,
+                                   b->rstate_floats * sizeof(float), b->st));
+                sq->rstate_live = 1;
+            }
+        }
+    }
+    s->n = n;
+    s->n_out = n_out;
+    s->n_runs = b->rstate ? n_tab : 0;
+    *first_out = first;
+    *max_pos = mp;
+    return (size_t)(h.tab - b->in_h) * sizeof(int32_t) + (size_t)n_tab * b->max_blocks * sizeof(int32_t);
 }
 
 extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
     cuda_backend *b = B(e);
-    const int n = ub->n, nb = b->nb;
-    int32_t *h = b->in_h;
-    for (int s = 0; s < e->p.n_seq_max; s++) b->seq_map[s] = -1;
-    int n_tab = 0, n_out = 0, first = -1, max_pos = 0;
-    for (int t = 0; t < n; t++) {
-        const int s = ub->seq_id[t];
-        if (b->seq_map[s] < 0) {
-            const struct kv_seq *ks = &e->seqs[s].kv;
-            b->seq_map[s] = n_tab;
-            memcpy(h + 4 * nb + (size_t)n_tab * b->max_blocks, ks->blocks, (size_t)ks->n_blocks * sizeof(int32_t));
-            n_tab++;
-        }
-        h[t] = ub->token[t];
-        h[nb + t] = ub->pos[t];
-        h[2 * nb + t] = b->seq_map[s];
-        if (ub->pos[t] > max_pos) max_pos = ub->pos[t];
-        if (ub->out_idx[t] >= 0) {
-            if (first < 0) first = ub->out_idx[t];
-            h[3 * nb + n_out++] = t;
-        }
-    }
-    const size_t in_bytes = (4 * (size_t)nb + (size_t)n_tab * b->max_blocks) * sizeof(int32_t);
-    CK(cudaMemcpyAsync(b->in_d, h, in_bytes, cudaMemcpyHostToDevice, b->st));
-    const char *fmt = cuda_wfmt_name(b->L[0].wgate.fmt);
-    const char *mv = !b->exact && matmul_q8_supported(b->L[0].wgate.fmt) ? "q8-dp4a" : "gemv";
-    if (n <= CUDA_DECODE_MAX) {
-        int need = (max_pos + 1 + CUDA_SPLIT_LEN - 1) / CUDA_SPLIT_LEN, n_split = 1;
-        while (n_split < need) n_split *= 2;
-        if (n_split > b->max_splits) n_split = b->max_splits;
+    step s = {};
+    int first = -1, max_pos = 0;
+    const size_t in_bytes = stage_inputs(e, b, ub, &s, &first, &max_pos);
+    CK(cudaMemcpyAsync(b->in_d, b->in_h, in_bytes, cudaMemcpyHostToDevice, b->st));
+    const char *fmt = cuda_wfmt_name(b->L[0].w[CM_GATE].fmt);
+    const char *mv = !b->exact && matmul_q8_supported(b->L[0].w[CM_GATE].fmt) ? "q8-dp4a" : "gemv";
+    if (s.n <= CUDA_DECODE_MAX) {
+        int need = (max_pos + 1 + CUDA_SPLIT_LEN - 1) / CUDA_SPLIT_LEN;
+        s.n_split = 1;
+        while (s.n_split < need) s.n_split *= 2;
+        if (s.n_split > b->max_splits) s.n_split = b->max_splits;
+        s.split_len = CUDA_SPLIT_LEN;
         if (b->graphs) {
-            CK(cudaGraphLaunch(graph_get(e, b, n, n_out, n_split), b->st));
+            CK(cudaGraphLaunch(graph_get(e, b, s), b->st));
             snprintf(b->path, sizeof b->path, "cuda %s %s graph", mv, fmt);
         } else {
-            run_layers(e, b, n, n_out, n_split, CUDA_SPLIT_LEN);
+            run_layers(e, b, s);
             snprintf(b->path, sizeof b->path, "cuda %s %s", mv, fmt);
         }
     } else {
-        run_layers(e, b, n, n_out, 1, e->p.n_ctx);
+        s.n_split = 1;
+        s.split_len = e->p.n_ctx;
+        run_layers(e, b, s);
         snprintf(b->path, sizeof b->path, b->exact ? "cuda gemv-fp32 %s" : "cuda cublas-f16 %s", fmt);
     }
     CK(cudaGetLastError());
-    if (n_out)
+    if (s.n_out)
         CK(cudaMemcpyAsync(e->logits + (size_t)first * e->hp->n_vocab, b->logits,
-                           (size_t)n_out * e->hp->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, b->st));
+                           (size_t)s.n_out * e->hp->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, b->st));
     CK(cudaStreamSynchronize(b->st));
 }

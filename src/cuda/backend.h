@@ -45,10 +45,38 @@ void cuda_weight_sizes(int fmt, int64_t n_in, int64_t n_out, size_t *q_bytes, si
 /* Decode steps (at most this many tokens) use the fused mat-vec and CUDA graphs. */
 #define CUDA_DECODE_MAX 16
 
+/* The weight matrices a layer's CUDA forward reads, by role, and its float32 vectors (uploaded from
+ * struct layer_f32 in this order). A layer has the attention (CM_Q..CM_O) or the DeltaNet
+ * (CM_SSM_*) matrices, and the FFN. */
+enum cuda_mat { CM_Q, CM_K, CM_V, CM_O, CM_GATE, CM_UP, CM_DOWN,
+                CM_SSM_QKV, CM_SSM_Z, CM_SSM_BETA, CM_SSM_ALPHA, CM_SSM_OUT, CM_COUNT };
+enum cuda_vec { CV_ATTN_NORM, CV_FFN_NORM, CV_Q_NORM, CV_K_NORM, CV_BQ, CV_BK, CV_BV,
+                CV_SSM_A, CV_SSM_DT, CV_SSM_NORM, CV_SSM_CONV, CV_COUNT };
+struct pxq_layer;
+/* mats[CM_*]: layer il's matrices (NULL where absent); n[CV_*]: floats of each vector (0: absent). */
+void cuda_layer_mats(const struct pxq_layer *L, const struct pxq_tensor *mats[CM_COUNT]);
+void cuda_layer_vec_sizes(const struct pxq_hparams *hp, const struct pxq_layer *L, int il, size_t n[CV_COUNT]);
+
+/* Element counts of the backend's buffers for params p (float32 unless noted); the plan and the
+ * backend's allocations both come from this. */
+struct cuda_bufs {
+    /* activations, per ubatch of up to n_batch tokens */
+    size_t x, xb, xb2, q, att, k, v, hb, hb2, logits, qg, ssm_qkv, ssm_conv, ssm_z, ssm_ba, ssm_o;
+    size_t in_ints;                      /* int32: per-step inputs (tokens, positions, runs, block tables) */
+    /* workspace */
+    size_t x16, w16;                     /* halfs: prefill operands */
+    size_t xq, xds;                      /* int8 activations and their (d, d * sum) pairs (floats) */
+    size_t part_o, part_ml;              /* split-K attention partials */
+    /* recurrent state (qwen35): n_seq_max x rstate floats */
+    size_t rstate, state;
+};
+void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *p, size_t max_in, size_t max_mat,
+                  struct cuda_bufs *bf);
+
 /* What the backend carves from its arena, in bytes, each allocation rounded up to CUDA_ALIGN
  * (backend.cu allocates exactly these items; memplan.h is the user-facing account). */
 struct cuda_plan {
-    size_t weights, kv, kv_per_token, activations, workspace, total;
+    size_t weights, kv, kv_per_token, state, activations, workspace, total;
     int64_t kv_tokens;
 };
 /* The plan for model m under params p resolved as pxq_engine_new resolves them, with kv_elt bytes

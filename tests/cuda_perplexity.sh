@@ -1,0 +1,23 @@
+#!/bin/sh
+# Perplexity on the CUDA backend (run by `make test-cuda`, which needs a GPU): frankenstein.txt
+# (-c 256 --chunks 64), default mode (f16 KV, f16 prefill GEMMs). Bounds as the CPU scripts:
+# tiny-qwen3 HF dir within 0.5% of HF's 82.253 and its GGUFs within 3%; tiny-qwen35 HF dir within
+# 0.5% of HF's 91.447 and llama.cpp's Q8_0/Q4_0/Q4_K_M GGUFs within 3%.
+set -u
+BUILD=${BUILD:-build}
+PXQ=$BUILD/pxq
+D=tests/data
+fail=0
+check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1"; fail=1; fi; }
+ppl() { $PXQ perplexity --device cuda -m "$1" -f $D/frankenstein.txt -c 256 --chunks 64 --json 2>/dev/null | tail -n 1 | sed 's/.*"ppl": \([0-9.]*\).*/\1/'; }
+within() { awk -v x="$1" -v r="$2" -v tol="$3" 'BEGIN { d = (x - r) / r; if (d < 0) d = -d; exit !(x > 0 && d <= tol) }'; }
+for spec in "$D/tiny-qwen3 82.253 0.005" "$D/gguf/tiny-qwen3-Q8_0.gguf 82.253 0.03" "$D/gguf/tiny-qwen3-Q4_0.gguf 82.253 0.03" \
+    "models/tiny-qwen3-Q4_K_M.gguf 82.253 0.03" "$D/qwen35/tiny-qwen35 91.447 0.005" \
+    "$D/qwen35/tiny-qwen35-Q8_0.gguf 91.447 0.03" "$D/qwen35/tiny-qwen35-Q4_0.gguf 91.447 0.03" \
+    "$D/qwen35/tiny-qwen35-Q4_K_M.gguf 91.447 0.03"; do
+    set -- $spec
+    [ -e "$1" ] || { echo "skip $1 (not in this tree)"; continue; }
+    p=$(ppl "$1")
+    check "cuda perplexity $1 = $p within $3 of $2" 'within "$p" $2 $3'
+done
+exit $fail
