@@ -16,8 +16,9 @@ for spec in "$D/tiny-qwen3 82.253 0.005" "$D/gguf/tiny-qwen3-Q8_0.gguf 82.253 0.
     "$D/qwen35/tiny-qwen35-Q8_0.gguf 91.447 0.03" "$D/qwen35/tiny-qwen35-Q4_0.gguf 91.447 0.03" \
     "$D/qwen35/tiny-qwen35-Q4_K_M.gguf 91.447 0.03"; do
     set -- $spec
-    [ -e "$1" ] || { echo "skip $1 (not in this tree)"; continue; }
-    p=$(ppl "$1")
-    check "cuda perplexity $1 = $p within $3 of $2" 'within "$p" $2 $3'
+    f=$1 ref=$2 tol=$3
+    [ -e "$f" ] || { echo "skip $f (not in this tree)"; continue; }
+    p=$(ppl "$f")
+    check "cuda perplexity $f = $p within $tol of $ref" 'within "$p" $ref $tol'
 done
 exit $fail

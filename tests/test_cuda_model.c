@@ -19,6 +19,263 @@
 #include "testutil.h"
 
 #ifndef PXQ_CUDA
+int main(void) { return cuda_test_gate("test_cuda_model"); }
+#else
+
+#include "ops_cpu.h"
+#include "refcase.h"
+
+static void set_mode(int exact, int graphs) {
+    setenv("PXQ_CUDA_FP32", exact ? "1" : "0", 1);
+    setenv("PXQ_CUDA_GRAPHS", graphs ? "1" : "0", 1);
+}
+
+static struct pxq_engine *engine(struct pxq_model *m, enum pxq_device dev, int n_ctx, int n_seq, int n_batch) {
+    struct pxq_engine_params ep = pxq_engine_default_params();
+    ep.n_ctx = n_ctx;
+    ep.n_seq_max = n_seq;
+    if (n_batch) ep.n_batch = n_batch;
+    ep.device = dev;
+    char err[512] = "";
+    struct pxq_engine *e = pxq_engine_new(m, &ep, err, sizeof err);
+    CHECK(e != NULL, "engine (%s): %s", dev == PXQ_DEVICE_CUDA ? "cuda" : "cpu", err);
+    return e;
+}
+
+struct cmp {
+    double max_abs, num, den;
+    int rows, top1;
+};
+static void cmp_rows(struct cmp *c, const float *got, const float *want, int n_vocab) {
+    for (int v = 0; v < n_vocab; v++) {
+        double d = (double)got[v] - want[v];
+        if (isnan(got[v])) d = INFINITY;
+        c->max_abs = fmax(c->max_abs, fabs(d));
+        c->num += d * d;
+        c->den += (double)want[v] * want[v];
+    }
+    c->top1 += argmax_f32(got, n_vocab) == argmax_f32(want, n_vocab);
+    c->rows++;
+}
+
+/* The model at path on CUDA against the HF reference in ref_dir and against the CPU engine (if
+ * cpu_ref). exact selects the mode and its bounds (see the header). */
+static void check_model(const char *path, const char *ref_dir, int cpu_ref, int exact, int greedy_must_match) {
+    char err[512] = "";
+    struct pxq_model *m = model_open(path, err, sizeof err);
+    CHECK(m != NULL, "open %s: %s", path, err);
+    if (!m) return;
+    struct ref_set rs;
+    if (ref_load(&rs, ref_dir) != 0) {
+        CHECK(0, "reference %s", ref_dir);
+        ref_free(&rs);
+        model_free(m);
+        return;
+    }
+    const float *ref = rs.logits;
+    const cJSON *j = rs.json;
+    const int n_vocab = model_hparams(m)->n_vocab;
+    set_mode(exact, 1);
+    struct pxq_engine *e = engine(m, PXQ_DEVICE_CUDA, 256, 1, 0);
+    struct pxq_engine *c = cpu_ref ? engine(m, PXQ_DEVICE_CPU, 256, 1, 0) : NULL;
+    if (!e || (cpu_ref && !c)) return;
+    struct cmp vs_hf = {0}, vs_cpu = {0};
+    size_t row0 = 0;
+    int greedy_ok = 1, greedy_cpu_ok = 1;
+    const cJSON *cs;
+    cJSON_ArrayForEach(cs, cJSON_GetObjectItem(j, "cases")) {
+        int32_t ids[512], want[64], got[16], cgot[16];
+        int n = ref_ids(cJSON_GetObjectItem(cs, "input_ids"), ids, 512);
+        int ng = ref_ids(cJSON_GetObjectItem(cs, "greedy_ids"), want, 64);
+        int seq = prefill_all(e, ids, n), cseq = c ? prefill_all(c, ids, n) : -1;
+        CHECK(seq >= 0, "prefill %s", path);
+        if (seq < 0) break;
+        for (int r = 0; r < n; r++) {
+            if (!cpu_ref) cmp_rows(&vs_hf, pxq_logits(e, r), ref + (row0 + r) * (size_t)n_vocab, n_vocab);
+            else cmp_rows(&vs_cpu, pxq_logits(e, r), pxq_logits(c, r), n_vocab);
+        }
+        row0 += (size_t)n;
+        int k = greedy_continue(e, seq, n, 16, got);
+        CHECK(k == 16, "greedy decode %s", path);
+        if (!cpu_ref)
+            for (int i = 0; i < k && i < ng; i++) greedy_ok &= got[i] == want[i];
+        if (c) {
+            int kc = greedy_continue(c, cseq, n, 16, cgot);
+            for (int i = 0; i < k && i < kc; i++) greedy_cpu_ok &= got[i] == cgot[i];
+            pxq_seq_free(c, cseq);
+        }
+        pxq_seq_free(e, seq);
+    }
+    const char *mode = exact ? "fp32" : "f16 ";
+    if (!cpu_ref) {
+        double ne = sqrt(vs_hf.num / vs_hf.den);
+        printf("%s %s vs HF: %d rows, max |diff| %.3g, normalised %.3g, top-1 %d/%d, greedy %s [%s]\n", mode, path,
+               vs_hf.rows, vs_hf.max_abs, ne, vs_hf.top1, vs_hf.rows, greedy_ok ? "equal" : "DIFFER",
+               pxq_engine_kernel_path(e));
+        if (exact) {
+            CHECK(vs_hf.max_abs <= 1e-4, "%s: max |logit diff| %.3g > 1e-4", path, vs_hf.max_abs);
+            CHECK(vs_hf.top1 == vs_hf.rows, "%s: top-1 %d/%d", path, vs_hf.top1, vs_hf.rows);
+        } else {
+            CHECK(ne <= 1e-2, "%s: normalised logit error %.3g > 1e-2", path, ne);
+            CHECK(vs_hf.top1 * 100 >= vs_hf.rows * 95, "%s: top-1 %d/%d", path, vs_hf.top1, vs_hf.rows);
+        }
+        if (exact || greedy_must_match) CHECK(greedy_ok, "%s: greedy tokens differ from HF", path);
+    } else {
+        double ne = sqrt(vs_cpu.num / vs_cpu.den);
+        printf("%s %s vs CPU engine: %d rows, max |diff| %.3g, normalised %.3g, top-1 %d/%d, greedy %s [%s]\n", mode,
+               path, vs_cpu.rows, vs_cpu.max_abs, ne, vs_cpu.top1, vs_cpu.rows, greedy_cpu_ok ? "equal" : "DIFFER",
+               pxq_engine_kernel_path(e));
+        if (exact) {
+            CHECK(vs_cpu.max_abs <= 1e-4, "%s: max |diff| vs CPU %.3g > 1e-4", path, vs_cpu.max_abs);
+            CHECK(greedy_cpu_ok, "%s: greedy tokens differ from the CPU engine", path);
+        } else {
+            CHECK(ne <= 1e-2, "%s: normalised error vs CPU %.3g > 1e-2", path, ne);
+            CHECK(vs_cpu.top1 * 100 >= vs_cpu.rows * 95, "%s: top-1 vs CPU %d/%d", path, vs_cpu.top1, vs_cpu.rows);
+        }
+    }
+    pxq_engine_free(e);
+    pxq_engine_free(c);
+    ref_free(&rs);
+    model_free(m);
+}
+
+/* 4 sequences of different lengths: prefill interleaved in one ragged batch, then 8 decode steps of
+ * 4 tokens, against each sequence alone. Exact mode: logits within 1e-4; default: same tokens. */
+static void check_batching(const char *path, int exact) {
+    char err[512] = "";
+    struct pxq_model *m = model_open(path, err, sizeof err);
+    CHECK(m != NULL, "open %s: %s", path, err);
+    if (!m) return;
+    const int n_vocab = model_hparams(m)->n_vocab, steps = 8;
+    const int lens[4] = {5, 17, 1, 33};
+    int32_t toks[4][40];
+    unsigned r = 12345;
+    for (int s = 0; s < 4; s++)
+        for (int i = 0; i < lens[s]; i++) toks[s][i] = (int32_t)(((r = r * 1103515245u + 12345u) >> 8) % (unsigned)n_vocab);
+    set_mode(exact, 1);
+    struct pxq_engine *e = engine(m, PXQ_DEVICE_CUDA, 64, 4, 0);
+    if (!e) return;
+    int32_t alone[4][8];
+    float *alone_last = xmalloc(4 * (size_t)n_vocab * sizeof(float));
+    for (int s = 0; s < 4; s++) {
+        int seq = prefill_all(e, toks[s], lens[s]);
+        memcpy(alone_last + (size_t)s * n_vocab, pxq_logits(e, lens[s] - 1), (size_t)n_vocab * sizeof(float));
+        greedy_continue(e, seq, lens[s], steps, alone[s]);
+        pxq_seq_free(e, seq);
+    }
+    int32_t tk[64], pos[64], sid[64];
+    int8_t want[64];
+    int n = 0, seqs[4], at[4] = {0}, last_row[4];
+    for (int s = 0; s < 4; s++) seqs[s] = pxq_seq_new(e);
+    for (int more = 1; more;) {
+        more = 0;
+        for (int s = 0; s < 4; s++)
+            if (at[s] < lens[s]) {
+                want[n] = at[s] == lens[s] - 1;
+                tk[n] = toks[s][at[s]], pos[n] = at[s], sid[n] = seqs[s], n++;
+                at[s]++;
+                more = 1;
+            }
+    }
+    struct pxq_batch b = {n, tk, pos, sid, want};
+    CHECK(pxq_decode(e, &b, err, sizeof err) == 0, "ragged batch: %s", err);
+    int row = 0;
+    for (int i = 0; i < n; i++)
+        if (want[i]) {
+            int s = 0;
+            while (seqs[s] != sid[i]) s++;
+            last_row[s] = row++;
+        }
+    double worst = 0;
+    int32_t next[4], together[4][8];
+    for (int s = 0; s < 4; s++) {
+        const float *g = pxq_logits(e, last_row[s]);
+        for (int v = 0; v < n_vocab; v++) worst = fmax(worst, fabs((double)g[v] - alone_last[(size_t)s * n_vocab + v]));
+        next[s] = argmax_f32(g, n_vocab);
+    }
+    for (int k = 0; k < steps; k++) {
+        int32_t p[4];
+        for (int s = 0; s < 4; s++) together[s][k] = next[s], p[s] = lens[s] + k;
+        int8_t all[4] = {1, 1, 1, 1};
+        struct pxq_batch bd = {4, next, p, seqs, all};
+        CHECK(pxq_decode(e, &bd, err, sizeof err) == 0, "batched decode: %s", err);
+        for (int s = 0; s < 4; s++) next[s] = argmax_f32(pxq_logits(e, s), n_vocab);
+    }
+    int same = 1;
+    for (int s = 0; s < 4; s++)
+        for (int k = 0; k < steps; k++) same &= together[s][k] == alone[s][k];
+    printf("%s %s: batch of 4 (lengths 5, 17, 1, 33) vs alone: last-row max diff %.3g, greedy tokens %s\n",
+           exact ? "fp32" : "f16 ", path, worst, same ? "equal" : "DIFFER");
+    CHECK(same, "%s: batched greedy tokens differ from alone", path);
+    if (exact) CHECK(worst <= 1e-4, "batch vs alone differ by %.3g", worst);
+    pxq_engine_free(e);
+    free(alone_last);
+    if (exact) { /* chunked prefill (n_batch 7) vs one-shot */
+        struct pxq_engine *e1 = engine(m, PXQ_DEVICE_CUDA, 64, 1, 0), *e7 = engine(m, PXQ_DEVICE_CUDA, 64, 1, 7);
+        if (e1 && e7) {
+            prefill_all(e1, toks[3], lens[3]);
+            prefill_all(e7, toks[3], lens[3]);
+            worst = 0;
+            for (int i = 0; i < lens[3]; i++)
+                for (int v = 0; v < n_vocab; v++) worst = fmax(worst, fabs((double)pxq_logits(e7, i)[v] - pxq_logits(e1, i)[v]));
+            printf("fp32 %s: chunked prefill (n_batch 7) vs one-shot: max diff %.3g\n", path, worst);
+            CHECK(worst <= 1e-4, "chunked prefill differs by %.3g", worst);
+        }
+        pxq_engine_free(e1);
+        pxq_engine_free(e7);
+    }
+    model_free(m);
+}
+
+/* The same decode steps through replayed graphs and eager launches give identical logits. */
+static void check_graphs(const char *path) {
+    char err[512] = "";
+    struct pxq_model *m = model_open(path, err, sizeof err);
+    if (!m) return;
+    const int n_vocab = model_hparams(m)->n_vocab;
+    int32_t ids[20];
+    for (int i = 0; i < 20; i++) ids[i] = (int32_t)((i * 7919 + 13) % n_vocab);
+    float *out[2];
+    for (int g = 0; g < 2; g++) {
+        set_mode(0, g);
+        struct pxq_engine *e = engine(m, PXQ_DEVICE_CUDA, 64, 1, 0);
+        if (!e) return;
+        int seq = prefill_all(e, ids, 3);
+        int32_t toks[12];
+        greedy_continue(e, seq, 3, 12, toks); /* 12 graph replays (or eager steps) */
+        out[g] = xmalloc((size_t)n_vocab * sizeof(float));
+        memcpy(out[g], pxq_logits(e, 0), (size_t)n_vocab * sizeof(float));
+        if (g) printf("kernel path: %s\n", pxq_engine_kernel_path(e));
+        pxq_engine_free(e);
+    }
+    double worst = 0;
+    for (int v = 0; v < n_vocab; v++) worst = fmax(worst, fabs((double)out[0][v] - out[1][v]));
+    printf("graphs vs eager: max diff %.3g\n", worst);
+    CHECK(worst == 0, "graph replay differs from eager launches by %.3g", worst);
+    free(out[0]), free(out[1]);
+    model_free(m);
+}
+
+/* --gpu-mem below the plan: creation fails before loading, naming the plan and the shortfall. */
+static void check_gpu_mem(const char *path) {
+    char err[512] = "";
+    struct pxq_model *m = model_open(path, err, sizeof err);
+    if (!m) return;
+    struct pxq_engine_params ep = pxq_engine_default_params();
+    ep.device = PXQ_DEVICE_CUDA;
+    ep.gpu_mem = 1 << 20;
+    struct pxq_engine *e = pxq_engine_new(m, &ep, err, sizeof err);
+    CHECK(e == NULL && strstr(err, "short by") && strstr(err, "weights"), "1 MiB arena refused with the plan: %s", err);
+    printf("--gpu-mem 1 MiB: %s\n", err);
+    pxq_engine_free(e);
+    ep.gpu_mem = 0;
+    e = pxq_engine_new(m, &ep, err, sizeof err);
+    CHECK(e != NULL, "default arena: %s", err);
+    if (e) printf("device %s, arena peak %.1f MiB\n", pxq_engine_device_name(e), pxq_engine_device_mem_peak(e) / 1048576.0);
+    pxq_engine_free(e);
+    model_free(m);
+}
+
 int main(void) {
     int gate = cuda_test_gate("test_cuda_model");
     if (gate >= 0) return gate;

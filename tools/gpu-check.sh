@@ -4,7 +4,9 @@
 # $OUT (default /tmp/pxq-gpu). Each step has its own time limit so one slow step cannot eat the
 # others. If the machine lacks the -dev libraries, put their headers and .so files in .devlibs/
 # (include/, lib/) and carry it: they are used when present.
-#   usage: tools/gpu-check.sh [build] [tests] [serve] [bench]   (default: all four, in that order)
+#   usage: tools/gpu-check.sh [build] [tests] [serve] [bench] [qwen35] [bench35]
+#   (default: build tests serve bench; qwen35 = the hybrid's CUDA tests and perplexities, bench35 =
+#   the Qwen3.5-27B preset's plan and bench at 16 GiB)
 # The tracked fixtures (about 115 MB) exceed what a lent GPU machine receives of the working tree
 # (64 MiB): move what the run does not need out of the tree for the call and back after it (e.g.
 # tests/data/qwen35 and tests/data/gguf/tiny-qwen3-bf16.gguf; test_cuda_model then reports the
@@ -26,7 +28,7 @@ for s in $steps; do
         timeout 150 make -j"$(nproc)" CUDA_ARCH="${CUDA_ARCH:-90}" all tests >"$OUT/build.log" 2>&1
         echo "build: rc $? ($(tail -n 1 "$OUT/build.log"))" ;;
     tests)
-        for t in test_cuda_ops test_cuda_model; do
+        for t in $(cd build/tests && ls test_cuda_* | grep -v '\.d$'); do
             PXQ_TEST_CUDA=1 timeout 90 build/tests/$t >"$OUT/$t.log" 2>&1
             echo "$t: rc $? ($(tail -n 1 "$OUT/$t.log"))"
         done ;;
@@ -46,6 +48,23 @@ for s in $steps; do
         timeout 240 $PXQ bench --load-format dummy --config $C --dtype q4_0 --device cuda --gpu-mem 24GiB \
             -p 512 -n 128 -b 1,16 -r 3 >"$OUT/bench24.log" 2>&1
         echo "bench 24GiB: rc $?"; tail -n 8 "$OUT/bench24.log" ;;
+    qwen35)
+        PXQ_TEST_CUDA=1 timeout 120 build/tests/test_cuda_qwen35_ops >"$OUT/test_cuda_qwen35_ops.log" 2>&1
+        echo "test_cuda_qwen35_ops: rc $? ($(tail -n 1 "$OUT/test_cuda_qwen35_ops.log"))"
+        PXQ_TEST_ONLY=qwen35 PXQ_TEST_CUDA=1 timeout 180 build/tests/test_cuda_model >"$OUT/test_cuda_model35.log" 2>&1
+        echo "test_cuda_model (qwen35): rc $? ($(tail -n 1 "$OUT/test_cuda_model35.log"))"
+        timeout 240 sh tests/cuda_perplexity.sh >"$OUT/cuda_perplexity.log" 2>&1
+        echo "cuda_perplexity: rc $?"; cat "$OUT/cuda_perplexity.log" ;;
+    bench35)
+        C=presets/qwen3.5-27b.json
+        timeout 60 $PXQ plan --load-format dummy --config $C --dtype q4_0 -c 16384 --gpu-mem 16GiB >"$OUT/plan35.log" 2>&1
+        echo "plan 27B 16GiB: rc $?"; tail -n 4 "$OUT/plan35.log"
+        timeout 200 $PXQ bench --load-format dummy --config $C --dtype q4_0 --device cuda --gpu-mem 16GiB \
+            -p 512 -n 64 -b 1 -r 2 >"$OUT/bench35.log" 2>&1
+        echo "bench 27B: rc $?"; tail -n 3 "$OUT/bench35.log"
+        timeout 200 $PXQ bench --load-format dummy --config $C --dtype q4_0 --device cuda --gpu-mem 16GiB \
+            -p 0 -n 32 -d 16351 -b 1 -r 1 >"$OUT/bench35ctx.log" 2>&1
+        echo "bench 27B depth 16351: rc $?"; tail -n 2 "$OUT/bench35ctx.log" ;;
     esac
     echo "  ($s: $(( $(date +%s) - t0 )) s)"
 done
