@@ -95,7 +95,7 @@ void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *
     bf->q = bf->att = nb * q_dim;
     bf->k = bf->v = nb * kv_dim;
     bf->hb = bf->hb2 = nb * ff;
-    bf->logits = nb * (size_t)hp->n_vocab;
+    bf->logits = (nb < CUDA_LOGITS_ROWS ? nb : CUDA_LOGITS_ROWS) * (size_t)hp->n_vocab;
     if (hp->attn_output_gate) bf->qg = nb * 2 * q_dim;
     int n_dn = 0;
     for (int il = 0; il < hp->n_layer; il++) n_dn += hp->layer_kind[il] == LAYER_DELTANET;

@@ -451,15 +451,10 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
 }
 
 /* forward_cpu, step for step; inputs already in b->in_d. */
-static void run_layers(struct pxq_engine *e, cuda_backend *b, step s) {
+static void run_layers(struct pxq_engine *e, cuda_backend *b, const step &s) {
     const struct pxq_hparams *hp = e->hp;
-    const int n = s.n, d = hp->n_embd;
+    const int n = s.n, d = hp->n_embd, q8 = s.q8;
     cudaStream_t st = b->st;
-    /* int8 activations for the q8 mat-vec: decode, default mode, rows in whole groups of 32 */
-    int q8 = !b->exact && n <= CUDA_DECODE_MAX && d % 32 == 0 && hp->n_head * hp->head_dim % 32 == 0 &&
-             hp->n_ff % 32 == 0;
-    if (hp->arch == ARCH_QWEN35) q8 = q8 && hp->ssm_n_v_head * hp->ssm_head_v_dim % 32 == 0;
-    s.q8 = q8;
     int8_t *xq = q8 ? b->xq : NULL;
     dequant_rows_cuda(b->x, 0, &b->embd, b->di.tok, 0, n, st);
     for (int il = 0; il < hp->n_layer; il++) {
@@ -474,11 +469,14 @@ static void run_layers(struct pxq_engine *e, cuda_backend *b, step s) {
         swiglu_q8_cuda(b->hb, q8_for(b, q8, &L->w[CM_DOWN]), b->xds, b->hb, b->hb2, (int64_t)hp->n_ff * n, st);
         matmul_cuda(b, b->x, &L->w[CM_DOWN], b->hb, n, q8, 1); /* x += down(...) */
     }
-    /* final norm of the rows that asked for logits (gathered), then lm_head */
-    if (s.n_out) {
-        rmsnorm_q8_cuda(b->xb, xq, b->xds, b->x, b->output_norm, d, s.n_out, hp->rms_eps, b->di.rows, st);
-        matmul_cuda(b, b->logits, &b->output, b->xb, s.n_out, q8, 0);
-    }
+}
+
+/* Final norm of output rows r0.. (gathered through b->di.rows), then lm_head into b->logits. */
+static void lm_head(struct pxq_engine *e, cuda_backend *b, const step &s, int r0, int rc) {
+    const struct pxq_hparams *hp = e->hp;
+    rmsnorm_q8_cuda(b->xb, s.q8 ? b->xq : NULL, b->xds, b->x, b->output_norm, hp->n_embd, rc, hp->rms_eps,
+                    b->di.rows + r0, b->st);
+    matmul_cuda(b, b->logits, &b->output, b->xb, rc, s.q8, 0);
 }
 
 static cudaGraphExec_t graph_get(struct pxq_engine *e, cuda_backend *b, const step &s) {
@@ -488,6 +486,7 @@ static cudaGraphExec_t graph_get(struct pxq_engine *e, cuda_backend *b, const st
     cudaGraph_t graph;
     CK(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal));
     run_layers(e, b, s);
+    if (s.n_out) lm_head(e, b, s, 0, s.n_out);
     CK(cudaStreamEndCapture(b->st, &graph));
     cudaGraphExec_t exec;
     CK(cudaGraphInstantiate(&exec, graph, 0));
@@ -562,7 +561,12 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
     CK(cudaMemcpyAsync(b->in_d, b->in_h, in_bytes, cudaMemcpyHostToDevice, b->st));
     const char *fmt = cuda_wfmt_name(b->L[0].w[CM_GATE].fmt);
     const char *mv = !b->exact && matmul_q8_supported(b->L[0].w[CM_GATE].fmt) ? "q8-dp4a" : "gemv";
-    if (s.n <= CUDA_DECODE_MAX) {
+    const struct pxq_hparams *hp = e->hp;
+    /* int8 activations for the q8 mat-vec: decode, default mode, rows in whole groups of 32 */
+    s.q8 = !b->exact && s.n <= CUDA_DECODE_MAX && hp->n_embd % 32 == 0 && hp->n_head * hp->head_dim % 32 == 0 &&
+           hp->n_ff % 32 == 0 && (hp->arch != ARCH_QWEN35 || hp->ssm_n_v_head * hp->ssm_head_v_dim % 32 == 0);
+    const size_t row_bytes = (size_t)hp->n_vocab * sizeof(float);
+    if (s.n <= CUDA_DECODE_MAX) { /* decode: layers and lm_head in one graph (n_out <= CUDA_LOGITS_ROWS) */
         int need = (max_pos + 1 + CUDA_SPLIT_LEN - 1) / CUDA_SPLIT_LEN;
         s.n_split = 1;
         while (s.n_split < need) s.n_split *= 2;
@@ -573,17 +577,24 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
             snprintf(b->path, sizeof b->path, "cuda %s %s graph", mv, fmt);
         } else {
             run_layers(e, b, s);
+            if (s.n_out) lm_head(e, b, s, 0, s.n_out);
             snprintf(b->path, sizeof b->path, "cuda %s %s", mv, fmt);
         }
+        if (s.n_out)
+            CK(cudaMemcpyAsync(e->logits + (size_t)first * hp->n_vocab, b->logits, (size_t)s.n_out * row_bytes,
+                               cudaMemcpyDeviceToHost, b->st));
     } else {
         s.n_split = 1;
         s.split_len = e->p.n_ctx;
         run_layers(e, b, s);
+        for (int r0 = 0; r0 < s.n_out; r0 += CUDA_LOGITS_ROWS) { /* lm_head in chunks of the logits buffer */
+            const int rc = s.n_out - r0 < CUDA_LOGITS_ROWS ? s.n_out - r0 : CUDA_LOGITS_ROWS;
+            lm_head(e, b, s, r0, rc);
+            CK(cudaMemcpyAsync(e->logits + ((size_t)first + r0) * hp->n_vocab, b->logits, (size_t)rc * row_bytes,
+                               cudaMemcpyDeviceToHost, b->st));
+        }
         snprintf(b->path, sizeof b->path, b->exact ? "cuda gemv-fp32 %s" : "cuda cublas-f16 %s", fmt);
     }
     CK(cudaGetLastError());
-    if (s.n_out)
-        CK(cudaMemcpyAsync(e->logits + (size_t)first * e->hp->n_vocab, b->logits,
-                           (size_t)s.n_out * e->hp->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, b->st));
     CK(cudaStreamSynchronize(b->st));
 }

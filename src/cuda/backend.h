@@ -42,6 +42,9 @@ void cuda_weight_sizes(int fmt, int64_t n_in, int64_t n_out, size_t *q_bytes, si
 #define CUDA_CUBLAS_WS ((size_t)32 << 20)
 /* Attention: positions per split of split-K flash-decoding. */
 #define CUDA_SPLIT_LEN 256
+/* lm_head runs over at most this many rows at a time (the device logits buffer; more outputs are
+ * computed and copied back in chunks). */
+#define CUDA_LOGITS_ROWS 64
 /* Decode steps (at most this many tokens) use the fused mat-vec and CUDA graphs. */
 #define CUDA_DECODE_MAX 16
 
