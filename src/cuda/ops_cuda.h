@@ -117,6 +117,41 @@ void attention_cuda(float *out, const float *q, const struct cuda_kv *kv, int l,
 size_t attention_smem_bytes(int head_dim, int group);
 int attention_cuda_prepare(int head_dim, int group);
 
+/* ---- prefill attention: tensor-core flash attention (attention_prefill.cu) ---- */
+
+/* Tokens per tile of attention_prefill_cuda. */
+#define ATTENTION_PREFILL_TILE 64
+
+/* The ubatch's tiles for attention_prefill_cuda: runs of consecutive tokens of one sequence with
+ * consecutive positions, at most ATTENTION_PREFILL_TILE long. tiles_host [cap][2] receives
+ * (first token index, token count) per tile; pos_host, seq_host [n_tokens] are the ubatch's
+ * positions and sequence ids (the values given to the device). Returns n_tiles (at most n_tokens),
+ * or -1 if more than cap tiles are needed. */
+int attention_prefill_tiles(int32_t *tiles_host, int cap, const int32_t *pos_host, const int32_t *seq_host,
+                            int n_tokens);
+
+/* 1 if attention_prefill_cuda runs these shapes on this device: f16 KV (kv_f32 == 0), head_dim 64,
+ * 128 or 256, n_head a multiple of n_head_kv, an sm_80+ device with sm_80+ code in this build and
+ * enough opt-in shared memory (attention_prefill_smem_bytes); 0 otherwise (keep attention_cuda). */
+int attention_prefill_supported(const struct cuda_kv *kv, int n_head);
+
+/* Shared memory bytes per block (0 for an unsupported head_dim), and the one-time opt-in above
+ * 48 KiB: call once (backend creation, outside graph capture) before the first
+ * attention_prefill_cuda; 0, or -1 if unsupported here. */
+size_t attention_prefill_smem_bytes(int head_dim);
+int attention_prefill_prepare(int head_dim);
+
+/* attention_cuda's semantics for prefill: out [n_tokens][n_head * head_dim] (fp32), for each
+ * token t and query head h, softmax(q[t][h] K^T / sqrt(head_dim)) V over positions 0..pos[t] of
+ * sequence seq_id[t] in layer l, K/V head h / (n_head / n_head_kv); q [n_tokens][n_head *
+ * head_dim] fp32. The ubatch's own K/V must already be in the cache. tiles (device) [n_tiles][2]
+ * from attention_prefill_tiles on the same pos / seq_id. FlashAttention-2 (Dao 2023): per (tile,
+ * KV head), 64 (token, query head) rows per block share each K/V tile staged in shared memory; QK^T
+ * and PV on mma.sync m16n8k16 with Q and P rounded to f16, fp32 accumulation, online softmax in
+ * fp32. Only where attention_prefill_supported. */
+void attention_prefill_cuda(float *out, const float *q, const struct cuda_kv *kv, int l, const int32_t *pos,
+                            const int32_t *seq_id, const int32_t *tiles, int n_tiles, int n_head, cudaStream_t st);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,352 @@
+/* attention_prefill.cu - causal flash attention for prefill over the paged f16 KV cache (ops_cuda.h).
+ *
+ * FlashAttention-2 (Dao 2023, "FlashAttention-2: Faster Attention with Better Parallelism and Work
+ * Partitioning", Algorithm 1, forward pass) on the tensor cores: mma.sync m16n8k16 with f16
+ * operands and fp32 accumulation, online softmax in fp32 (Milakov & Gimelshein 2018). The
+ * semantics are attention_cuda's (ops.cu): out[t][h] = softmax(q[t][h] K^T / sqrt(head_dim)) V over
+ * positions 0..pos[t] of sequence seq_id[t], K/V head h / (n_head / n_head_kv).
+ *
+ * Work decomposition. The ubatch is cut on the host into tiles (attention_prefill_tiles): runs of at
+ * most ATTENTION_PREFILL_TILE consecutive tokens of one sequence with consecutive positions. The
+ * rows of a tile for one KV head are its (token, query head of the GQA group) pairs, token-major:
+ * row R = tok * group + g. A block takes 64 consecutive rows (4 warps x 16 rows, one m16 slice
+ * each), so with group 8 a block holds 8 tokens x 8 heads and every K/V tile it stages in shared
+ * memory serves the whole GQA group; grid (n_tiles * group, n_head_kv), the blocks of the last
+ * tiles (the longest in a prefill chunk) first. A block walks K/V positions 0..(its last row's
+ * pos) in tiles of BN positions through the block table, two shared-memory stages filled by
+ * cp.async (zero-filled past the end), and masks per row by that row's own position.
+ *
+ * Shared memory (f16, rows padded by 8 halves so that ldmatrix's 8 row addresses of one 16-byte
+ * column fall in 8 different bank groups): Q [64][D + 8], then per stage K [BN][D + 8] and
+ * V [BN][D + 8]; BN = 64 for head_dim 64 and 128, 32 for 256 (register budget of the O
+ * accumulator). Bytes: attention_prefill_smem_bytes.
+ *
+ * The tensor-core path needs sm_80 (cp.async, mma m16n8k16 f16): under __CUDA_ARCH__ < 800 the
+ * kernel body is empty and attention_prefill_supported returns 0, so callers keep attention_cuda.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include <cuda_fp16.h>
+
+#include "cuda/ops_cuda.h"
+
+#include "cuda/common.cuh"
+
+#define PF_BM 64      /* rows (token, head) per block */
+#define PF_THREADS 128 /* 4 warps of 16 rows */
+
+static_assert(ATTENTION_PREFILL_TILE <= PF_BM, "a tile's rows of one KV head fit `group` blocks (grid.x)");
+
+/* K/V positions per shared-memory tile and padded row length (halves) for head_dim D. */
+template <int D> struct pf_cfg {
+    static constexpr int BN = D >= 256 ? 32 : 64;
+    static constexpr int SD = D + 8;
+};
+
+static size_t pf_smem(int D, int BN) { return (size_t)(PF_BM + 4 * BN) * (size_t)(D + 8) * 2; }
+
+extern "C" size_t attention_prefill_smem_bytes(int head_dim) {
+    switch (head_dim) {
+    case 64: return pf_smem(64, pf_cfg<64>::BN);
+    case 128: return pf_smem(128, pf_cfg<128>::BN);
+    case 256: return pf_smem(256, pf_cfg<256>::BN);
+    default: return 0;
+    }
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+
+/* Element offset of position p's row in a layer of the paged cache (the layout of ops_cuda.h, as
+ * kv_off in ops.cu). */
+static __device__ __forceinline__ size_t pf_kv_off(const cuda_kv &kv, int l, const int32_t *tab, int p) {
+    return (((size_t)tab[p / kv.block_size] * kv.n_layer_kv + l) * kv.block_size + p % kv.block_size) * kv.kv_dim;
+}
+
+/* 16 bytes global -> shared, asynchronous; ok == 0 writes 16 zero bytes and reads nothing. */
+static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int ok) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(ok ? 16 : 0));
+}
+static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+static __device__ __forceinline__ void cp_async_wait1(void) { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+
+/* Four 8x8 b16 matrices; lane i gives the address of row i % 8 of matrix i / 8. */
+static __device__ __forceinline__ void ldsm_x4(uint32_t *r, const __half *p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+static __device__ __forceinline__ void ldsm_x4_t(uint32_t *r, const __half *p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+/* c[16x8] += a[16x16] b[16x8]: a row-major fragment (a0: row g, k 2t..; a1: row g+8; a2: row g,
+ * k 2t+8..; a3: row g+8, k 2t+8..), b column-major (b0: k 2t.., col g; b1: k 2t+8..), c (c0, c1:
+ * row g, cols 2t, 2t+1; c2, c3: row g+8), g = lane / 4, t = lane % 4 (PTX ISA, mma.m16n8k16). */
+static __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *(uint32_t *)&h;
+}
+
+#endif
+
+/* grid (n_tiles * group, n_head_kv), block 128; sl2 = log2(e) / sqrt(head_dim). Layout: file comment. */
+template <int D>
+__global__ void __launch_bounds__(PF_THREADS)
+    attention_prefill_kernel(float *__restrict__ out, const float *__restrict__ q, const cuda_kv kv, int l,
+                             const int32_t *__restrict__ pos, const int32_t *__restrict__ seq_id,
+                             const int32_t *__restrict__ tiles, int n_head, float sl2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    constexpr int BN = pf_cfg<D>::BN, SD = pf_cfg<D>::SD;
+    extern __shared__ uint4 pf_sm[];
+    __shared__ int s_pend;
+    __half *Qs = (__half *)pf_sm, *KVs = Qs + PF_BM * SD; /* stage s: K at KVs + s*2*BN*SD, V after it */
+    const int group = n_head / kv.n_head_kv;
+    const int bi = gridDim.x - 1 - blockIdx.x; /* last tiles (longest) first */
+    const int tile = bi / group, chunk = bi - tile * group, kvh = blockIdx.y;
+    const int t0 = tiles[2 * tile], n_tok = tiles[2 * tile + 1];
+    const int r0 = chunk * PF_BM; /* first row (tok * group + g) of this block */
+    if (r0 >= n_tok * group) return;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int32_t *tab = kv.block_tab + (size_t)seq_id[t0] * kv.max_blocks;
+    const size_t ld = (size_t)n_head * D; /* q and out token stride */
+
+    /* Q rows -> f16; rows past the tile are zero (computed, never stored) */
+    if (tid == 0) s_pend = 0;
+    __syncthreads();
+    for (int i = tid; i < PF_BM * (D / 4); i += PF_THREADS) {
+        const int r = i / (D / 4), c = (i - r * (D / 4)) * 4, R = r0 + r, tok = R / group, g = R - tok * group;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (tok < n_tok) v = *(const float4 *)(q + (size_t)(t0 + tok) * ld + (size_t)(kvh * group + g) * D + c);
+        __half2 *dst = (__half2 *)(Qs + r * SD + c);
+        dst[0] = __floats2half2_rn(v.x, v.y);
+        dst[1] = __floats2half2_rn(v.z, v.w);
+    }
+    if (tid < PF_BM) {
+        const int tok = (r0 + tid) / group;
+        if (tok < n_tok) atomicMax(&s_pend, pos[t0 + tok]);
+    }
+    __syncthreads();
+    const int p_end = s_pend; /* last K/V position any row of the block needs */
+
+    /* this thread's two rows: g = lane / 4 and g + 8 of the warp's 16 */
+    int rowpos[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int tok = (r0 + warp * 16 + (lane >> 2) + 8 * i) / group;
+        rowpos[i] = tok < n_tok ? pos[t0 + tok] : p_end;
+    }
+    const int minpos = min(rowpos[0], rowpos[1]);
+
+    /* K/V tile j -> stage st: BN rows of D halves, 16 bytes per cp.async */
+    auto load_kv = [&](int j, int st) {
+        __half *Ks = KVs + st * 2 * BN * SD, *Vs = Ks + BN * SD;
+        static_assert(BN * (D / 8) % PF_THREADS == 0, "whole rounds of 16-byte copies");
+#pragma unroll
+        for (int it = 0; it < BN * (D / 8) / PF_THREADS; it++) {
+            const int i = tid + it * PF_THREADS, r = i / (D / 8), c = (i - r * (D / 8)) * 8, p = j * BN + r, ok = p <= p_end;
+            const size_t off = ok ? pf_kv_off(kv, l, tab, p) + (size_t)kvh * D + c : 0;
+            cp_async16(Ks + r * SD + c, (const __half *)kv.k + off, ok);
+            cp_async16(Vs + r * SD + c, (const __half *)kv.v + off, ok);
+        }
+    };
+
+    /* ldmatrix row addresses of this lane (halves): Q as the A operand (matrices: rows 0-7 / 8-15
+     * x k 0-7, then k 8-15), K as the column-major B operand (n 0-7 x k 0-7 / 8-15, then n 8-15),
+     * V transposed as B (k 0-7 / 8-15 x n 0-7, then n 8-15). */
+    const int a_off = (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * SD + (lane >> 4) * 8;
+    const int k_off = ((lane & 7) + (lane >> 4) * 8) * SD + ((lane >> 3) & 1) * 8;
+    const int v_off = ((lane & 7) + ((lane >> 3) & 1) * 8) * SD + (lane >> 4) * 8;
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f}; /* m in score units, lsum per thread */
+    const int n_kt = p_end / BN + 1;
+
+    load_kv(0, 0);
+    cp_async_commit();
+    for (int j = 0; j < n_kt; j++) {
+        if (j + 1 < n_kt) load_kv(j + 1, (j + 1) & 1);
+        cp_async_commit(); /* possibly empty: wait_group 1 then always means "tile j has landed" */
+        cp_async_wait1();
+        __syncthreads();
+        const __half *Ks = KVs + (j & 1) * 2 * BN * SD, *Vs = Ks + BN * SD;
+
+        /* S = Q K^T, 16 x BN per warp */
+        float s[BN / 8][4];
+#pragma unroll
+        for (int nb = 0; nb < BN / 8; nb++) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t a[4];
+            ldsm_x4(a, Qs + a_off + kk * 16);
+#pragma unroll
+            for (int nb = 0; nb < BN / 16; nb++) {
+                uint32_t b[4];
+                ldsm_x4(b, Ks + k_off + nb * 16 * SD + kk * 16);
+                mma16816(s[2 * nb], a, b[0], b[1]);
+                mma16816(s[2 * nb + 1], a, b[2], b[3]);
+            }
+        }
+
+        /* causal mask by each row's own position (also hides the zero-filled rows past p_end) */
+        const int j0 = j * BN;
+        if (j0 + BN - 1 > minpos) {
+#pragma unroll
+            for (int nb = 0; nb < BN / 8; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (j0 + nb * 8 + 2 * (lane & 3) + (e & 1) > rowpos[e >> 1]) s[nb][e] = -INFINITY;
+        }
+
+        /* online softmax: the row max over the quad that shares a row, rescale, p = 2^(s sl2 - m sl2) */
+        float ms[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float mx = m[i];
+#pragma unroll
+            for (int nb = 0; nb < BN / 8; nb++) mx = fmaxf(mx, fmaxf(s[nb][2 * i], s[nb][2 * i + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+            ms[i] = mx == -INFINITY ? 0.0f : mx * sl2; /* a row with nothing unmasked yet stays at 0 */
+            const float corr = exp2f(m[i] * sl2 - ms[i]);
+            m[i] = mx;
+            lsum[i] *= corr;
+#pragma unroll
+            for (int nd = 0; nd < D / 8; nd++) o[nd][2 * i] *= corr, o[nd][2 * i + 1] *= corr;
+        }
+#pragma unroll
+        for (int nb = 0; nb < BN / 8; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[nb][e] = exp2f(fmaf(s[nb][e], sl2, -ms[e >> 1]));
+                lsum[e >> 1] += s[nb][e];
+            }
+
+        /* O += P V: the S accumulator of two n-blocks is the A fragment of one k16 step */
+#pragma unroll
+        for (int kc = 0; kc < BN / 16; kc++) {
+            const uint32_t a[4] = {pack_h2(s[2 * kc][0], s[2 * kc][1]), pack_h2(s[2 * kc][2], s[2 * kc][3]),
+                                   pack_h2(s[2 * kc + 1][0], s[2 * kc + 1][1]), pack_h2(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+            for (int nd = 0; nd < D / 16; nd++) {
+                uint32_t b[4];
+                ldsm_x4_t(b, Vs + v_off + kc * 16 * SD + nd * 16);
+                mma16816(o[2 * nd], a, b[0], b[1]);
+                mma16816(o[2 * nd + 1], a, b[2], b[3]);
+            }
+        }
+        __syncthreads(); /* stage j & 1 is refilled by the next iteration's load */
+    }
+
+    /* out = O / l, rows of the tile only */
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        float ls = lsum[i];
+        ls += __shfl_xor_sync(FULL_MASK, ls, 1);
+        ls += __shfl_xor_sync(FULL_MASK, ls, 2);
+        const int R = r0 + warp * 16 + (lane >> 2) + 8 * i, tok = R / group, g = R - tok * group;
+        if (tok < n_tok) {
+            const float inv = 1.0f / ls;
+            float *dst = out + (size_t)(t0 + tok) * ld + (size_t)(kvh * group + g) * D + 2 * (lane & 3);
+#pragma unroll
+            for (int nd = 0; nd < D / 8; nd++) *(float2 *)(dst + nd * 8) = make_float2(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
+        }
+    }
+#endif
+}
+
+/* ---- host ---- */
+
+static const void *pf_kernel(int head_dim) {
+    switch (head_dim) {
+    case 64: return (const void *)attention_prefill_kernel<64>;
+    case 128: return (const void *)attention_prefill_kernel<128>;
+    case 256: return (const void *)attention_prefill_kernel<256>;
+    default: return NULL;
+    }
+}
+
+/* 1 if this build holds sm_80+ code for the kernel on the current device (major >= 8) and the
+ * device's opt-in shared memory per block covers the kernel's; cached per head_dim. */
+static int pf_device_ok(int head_dim) {
+    static int cached[3] = {-1, -1, -1};
+    const int i = head_dim == 64 ? 0 : head_dim == 128 ? 1 : 2;
+    if (cached[i] < 0) {
+        int dev = 0, major = 0, optin = 0;
+        cudaFuncAttributes fa;
+        int ok = cudaGetDevice(&dev) == cudaSuccess &&
+                 cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8 &&
+                 cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
+                 (size_t)optin >= attention_prefill_smem_bytes(head_dim) &&
+                 cudaFuncGetAttributes(&fa, pf_kernel(head_dim)) == cudaSuccess && fa.binaryVersion >= 80 &&
+                 fa.ptxVersion >= 80;
+        (void)cudaGetLastError(); /* a build without a fitting image reports an error here: not sticky */
+        cached[i] = ok;
+    }
+    return cached[i];
+}
+
+extern "C" int attention_prefill_supported(const struct cuda_kv *kv, int n_head) {
+    const int hd = kv->head_dim;
+    if (kv->kv_f32 || (hd != 64 && hd != 128 && hd != 256)) return 0;
+    if (kv->n_head_kv <= 0 || n_head <= 0 || n_head % kv->n_head_kv != 0 || kv->kv_dim % 8 != 0) return 0;
+    return pf_device_ok(hd);
+}
+
+extern "C" int attention_prefill_prepare(int head_dim) {
+    const void *fn = pf_kernel(head_dim);
+    if (!fn || !pf_device_ok(head_dim)) return -1;
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attention_prefill_smem_bytes(head_dim)) !=
+        cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    return 0;
+}
+
+extern "C" int attention_prefill_tiles(int32_t *tiles_host, int cap, const int32_t *pos_host, const int32_t *seq_host,
+                                       int n_tokens) {
+    int n = 0;
+    for (int t = 0; t < n_tokens; t++) {
+        const int start = t == 0 || seq_host[t] != seq_host[t - 1] || pos_host[t] != pos_host[t - 1] + 1 ||
+                          tiles_host[2 * (n - 1) + 1] == ATTENTION_PREFILL_TILE;
+        if (start) {
+            if (n == cap) return -1;
+            tiles_host[2 * n] = t;
+            tiles_host[2 * n + 1] = 1;
+            n++;
+        } else {
+            tiles_host[2 * (n - 1) + 1]++;
+        }
+    }
+    return n;
+}
+
+extern "C" void attention_prefill_cuda(float *out, const float *q, const struct cuda_kv *kv, int l, const int32_t *pos,
+                                       const int32_t *seq_id, const int32_t *tiles, int n_tiles, int n_head,
+                                       cudaStream_t st) {
+    if (n_tiles <= 0) return;
+    const int hd = kv->head_dim, group = n_head / kv->n_head_kv;
+    const float sl2 = 1.4426950408889634f / sqrtf((float)hd); /* log2(e) / sqrt(head_dim): exp(x) = 2^(x log2 e) */
+    const dim3 grid((unsigned)(n_tiles * group), (unsigned)kv->n_head_kv), block(PF_THREADS);
+    const size_t smem = attention_prefill_smem_bytes(hd);
+    switch (hd) {
+    case 64: attention_prefill_kernel<64><<<grid, block, smem, st>>>(out, q, *kv, l, pos, seq_id, tiles, n_head, sl2); break;
+    case 128: attention_prefill_kernel<128><<<grid, block, smem, st>>>(out, q, *kv, l, pos, seq_id, tiles, n_head, sl2); break;
+    case 256: attention_prefill_kernel<256><<<grid, block, smem, st>>>(out, q, *kv, l, pos, seq_id, tiles, n_head, sl2); break;
+    default: break;
+    }
+}
