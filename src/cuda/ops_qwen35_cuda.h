@@ -66,6 +66,20 @@ void gated_delta_rule_cuda(float *o, float *state, size_t seq_stride, const floa
                            int dk, int dv, int K, int conv_dim, int v_tiled, const int32_t *run_seq,
                            const int32_t *run_off, const int32_t *run_tok, int n_runs, cudaStream_t st);
 
+/* The same result by the chunked (UT transform) form (forward_qwen35.c gated_delta_rule_chunked;
+ * HF torch_chunk_gated_delta_rule), for prefill runs: chunks of up to 64 tokens (32 where the
+ * device's shared memory is too small for 64 at this dk) are solved with matrix products instead
+ * of token-by-token steps. Same arguments, layout and requirements as gated_delta_rule_cuda; where
+ * the chunked kernel does not fit the device (dk % 4 != 0 or dk too large for its shared memory)
+ * it runs gated_delta_rule_cuda instead. The first call per chunk size sets the kernel's shared
+ * memory opt-in (cudaFuncSetAttribute, the current device's limit): make it once outside graph
+ * capture. Shared memory per block: 127 KiB at dk 128 with chunks of 64 (sm_80+), 64 KiB with 32. */
+void gated_delta_rule_chunked_cuda(float *o, float *state, size_t seq_stride, const float *qkv, const float *ba, int nk,
+                                   int nv, int dk, int dv, int K, int conv_dim, int v_tiled, const int32_t *run_seq,
+                                   const int32_t *run_off, const int32_t *run_tok, int n_runs, cudaStream_t st);
+/* Tests and benchmarks: make the chunked form use chunks of 32 or 64 where they fit (0: automatic). */
+void deltanet_chunked_cuda_force_chunk(int chunk);
+
 /* Qwen3_5RMSNormGated per row of dv (rows = tokens x value heads; CPU gated_norm), in place:
  *   o = o * 1/sqrt(mean(o^2) + eps) * w * silu(z)
  * o, z [n_rows][dv]; w [dv] (no 1 + w). If xq != NULL, also the int8 form of the result for
