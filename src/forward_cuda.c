@@ -92,9 +92,9 @@ void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *
     const size_t wide = d > q_dim ? d : q_dim;
     bf->x = nb * d;
     bf->xb = bf->xb2 = nb * wide;
-    bf->q = bf->att = nb * q_dim;
-    bf->k = bf->v = nb * kv_dim;
-    bf->hb = bf->hb2 = nb * ff;
+    bf->qkv = nb * (q_dim + 2 * kv_dim);
+    bf->att = nb * q_dim;
+    bf->hb = nb * 3 * ff;
     bf->logits = (nb < CUDA_LOGITS_ROWS ? nb : CUDA_LOGITS_ROWS) * (size_t)hp->n_vocab;
     if (hp->attn_output_gate) bf->qg = nb * 2 * q_dim;
     int n_dn = 0;
@@ -175,7 +175,7 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
     struct cuda_bufs bf;
     cuda_bufs_of(hp, p, max_in, max_mat, &bf);
     if (bf.state) plan->state = al(bf.state * 4);
-    const size_t act[] = {bf.x, bf.xb, bf.xb2, bf.q, bf.att, bf.k, bf.v, bf.hb, bf.hb2, bf.logits, bf.qg, bf.ssm_qkv,
+    const size_t act[] = {bf.x, bf.xb, bf.xb2, bf.qkv, bf.att, bf.hb, bf.logits, bf.qg, bf.ssm_qkv,
                           bf.ssm_conv, bf.ssm_z, bf.ssm_ba, bf.ssm_o, bf.in_ints};
     for (size_t i = 0; i < sizeof act / sizeof *act; i++)
         if (act[i]) plan->activations += al(act[i] * 4);

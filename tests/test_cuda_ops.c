@@ -233,6 +233,21 @@ static void test_small_ops(void) {
     err = norm_err(got, ref, (size_t)rows * n);
     CHECK(err <= 1e-6, "swiglu: %.3g", err);
     printf("swiglu: %.2e\n", err);
+    { /* gate and up as the halves of one stacked [rows][2n] matmul output */
+        float *gu = xmalloc((size_t)rows * 2 * n * 4);
+        for (int r = 0; r < rows; r++) {
+            memcpy(gu + (size_t)r * 2 * n, g + (size_t)r * n, (size_t)n * 4);
+            memcpy(gu + (size_t)r * 2 * n + n, x + (size_t)r * n, (size_t)n * 4);
+        }
+        float *dgu = dev_put(gu, (size_t)rows * 2 * n * 4);
+        CK(cudaMemset(dy, 0xff, (size_t)rows * n * 4));
+        swiglu_q8_cuda(dy, NULL, NULL, dgu, dgu + n, rows, n, 2 * n, 0);
+        dev_get(got, dy, (size_t)rows * n * 4);
+        err = norm_err(got, ref, (size_t)rows * n);
+        CHECK(err <= 1e-6, "swiglu of stacked gate|up rows: %.3g", err);
+        printf("swiglu stacked gate|up: %.2e\n", err);
+        cudaFree(dgu), free(gu);
+    }
     for (int r = 0; r < rows; r++)
         for (int i = 0; i < n; i++) ref[(size_t)r * n + i] = x[(size_t)r * n + i] + w[i] + g[(size_t)r * n + i];
     add_bias_cuda(dx, dw, rows, n, 0);
@@ -253,7 +268,7 @@ static void test_small_ops(void) {
                 rmsnorm_q8_cuda(dy, dxq, dxds, dx, dw, n, rows, 1e-6f, NULL, 0);
             } else {
                 swiglu_cpu(ref, g, x, (int64_t)rows * n);
-                swiglu_q8_cuda(dy, dxq, dxds, dg, dx, (int64_t)rows * n, 0);
+                swiglu_q8_cuda(dy, dxq, dxds, dg, dx, rows, n, n, 0);
             }
             dev_get(got, dy, (size_t)rows * n * 4);
             dev_get(hq, dxq, (size_t)rows * n);
@@ -405,7 +420,19 @@ static void test_qk_norm_rope_store(int neox, int kv_f32) {
     CK(cudaMalloc(&kv.v, kv_elems * es));
     kv.kv_f32 = kv_f32, kv.n_layer_kv = n_layer_kv, kv.block_size = bs, kv.n_head_kv = n_head_kv, kv.head_dim = hd;
     kv.kv_dim = kv_dim, kv.block_tab = dev_put(tab, sizeof tab), kv.max_blocks = max_blocks;
-    qk_norm_rope_store_cuda(dq, dk, dv, dqn, dkn, 1e-6f, n_head, n_rot, dpos, dinv, neox, &kv, l, dseq, n_tok, 0);
+    /* the same heads as one stacked q|k|v row per token (a fused qkv matmul's output) */
+    const int ld = q_dim + 2 * kv_dim;
+    float *qkv = xmalloc((size_t)n_tok * ld * 4);
+    for (int t = 0; t < n_tok; t++) {
+        memcpy(qkv + (size_t)t * ld, q + (size_t)t * q_dim, (size_t)q_dim * 4);
+        memcpy(qkv + (size_t)t * ld + q_dim, k + (size_t)t * kv_dim, (size_t)kv_dim * 4);
+        memcpy(qkv + (size_t)t * ld + q_dim + kv_dim, v + (size_t)t * kv_dim, (size_t)kv_dim * 4);
+    }
+    float *dqkv = dev_put(qkv, (size_t)n_tok * ld * 4), *dq2 = dev_poison((size_t)n_tok * q_dim);
+    qk_norm_rope_store_cuda(dq2, dqkv, dqkv + q_dim, dqkv + q_dim + kv_dim, ld, ld, dqn, dkn, 1e-6f, n_head, n_rot, dpos,
+                            dinv, neox, &kv, l, dseq, n_tok, 0);
+    qk_norm_rope_store_cuda(dq, dq, dk, dv, q_dim, kv_dim, dqn, dkn, 1e-6f, n_head, n_rot, dpos, dinv, neox, &kv, l, dseq,
+                            n_tok, 0);
     for (int t = 0; t < n_tok; t++) {
         rmsnorm_cpu(q + (size_t)t * q_dim, q + (size_t)t * q_dim, qn, hd, n_head, 1e-6f);
         rmsnorm_cpu(k + (size_t)t * kv_dim, k + (size_t)t * kv_dim, kn, hd, n_head_kv, 1e-6f);
@@ -417,6 +444,13 @@ static void test_qk_norm_rope_store(int neox, int kv_f32) {
     double eq = norm_err(got, q, (size_t)n_tok * q_dim);
     dev_get(got, dk, (size_t)n_tok * kv_dim * 4);
     double ek = norm_err(got, k, (size_t)n_tok * kv_dim);
+    dev_get(got, dq2, (size_t)n_tok * q_dim * 4);
+    double eq2 = norm_err(got, q, (size_t)n_tok * q_dim);
+    dev_get(qkv, dqkv, (size_t)n_tok * ld * 4);
+    for (int t = 0; t < n_tok; t++) memcpy(got + (size_t)t * kv_dim, qkv + (size_t)t * ld + q_dim, (size_t)kv_dim * 4);
+    double ek2 = norm_err(got, k, (size_t)n_tok * kv_dim);
+    CHECK(eq2 <= 1e-5 && ek2 <= 1e-5, "stacked q|k|v rows: q %.3g, k %.3g", eq2, ek2);
+    cudaFree(dqkv), cudaFree(dq2), free(qkv);
     /* the cache rows */
     double ec = 0;
     for (int t = 0; t < n_tok; t++) {

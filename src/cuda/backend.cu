@@ -38,8 +38,11 @@ extern "C" {
 #define STAGE_BYTES ((size_t)64 << 20)
 
 struct cuda_layer {
-    cuda_weight w[CM_COUNT];   /* by role (cuda/backend.h); fmt -1 where the layer has none */
+    cuda_weight w[CM_COUNT];   /* by role (cuda/backend.h); fmt -1 where the layer has none or it is stacked */
     float *v[CV_COUNT];        /* float32 vectors, NULL where absent */
+    /* stacked weights (fmt -1 if not): q|k|v (plain attention), gate|up (FFN), beta|alpha (DeltaNet) */
+    cuda_weight qkv, gu, ba;
+    float *bqkv;               /* the q|k|v biases side by side (zeros where one is absent), or NULL */
 };
 
 struct graph_entry {
@@ -116,20 +119,18 @@ struct uploader {
     int cur;
 };
 
-static void upload_weight(struct pxq_engine *e, cuda_backend *b, uploader *u, const struct pxq_tensor *t, cuda_weight *w) {
-    w->fmt = cuda_wfmt_of(t->type);
-    w->n_in = (int)t->ne[0];
-    w->n_out = (int)t->ne[1];
+/* Repack t's rows into the device arrays dq, ds (the format's layout, rows from 0). */
+static void upload_rows(struct pxq_engine *e, cuda_backend *b, uploader *u, const struct pxq_tensor *t, uint8_t *dq,
+                        uint8_t *ds) {
+    const int fmt = cuda_wfmt_of(t->type);
+    const int64_t n_out = t->ne[1];
     size_t qb, sb;
-    cuda_weight_sizes(w->fmt, t->ne[0], t->ne[1], &qb, &sb);
-    uint8_t *dq = (uint8_t *)arena_get(b, qb), *ds = sb ? (uint8_t *)arena_get(b, sb) : NULL;
-    w->q = dq;
-    w->s = ds;
-    const size_t row_q = qb / (size_t)w->n_out, row_s = sb / (size_t)w->n_out;
+    cuda_weight_sizes(fmt, t->ne[0], n_out, &qb, &sb);
+    const size_t row_q = qb / (size_t)n_out, row_s = sb / (size_t)n_out;
     int64_t rows = (int64_t)(STAGE_BYTES / (row_q + row_s));
     if (rows < 1) die("weight %s: a row exceeds the staging buffer", t->name);
-    for (int64_t r0 = 0; r0 < w->n_out; r0 += rows) {
-        int64_t rc = w->n_out - r0 < rows ? w->n_out - r0 : rows;
+    for (int64_t r0 = 0; r0 < n_out; r0 += rows) {
+        int64_t rc = n_out - r0 < rows ? n_out - r0 : rows;
         uint8_t *hq = u->stage[u->cur], *hs = hq + (size_t)rc * row_q;
         CK(cudaEventSynchronize(u->done[u->cur])); /* the copy that last used this stage is over */
         repack_args a = {t, r0, row_q, row_s, hq, hs};
@@ -139,6 +140,35 @@ static void upload_weight(struct pxq_engine *e, cuda_backend *b, uploader *u, co
         CK(cudaEventRecord(u->done[u->cur], b->st));
         u->cur ^= 1;
     }
+}
+
+/* The n tensors ts (same type and row length) as one weight with their rows stacked in order: one
+ * mat-vec launch computes all their outputs, token row = [out of ts[0] | out of ts[1] | ...]. */
+static void upload_stacked(struct pxq_engine *e, cuda_backend *b, uploader *u, const struct pxq_tensor *const *ts, int n,
+                           cuda_weight *w) {
+    w->fmt = cuda_wfmt_of(ts[0]->type);
+    w->n_in = (int)ts[0]->ne[0];
+    w->n_out = 0;
+    for (int i = 0; i < n; i++) w->n_out += (int)ts[i]->ne[1];
+    size_t qb, sb;
+    cuda_weight_sizes(w->fmt, w->n_in, w->n_out, &qb, &sb);
+    uint8_t *dq = (uint8_t *)arena_get(b, qb), *ds = sb ? (uint8_t *)arena_get(b, sb) : NULL;
+    w->q = dq;
+    w->s = ds;
+    const size_t row_q = qb / (size_t)w->n_out, row_s = sb / (size_t)w->n_out;
+    for (int i = 0, r = 0; i < n; r += (int)ts[i]->ne[1], i++)
+        upload_rows(e, b, u, ts[i], dq + (size_t)r * row_q, ds ? ds + (size_t)r * row_s : NULL);
+}
+
+static void upload_weight(struct pxq_engine *e, cuda_backend *b, uploader *u, const struct pxq_tensor *t, cuda_weight *w) {
+    upload_stacked(e, b, u, &t, 1, w);
+}
+
+/* 1 if the n tensors can be stacked into one weight (present, same type and row length). */
+static int stackable(const struct pxq_tensor *const *ts, int n) {
+    for (int i = 0; i < n; i++)
+        if (!ts[i] || ts[i]->type != ts[0]->type || ts[i]->ne[0] != ts[0]->ne[0]) return 0;
+    return 1;
 }
 
 static float *upload_f32(cuda_backend *b, const float *h, size_t n) {
@@ -220,20 +250,45 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
         const struct pxq_tensor *mats[CM_COUNT];
         cuda_layer_mats(L, mats);
         const int dn = hp->layer_kind[il] == LAYER_DELTANET;
+        /* stacks: one launch where the layer has several matmuls of the same input and type */
+        struct { const struct pxq_tensor *t[3]; int n, first; cuda_weight *w; } st[3] = {
+            {{mats[CM_Q], mats[CM_K], mats[CM_V]}, 3, CM_Q, &cl->qkv},
+            {{mats[CM_GATE], mats[CM_UP]}, 2, CM_GATE, &cl->gu},
+            {{mats[CM_SSM_BETA], mats[CM_SSM_ALPHA]}, 2, CM_SSM_BETA, &cl->ba}};
+        int stacked[CM_COUNT] = {0};
+        for (int k = 0; k < 3; k++) {
+            st[k].w->fmt = -1;
+            const int ok = stackable(st[k].t, st[k].n) && (k != 0 || (!dn && !hp->attn_output_gate)) && (k != 2 || dn);
+            if (!ok || env_is("PXQ_CUDA_STACK", "0")) continue;
+            upload_stacked(e, b, &u, st[k].t, st[k].n, st[k].w);
+            for (int i = 0; i < st[k].n; i++) stacked[st[k].first + i] = 1;
+        }
         for (int i = 0; i < CM_COUNT; i++) {
             cl->w[i].fmt = -1;
             if (!mats[i] || (i < CM_GATE || i > CM_DOWN ? (i >= CM_SSM_QKV) != dn : 0)) continue;
-            upload_weight(e, b, &u, mats[i], &cl->w[i]);
             if ((size_t)mats[i]->ne[0] > max_in) max_in = (size_t)mats[i]->ne[0];
             size_t ne = (size_t)mats[i]->ne[0] * (size_t)mats[i]->ne[1];
             if (ne > max_mat) max_mat = ne;
+            if (!stacked[i]) upload_weight(e, b, &u, mats[i], &cl->w[i]);
         }
         const struct layer_f32 *w = &e->lw[il];
         const float *src[CV_COUNT] = {w->attn_norm, w->ffn_norm, w->q_norm, w->k_norm, w->bq, w->bk, w->bv,
                                       w->ssm_a, w->ssm_dt, w->ssm_norm, w->ssm_conv1d};
         size_t vn[CV_COUNT];
         cuda_layer_vec_sizes(hp, L, il, vn);
-        for (int i = 0; i < CV_COUNT; i++) cl->v[i] = vn[i] ? upload_f32(b, src[i], vn[i]) : NULL;
+        for (int i = 0; i < CV_COUNT; i++) {
+            const int stacked_bias = cl->qkv.fmt >= 0 && i >= CV_BQ && i <= CV_BV; /* in bqkv instead */
+            cl->v[i] = vn[i] && !stacked_bias ? upload_f32(b, src[i], vn[i]) : NULL;
+        }
+        if (cl->qkv.fmt >= 0 && (w->bq || w->bk || w->bv)) { /* biases side by side, as the stacked rows */
+            const size_t qd = (size_t)hp->n_head * hd;
+            float *h = (float *)xcalloc(qd + 2 * kv_dim, sizeof(float));
+            if (w->bq) memcpy(h, w->bq, qd * sizeof(float));
+            if (w->bk) memcpy(h + qd, w->bk, kv_dim * sizeof(float));
+            if (w->bv) memcpy(h + qd + kv_dim, w->bv, kv_dim * sizeof(float));
+            cl->bqkv = upload_f32(b, h, qd + 2 * kv_dim);
+            free(h);
+        }
     }
     upload_weight(e, b, &u, model_token_embd(e->m), &b->embd);
     if (model_output(e->m) != model_token_embd(e->m)) upload_weight(e, b, &u, model_output(e->m), &b->output);
@@ -277,12 +332,12 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     b->x = arena_f32(b, bf.x);
     b->xb = arena_f32(b, bf.xb);
     b->xb2 = arena_f32(b, bf.xb2);
-    b->q = arena_f32(b, bf.q);
+    b->q = arena_f32(b, bf.qkv); /* q, k, v side by side: also the stacked q|k|v matmul's output */
+    b->k = b->q + nb * (size_t)hp->n_head * hd;
+    b->v = b->k + nb * kv_dim;
     b->att = arena_f32(b, bf.att);
-    b->k = arena_f32(b, bf.k);
-    b->v = arena_f32(b, bf.v);
-    b->hb = arena_f32(b, bf.hb);
-    b->hb2 = arena_f32(b, bf.hb2);
+    b->hb = arena_f32(b, bf.hb);  /* [nb][2 ff] (gate, up, or the stacked gate|up output), then hb2 [nb][ff] */
+    b->hb2 = b->hb + 2 * nb * (size_t)hp->n_ff;
     b->logits = arena_f32(b, bf.logits);
     if (bf.qg) b->qg = arena_f32(b, bf.qg);
     if (bf.ssm_qkv) {
@@ -400,22 +455,34 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
     const int l = e->kv_layer[il], gated = hp->attn_output_gate;
     const int neox = gated || hp->rope_style == ROPE_NEOX;
     cudaStream_t st = b->st;
-    if (gated) {
-        matmul_cuda(b, b->qg, &L->w[CM_Q], b->xb, n, s.q8, 0);
-        split_q_gate_cuda(b->q, b->xb2, b->qg, n, hp->n_head, hd, st);
+    if (L->qkv.fmt >= 0) { /* one launch: token row = [q | k | v]; normed, roped q goes to xb2 */
+        const int ld = q_dim + 2 * kv_dim;
+        float *qkv = b->q, *q_out = b->xb2;
+        matmul_cuda(b, qkv, &L->qkv, b->xb, n, s.q8, 0);
+        if (L->bqkv) add_bias_cuda(qkv, L->bqkv, n, ld, st);
+        qk_norm_rope_store_cuda(q_out, qkv, qkv + q_dim, qkv + q_dim + kv_dim, ld, ld, L->v[CV_Q_NORM],
+                                L->v[CV_K_NORM], hp->rms_eps, hp->n_head, hp->n_rot, b->di.pos, b->inv_freq, neox,
+                                &b->kv, l, b->di.seq, n, st);
+        attention_cuda(b->att, q_out, &b->kv, l, b->di.pos, b->di.seq, n, hp->n_head, s.n_split, s.split_len,
+                       b->part_o, b->part_ml, st);
     } else {
-        matmul_cuda(b, b->q, &L->w[CM_Q], b->xb, n, s.q8, 0);
+        if (gated) {
+            matmul_cuda(b, b->qg, &L->w[CM_Q], b->xb, n, s.q8, 0);
+            split_q_gate_cuda(b->q, b->xb2, b->qg, n, hp->n_head, hd, st);
+        } else {
+            matmul_cuda(b, b->q, &L->w[CM_Q], b->xb, n, s.q8, 0);
+        }
+        matmul_cuda(b, b->k, &L->w[CM_K], b->xb, n, s.q8, 0);
+        matmul_cuda(b, b->v, &L->w[CM_V], b->xb, n, s.q8, 0);
+        if (L->v[CV_BQ]) add_bias_cuda(b->q, L->v[CV_BQ], n, q_dim, st);
+        if (L->v[CV_BK]) add_bias_cuda(b->k, L->v[CV_BK], n, kv_dim, st);
+        if (L->v[CV_BV]) add_bias_cuda(b->v, L->v[CV_BV], n, kv_dim, st);
+        /* q/k norm (before RoPE), RoPE, and the KV store: one kernel */
+        qk_norm_rope_store_cuda(b->q, b->q, b->k, b->v, q_dim, kv_dim, L->v[CV_Q_NORM], L->v[CV_K_NORM], hp->rms_eps,
+                                hp->n_head, hp->n_rot, b->di.pos, b->inv_freq, neox, &b->kv, l, b->di.seq, n, st);
+        attention_cuda(b->att, b->q, &b->kv, l, b->di.pos, b->di.seq, n, hp->n_head, s.n_split, s.split_len,
+                       b->part_o, b->part_ml, st);
     }
-    matmul_cuda(b, b->k, &L->w[CM_K], b->xb, n, s.q8, 0);
-    matmul_cuda(b, b->v, &L->w[CM_V], b->xb, n, s.q8, 0);
-    if (L->v[CV_BQ]) add_bias_cuda(b->q, L->v[CV_BQ], n, q_dim, st);
-    if (L->v[CV_BK]) add_bias_cuda(b->k, L->v[CV_BK], n, kv_dim, st);
-    if (L->v[CV_BV]) add_bias_cuda(b->v, L->v[CV_BV], n, kv_dim, st);
-    /* q/k norm (before RoPE), RoPE, and the KV store: one kernel */
-    qk_norm_rope_store_cuda(b->q, b->k, b->v, L->v[CV_Q_NORM], L->v[CV_K_NORM], hp->rms_eps, hp->n_head, hp->n_rot,
-                            b->di.pos, b->inv_freq, neox, &b->kv, l, b->di.seq, n, st);
-    attention_cuda(b->att, b->q, &b->kv, l, b->di.pos, b->di.seq, n, hp->n_head, s.n_split, s.split_len, b->part_o,
-                   b->part_ml, st);
     int8_t *xq = q8_for(b, s.q8, &L->w[CM_O]);
     if (gated) sigmoid_gate_cuda(b->att, xq, b->xds, b->xb2, (int64_t)n * q_dim, st);
     else if (xq) quantize_q8_cuda(b->xq, b->xds, b->att, (int64_t)n * q_dim, st);
@@ -433,8 +500,12 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
     const step_inputs &di = b->di;
     matmul_cuda(b, b->ssm_qkv, &L->w[CM_SSM_QKV], b->xb, n, s.q8, 0);
     matmul_cuda(b, b->ssm_z, &L->w[CM_SSM_Z], b->xb, n, s.q8, 0);
-    matmul_ld(b, b->ssm_ba, &L->w[CM_SSM_BETA], b->xb, n, s.q8, 0, 2 * nv);
-    matmul_ld(b, b->ssm_ba + nv, &L->w[CM_SSM_ALPHA], b->xb, n, s.q8, 0, 2 * nv);
+    if (L->ba.fmt >= 0) { /* one launch: token row = [b | a] */
+        matmul_cuda(b, b->ssm_ba, &L->ba, b->xb, n, s.q8, 0);
+    } else {
+        matmul_ld(b, b->ssm_ba, &L->w[CM_SSM_BETA], b->xb, n, s.q8, 0, 2 * nv);
+        matmul_ld(b, b->ssm_ba + nv, &L->w[CM_SSM_ALPHA], b->xb, n, s.q8, 0, 2 * nv);
+    }
     ssm_conv_cuda(b->ssm_conv, state, b->rstate_floats, b->ssm_qkv, L->v[CV_SSM_CONV], conv_dim, K, di.run_seq,
                   di.run_off, di.run_tok, s.n_runs, st);
     deltanet_prep_cuda(b->ssm_conv, b->ssm_ba, L->v[CV_SSM_A], L->v[CV_SSM_DT], nk, nv, dk, conv_dim, n, st);
@@ -464,9 +535,17 @@ static void run_layers(struct pxq_engine *e, cuda_backend *b, const step &s) {
         else attention_layer(e, b, L, il, s);
         /* feed-forward */
         rmsnorm_q8_cuda(b->xb, xq, b->xds, b->x, L->v[CV_FFN_NORM], d, n, hp->rms_eps, NULL, st);
+        const int ff = hp->n_ff;
+        int8_t *xq_down = q8_for(b, q8, &L->w[CM_DOWN]);
+        if (L->gu.fmt >= 0) { /* one launch: token row = [gate | up], into hb; silu(gate) * up into hb2 */
+            matmul_cuda(b, b->hb, &L->gu, b->xb, n, q8, 0);
+            swiglu_q8_cuda(b->hb2, xq_down, b->xds, b->hb, b->hb + ff, n, ff, 2 * ff, st);
+            matmul_cuda(b, b->x, &L->w[CM_DOWN], b->hb2, n, q8, 1); /* x += down(...) */
+            continue;
+        }
         matmul_cuda(b, b->hb, &L->w[CM_GATE], b->xb, n, q8, 0);
         matmul_cuda(b, b->hb2, &L->w[CM_UP], b->xb, n, q8, 0);
-        swiglu_q8_cuda(b->hb, q8_for(b, q8, &L->w[CM_DOWN]), b->xds, b->hb, b->hb2, (int64_t)hp->n_ff * n, st);
+        swiglu_q8_cuda(b->hb, xq_down, b->xds, b->hb, b->hb2, n, ff, ff, st);
         matmul_cuda(b, b->x, &L->w[CM_DOWN], b->hb, n, q8, 1); /* x += down(...) */
     }
 }
@@ -559,8 +638,9 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
     int first = -1, max_pos = 0;
     const size_t in_bytes = stage_inputs(e, b, ub, &s, &first, &max_pos);
     CK(cudaMemcpyAsync(b->in_d, b->in_h, in_bytes, cudaMemcpyHostToDevice, b->st));
-    const char *fmt = cuda_wfmt_name(b->L[0].w[CM_GATE].fmt);
-    const char *mv = !b->exact && matmul_q8_supported(b->L[0].w[CM_GATE].fmt) ? "q8-dp4a" : "gemv";
+    const int f0 = b->L[0].gu.fmt >= 0 ? b->L[0].gu.fmt : b->L[0].w[CM_GATE].fmt;
+    const char *fmt = cuda_wfmt_name(f0);
+    const char *mv = !b->exact && matmul_q8_supported(f0) ? "q8-dp4a" : "gemv";
     const struct pxq_hparams *hp = e->hp;
     /* int8 activations for the q8 mat-vec: decode, default mode, rows in whole groups of 32 */
     s.q8 = !b->exact && s.n <= CUDA_DECODE_MAX && hp->n_embd % 32 == 0 && hp->n_head * hp->head_dim % 32 == 0 &&

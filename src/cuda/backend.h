@@ -64,7 +64,7 @@ void cuda_layer_vec_sizes(const struct pxq_hparams *hp, const struct pxq_layer *
  * backend's allocations both come from this. */
 struct cuda_bufs {
     /* activations, per ubatch of up to n_batch tokens */
-    size_t x, xb, xb2, q, att, k, v, hb, hb2, logits, qg, ssm_qkv, ssm_conv, ssm_z, ssm_ba, ssm_o;
+    size_t x, xb, xb2, qkv, att, hb, logits, qg, ssm_qkv, ssm_conv, ssm_z, ssm_ba, ssm_o; /* qkv: q, k, v; hb: gate|up, then hb2 */
     size_t in_ints;                      /* int32: per-step inputs (tokens, positions, runs, block tables) */
     /* workspace */
     size_t x16, w16;                     /* halfs: prefill operands */

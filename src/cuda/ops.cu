@@ -88,10 +88,14 @@ extern "C" void rope_cuda(float *x, int n_heads, int head_dim, int n_rot, const 
     rope_kernel<<<n_tokens, 256, 0, st>>>(x, n_heads, head_dim, n_rot, pos, inv_freq, neox, ld);
 }
 
-__global__ void swiglu_kernel(float *out, int8_t *xq, float2 *xds, const float *gate, const float *up, int64_t n) {
+/* out[t][j] = silu(gate[t*ld + j]) * up[t*ld + j], j < ff: gate and up rows of stride ld (ff when
+ * they are separate buffers, 2 ff when they are the halves of one stacked gate|up matmul). */
+__global__ void swiglu_kernel(float *out, int8_t *xq, float2 *xds, const float *gate, const float *up, int64_t n,
+                              int ff, int ld) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        float g = gate[i];
-        float v = g / (1.0f + expf(-g)) * up[i];
+        const int64_t t = i / ff, k = t * ld + (i - t * ff);
+        float g = gate[k];
+        float v = g / (1.0f + expf(-g)) * up[k];
         if (out) out[i] = v;
         if (xq) warp_q8(v, xq, xds, i); /* n % 32 == 0: whole warps take each step */
     }
@@ -103,12 +107,16 @@ static unsigned grid_for(int64_t n) {
 }
 
 extern "C" void swiglu_cuda(float *out, const float *gate, const float *up, int64_t n, cudaStream_t st) {
-    swiglu_kernel<<<grid_for(n), 256, 0, st>>>(out, NULL, NULL, gate, up, n);
+    if (n <= 0) return;
+    swiglu_kernel<<<grid_for(n), 256, 0, st>>>(out, NULL, NULL, gate, up, n, n > INT32_MAX ? INT32_MAX : (int)n,
+                                               n > INT32_MAX ? INT32_MAX : (int)n);
 }
 
-extern "C" void swiglu_q8_cuda(float *out, int8_t *xq, float *xds, const float *gate, const float *up, int64_t n,
-                               cudaStream_t st) {
-    swiglu_kernel<<<grid_for(n), 256, 0, st>>>(out, xq, (float2 *)xds, gate, up, n);
+extern "C" void swiglu_q8_cuda(float *out, int8_t *xq, float *xds, const float *gate, const float *up, int n_tokens,
+                               int ff, int ld, cudaStream_t st) {
+    const int64_t n = (int64_t)n_tokens * ff;
+    if (n <= 0) return;
+    swiglu_kernel<<<grid_for(n), 256, 0, st>>>(out, xq, (float2 *)xds, gate, up, n, ff, ld);
 }
 
 __global__ void add_bias_kernel(float *y, const float *b, int n, int64_t total) {
@@ -162,14 +170,16 @@ extern "C" void kv_store_cuda(const struct cuda_kv *kv, int l, const float *k, c
 /* Block per (token, head) over q then k heads: the head's q/k norm (if w != NULL), RoPE, and for k
  * heads the store of k and v into the cache. One launch for rmsnorm_cuda(q), rmsnorm_cuda(k),
  * rope_cuda(q), rope_cuda(k) and kv_store_cuda, the same arithmetic in the same order. */
-__global__ void qk_norm_rope_store_kernel(float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
-                                          float eps, int n_head, int n_rot, const int32_t *pos, const float *inv_freq,
-                                          int neox, const cuda_kv kv, int l, const int32_t *seq_id) {
+__global__ void qk_norm_rope_store_kernel(float *q_out, const float *q, float *k, const float *v, int ld_q, int ld_kv,
+                                          const float *q_norm, const float *k_norm, float eps, int n_head, int n_rot,
+                                          const int32_t *pos, const float *inv_freq, int neox, const cuda_kv kv, int l,
+                                          const int32_t *seq_id) {
     __shared__ float hv[256];
     __shared__ float red[8];
     const int t = blockIdx.x, hh = blockIdx.y, hd = kv.head_dim, is_k = hh >= n_head;
     const int h = is_k ? hh - n_head : hh;
-    float *x = is_k ? k + ((size_t)t * kv.n_head_kv + h) * hd : q + ((size_t)t * n_head + h) * hd;
+    const float *x = is_k ? k + (size_t)t * ld_kv + (size_t)h * hd : q + (size_t)t * ld_q + (size_t)h * hd;
+    float *y = is_k ? k + (size_t)t * ld_kv + (size_t)h * hd : q_out + ((size_t)t * n_head + h) * hd;
     const float *w = is_k ? k_norm : q_norm;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) hv[i] = x[i];
     __syncthreads();
@@ -197,11 +207,11 @@ __global__ void qk_norm_rope_store_kernel(float *q, float *k, const float *v, co
         hv[i1] = b * c + a * s;
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) x[i] = hv[i];
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) y[i] = hv[i];
     if (is_k) {
         const int32_t *tab = kv.block_tab + (size_t)seq_id[t] * kv.max_blocks;
         const size_t off = kv_off(kv, l, tab, pos[t]) + (size_t)h * hd;
-        const float *vh = v + ((size_t)t * kv.n_head_kv + h) * hd;
+        const float *vh = v + (size_t)t * ld_kv + (size_t)h * hd;
         for (int i = threadIdx.x; i < hd; i += blockDim.x) {
             if (kv.kv_f32) {
                 ((float *)kv.k)[off + i] = hv[i];
@@ -214,14 +224,14 @@ __global__ void qk_norm_rope_store_kernel(float *q, float *k, const float *v, co
     }
 }
 
-extern "C" void qk_norm_rope_store_cuda(float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
-                                        float eps, int n_head, int n_rot, const int32_t *pos, const float *inv_freq,
-                                        int neox, const struct cuda_kv *kv, int l, const int32_t *seq_id, int n_tokens,
-                                        cudaStream_t st) {
+extern "C" void qk_norm_rope_store_cuda(float *q_out, const float *q, float *k, const float *v, int ld_q, int ld_kv,
+                                        const float *q_norm, const float *k_norm, float eps, int n_head, int n_rot,
+                                        const int32_t *pos, const float *inv_freq, int neox, const struct cuda_kv *kv,
+                                        int l, const int32_t *seq_id, int n_tokens, cudaStream_t st) {
     if (n_tokens <= 0) return;
     dim3 grid(n_tokens, n_head + kv->n_head_kv);
-    qk_norm_rope_store_kernel<<<grid, kv->head_dim >= 128 ? 128 : 64, 0, st>>>(q, k, v, q_norm, k_norm, eps, n_head, n_rot,
-                                                                                pos, inv_freq, neox, *kv, l, seq_id);
+    qk_norm_rope_store_kernel<<<grid, kv->head_dim >= 128 ? 128 : 64, 0, st>>>(
+        q_out, q, k, v, ld_q, ld_kv, q_norm, k_norm, eps, n_head, n_rot, pos, inv_freq, neox, *kv, l, seq_id);
 }
 
 /* ---- attention: split-K flash-decoding over the paged cache ---- */

@@ -49,6 +49,20 @@ void matmul_q8_cuda(float *y, const struct cuda_weight *w, const int8_t *xq, con
 /* x[n] (n a multiple of 32) -> xq, xds: per group of 32, d = max|x|/127, q = round(x/d). */
 void quantize_q8_cuda(int8_t *xq, float *xds, const float *x, int64_t n, cudaStream_t st);
 
+/* matmul_q8_cuda on int8 tensor cores (matmul_mma.cu): the same arguments, formula and result up to
+ * fp32 summation order; one mma.sync.m16n8k32 per group of 32 (16 rows x 8 tokens), weights read
+ * once for up to 16 tokens per pass (chunks of 16 beyond). Shapes: y row stride ldy >= n_out, xq
+ * [n_tokens][n_in], xds [n_tokens][n_in/32] float2. Takes the dp4a kernel where it cannot run:
+ * matmul_q8_mma_supported(fmt) == 0 (not Q4_0/Q8_0/Q4M, device below sm_80, no sm_80+ image in
+ * this build), n_in % 128 != 0, or a pointer not 16-byte aligned. No errors returned (launch
+ * errors as for every op). matmul_q8_mma_supported reads the device properties once per device. */
+int  matmul_q8_mma_supported(int fmt);
+void matmul_q8_mma_cuda(float *y, const struct cuda_weight *w, const int8_t *xq, const float *xds, int n_tokens,
+                        int ldy, int accumulate, cudaStream_t st);
+/* Benchmarks and tests only: force m-tiles of 16 rows per warp (1, 2, 4) and warps per block
+ * (1..8) instead of the shape heuristic; 0 restores it. Process-wide. */
+void matmul_q8_mma_tune(int mr, int kp);
+
 /* Dequantize rows (row index list `rows`, or rows r0.. if rows is NULL) into out[n_rows][n_in]
  * float32 or half (out_half != 0). Embedding lookup (tensor_row_f32) and prefill tiles. */
 void dequant_rows_cuda(void *out, int out_half, const struct cuda_weight *w, const int32_t *rows, int64_t r0,
@@ -73,7 +87,10 @@ void rope_cuda(float *x, int n_heads, int head_dim, int n_rot, const int32_t *po
 /* swiglu_cpu: out[i] = silu(gate[i]) * up[i]. */
 void swiglu_cuda(float *out, const float *gate, const float *up, int64_t n, cudaStream_t st);
 /* swiglu_cuda writing out (if not NULL) and its q8 form (n % 32 == 0). */
-void swiglu_q8_cuda(float *out, int8_t *xq, float *xds, const float *gate, const float *up, int64_t n, cudaStream_t st);
+/* Gate and up rows of n_tokens x ff with row stride ld (ff for separate buffers; 2 ff for the two
+ * halves of a stacked gate|up matmul output, up = gate + ff); out [n_tokens][ff]. */
+void swiglu_q8_cuda(float *out, int8_t *xq, float *xds, const float *gate, const float *up, int n_tokens, int ff, int ld,
+                    cudaStream_t st);
 
 /* y[r][i] += b[i] for n_rows rows of n (biases), and x[i] += y[i] (residual). */
 void add_bias_cuda(float *y, const float *b, int n_rows, int n, cudaStream_t st);
@@ -97,10 +114,14 @@ void kv_store_cuda(const struct cuda_kv *kv, int l, const float *k, const float 
 /* For each token t: q heads and k heads get their q/k norm (q_norm, k_norm [head_dim], NULL to skip),
  * then RoPE at pos[t]; k[t] and v[t] are then stored at (seq_id[t], pos[t]) of layer l. The fused
  * form of rmsnorm_cuda + rope_cuda (q and k) + kv_store_cuda, same order (forward_cpu's
- * attention_layer). q [n_tokens][n_head][head_dim], k, v [n_tokens][n_head_kv][head_dim]. */
-void qk_norm_rope_store_cuda(float *q, float *k, const float *v, const float *q_norm, const float *k_norm, float eps,
-                             int n_head, int n_rot, const int32_t *pos, const float *inv_freq, int neox,
-                             const struct cuda_kv *kv, int l, const int32_t *seq_id, int n_tokens, cudaStream_t st);
+ * attention_layer). Token t's q heads are read at q + t * ld_q, its k and v heads at k + t * ld_kv and
+ * v + t * ld_kv (ld: n_head * head_dim and n_head_kv * head_dim for separate buffers, the stacked
+ * row length for one q|k|v matmul output); q is written to q_out [n_tokens][n_head][head_dim] (may be
+ * q itself when ld_q = n_head * head_dim), k back in place. */
+void qk_norm_rope_store_cuda(float *q_out, const float *q, float *k, const float *v, int ld_q, int ld_kv,
+                             const float *q_norm, const float *k_norm, float eps, int n_head, int n_rot,
+                             const int32_t *pos, const float *inv_freq, int neox, const struct cuda_kv *kv, int l,
+                             const int32_t *seq_id, int n_tokens, cudaStream_t st);
 
 /* Causal attention of q[t] ([n_tokens][n_head*head_dim]) over positions 0..pos[t] of its sequence
  * in layer l: out[t][h] = softmax(q k^T / sqrt(head_dim)) v (the CPU forward's attn_range). Split-K
