@@ -21,6 +21,10 @@
  * V [BN][D + 8]; BN = 64 for head_dim 64 and 128, 32 for 256 (register budget of the O
  * accumulator). Bytes: attention_prefill_smem_bytes.
  *
+ * H200, Qwen3-32B's shape (64/8 heads, head_dim 128), one sequence of 512 tokens: 58 us per call
+ * (74 TFLOP/s) against attention_cuda's 712 us; 2048 tokens: 472 us (146 TFLOP/s). Registers (sm_90,
+ * no spills): 129 / 168 / 237 for head_dim 64 / 128 / 256.
+ *
  * The tensor-core path needs sm_80 (cp.async, mma m16n8k16 f16): under __CUDA_ARCH__ < 800 the
  * kernel body is empty and attention_prefill_supported returns 0, so callers keep attention_cuda.
  */
@@ -110,8 +114,9 @@ __global__ void __launch_bounds__(PF_THREADS)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     constexpr int BN = pf_cfg<D>::BN, SD = pf_cfg<D>::SD;
     extern __shared__ uint4 pf_sm[];
-    __shared__ int s_pend;
     __half *Qs = (__half *)pf_sm, *KVs = Qs + PF_BM * SD; /* stage s: K at KVs + s*2*BN*SD, V after it */
+    int *s_pend = (int *)(Qs + D); /* in Q row 0's padding (never read): no static shared memory, so
+                                      head_dim 256 fits sm_86/89's 99 KiB exactly */
     const int group = n_head / kv.n_head_kv;
     const int bi = gridDim.x - 1 - blockIdx.x; /* last tiles (longest) first */
     const int tile = bi / group, chunk = bi - tile * group, kvh = blockIdx.y;
@@ -123,7 +128,7 @@ __global__ void __launch_bounds__(PF_THREADS)
     const size_t ld = (size_t)n_head * D; /* q and out token stride */
 
     /* Q rows -> f16; rows past the tile are zero (computed, never stored) */
-    if (tid == 0) s_pend = 0;
+    if (tid == 0) *s_pend = 0;
     __syncthreads();
     for (int i = tid; i < PF_BM * (D / 4); i += PF_THREADS) {
         const int r = i / (D / 4), c = (i - r * (D / 4)) * 4, R = r0 + r, tok = R / group, g = R - tok * group;
@@ -135,10 +140,10 @@ __global__ void __launch_bounds__(PF_THREADS)
     }
     if (tid < PF_BM) {
         const int tok = (r0 + tid) / group;
-        if (tok < n_tok) atomicMax(&s_pend, pos[t0 + tok]);
+        if (tok < n_tok) atomicMax(s_pend, pos[t0 + tok]);
     }
     __syncthreads();
-    const int p_end = s_pend; /* last K/V position any row of the block needs */
+    const int p_end = *s_pend; /* last K/V position any row of the block needs */
 
     /* this thread's two rows: g = lane / 4 and g + 8 of the warp's 16 */
     int rowpos[2];
@@ -290,9 +295,8 @@ static int pf_device_ok(int head_dim) {
         int ok = cudaGetDevice(&dev) == cudaSuccess &&
                  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8 &&
                  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
-                 (size_t)optin >= attention_prefill_smem_bytes(head_dim) &&
                  cudaFuncGetAttributes(&fa, pf_kernel(head_dim)) == cudaSuccess && fa.binaryVersion >= 80 &&
-                 fa.ptxVersion >= 80;
+                 fa.ptxVersion >= 80 && (size_t)optin >= attention_prefill_smem_bytes(head_dim) + fa.sharedSizeBytes;
         (void)cudaGetLastError(); /* a build without a fitting image reports an error here: not sticky */
         cached[i] = ok;
     }
