@@ -17,6 +17,8 @@ TEST_SRC := $(wildcard tests/test_*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TESTS   := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# Micro-benchmarks (tests/bench_*.c): built with the tests, never run by `make test`.
+BENCHES := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/bench_*.c))
 
 # CUDA backend: built when nvcc is found (CUDA_ARCH=70 for a V100 build with a CUDA 12 toolchain).
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -55,7 +57,7 @@ $(BUILD)/tests/%: tests/%.c $(BUILD)/libpxq.a tests/testutil.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libpxq.a $(LDLIBS)
 
-tests: $(TESTS) $(BUILD)/pxq
+tests: $(TESTS) $(BENCHES) $(BUILD)/pxq
 
 # The whole CPU suite: unit tests, model tests against the HF reference, the CLI and bad-input tests.
 test: tests
@@ -87,4 +89,4 @@ clean:
 	rm -rf build build-asan build-fuzz pxq
 
 .PHONY: all tests test test-asan test-cuda bench fuzz clean
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(CU_OBJ:.o=.d) $(TESTS:=.d)
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(CU_OBJ:.o=.d) $(TESTS:=.d) $(BENCHES:=.d)
