@@ -79,6 +79,7 @@ struct cuda_backend {
     float *xds;
     size_t w16_elems;
     int exact, graphs;
+    int prefill_attn;       /* attention_prefill_cuda (tensor-core flash attention) for prefill steps */
     graph_entry g[MAX_GRAPHS];
     int n_graphs, next_evict;
     char path[96];
@@ -222,6 +223,12 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     snprintf(b->name, sizeof b->name, "%s", prop.name);
     b->exact = exact;
     b->graphs = !env_is("PXQ_CUDA_GRAPHS", "0");
+    {
+        cuda_kv probe = {};
+        probe.kv_f32 = exact, probe.n_head_kv = hp->n_head_kv, probe.head_dim = hd, probe.kv_dim = hp->n_head_kv * hd;
+        b->prefill_attn = !env_is("PXQ_CUDA_FLASH", "0") && attention_prefill_supported(&probe, hp->n_head) &&
+                          attention_prefill_prepare(hd) == 0;
+    }
     b->arena_size = arena_size;
     if (cudaMalloc((void **)&b->arena, arena_size) != cudaSuccess) {
         free(b);
@@ -444,8 +451,18 @@ static int8_t *q8_for(cuda_backend *b, int q8, const cuda_weight *w) {
 }
 
 struct step {
-    int n, n_out, n_split, split_len, n_runs, q8;
+    int n, n_out, n_split, split_len, n_runs, n_tiles, q8;
 };
+
+/* Causal attention of q over KV layer l into b->att: the tensor-core flash attention for prefill
+ * steps where the device and shapes allow it, else split-K flash-decoding. */
+static void attention(cuda_backend *b, const float *q, int l, int n_head, const step &s) {
+    if (s.n_tiles > 0)
+        attention_prefill_cuda(b->att, q, &b->kv, l, b->di.pos, b->di.seq, b->di.tiles, s.n_tiles, n_head, b->st);
+    else
+        attention_cuda(b->att, q, &b->kv, l, b->di.pos, b->di.seq, s.n, n_head, s.n_split, s.split_len, b->part_o,
+                       b->part_ml, b->st);
+}
 
 /* Llama / Qwen2 / Qwen3 attention, and Qwen3.5's gated attention (q_proj gives [query | gate] per
  * head; partial NeoX RoPE; output times sigmoid(gate); forward_qwen35.c), x += o_proj(...). */
@@ -463,8 +480,7 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
         qk_norm_rope_store_cuda(q_out, qkv, qkv + q_dim, qkv + q_dim + kv_dim, ld, ld, L->v[CV_Q_NORM],
                                 L->v[CV_K_NORM], hp->rms_eps, hp->n_head, hp->n_rot, b->di.pos, b->inv_freq, neox,
                                 &b->kv, l, b->di.seq, n, st);
-        attention_cuda(b->att, q_out, &b->kv, l, b->di.pos, b->di.seq, n, hp->n_head, s.n_split, s.split_len,
-                       b->part_o, b->part_ml, st);
+        attention(b, q_out, l, hp->n_head, s);
     } else {
         if (gated) {
             matmul_cuda(b, b->qg, &L->w[CM_Q], b->xb, n, s.q8, 0);
@@ -480,8 +496,7 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
         /* q/k norm (before RoPE), RoPE, and the KV store: one kernel */
         qk_norm_rope_store_cuda(b->q, b->q, b->k, b->v, q_dim, kv_dim, L->v[CV_Q_NORM], L->v[CV_K_NORM], hp->rms_eps,
                                 hp->n_head, hp->n_rot, b->di.pos, b->inv_freq, neox, &b->kv, l, b->di.seq, n, st);
-        attention_cuda(b->att, b->q, &b->kv, l, b->di.pos, b->di.seq, n, hp->n_head, s.n_split, s.split_len,
-                       b->part_o, b->part_ml, st);
+        attention(b, b->q, l, hp->n_head, s);
     }
     int8_t *xq = q8_for(b, s.q8, &L->w[CM_O]);
     if (gated) sigmoid_gate_cuda(b->att, xq, b->xds, b->xb2, (int64_t)n * q_dim, st);
@@ -509,8 +524,12 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
     ssm_conv_cuda(b->ssm_conv, state, b->rstate_floats, b->ssm_qkv, L->v[CV_SSM_CONV], conv_dim, K, di.run_seq,
                   di.run_off, di.run_tok, s.n_runs, st);
     deltanet_prep_cuda(b->ssm_conv, b->ssm_ba, L->v[CV_SSM_A], L->v[CV_SSM_DT], nk, nv, dk, conv_dim, n, st);
-    gated_delta_rule_cuda(b->ssm_o, state, b->rstate_floats, b->ssm_conv, b->ssm_ba, nk, nv, dk, dv, K, conv_dim,
-                          hp->ssm_v_tiled, di.run_seq, di.run_off, di.run_tok, s.n_runs, st);
+    if (n > CUDA_DECODE_MAX) /* prefill: the chunked (UT transform) form */
+        gated_delta_rule_chunked_cuda(b->ssm_o, state, b->rstate_floats, b->ssm_conv, b->ssm_ba, nk, nv, dk, dv, K,
+                                      conv_dim, hp->ssm_v_tiled, di.run_seq, di.run_off, di.run_tok, s.n_runs, st);
+    else
+        gated_delta_rule_cuda(b->ssm_o, state, b->rstate_floats, b->ssm_conv, b->ssm_ba, nk, nv, dk, dv, K, conv_dim,
+                              hp->ssm_v_tiled, di.run_seq, di.run_off, di.run_tok, s.n_runs, st);
     int8_t *xq = q8_for(b, s.q8, &L->w[CM_SSM_OUT]);
     if (xq && dv % 32 == 0) {
         gated_rmsnorm_silu_cuda(b->ssm_o, xq, b->xds, b->ssm_z, L->v[CV_SSM_NORM], n * nv, dv, hp->rms_eps, st);
@@ -624,6 +643,7 @@ static size_t stage_inputs(struct pxq_engine *e, cuda_backend *b, const struct u
             }
         }
     }
+    s->n_tiles = n > CUDA_DECODE_MAX && b->prefill_attn ? attention_prefill_tiles(h.tiles, b->nb, h.pos, h.seq, n) : 0;
     s->n = n;
     s->n_out = n_out;
     s->n_runs = b->rstate ? n_tab : 0;
