@@ -80,6 +80,7 @@ struct cuda_backend {
     size_t w16_elems;
     int exact, graphs;
     int prefill_attn;       /* attention_prefill_cuda (tensor-core flash attention) for prefill steps */
+    int mma;                /* decode mat-vecs on int8 tensor cores where supported (PXQ_CUDA_MMA=0: dp4a) */
     graph_entry g[MAX_GRAPHS];
     int n_graphs, next_evict;
     char path[96];
@@ -223,6 +224,7 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     snprintf(b->name, sizeof b->name, "%s", prop.name);
     b->exact = exact;
     b->graphs = !env_is("PXQ_CUDA_GRAPHS", "0");
+    b->mma = !env_is("PXQ_CUDA_MMA", "0");
     {
         cuda_kv probe = {};
         probe.kv_f32 = exact, probe.n_head_kv = hp->n_head_kv, probe.head_dim = hd, probe.kv_dim = hp->n_head_kv * hd;
@@ -406,7 +408,9 @@ extern "C" const char *cuda_backend_path(const struct pxq_engine *e) { return B(
 static void matmul_ld(cuda_backend *b, float *y, const cuda_weight *w, const float *x, int n, int q8, int accumulate,
                       int ldy) {
     if (n <= CUDA_DECODE_MAX || b->exact) {
-        if (q8 && matmul_q8_supported(w->fmt)) matmul_q8_cuda(y, w, b->xq, b->xds, n, ldy, accumulate, b->st);
+        if (q8 && b->mma && matmul_q8_mma_supported(w->fmt))
+            matmul_q8_mma_cuda(y, w, b->xq, b->xds, n, ldy, accumulate, b->st);
+        else if (q8 && matmul_q8_supported(w->fmt)) matmul_q8_cuda(y, w, b->xq, b->xds, n, ldy, accumulate, b->st);
         else matmul_gemv_cuda(y, w, x, n, ldy, accumulate, b->st);
         return;
     }
@@ -660,7 +664,7 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
     CK(cudaMemcpyAsync(b->in_d, b->in_h, in_bytes, cudaMemcpyHostToDevice, b->st));
     const int f0 = b->L[0].gu.fmt >= 0 ? b->L[0].gu.fmt : b->L[0].w[CM_GATE].fmt;
     const char *fmt = cuda_wfmt_name(f0);
-    const char *mv = !b->exact && matmul_q8_supported(f0) ? "q8-dp4a" : "gemv";
+    const char *mv = b->exact || !matmul_q8_supported(f0) ? "gemv" : b->mma && matmul_q8_mma_supported(f0) ? "q8-mma" : "q8-dp4a";
     const struct pxq_hparams *hp = e->hp;
     /* int8 activations for the q8 mat-vec: decode, default mode, rows in whole groups of 32 */
     s.q8 = !b->exact && s.n <= CUDA_DECODE_MAX && hp->n_embd % 32 == 0 && hp->n_head * hp->head_dim % 32 == 0 &&
