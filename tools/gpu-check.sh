@@ -47,7 +47,10 @@ for s in $steps; do
         echo "bench 16GiB: rc $? ($(tail -n 1 "$OUT/bench16.log"))"
         timeout 240 $PXQ bench --load-format dummy --config $C --dtype q4_0 --device cuda --gpu-mem 24GiB \
             -p 512 -n 128 -b 1,16 -r 3 >"$OUT/bench24.log" 2>&1
-        echo "bench 24GiB: rc $?"; tail -n 8 "$OUT/bench24.log" ;;
+        echo "bench 24GiB: rc $?"; tail -n 4 "$OUT/bench24.log"
+        timeout 200 $PXQ bench --load-format dummy --config $C --dtype q4_0 --device cuda --gpu-mem 24GiB \
+            -p 0 -n 64 -d 32768 -b 1 -r 1 >"$OUT/bench24d.log" 2>&1
+        echo "bench 24GiB depth 32768: rc $?"; tail -n 1 "$OUT/bench24d.log" ;;
     qwen35)
         PXQ_TEST_CUDA=1 timeout 120 build/tests/test_cuda_qwen35_ops >"$OUT/test_cuda_qwen35_ops.log" 2>&1
         echo "test_cuda_qwen35_ops: rc $? ($(tail -n 1 "$OUT/test_cuda_qwen35_ops.log"))"

@@ -35,6 +35,10 @@ extern "C" {
     } while (0)
 
 #define MAX_GRAPHS 64
+/* Decode steps of at least this many tokens use the int8 tensor-core mat-vec, fewer the dp4a one
+ * (tests/bench_cuda_matmul on the H200, Qwen3-32B / Qwen3.5-27B shapes: mma 0.5-0.8x dp4a at 1-2
+ * tokens, 0.8-1.1x at 4, 2-3.4x at 8, 2.5-4.8x at 16). */
+#define CUDA_MMA_MIN_TOKENS 5
 #define STAGE_BYTES ((size_t)64 << 20)
 
 struct cuda_layer {
@@ -408,7 +412,7 @@ extern "C" const char *cuda_backend_path(const struct pxq_engine *e) { return B(
 static void matmul_ld(cuda_backend *b, float *y, const cuda_weight *w, const float *x, int n, int q8, int accumulate,
                       int ldy) {
     if (n <= CUDA_DECODE_MAX || b->exact) {
-        if (q8 && b->mma && matmul_q8_mma_supported(w->fmt))
+        if (q8 && b->mma && n >= CUDA_MMA_MIN_TOKENS && matmul_q8_mma_supported(w->fmt))
             matmul_q8_mma_cuda(y, w, b->xq, b->xds, n, ldy, accumulate, b->st);
         else if (q8 && matmul_q8_supported(w->fmt)) matmul_q8_cuda(y, w, b->xq, b->xds, n, ldy, accumulate, b->st);
         else matmul_gemv_cuda(y, w, x, n, ldy, accumulate, b->st);
@@ -664,7 +668,9 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
     CK(cudaMemcpyAsync(b->in_d, b->in_h, in_bytes, cudaMemcpyHostToDevice, b->st));
     const int f0 = b->L[0].gu.fmt >= 0 ? b->L[0].gu.fmt : b->L[0].w[CM_GATE].fmt;
     const char *fmt = cuda_wfmt_name(f0);
-    const char *mv = b->exact || !matmul_q8_supported(f0) ? "gemv" : b->mma && matmul_q8_mma_supported(f0) ? "q8-mma" : "q8-dp4a";
+    const char *mv = b->exact || !matmul_q8_supported(f0)                                       ? "gemv"
+                     : b->mma && s.n >= CUDA_MMA_MIN_TOKENS && matmul_q8_mma_supported(f0) ? "q8-mma"
+                                                                                            : "q8-dp4a";
     const struct pxq_hparams *hp = e->hp;
     /* int8 activations for the q8 mat-vec: decode, default mode, rows in whole groups of 32 */
     s.q8 = !b->exact && s.n <= CUDA_DECODE_MAX && hp->n_embd % 32 == 0 && hp->n_head * hp->head_dim % 32 == 0 &&
