@@ -217,7 +217,7 @@ int main(int argc, char **argv) {
                 int bm = 0, bk = 0;
                 const int keep = b.samples;
                 b.samples = samples < 20 ? samples : 20;
-                for (int mi = 0; mi < 3; mi++)
+                for (int mi = 0; mi < (n == 1 ? 2 : 3); mi++) /* one token runs at most 2 m-tiles per warp */
                     for (int ki = 0; ki < 5; ki++) {
                         matmul_q8_mma_tune(mrs[mi], kps[ki]);
                         const double t = time_kernel(&b, 1, n);

@@ -36,6 +36,7 @@
  *
  * Rows whose length is not a multiple of 128, unaligned pointers, devices below sm_80 and builds
  * without an sm_80+ image take the dp4a kernel (matmul_q8_cuda) instead. */
+#include <math.h>
 #include <stdint.h>
 
 #include <cuda_fp16.h>
@@ -373,43 +374,70 @@ extern "C" void matmul_q8_mma_tune(int mr, int kp) {
     g_mma_force_kp = kp >= 1 && kp <= MMA_MAX_WARPS ? kp : 0;
 }
 
+/* Plan for one kernel: the warps per block (kp) for a grid of `bands` blocks and a score in [0, 1]
+ * of how well it keeps the device streaming. Blocks of equal work run in waves of res * n_sm; the
+ * score is the fill of the last wave (1 for a single wave) times the warps per SM, up to 12 (each
+ * with S - 1 steps in flight: about 40 KB per SM at one token). Each warp gets at least 4 steps.
+ * Occupancy (res) is read once per kernel and kp, on the first device that asks. */
+template <int F, int NTI, int MR, bool ONE>
+static double mma_plan(int n_in, int n_out, const mma_device *d, int *kp_out) {
+    using C = mma_cfg<F, NTI, MR>;
+    static int res[MMA_MAX_WARPS + 1], init;
+    if (!init) {
+        cudaFuncSetAttribute(matmul_q8_mma_kernel<F, NTI, MR, ONE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)d->smem_optin);
+        for (int k = 1; k <= MMA_MAX_WARPS; k++) {
+            const size_t sm = (size_t)k * C::S * C::STAGE;
+            if (sm > d->smem_optin ||
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&res[k], matmul_q8_mma_kernel<F, NTI, MR, ONE>, 32 * k,
+                                                              sm) != cudaSuccess)
+                res[k] = 0;
+        }
+        (void)cudaGetLastError();
+        init = 1;
+    }
+    const int n_mt = (n_out + 15) / 16, bands = (n_mt + MR - 1) / MR, n_steps = n_in / (32 * C::G);
+    const int cap = n_steps / 4 > 1 ? n_steps / 4 : 1;
+    double best = -1.0;
+    int kp = 1;
+    for (int k = 1; k <= MMA_MAX_WARPS; k++) {
+        if (!res[k] || (k > cap && !g_mma_force_kp)) continue;
+        const double slots = (double)res[k] * d->n_sm, waves = bands / slots;
+        const double fill = waves <= 1.0 ? 1.0 : waves / ceil(waves);
+        const double warps = (bands < slots ? bands : slots) * k / d->n_sm;
+        const double score = fill * (warps < 12.0 ? warps / 12.0 : 1.0);
+        if (g_mma_force_kp ? k == g_mma_force_kp : score > best + 1e-3) best = score, kp = k;
+    }
+    *kp_out = kp;
+    return best;
+}
+
 template <int F, int NTI, int MR, bool ONE>
 static void mma_launch_cfg(float *y, const cuda_weight &w, const int8_t *xq, const float2 *xds, int n_tok, int ldy,
                            int acc, const mma_device *d, cudaStream_t st) {
     using C = mma_cfg<F, NTI, MR>;
-    static int attr_set; /* once per kernel: allow the device's opt-in shared memory */
-    if (!attr_set) {
-        cudaFuncSetAttribute(matmul_q8_mma_kernel<F, NTI, MR, ONE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)d->smem_optin);
-        attr_set = 1;
-    }
-    const int n_mt = (w.n_out + 15) / 16, bands = (n_mt + MR - 1) / MR, n_steps = w.n_in / (32 * C::G);
-    int kp = g_mma_force_kp;
-    if (!kp) { /* about 16 warps per SM over the grid, each with at least 4 steps to pipeline */
-        kp = (16 * d->n_sm + bands - 1) / bands;
-        int cap = n_steps / 4 > 1 ? n_steps / 4 : 1;
-        kp = kp < cap ? kp : cap;
-        kp = kp < MMA_MAX_WARPS ? kp : MMA_MAX_WARPS;
-    }
+    int kp;
+    mma_plan<F, NTI, MR, ONE>(w.n_in, w.n_out, d, &kp);
     while (kp > 1 && (size_t)kp * C::S * C::STAGE > d->smem_optin) kp--;
-    const size_t smem = (size_t)kp * C::S * C::STAGE;
-    matmul_q8_mma_kernel<F, NTI, MR, ONE><<<bands, kp * 32, smem, st>>>(y, w, xq, xds, n_tok, ldy, acc);
+    const int bands = ((w.n_out + 15) / 16 + MR - 1) / MR;
+    matmul_q8_mma_kernel<F, NTI, MR, ONE><<<bands, kp * 32, (size_t)kp * C::S * C::STAGE, st>>>(y, w, xq, xds, n_tok,
+                                                                                                 ldy, acc);
 }
 
-/* m-tiles per warp: more for more tokens (activation reuse), fewer when the bands would not cover
- * the SMs. */
-static int mma_pick_mr(int n_tok, int n_out, const mma_device *d) {
-    if (g_mma_force_mr) return g_mma_force_mr;
-    int mr = n_tok > 8 ? 4 : n_tok > 1 ? 2 : 1;
-    const int n_mt = (n_out + 15) / 16;
-    while (mr > 1 && (n_mt + mr - 1) / mr < d->n_sm) mr >>= 1;
-    return mr;
-}
-
+/* m-tiles per warp: 1, or 2 for several tokens (each activation fragment then serves 32 rows) when
+ * that plans within 0.05 of 1. Four (64 rows, 185..254 registers) only when forced
+ * (matmul_q8_mma_tune; bench_cuda_matmul --sweep shows whether it pays). */
 template <int F, int NTI, bool ONE>
-static void mma_launch_mr(int mr, float *y, const cuda_weight &w, const int8_t *xq, const float2 *xds, int n_tok,
-                          int ldy, int acc, const mma_device *d, cudaStream_t st) {
+static void mma_launch_nt(float *y, const cuda_weight &w, const int8_t *xq, const float2 *xds, int n_tok, int ldy,
+                          int acc, const mma_device *d, cudaStream_t st) {
     constexpr int MR_MAX = ONE ? 2 : 4; /* one token: activations are a small stream, no 64-row bands */
+    int mr = g_mma_force_mr;
+    if (!mr) {
+        int kp;
+        mr = 1;
+        if (!ONE && mma_plan<F, NTI, 2, ONE>(w.n_in, w.n_out, d, &kp) >= mma_plan<F, NTI, 1, ONE>(w.n_in, w.n_out, d, &kp) - 0.05)
+            mr = 2;
+    }
     if (mr >= 4) mma_launch_cfg<F, NTI, MR_MAX, ONE>(y, w, xq, xds, n_tok, ldy, acc, d, st);
     else if (mr == 2) mma_launch_cfg<F, NTI, 2, ONE>(y, w, xq, xds, n_tok, ldy, acc, d, st);
     else mma_launch_cfg<F, NTI, 1, ONE>(y, w, xq, xds, n_tok, ldy, acc, d, st);
@@ -418,10 +446,9 @@ static void mma_launch_mr(int mr, float *y, const cuda_weight &w, const int8_t *
 template <int F>
 static void mma_launch(float *y, const cuda_weight &w, const int8_t *xq, const float2 *xds, int n_tok, int ldy, int acc,
                        const mma_device *d, cudaStream_t st) {
-    const int mr = mma_pick_mr(n_tok, w.n_out, d);
-    if (n_tok == 1) mma_launch_mr<F, 1, true>(mr, y, w, xq, xds, n_tok, ldy, acc, d, st);
-    else if (n_tok <= 8) mma_launch_mr<F, 1, false>(mr, y, w, xq, xds, n_tok, ldy, acc, d, st);
-    else mma_launch_mr<F, 2, false>(mr, y, w, xq, xds, n_tok, ldy, acc, d, st);
+    if (n_tok == 1) mma_launch_nt<F, 1, true>(y, w, xq, xds, n_tok, ldy, acc, d, st);
+    else if (n_tok <= 8) mma_launch_nt<F, 1, false>(y, w, xq, xds, n_tok, ldy, acc, d, st);
+    else mma_launch_nt<F, 2, false>(y, w, xq, xds, n_tok, ldy, acc, d, st);
 }
 
 static int mma_aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
