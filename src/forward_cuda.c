@@ -119,7 +119,7 @@ void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *
     bf->x16 = nb * max_in;
     bf->xq = nb * max_in;
     bf->xds = nb * max_in / 32 * 2 + 2;
-    bf->w16 = max_mat < CUDA_W16_MAX_ELEMS ? max_mat : CUDA_W16_MAX_ELEMS;
+    bf->w16 = 2 * (max_mat < CUDA_W16_MAX_ELEMS / 2 ? max_mat : CUDA_W16_MAX_ELEMS / 2); /* two tile buffers */
     bf->part_o = part_rows * hd;
     bf->part_ml = part_rows * 2;
 }

@@ -79,6 +79,10 @@ struct cuda_backend {
     float *rstate;          /* [n_seq_max][rstate_floats] DeltaNet conv + delta-rule state */
     size_t rstate_floats;
     void *x16, *w16, *cublas_ws;
+    /* prefill: weight tiles dequantized on st_deq into the two halves of w16 while the GEMM of the
+     * previous tile runs on st (deq_done[i]: half i is ready; gemm_done[i]: its GEMM is over) */
+    cudaStream_t st_deq;
+    cudaEvent_t deq_done[2], gemm_done[2];
     int8_t *xq;             /* q8 activations [nb][max_in] and their (d, s) [nb][max_in/32][2] */
     float *xds;
     size_t w16_elems;
@@ -242,6 +246,12 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     }
     e->backend = b;
     CK(cudaStreamCreateWithFlags(&b->st, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&b->st_deq, cudaStreamNonBlocking));
+    for (int i = 0; i < 2; i++) {
+        CK(cudaEventCreateWithFlags(&b->deq_done[i], cudaEventDisableTiming));
+        CK(cudaEventCreateWithFlags(&b->gemm_done[i], cudaEventDisableTiming));
+        CK(cudaEventRecord(b->gemm_done[i], b->st));
+    }
     if (cublasCreate(&b->cublas) != CUBLAS_STATUS_SUCCESS) die("cublasCreate failed");
     cublasSetStream(b->cublas, b->st);
     b->cublas_ws = arena_get(b, CUDA_CUBLAS_WS);
@@ -390,6 +400,9 @@ extern "C" void cuda_backend_free(struct pxq_engine *e) {
     cudaStreamSynchronize(b->st);
     for (int i = 0; i < b->n_graphs; i++) cudaGraphExecDestroy(b->g[i].exec);
     cublasDestroy(b->cublas);
+    cudaStreamSynchronize(b->st_deq);
+    for (int i = 0; i < 2; i++) cudaEventDestroy(b->deq_done[i]), cudaEventDestroy(b->gemm_done[i]);
+    cudaStreamDestroy(b->st_deq);
     cudaStreamDestroy(b->st);
     cudaFree(b->arena);
     cudaFreeHost(b->in_h);
@@ -420,11 +433,12 @@ static void matmul_ld(cuda_backend *b, float *y, const cuda_weight *w, const flo
     }
     const int n_in = w->n_in, n_out = w->n_out;
     f32_to_f16_cuda(b->x16, x, (int64_t)n * n_in, b->st);
+    const size_t half = b->w16_elems / 2;
     /* tiles of equal size, rows a multiple of 128 where they can be: y + r0 and the f16 tile stay
      * 16-byte aligned, so cuBLAS picks its aligned tensor-core kernels (an odd r0 costs ~6x) */
     int64_t rows = n_out;
     if (w->fmt != WFMT_F16) {
-        const int64_t cap = (int64_t)(b->w16_elems / (size_t)n_in);
+        const int64_t cap = (int64_t)(half / (size_t)n_in);
         if (cap < 1) die("prefill tile smaller than one row");
         const int64_t n_tiles = (n_out + cap - 1) / cap;
         rows = (n_out + n_tiles - 1) / n_tiles;
@@ -432,20 +446,25 @@ static void matmul_ld(cuda_backend *b, float *y, const cuda_weight *w, const flo
         if (rows > cap) rows = cap >= 128 ? cap / 128 * 128 : cap;
     }
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    for (int64_t r0 = 0; r0 < n_out; r0 += rows) {
+    for (int64_t r0 = 0, i = 0; r0 < n_out; r0 += rows, i ^= 1) {
         int rc = (int)(n_out - r0 < rows ? n_out - r0 : rows);
         const void *A;
         if (w->fmt == WFMT_F16) {
             A = (const uint16_t *)w->q + (size_t)r0 * n_in;
-        } else {
-            dequant_rows_cuda(b->w16, 1, w, NULL, r0, rc, b->st);
-            A = b->w16;
+        } else { /* dequantize tile into half i once its last GEMM is over, overlapping the running GEMM */
+            uint16_t *wt = (uint16_t *)b->w16 + (size_t)i * half;
+            CK(cudaStreamWaitEvent(b->st_deq, b->gemm_done[i], 0));
+            dequant_rows_cuda(wt, 1, w, NULL, r0, rc, b->st_deq);
+            CK(cudaEventRecord(b->deq_done[i], b->st_deq));
+            CK(cudaStreamWaitEvent(b->st, b->deq_done[i], 0));
+            A = wt;
         }
         /* column-major view: y^T[n_out x n] = W[n_in x n_out]^T x^T[n_in x n] */
         cublasStatus_t s = cublasGemmEx(b->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rc, n, n_in, &one, A, CUDA_R_16F, n_in,
                                         b->x16, CUDA_R_16F, n_in, &beta, y + r0, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
                                         CUBLAS_GEMM_DEFAULT);
         if (s != CUBLAS_STATUS_SUCCESS) die("cublasGemmEx failed (%d)", (int)s);
+        if (w->fmt != WFMT_F16) CK(cudaEventRecord(b->gemm_done[i], b->st));
     }
 }
 

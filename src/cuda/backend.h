@@ -37,7 +37,8 @@ void cuda_weight_sizes(int fmt, int64_t n_in, int64_t n_out, size_t *q_bytes, si
 
 /* Every device allocation is rounded up to this (16-byte loads, coalesced rows). */
 #define CUDA_ALIGN 256
-/* Prefill: weight rows are dequantized to f16 in tiles of at most this many elements. */
+/* Prefill: weight rows are dequantized to f16 in two alternating tile buffers of at most half this
+ * many elements each (the next tile's dequantization overlaps the running GEMM). */
 #define CUDA_W16_MAX_ELEMS ((size_t)64 << 20)
 #define CUDA_CUBLAS_WS ((size_t)32 << 20)
 /* Attention: positions per split of split-K flash-decoding. */
