@@ -49,8 +49,9 @@
 #define MMA_MAGIC_F 12582912.0f
 
 /* Compile-time layout of one pipeline stage (bytes, per warp). F: format, NTI: 8-token tiles (1, 2),
- * MR: 16-row m-tiles per warp. */
-template <int F, int NTI, int MR>
+ * MR: 16-row m-tiles per warp, ONE: a single token (its activation row alone in the stage; B is
+ * read with plain loads, zero in the other 7 columns). */
+template <int F, int NTI, int MR, bool ONE>
 struct mma_cfg {
     static constexpr int G = F == WFMT_Q8_0 ? 2 : 4;   /* groups per step: 64 bytes of each weight row */
     static constexpr int ES = F == WFMT_Q4M ? 8 : 2;   /* bytes of one weight scale: f16 d, or float2 (d, m) */
@@ -59,12 +60,14 @@ struct mma_cfg {
     static constexpr int XC = XB / 16;                  /* their 16-byte chunks: 8, 4 */
     static constexpr int DB = 8 * G;                    /* (d, s) bytes per token per step: 32, 16 */
     static constexpr int ROWS = 16 * MR;
-    static constexpr int NTOK = 8 * NTI;
+    static constexpr int NTOK = ONE ? 1 : 8 * NTI;      /* activation rows in the stage */
     static constexpr int OFF_WS = ROWS * 64;            /* [ROWS][64] swizzled nibbles/int8 */
     static constexpr int OFF_X = OFF_WS + ROWS * SB;    /* [ROWS][SB] weight scales */
     static constexpr int OFF_D = OFF_X + NTOK * XB;     /* [NTOK][XB] swizzled int8 activations */
     static constexpr int STAGE = OFF_D + NTOK * DB;     /* [NTOK][G] float2 (d, s) */
-    static constexpr int S = MR == 4 ? 3 : 4;           /* stages in the ring */
+    /* stages in the ring: about 6 KiB of weights in flight per warp behind the one computed (memory-
+     * level parallelism decides the 1-token speed); 8 for one token, whose stages are small */
+    static constexpr int S = ONE ? 8 : 1 + (6 + MR - 1) / MR;
     static_assert(OFF_X % 16 == 0 && STAGE % 16 == 0, "16-byte aligned tiles");
 };
 
@@ -116,10 +119,10 @@ static __device__ __forceinline__ void mma_k32(int (&c)[4], const uint32_t (&a)[
 /* Start the copies of step s (groups s*G ..) into the stage at st: the warp's rows row0.. (rows past
  * n_out read as zeros), their scales, and the activations of tokens < n_tok (rows n_tok.. of the
  * activation tiles were zeroed once and are never written). */
-template <int F, int NTI, int MR>
+template <int F, int NTI, int MR, bool ONE>
 static __device__ __forceinline__ void mma_issue(uint32_t st, const cuda_weight &w, const int8_t *xq,
                                                  const float2 *xds, int row0, int s, int n_tok, int lane) {
-    using C = mma_cfg<F, NTI, MR>;
+    using C = mma_cfg<F, NTI, MR, ONE>;
     const int n_in = w.n_in, ng = n_in / 32;
     const size_t row_bytes = F == WFMT_Q8_0 ? (size_t)n_in : (size_t)n_in / 2;
     const uint8_t *q = (const uint8_t *)w.q;
@@ -163,22 +166,30 @@ static __device__ __forceinline__ void mma_issue(uint32_t st, const cuda_weight 
  * so c1 and c3 (token 2t+1 >= 1) are never wanted. */
 template <int F, int NTI, int MR, bool ONE>
 static __device__ __forceinline__ void mma_compute(const uint8_t *stp, float (&acc)[MR][NTI][4], int lane) {
-    using C = mma_cfg<F, NTI, MR>;
+    using C = mma_cfg<F, NTI, MR, ONE>;
     constexpr int G = C::G;
     const uint32_t st = smem_addr(stp);
     const int t = lane & 3, g = lane >> 2, q = lane >> 3, r8 = lane & 7;
     /* B: ldmatrix h of n-tile nt reads chunks 4h..4h+3 of tokens 8nt..8nt+7: (b0, b1) of groups 2h, 2h+1 */
     uint32_t b[NTI][G][2];
+    if (ONE) { /* column 0 = the token's row (unswizzled: row 0), lanes g = 0; the other columns zero */
 #pragma unroll
-    for (int nt = 0; nt < NTI; nt++)
+        for (int j = 0; j < G; j++)
 #pragma unroll
-        for (int h = 0; h < G / 2; h++) {
-            const int tr = 8 * nt + r8, c = 4 * h + q;
-            const int pos = C::XC == 8 ? swz8(c, tr) : swz4(c, tr);
-            uint32_t r[4];
-            ldmatrix_x4(r, st + C::OFF_X + tr * C::XB + (pos << 4));
-            b[nt][2 * h][0] = r[0], b[nt][2 * h][1] = r[1], b[nt][2 * h + 1][0] = r[2], b[nt][2 * h + 1][1] = r[3];
-        }
+            for (int hh = 0; hh < 2; hh++)
+                b[0][j][hh] = g == 0 ? *(const uint32_t *)(stp + C::OFF_X + (2 * j + hh) * 16 + 4 * t) : 0u;
+    } else {
+#pragma unroll
+        for (int nt = 0; nt < NTI; nt++)
+#pragma unroll
+            for (int h = 0; h < G / 2; h++) {
+                const int tr = 8 * nt + r8, c = 4 * h + q;
+                const int pos = C::XC == 8 ? swz8(c, tr) : swz4(c, tr);
+                uint32_t r[4];
+                ldmatrix_x4(r, st + C::OFF_X + tr * C::XB + (pos << 4));
+                b[nt][2 * h][0] = r[0], b[nt][2 * h][1] = r[1], b[nt][2 * h + 1][0] = r[2], b[nt][2 * h + 1][1] = r[3];
+            }
+    }
     /* activation scales of tokens 2t, 2t+1: dx = d, sx = s (Q4_0: -8 s) */
     constexpr int NU = ONE ? 1 : 2;
     float dx[NTI][NU][G], sx[NTI][NU][G];
@@ -186,7 +197,8 @@ static __device__ __forceinline__ void mma_compute(const uint8_t *stp, float (&a
     for (int nt = 0; nt < NTI; nt++)
 #pragma unroll
         for (int u = 0; u < NU; u++) {
-            const float2 *p = (const float2 *)(stp + C::OFF_D + (8 * nt + 2 * t + u) * C::DB);
+            /* one token: every lane reads row 0 (lanes t > 0 scale zero sums for columns never stored) */
+            const float2 *p = (const float2 *)(stp + C::OFF_D + (ONE ? 0 : 8 * nt + 2 * t + u) * C::DB);
 #pragma unroll
             for (int j = 0; j < G; j++) {
                 const float2 v = p[j];
@@ -261,7 +273,7 @@ __global__ void __launch_bounds__(MMA_MAX_WARPS * 32, MR * NTI >= 4 ? 1 : 2) /* 
     matmul_q8_mma_kernel(float *__restrict__ y, const cuda_weight w, const int8_t *__restrict__ xq,
                          const float2 *__restrict__ xds, int n_tok, int ldy, int accumulate) {
 #ifdef MMA_ARCH_OK
-    using C = mma_cfg<F, NTI, MR>;
+    using C = mma_cfg<F, NTI, MR, ONE>;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kp = blockDim.x >> 5;
     const int row0 = blockIdx.x * C::ROWS;
     const int n_steps = w.n_in / (32 * C::G);
@@ -292,14 +304,14 @@ __global__ void __launch_bounds__(MMA_MAX_WARPS * 32, MR * NTI >= 4 ? 1 : 2) /* 
     /* ring: steps i .. i+S-2 in flight while step i is computed; one commit group per step */
 #pragma unroll
     for (int i = 0; i < C::S - 1; i++) {
-        if (i < n_my) mma_issue<F, NTI, MR>(ring_s + i * C::STAGE, w, xq, xds, row0, warp + i * kp, n_tok, lane);
+        if (i < n_my) mma_issue<F, NTI, MR, ONE>(ring_s + i * C::STAGE, w, xq, xds, row0, warp + i * kp, n_tok, lane);
         cp_async_commit();
     }
     for (int i = 0; i < n_my; i++) {
         cp_async_wait<C::S - 2>(); /* this lane's copies of step i have landed */
         __syncwarp();              /* ... and every lane's; every lane is done with step i-1's slot */
         const int ni = i + C::S - 1;
-        if (ni < n_my) mma_issue<F, NTI, MR>(ring_s + (ni % C::S) * C::STAGE, w, xq, xds, row0, warp + ni * kp, n_tok, lane);
+        if (ni < n_my) mma_issue<F, NTI, MR, ONE>(ring_s + (ni % C::S) * C::STAGE, w, xq, xds, row0, warp + ni * kp, n_tok, lane);
         cp_async_commit();
         mma_compute<F, NTI, MR, ONE>(ring + (i % C::S) * C::STAGE, acc, lane);
     }
@@ -381,7 +393,7 @@ extern "C" void matmul_q8_mma_tune(int mr, int kp) {
  * Occupancy (res) is read once per kernel and kp, on the first device that asks. */
 template <int F, int NTI, int MR, bool ONE>
 static double mma_plan(int n_in, int n_out, const mma_device *d, int *kp_out) {
-    using C = mma_cfg<F, NTI, MR>;
+    using C = mma_cfg<F, NTI, MR, ONE>;
     static int res[MMA_MAX_WARPS + 1], init;
     if (!init) {
         cudaFuncSetAttribute(matmul_q8_mma_kernel<F, NTI, MR, ONE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -415,7 +427,7 @@ static double mma_plan(int n_in, int n_out, const mma_device *d, int *kp_out) {
 template <int F, int NTI, int MR, bool ONE>
 static void mma_launch_cfg(float *y, const cuda_weight &w, const int8_t *xq, const float2 *xds, int n_tok, int ldy,
                            int acc, const mma_device *d, cudaStream_t st) {
-    using C = mma_cfg<F, NTI, MR>;
+    using C = mma_cfg<F, NTI, MR, ONE>;
     int kp;
     mma_plan<F, NTI, MR, ONE>(w.n_in, w.n_out, d, &kp);
     while (kp > 1 && (size_t)kp * C::S * C::STAGE > d->smem_optin) kp--;
