@@ -5,6 +5,7 @@
 # DRAM GB/s; the raw CSVs go to $OUT.  usage: tools/gpu-profile.sh [CONFIG] [N_LAYERS]
 set -u
 OUT=${OUT:-/tmp/pxq-prof}
+if [ -d .devlibs ]; then export LD_LIBRARY_PATH=$(pwd)/.devlibs/lib; fi
 mkdir -p "$OUT"
 CFG=${1:-presets/qwen3-32b.json}
 NL=${2:-4}
@@ -25,4 +26,4 @@ run() { # name, bench args
 }
 run pp512 -p 512 -n 0 -b 1
 run tg_b1 -p 0 -n 4 -b 1
-run tg_b16 -p 0 -n 4 -b 16
+[ "${PROFILE_B16:-1}" = 1 ] && run tg_b16 -p 0 -n 4 -b 16
