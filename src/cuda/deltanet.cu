@@ -34,9 +34,13 @@ extern "C" int deltanet_cuda_supported(int dk, int dv) { return dk >= 1 && dk <=
 
 /* ---- causal depthwise conv + SiLU ---- */
 
-/* Thread per (channel c, run blockIdx.y); the run's tokens in order. KT > 0: K = KT at compile time
- * (window in registers); KT == 0: K at run time, at most 16. Layout read: conv state [K-1][conv_dim]
- * at state + run_seq * seq_stride, oldest first; w [conv_dim][K]. */
+/* grid (tiles of 32 channels, run), block CONV_WARPS warps: lane = channel c, warp w computes the
+ * run's tokens w, w + CONV_WARPS, ... (outputs are independent: each reads its K inputs, from x or,
+ * for the run's first K-1 positions, from the conv state), then, after a barrier that orders every
+ * read of the old state, warp 0 writes the new state. KT > 0: K = KT at compile time (window in
+ * registers); KT == 0: K at run time, at most 16. Layout read: conv state [K-1][conv_dim] at
+ * state + run_seq * seq_stride, oldest first; w [conv_dim][K]. */
+#define CONV_WARPS 4
 template <int KT>
 __global__ void ssm_conv_kernel(float *__restrict__ y, float *__restrict__ state, size_t seq_stride,
                                 const float *__restrict__ x, const float *__restrict__ w, int conv_dim, int K_rt,
@@ -44,43 +48,53 @@ __global__ void ssm_conv_kernel(float *__restrict__ y, float *__restrict__ state
                                 const int32_t *__restrict__ run_tok) {
     constexpr int KM = KT > 0 ? KT : 16;
     const int K = KT > 0 ? KT : K_rt;
-    const int c = blockIdx.x * blockDim.x + threadIdx.x, run = blockIdx.y;
-    if (c >= conv_dim) return;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int c = blockIdx.x * 32 + lane, run = blockIdx.y;
+    const bool ok = c < conv_dim; /* no early return: the barrier below is reached by all */
     float *cs = state + (size_t)run_seq[run] * seq_stride + c;
-    float wc[KM], win[KM]; /* win[0 .. K-2]: previous inputs, oldest first */
+    const int32_t *tok = run_tok + run_off[run];
+    const int m = run_off[run + 1] - run_off[run];
+    float wc[KM];
 #pragma unroll
-    for (int j = 0; j < KM; j++) {
-        wc[j] = j < K ? w[(size_t)c * K + j] : 0.0f;
-        win[j] = j < K - 1 ? cs[(size_t)j * conv_dim] : 0.0f;
-    }
-    const int p1 = run_off[run + 1];
-    for (int p = run_off[run]; p < p1; p++) {
-        const size_t t = (size_t)run_tok[p];
-        const float xv = x[t * conv_dim + c];
-        float acc = wc[K - 1] * xv; /* the CPU's order: newest tap first, then oldest to newest */
+    for (int j = 0; j < KM; j++) wc[j] = ok && j < K ? w[(size_t)c * K + j] : 0.0f;
+    if (ok)
+        for (int i = warp; i < m; i += CONV_WARPS) {
+            float acc = wc[K - 1] * x[(size_t)tok[i] * conv_dim + c]; /* the CPU's order: newest tap first */
+#pragma unroll
+            for (int j = 0; j < KM - 1; j++) {
+                if (j < K - 1) {
+                    const int q = i - (K - 1) + j; /* input position in the run; < 0: the conv state */
+                    const float v = q >= 0 ? x[(size_t)tok[q] * conv_dim + c] : cs[(size_t)(K - 1 + q) * conv_dim];
+                    acc = fmaf(wc[j], v, acc);
+                }
+            }
+            y[(size_t)tok[i] * conv_dim + c] = silu_f(acc);
+        }
+    __syncthreads();
+    if (warp == 0 && ok) { /* new state j = the (K-1-j)-th newest input: all read before any is written */
+        float ns[KM];
+#pragma unroll
+        for (int j = 0; j < KM - 1; j++) {
+            if (j < K - 1) {
+                const int q = m - (K - 1) + j;
+                ns[j] = q >= 0 ? x[(size_t)tok[q] * conv_dim + c] : cs[(size_t)(m + j) * conv_dim];
+            }
+        }
 #pragma unroll
         for (int j = 0; j < KM - 1; j++)
-            if (j < K - 1) acc = fmaf(wc[j], win[j], acc);
-#pragma unroll
-        for (int j = 0; j < KM - 2; j++)
-            if (j < K - 2) win[j] = win[j + 1];
-        if (K > 1) win[K - 2] = xv;
-        y[t * conv_dim + c] = silu_f(acc);
+            if (j < K - 1) cs[(size_t)j * conv_dim] = ns[j];
     }
-#pragma unroll
-    for (int j = 0; j < KM - 1; j++)
-        if (j < K - 1) cs[(size_t)j * conv_dim] = win[j];
 }
 
 extern "C" void ssm_conv_cuda(float *y, float *state, size_t seq_stride, const float *x, const float *w, int conv_dim,
                               int K, const int32_t *run_seq, const int32_t *run_off, const int32_t *run_tok,
                               int n_runs, cudaStream_t st) {
     if (n_runs <= 0 || conv_dim <= 0) return;
-    dim3 grid((conv_dim + 127) / 128, n_runs);
+    dim3 grid((conv_dim + 31) / 32, n_runs);
     if (K == 4)
-        ssm_conv_kernel<4><<<grid, 128, 0, st>>>(y, state, seq_stride, x, w, conv_dim, K, run_seq, run_off, run_tok);
+        ssm_conv_kernel<4><<<grid, CONV_WARPS * 32, 0, st>>>(y, state, seq_stride, x, w, conv_dim, K, run_seq, run_off, run_tok);
     else
-        ssm_conv_kernel<0><<<grid, 128, 0, st>>>(y, state, seq_stride, x, w, conv_dim, K, run_seq, run_off, run_tok);
+        ssm_conv_kernel<0><<<grid, CONV_WARPS * 32, 0, st>>>(y, state, seq_stride, x, w, conv_dim, K, run_seq, run_off, run_tok);
 }
 
 /* ---- q/k l2norm, beta, g ---- */
