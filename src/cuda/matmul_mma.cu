@@ -12,7 +12,7 @@
  *   Q8_0: w = d q          ->  y += d_w d_x * sum(q q_x)
  * with s_x = d_x sum q_x (the same algebra as the dp4a kernel in matmul.cu). The int32 accumulator
  * starts at the bits of 1.5 * 2^23, so the sum (|sum| < 2^22) comes out as the float 1.5 * 2^23 +
- * sum and one exact subtraction converts it (no I2F, a quarter-rate instruction).
+ * sum and one exact subtraction converts it (no I2F, a reduced-throughput conversion).
  *
  * Fragments (groupID g = lane / 4, t = lane % 4):
  *   A (16 x 32, row): a0 row g, k 4t..4t+3; a1 row g+8; a2 row g, k 16+4t..; a3 row g+8, k 16+4t..
@@ -22,17 +22,21 @@
  * and 16+4t..16+4t+3 (high nibbles): a0 and a2 of that row. In Q8_0, words t and 4+t of the 32-byte
  * group are a0 and a2; in the activations, words t and 4+t of a token's group are b0 and b1.
  *
- * Data path: each warp streams its own tiles global -> shared memory with cp.async (a ring of
- * MMA_STAGES steps in flight per warp, no registers held) and reads fragments with ldmatrix.x4,
- * which hands lane (g, t) word t of row g of each of four 8 x 16-byte matrices: exactly the
- * transpose a quad needs. One step = 64 bytes of each of the warp's 16*MR rows (Q4: 4 groups,
- * Q8_0: 2), their scales, and the same groups of the (at most 16) activation rows. Tiles are XOR
- * swizzled per 16-byte chunk so that ldmatrix's 8 rows fall in 8 different bank quads.
+ * Data path: each warp streams its own tiles global -> shared memory with cp.async (a ring of S
+ * steps, S-1 in flight behind the one computed, no registers held) and reads fragments with
+ * ldmatrix.x4, which hands lane (g, t) word t of row g of each of four 8 x 16-byte matrices: exactly
+ * the transpose a quad needs. One step = 64 bytes of each of the warp's 16*MR rows (Q4: 4 groups,
+ * Q8_0: 2), their scales, and the same groups of the activation rows (8 or 16; for one token only
+ * its row, read with plain loads into column 0 of B). Tiles are XOR swizzled per 16-byte chunk so
+ * that ldmatrix's 8 rows fall in 8 different bank quads. tools/matmul_mma_emulate.py replays this
+ * index math on the host against a direct dot product.
  *
  * Work split: a block = KP warps on one band of 16*MR rows; warp w takes steps w, w+KP, ... of
  * n_in; the warps meet in shared memory at the end (fixed order: deterministic). MR m-tiles per
- * warp share each activation fragment (activation traffic / weight traffic ~ 2.2 / MR at 16
- * tokens). The launcher picks MR and KP from the shape so that the grid fills the device.
+ * warp share each activation fragment (activation bytes per weight byte ~ 2.2 / MR at 16 tokens).
+ * The launcher (mma_plan) picks KP, and MR for several tokens, from the kernel's occupancy: a full
+ * last wave of blocks and about 12 streaming warps per SM. 1 token: 52-84 registers, 10.5-13.6 KiB
+ * of shared memory per warp; 16 tokens, MR 2: 168-194 registers (ptxas, sm_90, no spills).
  *
  * Rows whose length is not a multiple of 128, unaligned pointers, devices below sm_80 and builds
  * without an sm_80+ image take the dp4a kernel (matmul_q8_cuda) instead. */
