@@ -35,7 +35,7 @@
  * n_in; the warps meet in shared memory at the end (fixed order: deterministic). MR m-tiles per
  * warp share each activation fragment (activation bytes per weight byte ~ 2.2 / MR at 16 tokens).
  * The launcher (mma_plan) picks KP, and MR for several tokens, from the kernel's occupancy: a full
- * last wave of blocks and about 12 streaming warps per SM. 1 token: 52-84 registers, 10.5-13.6 KiB
+ * last wave of blocks and about 12 streaming warps per SM. 1 token: 52-84 registers, 9.1-13.2 KiB
  * of shared memory per warp; 16 tokens, MR 2: 168-194 registers (ptxas, sm_90, no spills).
  *
  * Rows whose length is not a multiple of 128, unaligned pointers, devices below sm_80 and builds
