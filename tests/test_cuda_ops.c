@@ -285,6 +285,35 @@ static void test_small_ops(void) {
     free(x), free(w), free(ref), free(got), free(g);
 }
 
+/* rmsnorm's register-resident forms (rows up to 8 x the block) and the long-row fallback: rows of
+ * decode width (n_embd 5120: 5 per thread) and past 8192 (twice-read path), with the int8 groups. */
+static void test_rmsnorm_widths(void) {
+    const int widths[3] = {5120, 8192, 9216}, rows = 3;
+    for (int wi = 0; wi < 3; wi++) {
+        const int n = widths[wi];
+        float *x = xmalloc((size_t)rows * n * 4), *w = xmalloc((size_t)n * 4), *ref = xmalloc((size_t)rows * n * 4);
+        float *got = xmalloc((size_t)rows * n * 4), *hds = xmalloc((size_t)rows * n / 32 * 8);
+        int8_t *hq = xmalloc((size_t)rows * n);
+        fill(x, (size_t)rows * n, 3.0f), fill(w, (size_t)n, 1.0f);
+        rmsnorm_cpu(ref, x, w, n, rows, 1e-6f);
+        float *dx = dev_put(x, (size_t)rows * n * 4), *dw = dev_put(w, (size_t)n * 4), *dy = dev_poison((size_t)rows * n);
+        float *dxds = dev_poison((size_t)rows * n / 32 * 2);
+        int8_t *dxq;
+        CK(cudaMalloc((void **)&dxq, (size_t)rows * n));
+        rmsnorm_q8_cuda(dy, dxq, dxds, dx, dw, n, rows, 1e-6f, NULL, 0);
+        dev_get(got, dy, (size_t)rows * n * 4);
+        dev_get(hq, dxq, (size_t)rows * n);
+        dev_get(hds, dxds, (size_t)rows * n / 32 * 8);
+        double e1 = norm_err(got, ref, (size_t)rows * n);
+        for (int i = 0; i < rows * n; i++) got[i] = hds[2 * (i / 32)] * hq[i];
+        double e2 = norm_err(got, ref, (size_t)rows * n);
+        CHECK(e1 <= 1e-6 && e2 <= 1e-2, "rmsnorm q8 n %d: float %.3g, int8 %.3g", n, e1, e2);
+        printf("rmsnorm q8 n %5d: float %.2e, int8 groups %.2e\n", n, e1, e2);
+        cudaFree(dx), cudaFree(dw), cudaFree(dy), cudaFree(dxds), cudaFree(dxq);
+        free(x), free(w), free(ref), free(got), free(hds), free(hq);
+    }
+}
+
 static void test_rope(void) {
     const int n_tok = 9, n_heads = 6, hd = 64;
     const int n_rots[2] = {64, 32};
@@ -482,6 +511,7 @@ int main(void) {
     struct threadpool *tp = threadpool_new(2);
     test_matmul(tp);
     test_small_ops();
+    test_rmsnorm_widths();
     test_rope();
     for (int neox = 0; neox < 2; neox++)
         for (int f32 = 0; f32 < 2; f32++) test_qk_norm_rope_store(neox, f32);

@@ -24,47 +24,79 @@ static __device__ __forceinline__ void warp_q8(float v, int8_t *xq, float2 *xds,
 }
 
 /* Block per row; the sum of squares in float32 as HF LlamaRMSNorm. Writes out (float) and/or the
- * int8 groups of the q8 mat-vec (xq, xds; n a multiple of 32). */
+ * int8 groups of the q8 mat-vec (xq, xds; n a multiple of 32). A row is latency-bound at decode
+ * (one row, one block): each thread keeps its elements (i = tid + k * blockDim, k < V) in registers
+ * from the one read of x, and the V independent steps of the second pass (scale, store, the int8
+ * group's shuffles) are unrolled so their latencies overlap. V = 0: rows longer than 32 * blockDim,
+ * read twice. */
+template <int V>
 __global__ void rmsnorm_kernel(float *out, int8_t *xq, float2 *xds, const float *x, const float *w, int n, float eps,
                                const int32_t *rows) {
     __shared__ float red[32];
     const float *xr = x + (size_t)(rows ? rows[blockIdx.x] : blockIdx.x) * n;
-    float ss = 0.0f;
+    float v[V > 0 ? V : 1], ss = 0.0f;
+    if (V > 0) {
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            const int i = threadIdx.x + k * blockDim.x;
+            v[k] = i < n ? xr[i] : 0.0f;
+            ss = fmaf(v[k], v[k], ss);
+        }
+    } else {
 #pragma unroll 4
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+        for (int i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+    }
     ss = warp_sum(ss);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
     __syncthreads();
     if (threadIdx.x < 32) {
-        float v = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
-        v = warp_sum(v);
-        if (threadIdx.x == 0) red[0] = v;
+        float t = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
+        t = warp_sum(t);
+        if (threadIdx.x == 0) red[0] = t;
     }
     __syncthreads();
     const float scale = 1.0f / sqrtf(red[0] / (float)n + eps);
     const size_t base = (size_t)blockIdx.x * n;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) { /* n % 32 == 0 when xq: whole warps take each step */
-        const float v = xr[i] * scale * w[i];
-        if (out) out[base + i] = v;
-        if (xq) warp_q8(v, xq, xds, (int64_t)(base + i));
+    if (V > 0) {
+#pragma unroll
+        for (int k = 0; k < V; k++) { /* n % 32 == 0 when xq: a warp's 32 lanes are all in or all out */
+            const int i = threadIdx.x + k * blockDim.x;
+            if (i < n) {
+                const float y = v[k] * scale * w[i];
+                if (out) out[base + i] = y;
+                if (xq) warp_q8(y, xq, xds, (int64_t)(base + i));
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const float y = xr[i] * scale * w[i];
+            if (out) out[base + i] = y;
+            if (xq) warp_q8(y, xq, xds, (int64_t)(base + i));
+        }
     }
+}
+
+static void rmsnorm_launch(float *out, int8_t *xq, float2 *xds, const float *x, const float *w, int n, int n_rows,
+                           float eps, const int32_t *rows, cudaStream_t st) {
+    if (n_rows <= 0) return;
+    const int threads = n >= 4096 ? 1024 : n >= 1024 ? 256 : n >= 256 ? 128 : 32; /* latency-bound: wide blocks */
+    const int per = (n + threads - 1) / threads;
+    if (per <= 2) rmsnorm_kernel<2><<<n_rows, threads, 0, st>>>(out, xq, xds, x, w, n, eps, rows);
+    else if (per <= 4) rmsnorm_kernel<4><<<n_rows, threads, 0, st>>>(out, xq, xds, x, w, n, eps, rows);
+    else if (per <= 8) rmsnorm_kernel<8><<<n_rows, threads, 0, st>>>(out, xq, xds, x, w, n, eps, rows);
+    else rmsnorm_kernel<0><<<n_rows, threads, 0, st>>>(out, xq, xds, x, w, n, eps, rows);
 }
 
 extern "C" void rmsnorm_cuda(float *out, const float *x, const float *w, int n, int n_rows, float eps,
                              const int32_t *rows, cudaStream_t st) {
-    if (n_rows <= 0) return;
-    int threads = n >= 4096 ? 1024 : n >= 1024 ? 256 : n >= 256 ? 128 : 32;
-    rmsnorm_kernel<<<n_rows, threads, 0, st>>>(out, NULL, NULL, x, w, n, eps, rows);
+    rmsnorm_launch(out, NULL, NULL, x, w, n, n_rows, eps, rows, st);
 }
 
 extern "C" void rmsnorm_q8_cuda(float *out, int8_t *xq, float *xds, const float *x, const float *w, int n, int n_rows,
                                 float eps, const int32_t *rows, cudaStream_t st) {
-    if (n_rows <= 0) return;
-    int threads = n >= 4096 ? 1024 : n >= 1024 ? 256 : n >= 256 ? 128 : 32; /* a row is latency-bound: wide blocks */
-    rmsnorm_kernel<<<n_rows, threads, 0, st>>>(out, xq, (float2 *)xds, x, w, n, eps, rows);
+    rmsnorm_launch(out, xq, (float2 *)xds, x, w, n, n_rows, eps, rows, st);
 }
 
-/* Block per token. Angles as rope_cpu: (float)pos * inv_freq[i], cosf/sinf. */
 __global__ void rope_kernel(float *x, int n_heads, int head_dim, int n_rot, const int32_t *pos, const float *inv_freq,
                             int neox, int ld) {
     const int half = n_rot / 2;
