@@ -299,7 +299,8 @@ static __device__ __forceinline__ void load8(const void *base, size_t off, float
  * without bank conflicts), V tile [32][head_dim], q of the group's heads. Scoring: lane j = position
  * j; accumulating: lane owns dims 4*lane + 128c .. +3. */
 template <typename KV>
-__global__ void attention_kernel(float *__restrict__ part_o, float *__restrict__ part_ml, const float *__restrict__ q,
+__global__ void attention_kernel(float *__restrict__ out, float *__restrict__ part_o, float *__restrict__ part_ml,
+                                 const float *__restrict__ q,
                                  const cuda_kv kv, int l, const int32_t *__restrict__ pos,
                                  const int32_t *__restrict__ seq_id, int n_head, int n_split, int split_len, float scale) {
     extern __shared__ float4 sm4[];
@@ -367,6 +368,17 @@ __global__ void attention_kernel(float *__restrict__ part_o, float *__restrict__
         }
         m = m_new;
     }
+    if (out) { /* one split: normalise and write the result (no combine step) */
+        const float inv = 1.0f / lsum;
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const int d = 4 * lane + 128 * c;
+            if (d < hd)
+                *(float4 *)(out + ((size_t)t * n_head + h) * hd + d) =
+                    make_float4(o[c].x * inv, o[c].y * inv, o[c].z * inv, o[c].w * inv);
+        }
+        return;
+    }
     const size_t pidx = ((size_t)t * n_head + h) * n_split + split;
 #pragma unroll
     for (int c = 0; c < 2; c++) {
@@ -412,12 +424,14 @@ extern "C" void attention_cuda(float *out, const float *q, const struct cuda_kv 
     const size_t smem = attention_smem_bytes(hd, group);
     const float scale = 1.0f / sqrtf((float)hd);
     dim3 grid(n_tokens, kv->n_head_kv, n_split), block(group * 32);
+    float *direct = n_split == 1 ? out : NULL; /* one split: the kernel writes out itself */
     if (kv->kv_f32) {
-        attention_kernel<float><<<grid, block, smem, st>>>(part_o, part_ml, q, *kv, l, pos, seq_id, n_head, n_split,
-                                                           split_len, scale);
+        attention_kernel<float><<<grid, block, smem, st>>>(direct, part_o, part_ml, q, *kv, l, pos, seq_id, n_head,
+                                                           n_split, split_len, scale);
     } else {
-        attention_kernel<__half><<<grid, block, smem, st>>>(part_o, part_ml, q, *kv, l, pos, seq_id, n_head, n_split,
-                                                            split_len, scale);
+        attention_kernel<__half><<<grid, block, smem, st>>>(direct, part_o, part_ml, q, *kv, l, pos, seq_id, n_head,
+                                                            n_split, split_len, scale);
     }
-    attention_combine_kernel<<<dim3(n_tokens, n_head), hd, 0, st>>>(out, part_o, part_ml, n_head, hd, n_split);
+    if (n_split > 1)
+        attention_combine_kernel<<<dim3(n_tokens, n_head), hd, 0, st>>>(out, part_o, part_ml, n_head, hd, n_split);
 }

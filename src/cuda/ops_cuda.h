@@ -63,20 +63,6 @@ void matmul_q8_mma_cuda(float *y, const struct cuda_weight *w, const int8_t *xq,
  * (1..8) instead of the shape heuristic; 0 restores it. Process-wide. */
 void matmul_q8_mma_tune(int mr, int kp);
 
-/* matmul_q8_cuda on int8 tensor cores (matmul_mma.cu): the same arguments, formula and result up to
- * fp32 summation order; one mma.sync.m16n8k32 per group of 32 (16 rows x 8 tokens), weights read
- * once for up to 16 tokens per pass (chunks of 16 beyond). Shapes: y row stride ldy >= n_out, xq
- * [n_tokens][n_in], xds [n_tokens][n_in/32] float2. Takes the dp4a kernel where it cannot run:
- * matmul_q8_mma_supported(fmt) == 0 (not Q4_0/Q8_0/Q4M, device below sm_80, no sm_80+ image in
- * this build), n_in % 128 != 0, or a pointer not 16-byte aligned. No errors returned (launch
- * errors as for every op). matmul_q8_mma_supported reads the device properties once per device. */
-int  matmul_q8_mma_supported(int fmt);
-void matmul_q8_mma_cuda(float *y, const struct cuda_weight *w, const int8_t *xq, const float *xds, int n_tokens,
-                        int ldy, int accumulate, cudaStream_t st);
-/* Benchmarks and tests only: force m-tiles of 16 rows per warp (1, 2, 4) and warps per block
- * (1..8) instead of the shape heuristic; 0 restores it. Process-wide. */
-void matmul_q8_mma_tune(int mr, int kp);
-
 /* Dequantize rows (row index list `rows`, or rows r0.. if rows is NULL) into out[n_rows][n_in]
  * float32 or half (out_half != 0). Embedding lookup (tensor_row_f32) and prefill tiles. */
 void dequant_rows_cuda(void *out, int out_half, const struct cuda_weight *w, const int32_t *rows, int64_t r0,
@@ -141,7 +127,8 @@ void qk_norm_rope_store_cuda(float *q_out, const float *q, float *k, const float
  * in layer l: out[t][h] = softmax(q k^T / sqrt(head_dim)) v (the CPU forward's attn_range). Split-K
  * flash-decoding (Dao et al. 2023): n_split chunks of split_len positions are reduced online
  * (Milakov & Gimelshein 2018) into part_o [n_tokens][n_head][n_split][head_dim] and part_ml
- * [..][n_split][2], then combined. n_split * split_len must cover the longest pos[t] + 1.
+ * [..][n_split][2], then combined (one split: the kernel writes out directly). n_split * split_len
+ * must cover the longest pos[t] + 1.
  * head_dim a multiple of 32, at most 256; n_head / n_head_kv at most 32. */
 void attention_cuda(float *out, const float *q, const struct cuda_kv *kv, int l, const int32_t *pos,
                     const int32_t *seq_id, int n_tokens, int n_head, int n_split, int split_len, float *part_o,
