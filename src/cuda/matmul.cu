@@ -359,53 +359,6 @@ __global__ void dequant_rows_kernel(T *__restrict__ out, const cuda_weight w, co
         for (int i = n_vec + threadIdx.x; i < n_in; i += blockDim.x) o[i] = (T)load1<F>(w, row, i);
 }
 
-/* Prefill tiles, Q4_0 / Q4M / Q8_0 to f16: a thread per group of 32 (one or two 16-byte loads of
- * quants, four 16-byte stores), rows r0.. contiguous, grid-stride over all groups of the tile. */
-template <int F>
-__global__ void dequant_groups_f16_kernel(__half *__restrict__ out, const cuda_weight w, int64_t r0, int64_t n_groups) {
-    const int ng = w.n_in / 32;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_groups; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t row = r0 + i / ng;
-        const int g = (int)(i % ng);
-        float d, m;
-        uint32_t u[8];
-        if (F == WFMT_Q8_0) {
-            const uint4 *p = (const uint4 *)((const int8_t *)w.q + row * w.n_in + g * 32);
-            const uint4 a = __ldg(p), b = __ldg(p + 1);
-            u[0] = a.x, u[1] = a.y, u[2] = a.z, u[3] = a.w, u[4] = b.x, u[5] = b.y, u[6] = b.z, u[7] = b.w;
-            d = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * ng + g)), m = 0.0f;
-        } else {
-            const uint4 a = __ldg((const uint4 *)((const uint8_t *)w.q + row * (w.n_in / 2) + g * 16));
-            const uint32_t q[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-            for (int k = 0; k < 4; k++) u[k] = q[k] & 0x0f0f0f0fu, u[4 + k] = (q[k] >> 4) & 0x0f0f0f0fu;
-            if (F == WFMT_Q4_0) {
-                d = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * ng + g)), m = -8.0f * d;
-            } else {
-                const float2 dm = __ldg((const float2 *)w.s + row * ng + g);
-                d = dm.x, m = dm.y;
-            }
-        }
-        /* u[k] holds elements 4k..4k+3 (bytes, low first); Q8_0 signed */
-        uint4 o[4];
-        uint32_t *ow = (uint32_t *)o;
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            float v[4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const uint32_t byte = (u[k] >> (8 * j)) & 0xff;
-                v[j] = fmaf(d, F == WFMT_Q8_0 ? (float)(int8_t)byte : (float)byte, m);
-            }
-            __half2 h0 = __floats2half2_rn(v[0], v[1]), h1 = __floats2half2_rn(v[2], v[3]);
-            ow[2 * k] = *(uint32_t *)&h0, ow[2 * k + 1] = *(uint32_t *)&h1;
-        }
-        uint4 *dst = (uint4 *)(out + (i / ng) * (int64_t)w.n_in + (int64_t)g * 32);
-#pragma unroll
-        for (int k = 0; k < 4; k++) dst[k] = o[k];
-    }
-}
-
 template <typename T>
 static void dequant_launch(T *out, const cuda_weight &w, const int32_t *rows, int64_t r0, int n_rows, cudaStream_t st) {
     dim3 grid(n_rows), block(128);
@@ -423,15 +376,6 @@ static void dequant_launch(T *out, const cuda_weight &w, const int32_t *rows, in
 extern "C" void dequant_rows_cuda(void *out, int out_half, const struct cuda_weight *w, const int32_t *rows, int64_t r0,
                                   int n_rows, cudaStream_t st) {
     if (n_rows <= 0) return;
-    if (out_half && !rows && w->n_in % 32 == 0 && (w->fmt == WFMT_Q4_0 || w->fmt == WFMT_Q4M || w->fmt == WFMT_Q8_0)) {
-        const int64_t n_groups = (int64_t)n_rows * (w->n_in / 32);
-        const unsigned blocks = (unsigned)((n_groups + 255) / 256 < 65535 * 8 ? (n_groups + 255) / 256 : 65535 * 8);
-        __half *o = (__half *)out;
-        if (w->fmt == WFMT_Q4_0) dequant_groups_f16_kernel<WFMT_Q4_0><<<blocks, 256, 0, st>>>(o, *w, r0, n_groups);
-        else if (w->fmt == WFMT_Q4M) dequant_groups_f16_kernel<WFMT_Q4M><<<blocks, 256, 0, st>>>(o, *w, r0, n_groups);
-        else dequant_groups_f16_kernel<WFMT_Q8_0><<<blocks, 256, 0, st>>>(o, *w, r0, n_groups);
-        return;
-    }
     if (out_half) dequant_launch<__half>((__half *)out, *w, rows, r0, n_rows, st);
     else dequant_launch<float>((float *)out, *w, rows, r0, n_rows, st);
 }
