@@ -85,7 +85,7 @@ struct cuda_backend {
     cudaEvent_t deq_done[2], gemm_done[2];
     int8_t *xq;             /* q8 activations [nb][max_in] and their (d, s) [nb][max_in/32][2] */
     float *xds;
-    size_t w16_elems;
+    size_t w16_elems, w16_half; /* the two tile buffers, and the elements of a tile */
     int exact, graphs;
     int prefill_attn;       /* attention_prefill_cuda (tensor-core flash attention) for prefill steps */
     int mma;                /* decode mat-vecs on int8 tensor cores where supported (PXQ_CUDA_MMA=0: dp4a) */
@@ -386,6 +386,11 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     b->xq = (int8_t *)arena_get(b, bf.xq);
     b->xds = arena_f32(b, bf.xds);
     b->w16_elems = bf.w16;
+    b->w16_half = b->w16_elems / 2;
+    if (getenv("PXQ_CUDA_TILE")) { /* tuning knob: elements per prefill weight tile (at most the plan's) */
+        const size_t t = (size_t)strtoull(getenv("PXQ_CUDA_TILE"), NULL, 10);
+        if (t > 0 && t < b->w16_half) b->w16_half = t;
+    }
     b->w16 = arena_get(b, b->w16_elems * 2);
     b->part_o = arena_f32(b, bf.part_o);
     b->part_ml = arena_f32(b, bf.part_ml);
@@ -433,7 +438,7 @@ static void matmul_ld(cuda_backend *b, float *y, const cuda_weight *w, const flo
     }
     const int n_in = w->n_in, n_out = w->n_out;
     f32_to_f16_cuda(b->x16, x, (int64_t)n * n_in, b->st);
-    const size_t half = b->w16_elems / 2;
+    const size_t half = b->w16_half;
     /* tiles of equal size, rows a multiple of 128 where they can be: y + r0 and the f16 tile stay
      * 16-byte aligned, so cuBLAS picks its aligned tensor-core kernels (an odd r0 costs ~6x) */
     int64_t rows = n_out;
