@@ -331,7 +331,7 @@ static void test_rule(const struct shape *s, const struct runs *r, int v_tiled, 
     CHECK(eo <= bound && es <= bound && rest_same, "gated delta rule%s nk %d nv %d dk %d dv %d v_tiled %d runs %d: out %.3g state %.3g, rest exact %d",
           chunked ? " chunked" : "", s->nk, nv, s->dk, s->dv, v_tiled, r->n_runs, eo, es, rest_same);
     printf("delta rule %-10s nk %2d nv %2d dk %3d dv %3d v_tiled %d runs %2d tokens %3d: out %.2e, state %.2e, rest %s\n",
-           chunked == 2 ? "chunked32" : chunked ? "chunked" : "recurrent", s->nk, nv, s->dk, s->dv, v_tiled, r->n_runs, n, eo, es,
+           chunked == 2 ? "chunked64" : chunked ? "chunked32" : "recurrent", s->nk, nv, s->dk, s->dv, v_tiled, r->n_runs, n, eo, es,
            rest_same ? "exact" : "DIFFERS");
     druns_free(&d);
     cudaFree(dq), cudaFree(dba), cudaFree(dst), cudaFree(dout);
@@ -500,10 +500,10 @@ static void bench_rule(void) {
     struct runs r = runs_make(1, &len, &seq0, n_slots);
     struct druns d = druns_put(&r);
     for (int form = 0; form < 3; form++) {
-        deltanet_chunked_cuda_force_chunk(form == 2 ? 32 : 0);
+        deltanet_chunked_cuda_force_chunk(form == 2 ? 64 : 0);
         const float ms = time_rule(form > 0, dout, dst, stride, dq, dba, &s, &d, 1, 3);
         printf("bench: delta rule prefill, one run of %d tokens x 48 heads, %-20s %8.3f ms, %8.0f tokens/s\n", n_pf,
-               form == 0 ? "recurrent:" : form == 1 ? "chunked (automatic):" : "chunked 32:", ms, n_pf / (ms * 1e-3));
+               form == 0 ? "recurrent:" : form == 1 ? "chunked (automatic, 32):" : "chunked 64:", ms, n_pf / (ms * 1e-3));
     }
     deltanet_chunked_cuda_force_chunk(0);
     druns_free(&d), free(r.tok);
@@ -526,8 +526,8 @@ int main(void) {
         struct runs r = runs_make(big ? 3 : 5, lens, seqs, 8), dec = runs_make(16, dec_lens, dec_seqs, 16);
         test_conv(s, &r);
         test_prep(s, 9);
-        for (int chunked = 0; chunked < 3; chunked++) { /* recurrent, chunked (automatic: 64 on sm_80+), chunked 32 */
-            deltanet_chunked_cuda_force_chunk(chunked == 2 ? 32 : 0);
+        for (int chunked = 0; chunked < 3; chunked++) { /* recurrent, chunked (automatic: 32), chunked 64 */
+            deltanet_chunked_cuda_force_chunk(chunked == 2 ? 64 : 0);
             for (int v_tiled = 0; v_tiled < 2; v_tiled++) test_rule(s, &r, v_tiled, chunked);
             test_rule(s, &dec, 0, chunked);
         }
