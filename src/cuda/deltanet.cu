@@ -104,15 +104,20 @@ extern "C" void ssm_conv_cuda(float *y, float *state, size_t seq_stride, const f
 __global__ void deltanet_prep_kernel(float *__restrict__ qkv, float *__restrict__ ba, const float *__restrict__ A,
                                      const float *__restrict__ dt_bias, int nk, int nv, int dk, int conv_dim,
                                      float qscale) {
+    /* grid (tokens, head blocks + 1): block y < gridDim.y - 1 normalises heads y * nw + warp (a warp
+     * per q or k head, so one token's heads spread over the GPU at decode); the last y does beta, g */
     const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     float *row = qkv + (size_t)t * conv_dim;
-    for (int hh = warp; hh < 2 * nk; hh += nw) {
+    if (blockIdx.y + 1 < gridDim.y) {
+        const int hh = blockIdx.y * nw + warp;
+        if (hh >= 2 * nk) return;
         float *x = row + (size_t)hh * dk;
         float ss = 0.0f;
         for (int i = lane; i < dk; i += 32) ss = fmaf(x[i], x[i], ss);
         ss = warp_sum(ss);
         const float inv = 1.0f / sqrtf(ss + 1e-6f), scale = hh < nk ? qscale : 1.0f;
         for (int i = lane; i < dk; i += 32) x[i] = x[i] * inv * scale;
+        return;
     }
     float *bt = ba + (size_t)t * 2 * nv;
     for (int h = threadIdx.x; h < nv; h += blockDim.x) {
@@ -125,7 +130,9 @@ __global__ void deltanet_prep_kernel(float *__restrict__ qkv, float *__restrict_
 extern "C" void deltanet_prep_cuda(float *qkv, float *ba, const float *A, const float *dt_bias, int nk, int nv, int dk,
                                    int conv_dim, int n, cudaStream_t st) {
     if (n <= 0) return;
-    deltanet_prep_kernel<<<n, 128, 0, st>>>(qkv, ba, A, dt_bias, nk, nv, dk, conv_dim, 1.0f / sqrtf((float)dk));
+    const int head_blocks = (2 * nk + 3) / 4; /* 4 warps a block */
+    deltanet_prep_kernel<<<dim3(n, head_blocks + 1), 128, 0, st>>>(qkv, ba, A, dt_bias, nk, nv, dk, conv_dim,
+                                                                     1.0f / sqrtf((float)dk));
 }
 
 /* ---- the gated delta rule, recurrent ---- */
