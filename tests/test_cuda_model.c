@@ -5,11 +5,11 @@
  *   HF dir, bf16 GGUF, random-qwen2 vs HF:   max |logit - ref| <= 1e-4, top-1 on every row,
  *                                            16 greedy tokens equal greedy_ids
  *   Q8_0, Q4_0, Q4_K_M GGUFs vs the CPU engine on the same file: max |diff| <= 1e-4, greedy equal
- *   a ragged batch of 4 sequences vs each alone, chunked prefill (n_batch 7) vs one-shot: <= 1e-4
+ *   a ragged batch of 8 sequences vs each alone, chunked prefill (n_batch 7) vs one-shot: <= 1e-4
  * Default mode (f16 KV, f16 prefill GEMM through cuBLAS), measured and bounded:
  *   normalised logit error ||got - ref|| / ||ref|| <= 1e-2 and top-1 agreement on >= 95% of rows,
  *   greedy tokens equal to HF (tiny-qwen3; random-qwen2's near-uniform logits are only reported)
- *   4 sequences of different lengths batched vs alone: the same greedy tokens (8 steps each)
+ *   8 sequences of different lengths batched vs alone: the same greedy tokens (8 steps each)
  *   CUDA graphs vs eager launches: identical logits
  * Qwen3.5 (tests/data/qwen35): tiny-qwen35 and random-qwen35 (head_dim 256, DeltaNet heads 128 x 128,
  * several attention layers) vs HF, llama.cpp's Q8_0/Q4_0/Q4_K_M GGUFs vs the CPU engine, batching and
@@ -139,37 +139,39 @@ static void check_model(const char *path, const char *ref_dir, int cpu_ref, int 
     model_free(m);
 }
 
-/* 4 sequences of different lengths: prefill interleaved in one ragged batch, then 8 decode steps of
- * 4 tokens, against each sequence alone. Exact mode: logits within 1e-4; default: same tokens. */
+/* 8 sequences of different lengths: prefill interleaved in one ragged batch, then 8 decode steps of
+ * 8 tokens (the tensor-core mat-vec's path from 5 tokens), against each sequence alone. Exact mode:
+ * logits within 1e-4; default: same tokens. */
 static void check_batching(const char *path, int exact) {
     char err[512] = "";
     struct pxq_model *m = model_open(path, err, sizeof err);
     CHECK(m != NULL, "open %s: %s", path, err);
     if (!m) return;
     const int n_vocab = model_hparams(m)->n_vocab, steps = 8;
-    const int lens[4] = {5, 17, 1, 33};
-    int32_t toks[4][40];
+    enum { NS = 8 };
+    const int lens[NS] = {5, 17, 1, 33, 9, 2, 21, 12};
+    int32_t toks[NS][40];
     unsigned r = 12345;
-    for (int s = 0; s < 4; s++)
+    for (int s = 0; s < NS; s++)
         for (int i = 0; i < lens[s]; i++) toks[s][i] = (int32_t)(((r = r * 1103515245u + 12345u) >> 8) % (unsigned)n_vocab);
     set_mode(exact, 1);
-    struct pxq_engine *e = engine(m, PXQ_DEVICE_CUDA, 64, 4, 0);
+    struct pxq_engine *e = engine(m, PXQ_DEVICE_CUDA, 64, NS, 0);
     if (!e) return;
-    int32_t alone[4][8];
-    float *alone_last = xmalloc(4 * (size_t)n_vocab * sizeof(float));
-    for (int s = 0; s < 4; s++) {
+    int32_t alone[NS][8];
+    float *alone_last = xmalloc(NS * (size_t)n_vocab * sizeof(float));
+    for (int s = 0; s < NS; s++) {
         int seq = prefill_all(e, toks[s], lens[s]);
         memcpy(alone_last + (size_t)s * n_vocab, pxq_logits(e, lens[s] - 1), (size_t)n_vocab * sizeof(float));
         greedy_continue(e, seq, lens[s], steps, alone[s]);
         pxq_seq_free(e, seq);
     }
-    int32_t tk[64], pos[64], sid[64];
-    int8_t want[64];
-    int n = 0, seqs[4], at[4] = {0}, last_row[4];
-    for (int s = 0; s < 4; s++) seqs[s] = pxq_seq_new(e);
+    int32_t tk[128], pos[128], sid[128];
+    int8_t want[128];
+    int n = 0, seqs[NS], at[NS] = {0}, last_row[NS];
+    for (int s = 0; s < NS; s++) seqs[s] = pxq_seq_new(e);
     for (int more = 1; more;) {
         more = 0;
-        for (int s = 0; s < 4; s++)
+        for (int s = 0; s < NS; s++)
             if (at[s] < lens[s]) {
                 want[n] = at[s] == lens[s] - 1;
                 tk[n] = toks[s][at[s]], pos[n] = at[s], sid[n] = seqs[s], n++;
@@ -187,25 +189,25 @@ static void check_batching(const char *path, int exact) {
             last_row[s] = row++;
         }
     double worst = 0;
-    int32_t next[4], together[4][8];
-    for (int s = 0; s < 4; s++) {
+    int32_t next[NS], together[NS][8];
+    for (int s = 0; s < NS; s++) {
         const float *g = pxq_logits(e, last_row[s]);
         for (int v = 0; v < n_vocab; v++) worst = fmax(worst, fabs((double)g[v] - alone_last[(size_t)s * n_vocab + v]));
         next[s] = argmax_f32(g, n_vocab);
     }
     for (int k = 0; k < steps; k++) {
-        int32_t p[4];
-        for (int s = 0; s < 4; s++) together[s][k] = next[s], p[s] = lens[s] + k;
-        int8_t all[4] = {1, 1, 1, 1};
-        struct pxq_batch bd = {4, next, p, seqs, all};
+        int32_t p[NS];
+        int8_t all[NS];
+        for (int s = 0; s < NS; s++) together[s][k] = next[s], p[s] = lens[s] + k, all[s] = 1;
+        struct pxq_batch bd = {NS, next, p, seqs, all};
         CHECK(pxq_decode(e, &bd, err, sizeof err) == 0, "batched decode: %s", err);
-        for (int s = 0; s < 4; s++) next[s] = argmax_f32(pxq_logits(e, s), n_vocab);
+        for (int s = 0; s < NS; s++) next[s] = argmax_f32(pxq_logits(e, s), n_vocab);
     }
     int same = 1;
-    for (int s = 0; s < 4; s++)
+    for (int s = 0; s < NS; s++)
         for (int k = 0; k < steps; k++) same &= together[s][k] == alone[s][k];
-    printf("%s %s: batch of 4 (lengths 5, 17, 1, 33) vs alone: last-row max diff %.3g, greedy tokens %s\n",
-           exact ? "fp32" : "f16 ", path, worst, same ? "equal" : "DIFFER");
+    printf("%s %s: batch of %d (lengths 5 to 33) vs alone: last-row max diff %.3g, greedy tokens %s [%s]\n",
+           exact ? "fp32" : "f16 ", path, NS, worst, same ? "equal" : "DIFFER", pxq_engine_kernel_path(e));
     CHECK(same, "%s: batched greedy tokens differ from alone", path);
     if (exact) CHECK(worst <= 1e-4, "batch vs alone differ by %.3g", worst);
     pxq_engine_free(e);
