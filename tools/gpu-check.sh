@@ -4,7 +4,7 @@
 # $OUT (default /tmp/pxq-gpu). Each step has its own time limit so one slow step cannot eat the
 # others. If the machine lacks the -dev libraries, put their headers and .so files in .devlibs/
 # (include/, lib/) and carry it: they are used when present.
-#   usage: tools/gpu-check.sh [build] [tests] [serve] [bench] [qwen35] [bench35]
+#   usage: tools/gpu-check.sh [build] [tests] [serve] [bench] [sanitize] [qwen35] [bench35]
 #   (default: build tests serve bench; qwen35 = the hybrid's CUDA tests and perplexities, bench35 =
 #   the Qwen3.5-27B preset's plan and bench at 16 GiB)
 # The tracked fixtures (about 115 MB) exceed what a lent GPU machine receives of the working tree
@@ -47,10 +47,17 @@ for s in $steps; do
         echo "bench 16GiB: rc $? ($(tail -n 1 "$OUT/bench16.log"))"
         timeout 240 $PXQ bench --load-format dummy --config $C --dtype q4_0 --device cuda --gpu-mem 24GiB \
             -p 512 -n 128 -b 1,16 -r 3 >"$OUT/bench24.log" 2>&1
-        echo "bench 24GiB: rc $?"; tail -n 4 "$OUT/bench24.log"
-        timeout 200 $PXQ bench --load-format dummy --config $C --dtype q4_0 --device cuda --gpu-mem 24GiB \
-            -p 0 -n 64 -d 32768 -b 1 -r 1 >"$OUT/bench24d.log" 2>&1
-        echo "bench 24GiB depth 32768: rc $?"; tail -n 1 "$OUT/bench24d.log" ;;
+        echo "bench 24GiB: rc $?"; tail -n 7 "$OUT/bench24.log"
+        timeout 200 $PXQ bench --load-format dummy --config $C --dtype q4_0 --device cuda --gpu-mem 40GiB \
+            -p 0 -n 32 -d 32768 -b 1 -r 1 >"$OUT/bench24d.log" 2>&1
+        echo "bench depth 32768: rc $?"; tail -n 1 "$OUT/bench24d.log" ;;
+    sanitize)
+        for t in test_cuda_ops test_cuda_qwen35_ops test_cuda_attention_prefill test_cuda_matmul_mma test_cuda_moe; do
+            [ -x build/tests/$t ] || continue
+            PXQ_TEST_NO_BENCH=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/$t \
+                >"$OUT/memcheck_$t.log" 2>&1
+            echo "memcheck $t: rc $? ($(grep -h "ERROR SUMMARY" "$OUT/memcheck_$t.log" | tail -n 1))"
+        done ;;
     qwen35)
         PXQ_TEST_CUDA=1 timeout 120 build/tests/test_cuda_qwen35_ops >"$OUT/test_cuda_qwen35_ops.log" 2>&1
         echo "test_cuda_qwen35_ops: rc $? ($(tail -n 1 "$OUT/test_cuda_qwen35_ops.log"))"
@@ -63,11 +70,11 @@ for s in $steps; do
         timeout 60 $PXQ plan --load-format dummy --config $C --dtype q4_0 -c 16384 --gpu-mem 16GiB >"$OUT/plan35.log" 2>&1
         echo "plan 27B 16GiB: rc $?"; tail -n 4 "$OUT/plan35.log"
         timeout 200 $PXQ bench --load-format dummy --config $C --dtype q4_0 --device cuda --gpu-mem 16GiB \
-            -p 512 -n 64 -b 1 -r 2 >"$OUT/bench35.log" 2>&1
+            -p 512 -n 128 -b 1 -r 3 >"$OUT/bench35.log" 2>&1
         echo "bench 27B: rc $?"; tail -n 3 "$OUT/bench35.log"
         timeout 200 $PXQ bench --load-format dummy --config $C --dtype q4_0 --device cuda --gpu-mem 16GiB \
-            -p 0 -n 32 -d 16351 -b 1 -r 1 >"$OUT/bench35ctx.log" 2>&1
-        echo "bench 27B depth 16351: rc $?"; tail -n 2 "$OUT/bench35ctx.log" ;;
+            -p 0 -n 128 -d 16255 -b 1 -r 1 >"$OUT/bench35ctx.log" 2>&1
+        echo "bench 27B depth 16255 (context 16384): rc $?"; tail -n 1 "$OUT/bench35ctx.log" ;;
     esac
     echo "  ($s: $(( $(date +%s) - t0 )) s)"
 done
