@@ -4,6 +4,8 @@
  * Bounds (float32 compute on both sides; only summation order differs):
  *   max |logit - ref| <= 1e-4 (absolute; logits here are O(10); measured 1.3e-5), top-1 agreement on every row,
  *   and the first 16 greedy tokens equal greedy_ids.
+ * Models: tiny-qwen3 (HF dir and bf16 GGUF), random-qwen2 (QKV bias), random-qwen3moe (sparse MoE FFN:
+ * 8 experts, top-2, norm_topk_prob).
  * Engine: a ragged batch of 4 sequences of different lengths gives the same logits as each run
  * alone (bound 1e-4: the same ops in a different blocking), and chunked prefill (n_batch 7)
  * equals one-shot prefill. */
@@ -96,9 +98,13 @@ int main(void) {
     check_model(p, "tiny-qwen3");
     snprintf(p, sizeof p, "%s/random-qwen2", test_data_dir());
     check_model(p, "random-qwen2");
+    snprintf(p, sizeof p, "%s/random-qwen3moe", test_data_dir()); /* Qwen3MoeSparseMoeBlock: 8 experts, top-2 */
+    check_model(p, "random-qwen3moe");
     snprintf(p, sizeof p, "%s/tiny-qwen3", test_data_dir());
     check_batching(p);
     snprintf(p, sizeof p, "%s/random-qwen2", test_data_dir());
+    check_batching(p);
+    snprintf(p, sizeof p, "%s/random-qwen3moe", test_data_dir()); /* routing is per token: batching changes nothing */
     check_batching(p);
     return test_summary("test_model");
 }
