@@ -47,7 +47,9 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
     if (e->p.kv_blocks <= 0) e->p.kv_blocks = blocks_per_seq * e->p.n_seq_max;
     int n_kv = 0;
     for (int il = 0; il < hp->n_layer; il++) e->kv_layer[il] = hp->layer_kind[il] == LAYER_ATTN ? n_kv++ : -1;
-    if (kv_cache_init(&e->kv, n_kv, hp->n_head_kv, hp->head_dim, e->p.kv_block_size, e->p.kv_blocks, err, errlen) != 0) {
+    /* the CUDA backend holds K/V on the device: the host pool keeps only the block accounting */
+    if (kv_cache_init(&e->kv, n_kv, hp->n_head_kv, hp->head_dim, e->p.kv_block_size, e->p.kv_blocks,
+                      e->p.device == PXQ_DEVICE_CPU, err, errlen) != 0) {
         free(e);
         return NULL;
     }
@@ -88,9 +90,7 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
         return NULL;
     }
 #ifdef PXQ_CUDA
-    if (e->p.device == PXQ_DEVICE_CUDA) { /* KV lives on the device; the host pool keeps only the block accounting */
-        free(e->kv.k), free(e->kv.v);
-        e->kv.k = e->kv.v = NULL;
+    if (e->p.device == PXQ_DEVICE_CUDA) { /* KV lives on the device (the host pool has no storage) */
         if (cuda_backend_new(e, err, errlen) != 0) {
             pxq_engine_free(e);
             return NULL;

@@ -6,7 +6,7 @@
 #include "util.h"
 
 int kv_cache_init(struct kv_cache *c, int n_layer_kv, int n_head_kv, int head_dim, int block_size, int n_blocks,
-                  char *err, size_t errlen) {
+                  int storage, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
     if (block_size <= 0 || n_blocks <= 0) return set_err(err, errlen, "KV cache: block size and count must be positive");
     c->n_layer_kv = n_layer_kv;
@@ -16,7 +16,7 @@ int kv_cache_init(struct kv_cache *c, int n_layer_kv, int n_head_kv, int head_di
     c->block_size = block_size;
     c->n_blocks = n_blocks;
     size_t per_block = (size_t)n_layer_kv * (size_t)block_size * (size_t)c->kv_dim;
-    if (n_layer_kv > 0) {
+    if (n_layer_kv > 0 && storage) {
         if (per_block > SIZE_MAX / sizeof(float) / (size_t)n_blocks)
             return set_err(err, errlen, "KV cache: %d blocks overflow the address space", n_blocks);
         size_t bytes = per_block * (size_t)n_blocks * sizeof(float);

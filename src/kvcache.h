@@ -27,9 +27,11 @@ struct kv_seq {
     int n_blocks, cap;
 };
 
-/* Allocate the pool. Returns 0, or -1 if the size overflows or memory is short (message in err). */
+/* Allocate the pool: the block accounting, and the float32 K/V storage if storage != 0 (a device
+ * backend keeps its own and leaves k, v NULL). Returns 0, or -1 if the size overflows or memory is
+ * short (message in err). */
 int  kv_cache_init(struct kv_cache *c, int n_layer_kv, int n_head_kv, int head_dim, int block_size, int n_blocks,
-                   char *err, size_t errlen);
+                   int storage, char *err, size_t errlen);
 void kv_cache_free(struct kv_cache *c);
 /* Bytes of KV per position (all layers, K and V). */
 size_t kv_bytes_per_pos(const struct kv_cache *c);
