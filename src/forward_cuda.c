@@ -84,6 +84,49 @@ void cuda_layer_vec_sizes(const struct pxq_hparams *hp, const struct pxq_layer *
     if (L->attn_v_b) n[CV_BV] = (size_t)hp->n_head_kv * hd;
 }
 
+int cuda_moe_gu_fused(const struct pxq_layer *L) {
+    return L->experts && L->experts[0].gate->type == L->experts[0].up->type;
+}
+
+/* The bytes upload_stacked (backend.cu) takes for n_out rows of t's type and row length. */
+static void stack_plan(size_t *bytes, const struct pxq_tensor *t, int64_t n_out) {
+    size_t q, s;
+    cuda_weight_sizes(cuda_wfmt_of(t->type), t->ne[0], n_out, &q, &s);
+    *bytes += al(q) + (s ? al(s) : 0);
+}
+
+/* A MoE layer's weights as backend.cu uploads them: the router alone; the experts' gate|up (one
+ * stack, [gate_e | up_e] per expert, if gate and up have one type; else a gate and an up stack) and
+ * down each stacked into one weight, which needs every expert of a role in one type. */
+static int moe_plan(const struct pxq_hparams *hp, const struct pxq_layer *L, int il, size_t *w, char *err,
+                    size_t errlen) {
+    const struct pxq_expert *x = L->experts;
+    if (!L->ffn_gate_inp || !x) return set_err(err, errlen, "CUDA backend: MoE layer %d lacks its router or experts", il);
+    if (hp->n_expert_used < 1 || hp->n_expert_used > hp->n_expert)
+        return set_err(err, errlen, "CUDA backend: top-%d of %d experts", hp->n_expert_used, hp->n_expert);
+    if (weight_plan(L->ffn_gate_inp, w, err, errlen)) return -1;
+    const struct pxq_tensor *role[3] = {x[0].gate, x[0].up, x[0].down};
+    for (int r = 0; r < 3; r++) {
+        size_t unused = 0;
+        if (weight_plan(role[r], &unused, err, errlen)) return -1; /* the type and row checks */
+        for (int e = 1; e < hp->n_expert; e++) {
+            const struct pxq_tensor *t = r == 0 ? x[e].gate : r == 1 ? x[e].up : x[e].down;
+            if (t->type != role[r]->type)
+                return set_err(err, errlen, "CUDA backend: %s is %s but %s is %s (the experts of a layer need one type per matrix)",
+                               t->name, type_name(t->type), role[r]->name, type_name(role[r]->type));
+        }
+    }
+    const int64_t E = hp->n_expert, ff = hp->n_ff_exp;
+    if (cuda_moe_gu_fused(L)) {
+        stack_plan(w, role[0], 2 * E * ff);
+    } else {
+        stack_plan(w, role[0], E * ff);
+        stack_plan(w, role[1], E * ff);
+    }
+    stack_plan(w, role[2], E * hp->n_embd);
+    return 0;
+}
+
 void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *p, size_t max_in, size_t max_mat,
                   struct cuda_bufs *bf) {
     memset(bf, 0, sizeof *bf);
@@ -94,7 +137,15 @@ void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *
     bf->xb = bf->xb2 = nb * wide;
     bf->qkv = nb * (q_dim + 2 * kv_dim);
     bf->att = nb * q_dim;
-    bf->hb = nb * 3 * ff;
+    bf->hb = hp->n_expert ? 0 : nb * 3 * ff; /* dense FFN */
+    if (hp->n_expert) { /* MoE: per token the router logits, k (id, weight) slots; per (token, slot) pair
+                         * gate|up [2 n_ff_exp] then silu(gate) * up [n_ff_exp], and the down output */
+        const size_t pairs = nb * (size_t)hp->n_expert_used, ffe = (size_t)hp->n_ff_exp;
+        bf->moe_logits = nb * (size_t)hp->n_expert;
+        bf->moe_ids = bf->moe_w = pairs;
+        bf->moe_hb = pairs * 3 * ffe;
+        bf->moe_y = pairs * d;
+    }
     bf->logits = (nb < CUDA_LOGITS_ROWS ? nb : CUDA_LOGITS_ROWS) * (size_t)hp->n_vocab;
     if (hp->attn_output_gate) bf->qg = nb * 2 * q_dim;
     int n_dn = 0;
@@ -119,6 +170,10 @@ void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *
     bf->x16 = nb * max_in;
     bf->xq = nb * max_in;
     bf->xds = nb * max_in / 32 * 2 + 2;
+    if (hp->n_expert && bf->moe_hb / 3 > bf->xq) { /* q8 form of the pairs' silu(gate) * up for down */
+        bf->xq = bf->moe_hb / 3;
+        bf->xds = bf->xq / 32 * 2 + 2;
+    }
     bf->w16 = 2 * (max_mat < CUDA_W16_MAX_ELEMS / 2 ? max_mat : CUDA_W16_MAX_ELEMS / 2); /* two tile buffers */
     bf->part_o = part_rows * hd;
     bf->part_ml = part_rows * 2;
@@ -128,7 +183,6 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
                   char *err, size_t errlen) {
     const struct pxq_hparams *hp = model_hparams(m);
     memset(plan, 0, sizeof *plan);
-    if (hp->n_expert) return set_err(err, errlen, "CUDA backend: MoE models (%s) are not supported yet", hp->arch_name);
     const int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
     if (hd % 32 != 0 || hd > 256)
         return set_err(err, errlen, "CUDA backend: head_dim %d (attention needs a multiple of 32, at most 256)", hd);
@@ -142,7 +196,7 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
         cuda_layer_mats(L, mats);
         const int dn = hp->layer_kind[il] == LAYER_DELTANET;
         for (int i = 0; i < CM_COUNT; i++) {
-            const int want = i >= CM_GATE && i <= CM_DOWN ? 1 : (i >= CM_SSM_QKV) == dn;
+            const int want = i >= CM_GATE && i <= CM_DOWN ? !hp->n_expert : (i >= CM_SSM_QKV) == dn;
             if (!want) continue;
             if (!mats[i]) return set_err(err, errlen, "CUDA backend: layer %d lacks a weight matrix", il);
             if (weight_plan(mats[i], &w, err, errlen)) return -1;
@@ -150,6 +204,7 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
             size_t ne = (size_t)mats[i]->ne[0] * (size_t)mats[i]->ne[1];
             if (ne > max_mat) max_mat = ne;
         }
+        if (hp->n_expert && moe_plan(hp, L, il, &w, err, errlen)) return -1;
         size_t vn[CV_COUNT];
         cuda_layer_vec_sizes(hp, L, il, vn);
         for (int i = 0; i < CV_COUNT; i++)
@@ -176,7 +231,8 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
     cuda_bufs_of(hp, p, max_in, max_mat, &bf);
     if (bf.state) plan->state = al(bf.state * 4);
     const size_t act[] = {bf.x, bf.xb, bf.xb2, bf.qkv, bf.att, bf.hb, bf.logits, bf.qg, bf.ssm_qkv,
-                          bf.ssm_conv, bf.ssm_z, bf.ssm_ba, bf.ssm_o, bf.in_ints};
+                          bf.ssm_conv, bf.ssm_z, bf.ssm_ba, bf.ssm_o, bf.in_ints, bf.moe_logits, bf.moe_ids,
+                          bf.moe_w, bf.moe_hb, bf.moe_y};
     for (size_t i = 0; i < sizeof act / sizeof *act; i++)
         if (act[i]) plan->activations += al(act[i] * 4);
     plan->workspace = al(bf.x16 * 2) + al(bf.xq) + al(bf.xds * 4) + al(bf.w16 * 2) + al(bf.part_o * 4) +

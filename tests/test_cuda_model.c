@@ -14,6 +14,9 @@
  * Qwen3.5 (tests/data/qwen35): tiny-qwen35 and random-qwen35 (head_dim 256, DeltaNet heads 128 x 128,
  * several attention layers) vs HF, llama.cpp's Q8_0/Q4_0/Q4_K_M GGUFs vs the CPU engine, batching and
  * graphs, with the same bounds. PXQ_TEST_ONLY=qwen35 runs only these.
+ * Qwen3-MoE: random-qwen3moe (8 experts, top-2, norm_topk_prob; f32) vs HF with random-qwen2's bounds,
+ * batching and graphs; dummy-tiny-moe with Q4_0 / Q8_0 / Q4_K / F16 experts vs the CPU engine
+ * (normalised error exact <= 1e-5, default <= 1e-2). PXQ_TEST_ONLY=moe runs only these.
  * A --gpu-mem smaller than the plan fails at creation with the plan and the shortfall. */
 #include "test_cuda_common.h"
 #include "testutil.h"
@@ -23,6 +26,7 @@ int main(void) { return cuda_test_gate("test_cuda_model"); }
 #else
 
 #include "ops_cpu.h"
+#include "quant.h"
 #include "refcase.h"
 
 static void set_mode(int exact, int graphs) {
@@ -258,6 +262,49 @@ static void check_graphs(const char *path) {
     model_free(m);
 }
 
+/* A dummy-weight model (config in tests/data, weights of type dtype) on CUDA against the CPU engine:
+ * a 20-token prefill (all rows) and 8 greedy decode steps from the CPU's tokens, by the normalised
+ * error (exact <= 1e-5, default <= 1e-2) and top-1 agreement (exact: every row, default: >= 95%).
+ * For MoE configs this runs the quantized experts through the gathered mat-vecs: fp32 activations
+ * in exact mode, int8 (dp4a) in default decode steps. */
+static void check_dummy(const char *config, enum pxq_type dtype, int exact) {
+    char path[512], err[512] = "";
+    snprintf(path, sizeof path, "%s/%s", test_data_dir(), config);
+    struct pxq_model *m = model_open_dummy(path, dtype, 7, 4, err, sizeof err);
+    CHECK(m != NULL, "dummy %s: %s", path, err);
+    if (!m) return;
+    const int n_vocab = model_hparams(m)->n_vocab, n = 20, steps = 8;
+    set_mode(exact, 1);
+    struct pxq_engine *e = engine(m, PXQ_DEVICE_CUDA, 64, 1, 0), *c = engine(m, PXQ_DEVICE_CPU, 64, 1, 0);
+    if (e && c) {
+        int32_t ids[20];
+        for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 7919 + 17) % n_vocab);
+        struct cmp pre = {0}, dec = {0};
+        int seq = prefill_all(e, ids, n), cseq = prefill_all(c, ids, n);
+        for (int r = 0; r < n; r++) cmp_rows(&pre, pxq_logits(e, r), pxq_logits(c, r), n_vocab);
+        char err2[256];
+        for (int k = 0; k < steps && seq >= 0 && cseq >= 0; k++) {
+            int32_t next = argmax_f32(pxq_logits(c, pxq_n_outputs(c) - 1), n_vocab), p = n + k;
+            struct pxq_batch b = {1, &next, &p, &seq, NULL}, bc = {1, &next, &p, &cseq, NULL};
+            CHECK(pxq_decode(e, &b, err2, sizeof err2) == 0 && pxq_decode(c, &bc, err2, sizeof err2) == 0, "decode: %s",
+                  err2);
+            cmp_rows(&dec, pxq_logits(e, 0), pxq_logits(c, 0), n_vocab);
+        }
+        const double ep = sqrt(pre.num / pre.den), ed = sqrt(dec.num / dec.den), bound = exact ? 1e-5 : 1e-2;
+        printf("%s dummy %s %s vs CPU engine: prefill normalised %.3g top-1 %d/%d, decode normalised %.3g top-1 %d/%d [%s]\n",
+               exact ? "fp32" : "f16 ", config, type_name(dtype), ep, pre.top1, pre.rows, ed, dec.top1, dec.rows,
+               pxq_engine_kernel_path(e));
+        CHECK(ep <= bound && ed <= bound, "dummy %s %s: normalised error %.3g / %.3g > %.1g", config, type_name(dtype), ep,
+              ed, bound);
+        if (exact) CHECK(pre.top1 == pre.rows && dec.top1 == dec.rows, "dummy %s %s: top-1 differs", config, type_name(dtype));
+        else CHECK((pre.top1 + dec.top1) * 100 >= (pre.rows + dec.rows) * 95, "dummy %s %s: top-1 %d/%d", config,
+                   type_name(dtype), pre.top1 + dec.top1, pre.rows + dec.rows);
+    }
+    pxq_engine_free(e);
+    pxq_engine_free(c);
+    model_free(m);
+}
+
 /* --gpu-mem below the plan: creation fails before loading, naming the plan and the shortfall. */
 static void check_gpu_mem(const char *path) {
     char err[512] = "";
@@ -282,7 +329,7 @@ int main(void) {
     int gate = cuda_test_gate("test_cuda_model");
     if (gate >= 0) return gate;
     matmul_cpu_set_exact(1); /* the CPU twin is the float32 reference, without int8 activations */
-    char hf[512], bf16[512], q8[512], q4[512], qwen2[512], ref3[512], ref2[512];
+    char hf[512], bf16[512], q8[512], q4[512], qwen2[512], ref3[512], ref2[512], moe[512], refmoe[512];
     char q35[512], q35r[512], ref35[512], ref35r[512], q35g[3][512];
     const char *q4km = "models/tiny-qwen3-Q4_K_M.gguf", *dd = test_data_dir();
     snprintf(hf, sizeof hf, "%s/tiny-qwen3", dd);
@@ -292,14 +339,17 @@ int main(void) {
     snprintf(qwen2, sizeof qwen2, "%s/random-qwen2", dd);
     snprintf(ref3, sizeof ref3, "%s/ref/tiny-qwen3", dd);
     snprintf(ref2, sizeof ref2, "%s/ref/random-qwen2", dd);
+    snprintf(moe, sizeof moe, "%s/random-qwen3moe", dd);
+    snprintf(refmoe, sizeof refmoe, "%s/ref/random-qwen3moe", dd);
     snprintf(q35, sizeof q35, "%s/qwen35/tiny-qwen35", dd);
     snprintf(q35r, sizeof q35r, "%s/qwen35/random-qwen35", dd);
     snprintf(ref35, sizeof ref35, "%s/qwen35/ref/tiny-qwen35", dd);
     snprintf(ref35r, sizeof ref35r, "%s/qwen35/ref/random-qwen35", dd);
     const char *qt[3] = {"Q8_0", "Q4_0", "Q4_K_M"};
     for (int i = 0; i < 3; i++) snprintf(q35g[i], sizeof q35g[i], "%s/qwen35/tiny-qwen35-%s.gguf", dd, qt[i]);
-    const char *only = getenv("PXQ_TEST_ONLY"); /* "qwen35": only the hybrid's cases */
-    const int all = !only || strcmp(only, "qwen35") != 0;
+    const char *only = getenv("PXQ_TEST_ONLY"); /* "qwen35" / "moe": only the hybrid's / MoE's cases */
+    const int all = !only || (strcmp(only, "qwen35") != 0 && strcmp(only, "moe") != 0);
+    const int do_moe = !only || strcmp(only, "moe") == 0, do_q35 = !only || strcmp(only, "qwen35") == 0;
     for (int exact = 1; exact >= 0; exact--) {
         if (all) {
             check_model(hf, ref3, 0, exact, 1);
@@ -310,6 +360,15 @@ int main(void) {
             check_model(q4km, ref3, 1, exact, 0);
             check_batching(hf, exact);
         }
+        if (do_moe) { /* Qwen3-MoE: sparse FFN, routing on the device; quantized experts from dummy weights */
+            check_model(moe, refmoe, 0, exact, 0);
+            check_batching(moe, exact);
+            check_dummy("dummy-tiny-moe.json", PXQ_TYPE_Q4_0, exact);
+            check_dummy("dummy-tiny-moe.json", PXQ_TYPE_Q8_0, exact);
+            check_dummy("dummy-tiny-moe.json", PXQ_TYPE_Q4_K, exact);
+            check_dummy("dummy-tiny-moe.json", PXQ_TYPE_F16, exact);
+        }
+        if (!do_q35) continue;
         /* Qwen3.5 hybrid: Gated DeltaNet + gated attention, two shapes, and llama.cpp's GGUFs */
         check_model(q35, ref35, 0, exact, 1);
         check_model(q35r, ref35r, 0, exact, 0);
@@ -321,7 +380,8 @@ int main(void) {
         check_graphs(hf);
         check_gpu_mem(q4km);
     }
-    check_graphs(q35);
+    if (do_moe) check_graphs(moe);
+    if (do_q35) check_graphs(q35);
     return test_summary("test_cuda_model");
 }
 #endif

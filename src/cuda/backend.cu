@@ -26,6 +26,7 @@ extern "C" {
 }
 #include "cuda/backend.h"
 #include "cuda/ops_cuda.h"
+#include "cuda/ops_moe_cuda.h"
 #include "cuda/ops_qwen35_cuda.h"
 
 #define CK(call)                                                                                   \
@@ -47,6 +48,9 @@ struct cuda_layer {
     /* stacked weights (fmt -1 if not): q|k|v (plain attention), gate|up (FFN), beta|alpha (DeltaNet) */
     cuda_weight qkv, gu, ba;
     float *bqkv;               /* the q|k|v biases side by side (zeros where one is absent), or NULL */
+    /* MoE (fmt -1 if not): the router, and each role's experts stacked (upload_moe): gate|up, or gate
+     * and up apart (cuda_moe_gu_fused), and down */
+    cuda_weight router, moe_gu, moe_gate, moe_up, moe_down;
 };
 
 struct graph_entry {
@@ -77,6 +81,9 @@ struct cuda_backend {
     float *qg;              /* gated attention: q_proj output [nb][n_head][query | gate] */
     float *ssm_qkv, *ssm_conv, *ssm_z, *ssm_ba, *ssm_o; /* DeltaNet activations (forward_qwen35.c's) */
     float *rstate;          /* [n_seq_max][rstate_floats] DeltaNet conv + delta-rule state */
+    float *moe_logits, *moe_w, *moe_hb, *moe_y; /* MoE: router [nb][n_expert], weights [nb][k], per pair gate|up
+                                                 * [nb*k][2 ff_exp] then silu(gate)*up [nb*k][ff_exp], down [nb*k][n_embd] */
+    int32_t *moe_ids;       /* MoE: the chosen experts [nb][k] */
     size_t rstate_floats;
     void *x16, *w16, *cublas_ws;
     /* prefill: weight tiles dequantized on st_deq into the two halves of w16 while the GEMM of the
@@ -188,6 +195,28 @@ static float *upload_f32(cuda_backend *b, const float *h, size_t n) {
     return d;
 }
 
+/* A MoE layer (forward_cuda.c's moe_plan counts the same): the router, and each role's experts
+ * stacked into one weight, expert x's rows at x * rows per expert: [gate_x | up_x] (2 n_ff_exp rows)
+ * when gate and up have one type, else gate and up apart (n_ff_exp rows); down (n_embd rows). */
+static void upload_moe(struct pxq_engine *e, cuda_backend *b, uploader *u, const struct pxq_layer *L, cuda_layer *cl) {
+    const int E = e->hp->n_expert;
+    const struct pxq_expert *x = L->experts;
+    const struct pxq_tensor **ts = (const struct pxq_tensor **)xmalloc(2 * (size_t)E * sizeof *ts);
+    upload_weight(e, b, u, L->ffn_gate_inp, &cl->router);
+    if (cuda_moe_gu_fused(L)) {
+        for (int i = 0; i < E; i++) ts[2 * i] = x[i].gate, ts[2 * i + 1] = x[i].up;
+        upload_stacked(e, b, u, ts, 2 * E, &cl->moe_gu);
+    } else {
+        for (int i = 0; i < E; i++) ts[i] = x[i].gate;
+        upload_stacked(e, b, u, ts, E, &cl->moe_gate);
+        for (int i = 0; i < E; i++) ts[i] = x[i].up;
+        upload_stacked(e, b, u, ts, E, &cl->moe_up);
+    }
+    for (int i = 0; i < E; i++) ts[i] = x[i].down;
+    upload_stacked(e, b, u, ts, E, &cl->moe_down);
+    free(ts);
+}
+
 /* ---- creation ---- */
 
 static int env_is(const char *name, const char *val) {
@@ -279,6 +308,8 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
             {{mats[CM_GATE], mats[CM_UP]}, 2, CM_GATE, &cl->gu},
             {{mats[CM_SSM_BETA], mats[CM_SSM_ALPHA]}, 2, CM_SSM_BETA, &cl->ba}};
         int stacked[CM_COUNT] = {0};
+        cl->router.fmt = cl->moe_gu.fmt = cl->moe_gate.fmt = cl->moe_up.fmt = cl->moe_down.fmt = -1;
+        if (hp->n_expert) upload_moe(e, b, &u, L, cl);
         for (int k = 0; k < 3; k++) {
             st[k].w->fmt = -1;
             const int ok = stackable(st[k].t, st[k].n) && (k != 0 || (!dn && !hp->attn_output_gate)) && (k != 2 || dn);
@@ -362,6 +393,13 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     b->hb = arena_f32(b, bf.hb);  /* [nb][2 ff] (gate, up, or the stacked gate|up output), then hb2 [nb][ff] */
     b->hb2 = b->hb + 2 * nb * (size_t)hp->n_ff;
     b->logits = arena_f32(b, bf.logits);
+    if (bf.moe_hb) {
+        b->moe_logits = arena_f32(b, bf.moe_logits);
+        b->moe_ids = (int32_t *)arena_get(b, bf.moe_ids * 4);
+        b->moe_w = arena_f32(b, bf.moe_w);
+        b->moe_hb = arena_f32(b, bf.moe_hb);
+        b->moe_y = arena_f32(b, bf.moe_y);
+    }
     if (bf.qg) b->qg = arena_f32(b, bf.qg);
     if (bf.ssm_qkv) {
         b->ssm_qkv = arena_f32(b, bf.ssm_qkv);
@@ -572,6 +610,38 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
     matmul_cuda(b, b->x, &L->w[CM_SSM_OUT], b->ssm_o, n, s.q8, 1); /* x += out_proj(o) */
 }
 
+/* An expert mat-vec over the step's n_pairs (token, slot) pairs (cuda/ops_moe_cuda.h): int8
+ * activations (b->xq) where the step has them and the format a q8 kernel, else fp32 x. */
+static void expert_mv(cuda_backend *b, float *y, int ldy, const cuda_weight *w, int rows_per_expert, const float *x,
+                      int x_per_pair, int n_pairs, int k, int q8) {
+    if (q8 && matmul_q8_supported(w->fmt))
+        moe_q8_cuda(y, ldy, w, rows_per_expert, b->moe_ids, b->xq, b->xds, x_per_pair, n_pairs, k, b->st);
+    else
+        moe_gemv_cuda(y, ldy, w, rows_per_expert, b->moe_ids, x, x_per_pair, n_pairs, k, b->st);
+}
+
+/* Qwen3-MoE's sparse FFN (forward_cpu.c's ffn_moe, HF Qwen3MoeSparseMoeBlock), x += sum_j w_j
+ * down_j(silu(gate_j(xb)) * up_j(xb)) over the top-k experts j. Routing stays on the device. The
+ * router runs on fp32 xb in every mode (a discrete choice: int8 activations could flip near ties).
+ * Prefill takes the same per-pair kernels: correct, but each expert is read once per pair. */
+static void moe_ffn(struct pxq_engine *e, cuda_backend *b, const cuda_layer *L, const step &s) {
+    const struct pxq_hparams *hp = e->hp;
+    const int n = s.n, k = hp->n_expert_used, ff = hp->n_ff_exp, d = hp->n_embd, np = n * k;
+    cudaStream_t st = b->st;
+    matmul_gemv_cuda(b->moe_logits, &L->router, b->xb, n, hp->n_expert, 0, st);
+    moe_route_cuda(b->moe_ids, b->moe_w, b->moe_logits, n, hp->n_expert, k, hp->norm_topk_prob, st);
+    float *gu = b->moe_hb, *h = b->moe_hb + (size_t)np * 2 * ff; /* [np][gate | up], [np][ff] */
+    if (L->moe_gu.fmt >= 0) {
+        expert_mv(b, gu, 2 * ff, &L->moe_gu, 2 * ff, b->xb, 0, np, k, s.q8);
+    } else {
+        expert_mv(b, gu, 2 * ff, &L->moe_gate, ff, b->xb, 0, np, k, s.q8);
+        expert_mv(b, gu + ff, 2 * ff, &L->moe_up, ff, b->xb, 0, np, k, s.q8);
+    }
+    swiglu_q8_cuda(h, q8_for(b, s.q8, &L->moe_down), b->xds, gu, gu + ff, np, ff, 2 * ff, st);
+    expert_mv(b, b->moe_y, d, &L->moe_down, d, h, 1, np, k, s.q8);
+    moe_combine_cuda(b->x, b->moe_y, b->moe_w, n, k, d, st); /* x += sum_j w_j y_j */
+}
+
 /* forward_cpu, step for step; inputs already in b->in_d. */
 static void run_layers(struct pxq_engine *e, cuda_backend *b, const step &s) {
     const struct pxq_hparams *hp = e->hp;
@@ -586,6 +656,10 @@ static void run_layers(struct pxq_engine *e, cuda_backend *b, const step &s) {
         else attention_layer(e, b, L, il, s);
         /* feed-forward */
         rmsnorm_q8_cuda(b->xb, xq, b->xds, b->x, L->v[CV_FFN_NORM], d, n, hp->rms_eps, NULL, st);
+        if (hp->n_expert) {
+            moe_ffn(e, b, L, s);
+            continue;
+        }
         const int ff = hp->n_ff;
         int8_t *xq_down = q8_for(b, q8, &L->w[CM_DOWN]);
         if (L->gu.fmt >= 0) { /* one launch: token row = [gate | up], into hb; silu(gate) * up into hb2 */
@@ -690,7 +764,11 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
     int first = -1, max_pos = 0;
     const size_t in_bytes = stage_inputs(e, b, ub, &s, &first, &max_pos);
     CK(cudaMemcpyAsync(b->in_d, b->in_h, in_bytes, cudaMemcpyHostToDevice, b->st));
-    const int f0 = b->L[0].gu.fmt >= 0 ? b->L[0].gu.fmt : b->L[0].w[CM_GATE].fmt;
+    const cuda_layer &L0 = b->L[0];
+    const int f0 = L0.gu.fmt >= 0         ? L0.gu.fmt
+                   : L0.w[CM_GATE].fmt >= 0 ? L0.w[CM_GATE].fmt
+                   : L0.moe_gu.fmt >= 0     ? L0.moe_gu.fmt
+                                            : L0.moe_gate.fmt;
     const char *fmt = cuda_wfmt_name(f0);
     const char *mv = b->exact || !matmul_q8_supported(f0)                                       ? "gemv"
                      : b->mma && s.n >= CUDA_MMA_MIN_TOKENS && matmul_q8_mma_supported(f0) ? "q8-mma"
@@ -698,7 +776,7 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
     const struct pxq_hparams *hp = e->hp;
     /* int8 activations for the q8 mat-vec: decode, default mode, rows in whole groups of 32 */
     s.q8 = !b->exact && s.n <= CUDA_DECODE_MAX && hp->n_embd % 32 == 0 && hp->n_head * hp->head_dim % 32 == 0 &&
-           hp->n_ff % 32 == 0 && (hp->arch != ARCH_QWEN35 || hp->ssm_n_v_head * hp->ssm_head_v_dim % 32 == 0);
+           (hp->n_expert ? hp->n_ff_exp : hp->n_ff) % 32 == 0 && (hp->arch != ARCH_QWEN35 || hp->ssm_n_v_head * hp->ssm_head_v_dim % 32 == 0);
     const size_t row_bytes = (size_t)hp->n_vocab * sizeof(float);
     if (s.n <= CUDA_DECODE_MAX) { /* decode: layers and lm_head in one graph (n_out <= CUDA_LOGITS_ROWS) */
         int need = (max_pos + 1 + CUDA_SPLIT_LEN - 1) / CUDA_SPLIT_LEN;

@@ -60,6 +60,9 @@ struct pxq_layer;
 /* mats[CM_*]: layer il's matrices (NULL where absent); n[CV_*]: floats of each vector (0: absent). */
 void cuda_layer_mats(const struct pxq_layer *L, const struct pxq_tensor *mats[CM_COUNT]);
 void cuda_layer_vec_sizes(const struct pxq_hparams *hp, const struct pxq_layer *L, int il, size_t n[CV_COUNT]);
+/* MoE layer L: 1 if its experts' gate and up share one stacked weight (same type; expert e's rows
+ * [gate_e | up_e] at e * 2 n_ff_exp), 0 if they are stacked apart (rows of expert e at e * n_ff_exp). */
+int cuda_moe_gu_fused(const struct pxq_layer *L);
 
 /* Element counts of the backend's buffers for params p (float32 unless noted); the plan and the
  * backend's allocations both come from this. */
@@ -67,6 +70,8 @@ struct cuda_bufs {
     /* activations, per ubatch of up to n_batch tokens */
     size_t x, xb, xb2, qkv, att, hb, logits, qg, ssm_qkv, ssm_conv, ssm_z, ssm_ba, ssm_o; /* qkv: q, k, v; hb: gate|up, then hb2 */
     size_t in_ints;                      /* int32: per-step inputs (tokens, positions, runs, block tables) */
+    size_t moe_logits, moe_ids, moe_w;   /* MoE router [nb][n_expert]; top-k ids (int32), weights [nb][k] */
+    size_t moe_hb, moe_y;                /* MoE per (token, slot) pair: gate|up, silu(gate)*up; down [nb*k][n_embd] */
     /* workspace */
     size_t x16, w16;                     /* halfs: prefill operands */
     size_t xq, xds;                      /* int8 activations and their (d, d * sum) pairs (floats) */
@@ -85,7 +90,8 @@ struct cuda_plan {
 };
 /* The plan for model m under params p resolved as pxq_engine_new resolves them, with kv_elt bytes
  * per KV element (2: f16, 4: f32). Returns 0, or -1 with a message if the CUDA backend cannot run
- * the model (MoE, DeltaNet, a weight type or head_dim it has no kernel for). */
+ * the model (a weight type, head_dim or DeltaNet head it has no kernel for; MoE experts of one
+ * matrix in several types). */
 int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, int kv_elt, struct cuda_plan *plan,
                   char *err, size_t errlen);
 /* One line: "weights X GiB + KV Y GiB (Z KiB/token x N tokens) + activations A MiB + workspace B MiB = T GiB". */

@@ -1,0 +1,287 @@
+/* moe.cu - Qwen3-MoE's sparse FFN on the device (cuda/ops_moe_cuda.h has the formulas): routing
+ * (softmax, top-k, renormalisation) in one warp per token, gathered mat-vecs over (token, slot)
+ * pairs reading the chosen expert's rows of a stacked weight, and the weighted sum into the residual.
+ *
+ * Mat-vecs: a block per (MOE_R rows of one expert, pair); its warps split n_in as matmul.cu's do
+ * (fp32: 8 elements per thread per step, load8; int8: one group of 32 per thread, __dp4a) and meet in
+ * shared memory. One pair per block keeps the kernel simple; tokens routed to the same expert each
+ * read its rows (a decode step of 8 tokens x top-8 touches at most 64 experts of 128: most reads are
+ * distinct, and repeated ones come from L2). Everything compiles for sm_70 and up. */
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/common.cuh"
+#include "cuda/ops_moe_cuda.h"
+#include "cuda/wload.cuh"
+
+#define MOE_WARPS 4        /* at most, per block of the gathered mat-vecs */
+#define MOE_R 4            /* expert rows per block */
+#define MOE_MAX_PAIRS 65535 /* grid.y per launch; more pairs are launched in chunks */
+
+/* ---- routing ---- */
+
+/* Warp per token; shared memory per warp: the n_expert probabilities, then k ids and k weights. */
+__global__ void moe_route_kernel(int32_t *__restrict__ ids, float *__restrict__ wts, const float *__restrict__ logits,
+                                 int n_tok, int ne, int k, int norm) {
+    extern __shared__ float sm[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int t = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (t >= n_tok) return; /* whole warps leave; the rest only synchronise within their warp */
+    float *r = sm + (size_t)warp * (ne + 2 * k);
+    int *sel = (int *)(r + ne);
+    float *sw = r + ne + k;
+    const float *l = logits + (size_t)t * ne;
+    /* softmax_cpu: max, exp(x - max), divided by the sum. Lane owns experts lane, lane + 32, ... */
+    float mx = -INFINITY;
+    for (int x = lane; x < ne; x += 32) {
+        const float v = l[x];
+        r[x] = v;
+        mx = fmaxf(mx, v);
+    }
+    mx = warp_max(mx);
+    float s = 0.0f;
+    for (int x = lane; x < ne; x += 32) {
+        const float v = expf(r[x] - mx);
+        r[x] = v;
+        s += v;
+    }
+    s = warp_sum(s);
+    for (int x = lane; x < ne; x += 32) r[x] = r[x] / s;
+    /* top-k by repeated argmax, ties to the lower index; a taken expert is marked -1 (probabilities
+     * are >= 0). A NaN is never greater, but an expert is always chosen, so ids stay valid. */
+    for (int j = 0; j < k; j++) {
+        float bv = -INFINITY;
+        int bi = -1;
+        for (int x = lane; x < ne; x += 32) {
+            const float v = r[x];
+            if (v != -1.0f && (bi < 0 || v > bv)) bv = v, bi = x;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(FULL_MASK, bv, o);
+            const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
+            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+        }
+        bi = __shfl_sync(FULL_MASK, bi, 0); /* lane 0's choice for all (NaNs could split the lanes) */
+        bv = __shfl_sync(FULL_MASK, bv, 0);
+        if (lane == (bi & 31)) r[bi] = -1.0f; /* the owner marks it */
+        if (lane == 0) sel[j] = bi, sw[j] = bv;
+        __syncwarp();
+    }
+    if (lane == 0) {
+        float sum = 0.0f;
+        for (int j = 0; j < k; j++) sum += sw[j];
+        if (norm)
+            for (int j = 0; j < k; j++) sw[j] = sw[j] / sum;
+        for (int j = 1; j < k; j++) { /* slots in increasing expert id (insertion sort; k is small) */
+            const int id = sel[j];
+            const float wj = sw[j];
+            int i = j - 1;
+            for (; i >= 0 && sel[i] > id; i--) sel[i + 1] = sel[i], sw[i + 1] = sw[i];
+            sel[i + 1] = id, sw[i + 1] = wj;
+        }
+        for (int j = 0; j < k; j++) ids[(size_t)t * k + j] = sel[j], wts[(size_t)t * k + j] = sw[j];
+    }
+}
+
+extern "C" void moe_route_cuda(int32_t *ids, float *wts, const float *logits, int n_tokens, int n_expert, int k,
+                               int norm_topk_prob, cudaStream_t st) {
+    if (n_tokens <= 0) return;
+    const int warps = 4;
+    const size_t smem = (size_t)warps * (n_expert + 2 * k) * sizeof(float);
+    moe_route_kernel<<<(n_tokens + warps - 1) / warps, warps * 32, smem, st>>>(ids, wts, logits, n_tokens, n_expert, k,
+                                                                              norm_topk_prob);
+}
+
+/* ---- gathered mat-vecs ---- */
+
+/* Sum acc[R] over the block and store rows r0.. (< rpe) of the pair's output row yp. */
+static __device__ __forceinline__ void moe_store(float (&acc)[MOE_R], float *yp, int r0, int rpe) {
+    __shared__ float red[MOE_WARPS][MOE_R];
+    const int n_warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < MOE_R; r++) {
+        const float s = warp_sum(acc[r]);
+        if (lane == 0) red[warp][r] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x < MOE_R && r0 + (int)threadIdx.x < rpe) {
+        float s = 0.0f;
+        for (int k = 0; k < n_warps; k++) s += red[k][threadIdx.x];
+        yp[r0 + threadIdx.x] = s;
+    }
+}
+
+template <int F>
+__global__ void __launch_bounds__(MOE_WARPS * 32) moe_gemv_kernel(float *__restrict__ y, int ldy, const cuda_weight w,
+                                                                  int rpe, const int32_t *__restrict__ ids,
+                                                                  const float *__restrict__ x, int x_div, int p0) {
+    const int p = p0 + blockIdx.y, r0 = blockIdx.x * MOE_R;
+    const int n_in = w.n_in, n_vec = n_in % 8 == 0 ? n_in : 0;
+    const int64_t base = (int64_t)__ldg(ids + p) * rpe;
+    const float *xr = x + (size_t)(p / x_div) * n_in;
+    float acc[MOE_R];
+#pragma unroll
+    for (int r = 0; r < MOE_R; r++) acc[r] = 0.0f;
+    for (int e = threadIdx.x * 8; e < n_vec; e += blockDim.x * 8) {
+        float wv[MOE_R][8];
+#pragma unroll
+        for (int r = 0; r < MOE_R; r++) load8<F>(w, base + min(r0 + r, rpe - 1), e, wv[r]);
+        const float4 *xp = (const float4 *)(xr + e);
+        const float4 a = __ldg(xp), b = __ldg(xp + 1);
+        const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int r = 0; r < MOE_R; r++) {
+            float s = acc[r];
+#pragma unroll
+            for (int j = 0; j < 8; j++) s = fmaf(wv[r][j], xv[j], s);
+            acc[r] = s;
+        }
+    }
+    if (F == WFMT_F32 || F == WFMT_F16 || F == WFMT_BF16) { /* rows not a multiple of 8 */
+        for (int i = n_vec + threadIdx.x; i < n_in; i += blockDim.x) {
+#pragma unroll
+            for (int r = 0; r < MOE_R; r++) acc[r] = fmaf(load1<F>(w, base + min(r0 + r, rpe - 1), i), xr[i], acc[r]);
+        }
+    }
+    moe_store(acc, y + (size_t)p * ldy, r0, rpe);
+}
+
+/* One group of 32: weights of F against 32 int8 activations (xa: elements 0..15, xb: 16..31). */
+template <int F>
+static __device__ __forceinline__ float dot_q8(const cuda_weight &w, int64_t row, int g, int ng, const int4 xa,
+                                               const int4 xb, const float2 ds, float acc) {
+    const int n_in = w.n_in;
+    int sumi = 0;
+    float d, m;
+    if (F == WFMT_Q8_0) {
+        const int4 *wp = (const int4 *)((const int8_t *)w.q + row * n_in + g * 32);
+        const int4 a = __ldg(wp), b = __ldg(wp + 1);
+        sumi = __dp4a(a.x, xa.x, sumi), sumi = __dp4a(a.y, xa.y, sumi);
+        sumi = __dp4a(a.z, xa.z, sumi), sumi = __dp4a(a.w, xa.w, sumi);
+        sumi = __dp4a(b.x, xb.x, sumi), sumi = __dp4a(b.y, xb.y, sumi);
+        sumi = __dp4a(b.z, xb.z, sumi), sumi = __dp4a(b.w, xb.w, sumi);
+        d = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * ng + g)), m = 0.0f;
+    } else { /* Q4_0, Q4M: byte j holds element j (low nibble) and j + 16 (high) */
+        const uint4 q = __ldg((const uint4 *)((const uint8_t *)w.q + row * (n_in / 2) + g * 16));
+        const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+        const int xl[4] = {xa.x, xa.y, xa.z, xa.w}, xh[4] = {xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            sumi = __dp4a((int)(u[i] & 0x0f0f0f0fu), xl[i], sumi);
+            sumi = __dp4a((int)((u[i] >> 4) & 0x0f0f0f0fu), xh[i], sumi);
+        }
+        if (F == WFMT_Q4_0) {
+            d = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * ng + g));
+            m = -8.0f * d;
+        } else {
+            const float2 dm = __ldg((const float2 *)w.s + row * ng + g);
+            d = dm.x, m = dm.y;
+        }
+    }
+    /* sum_i (d q_i + m) d_x x_i = d d_x sum q x + m (d_x sum x): matmul_q8_kernel's formula */
+    return fmaf(d * ds.x, (float)sumi, fmaf(m, ds.y, acc));
+}
+
+template <int F>
+__global__ void __launch_bounds__(MOE_WARPS * 32) moe_q8_kernel(float *__restrict__ y, int ldy, const cuda_weight w,
+                                                                int rpe, const int32_t *__restrict__ ids,
+                                                                const int8_t *__restrict__ xq,
+                                                                const float2 *__restrict__ xds, int x_div, int p0) {
+    const int p = p0 + blockIdx.y, r0 = blockIdx.x * MOE_R;
+    const int n_in = w.n_in, ng = n_in / 32;
+    const int64_t base = (int64_t)__ldg(ids + p) * rpe;
+    const size_t q = (size_t)(p / x_div);
+    float acc[MOE_R];
+#pragma unroll
+    for (int r = 0; r < MOE_R; r++) acc[r] = 0.0f;
+    for (int g = threadIdx.x; g < ng; g += blockDim.x) {
+        const int4 *xp = (const int4 *)(xq + q * n_in + (size_t)g * 32);
+        const int4 xa = __ldg(xp), xb = __ldg(xp + 1);
+        const float2 ds = __ldg(xds + q * ng + g);
+#pragma unroll
+        for (int r = 0; r < MOE_R; r++) acc[r] = dot_q8<F>(w, base + min(r0 + r, rpe - 1), g, ng, xa, xb, ds, acc[r]);
+    }
+    moe_store(acc, y + (size_t)p * ldy, r0, rpe);
+}
+
+/* warps per block: enough for the row's work items (8 elements or one group each), at most 4 */
+static int moe_warps(int items) {
+    const int w = (items + 31) / 32;
+    return w < 1 ? 1 : w > MOE_WARPS ? MOE_WARPS : w;
+}
+
+template <int F>
+static void gemv_launch(float *y, int ldy, const cuda_weight &w, int rpe, const int32_t *ids, const float *x, int x_div,
+                        int n_pairs, cudaStream_t st) {
+    const int threads = 32 * moe_warps((w.n_in + 7) / 8);
+    for (int p0 = 0; p0 < n_pairs; p0 += MOE_MAX_PAIRS) {
+        const int np = n_pairs - p0 < MOE_MAX_PAIRS ? n_pairs - p0 : MOE_MAX_PAIRS;
+        dim3 grid((rpe + MOE_R - 1) / MOE_R, np);
+        moe_gemv_kernel<F><<<grid, threads, 0, st>>>(y, ldy, w, rpe, ids, x, x_div, p0);
+    }
+}
+
+extern "C" void moe_gemv_cuda(float *y, int ldy, const struct cuda_weight *w, int rows_per_expert, const int32_t *ids,
+                              const float *x, int x_per_pair, int n_pairs, int k, cudaStream_t st) {
+    if (n_pairs <= 0) return;
+    const int x_div = x_per_pair ? 1 : k;
+    switch (w->fmt) {
+    case WFMT_F32: gemv_launch<WFMT_F32>(y, ldy, *w, rows_per_expert, ids, x, x_div, n_pairs, st); break;
+    case WFMT_F16: gemv_launch<WFMT_F16>(y, ldy, *w, rows_per_expert, ids, x, x_div, n_pairs, st); break;
+    case WFMT_BF16: gemv_launch<WFMT_BF16>(y, ldy, *w, rows_per_expert, ids, x, x_div, n_pairs, st); break;
+    case WFMT_Q4_0: gemv_launch<WFMT_Q4_0>(y, ldy, *w, rows_per_expert, ids, x, x_div, n_pairs, st); break;
+    case WFMT_Q8_0: gemv_launch<WFMT_Q8_0>(y, ldy, *w, rows_per_expert, ids, x, x_div, n_pairs, st); break;
+    case WFMT_Q4M: gemv_launch<WFMT_Q4M>(y, ldy, *w, rows_per_expert, ids, x, x_div, n_pairs, st); break;
+    case WFMT_Q8M: gemv_launch<WFMT_Q8M>(y, ldy, *w, rows_per_expert, ids, x, x_div, n_pairs, st); break;
+    }
+}
+
+template <int F>
+static void q8_launch(float *y, int ldy, const cuda_weight &w, int rpe, const int32_t *ids, const int8_t *xq,
+                      const float2 *xds, int x_div, int n_pairs, cudaStream_t st) {
+    const int threads = 32 * moe_warps(w.n_in / 32);
+    for (int p0 = 0; p0 < n_pairs; p0 += MOE_MAX_PAIRS) {
+        const int np = n_pairs - p0 < MOE_MAX_PAIRS ? n_pairs - p0 : MOE_MAX_PAIRS;
+        dim3 grid((rpe + MOE_R - 1) / MOE_R, np);
+        moe_q8_kernel<F><<<grid, threads, 0, st>>>(y, ldy, w, rpe, ids, xq, xds, x_div, p0);
+    }
+}
+
+extern "C" void moe_q8_cuda(float *y, int ldy, const struct cuda_weight *w, int rows_per_expert, const int32_t *ids,
+                            const int8_t *xq, const float *xds, int x_per_pair, int n_pairs, int k, cudaStream_t st) {
+    if (n_pairs <= 0) return;
+    const int x_div = x_per_pair ? 1 : k;
+    const float2 *ds = (const float2 *)xds;
+    switch (w->fmt) {
+    case WFMT_Q4_0: q8_launch<WFMT_Q4_0>(y, ldy, *w, rows_per_expert, ids, xq, ds, x_div, n_pairs, st); break;
+    case WFMT_Q8_0: q8_launch<WFMT_Q8_0>(y, ldy, *w, rows_per_expert, ids, xq, ds, x_div, n_pairs, st); break;
+    case WFMT_Q4M: q8_launch<WFMT_Q4M>(y, ldy, *w, rows_per_expert, ids, xq, ds, x_div, n_pairs, st); break;
+    }
+}
+
+/* ---- weighted sum into the residual ---- */
+
+__global__ void moe_combine_kernel(float *__restrict__ x, const float *__restrict__ y, const float *__restrict__ wts,
+                                   int k, int n) {
+    const int t = blockIdx.y;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < n; c += gridDim.x * blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < k; j++) { /* a product, then an add: no fma, as the CPU's acc += w * y */
+            const size_t p = (size_t)t * k + j;
+            acc = __fadd_rn(acc, __fmul_rn(__ldg(wts + p), __ldg(y + p * n + c)));
+        }
+        x[(size_t)t * n + c] += acc;
+    }
+}
+
+extern "C" void moe_combine_cuda(float *x, const float *y, const float *wts, int n_tokens, int k, int n,
+                                 cudaStream_t st) {
+    if (n_tokens <= 0) return;
+    const int bx = (n + 255) / 256;
+    for (int t0 = 0; t0 < n_tokens; t0 += MOE_MAX_PAIRS) {
+        const int nt = n_tokens - t0 < MOE_MAX_PAIRS ? n_tokens - t0 : MOE_MAX_PAIRS;
+        moe_combine_kernel<<<dim3(bx, nt), 256, 0, st>>>(x + (size_t)t0 * n, y + (size_t)t0 * k * n, wts + (size_t)t0 * k,
+                                                         k, n);
+    }
+}

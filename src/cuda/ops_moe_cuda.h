@@ -1,0 +1,62 @@
+/* ops_moe_cuda.h - the CUDA ops of Qwen3-MoE's sparse FFN (moe.cu), the device twin of forward_cpu.c's
+ * ffn_moe (HF transformers modeling_qwen3_moe.py, Qwen3MoeSparseMoeBlock):
+ *
+ *   p      = softmax(router(x))                      router = ffn_gate_inp [n_embd -> n_expert]
+ *   ids, w = top-k of p (k = n_expert_used)          ties to the lower expert index (torch.topk)
+ *   w      = w / sum(w)                              if norm_topk_prob
+ *   x     += sum_j w[j] * down_e(silu(gate_e(x)) * up_e(x)),  e = ids[j]
+ *
+ * Routing stays on the device (no host sync: decode steps are captured in CUDA graphs). The work is
+ * over (token t, slot j) pairs p = t * k + j; the experts' weights of one role are stacked in one
+ * device weight, expert e's rows at e * rows_per_expert (backend.cu uploads them so).
+ * Device pointers; outputs first, then inputs, then sizes, then the stream (ops_cuda.h conventions).
+ * Launch errors are the caller's to check, as for every op.
+ */
+#ifndef PXQ_OPS_MOE_CUDA_H
+#define PXQ_OPS_MOE_CUDA_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/ops_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Router logits [n_tokens][n_expert] -> ids [n_tokens][k] int32 and weights [n_tokens][k] float:
+ * softmax over the experts (max subtracted, expf, divided by the sum), top-k by value (ties to the
+ * lower index), weights renormalised to sum 1 when norm_topk_prob != 0 (the sum taken in selection
+ * order, as the CPU). Each token's k slots are then written in increasing expert id, so that
+ * moe_combine_cuda adds the experts in the CPU's order. n_expert <= 512 (PXQ_MAX_EXPERTS),
+ * 1 <= k <= n_expert. One warp per token. */
+void moe_route_cuda(int32_t *ids, float *wts, const float *logits, int n_tokens, int n_expert, int k,
+                    int norm_topk_prob, cudaStream_t st);
+
+/* Gathered mat-vec over n_pairs (token, slot) pairs: for pair p and r < rows_per_expert,
+ *   y[p * ldy + r] = sum_i W[ids[p] * rows_per_expert + r][i] * x[q * n_in + i],
+ *   q = p (x_per_pair != 0: the down projection's input) or p / k (the token's row: gate and up).
+ * w: every expert's rows stacked (w->n_out = n_expert * rows_per_expert), any format; fp32
+ * activations and accumulation (matmul_gemv_cuda's arithmetic). A block per (R rows, pair): pairs
+ * that share an expert read its rows again (from L2 where they are close). Prefill uses it too:
+ * correct, but it reads each expert once per pair instead of once per ubatch. */
+void moe_gemv_cuda(float *y, int ldy, const struct cuda_weight *w, int rows_per_expert, const int32_t *ids,
+                   const float *x, int x_per_pair, int n_pairs, int k, cudaStream_t st);
+
+/* moe_gemv_cuda with int8 activations (matmul_q8_cuda's arithmetic, __dp4a): xq [rows][n_in] int8
+ * and xds [rows][n_in/32] (d, d * sum q) float2 pairs from rmsnorm_q8_cuda / swiglu_q8_cuda, rows
+ * indexed as x above. Formats where matmul_q8_supported (Q4_0, Q8_0, Q4M); n_in % 32 == 0. */
+void moe_q8_cuda(float *y, int ldy, const struct cuda_weight *w, int rows_per_expert, const int32_t *ids,
+                 const int8_t *xq, const float *xds, int x_per_pair, int n_pairs, int k, cudaStream_t st);
+
+/* The weighted sum into the residual: x[t][c] += sum_j wts[t*k + j] * y[(t*k + j) * n + c], the sum
+ * over j in slot order (increasing expert id after moe_route_cuda) from 0, each term a product then
+ * an add (forward_cpu.c's acc, then add_residual). x [n_tokens][n], y [n_tokens * k][n]. */
+void moe_combine_cuda(float *x, const float *y, const float *wts, int n_tokens, int k, int n, cudaStream_t st);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

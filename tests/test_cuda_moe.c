@@ -1,0 +1,396 @@
+/* test_cuda_moe.c - the CUDA ops of Qwen3-MoE's sparse FFN (cuda/ops_moe_cuda.h) against
+ * computations written here from the formulas of forward_cpu.c's ffn_moe / HF Qwen3MoeSparseMoeBlock,
+ * plus the CUDA arena plan of MoE models (plain C: runs without a GPU too).
+ *
+ * Checks and bounds:
+ *   plan: random-qwen3moe (f32) and dummy-tiny-moe (q4_0) are accepted, and the weights account for
+ *     at least every tensor's bytes, at most 2 x 256 alignment bytes more per stacked weight / tensor
+ *   moe_route_cuda: logits on a grid of 1/8 (many exact ties, no near-ties), n_expert 8..512, k 1..10,
+ *     norm_topk_prob 0/1, token counts not a multiple of the block's 4 warps: ids equal to the
+ *     reference's top-k (ties to the lower index) in increasing id order; weights within 1e-6 of a
+ *     float64 softmax; every slot written (outputs poisoned first)
+ *   moe_gemv_cuda (fp32 activations), every device format (F32, F16, BF16, Q8_0, Q4_0, Q4M from Q4_1
+ *     and Q4_K, Q8M from Q5_0 and Q6_K), input rows by token (gate/up) and by pair (down), rows per
+ *     expert 128 and 97 (a partial last block), dense rows of 100 (the tail loop): normalised error vs
+ *     float64 on the dequantized weights <= 1e-5; the output's ldy > rows gap left untouched
+ *   moe_q8_cuda (int8 activations, dp4a), Q8_0, Q4_0, Q4_1, Q4_K: vs matmul_q8_cuda on the expert's
+ *     own rows per pair <= 1e-5 (same group arithmetic, another summation order), vs float64 <= 1e-2
+ *   moe_combine_cuda: bit-exact against the CPU's float order (acc = 0; acc += w * y per slot; x += acc)
+ * Every output buffer is poisoned with NaN (ids with -1 bytes) first, so an unwritten element fails. */
+#include "test_cuda_common.h"
+#include "testutil.h"
+
+#include <stdint.h>
+
+#include "cuda/backend.h"
+#include "engine.h"
+#include "model.h"
+#include "util.h"
+
+/* The arena plan (forward_cuda.c, plain C) of the MoE test models. */
+static void test_plan(void) {
+    char path[512], err[512] = "";
+    snprintf(path, sizeof path, "%s/random-qwen3moe", test_data_dir());
+    struct pxq_model *ms[2] = {model_open(path, err, sizeof err), NULL};
+    CHECK(ms[0] != NULL, "open %s: %s", path, err);
+    snprintf(path, sizeof path, "%s/dummy-tiny-moe.json", test_data_dir());
+    ms[1] = model_open_dummy(path, PXQ_TYPE_Q4_0, 1, 1, err, sizeof err);
+    CHECK(ms[1] != NULL, "dummy %s: %s", path, err);
+    for (int i = 0; i < 2; i++) {
+        if (!ms[i]) continue;
+        const struct pxq_hparams *hp = model_hparams(ms[i]);
+        struct pxq_engine_params ep = pxq_engine_default_params();
+        ep.n_ctx = 256;
+        ep.kv_block_size = 16;
+        ep.kv_blocks = 16;
+        struct cuda_plan plan;
+        int rc = cuda_mem_plan(ms[i], &ep, 2, &plan, err, sizeof err);
+        CHECK(rc == 0, "cuda_mem_plan %s: %s", model_path(ms[i]), err);
+        if (rc) continue;
+        size_t bytes = 0, n_items = 0;
+        for (int t = 0; t < model_n_tensors(ms[i]); t++) bytes += model_tensor(ms[i], t)->nbytes, n_items++;
+        /* the f32 norms are uploaded as floats, the expert stacks as 3 (or 4) items per layer */
+        const size_t slack = 2 * CUDA_ALIGN * (n_items + 4 * (size_t)hp->n_layer + 2);
+        printf("plan %s: weights %zu bytes for %zu bytes of tensors; activations %zu\n", model_path(ms[i]),
+               plan.weights, bytes, plan.activations);
+        CHECK(plan.weights >= bytes && plan.weights <= bytes + slack, "%s: plan weights %zu for tensors of %zu bytes",
+              model_path(ms[i]), plan.weights, bytes);
+        /* the MoE buffers: router logits, ids, weights, gate|up + silu*up, down, for n_batch x k pairs */
+        const size_t pairs = (size_t)ep.n_batch * hp->n_expert_used;
+        CHECK(plan.activations >= 4 * (pairs * (2 + 3 * (size_t)hp->n_ff_exp + hp->n_embd)),
+              "%s: activations %zu miss the MoE buffers", model_path(ms[i]), plan.activations);
+        model_free(ms[i]);
+    }
+}
+
+#ifndef PXQ_CUDA
+int main(void) {
+    test_plan();
+    int gate = cuda_test_gate("test_cuda_moe");
+    return test_summary("test_cuda_moe") || gate;
+}
+#else
+
+#include "cuda/ops_cuda.h"
+#include "cuda/ops_moe_cuda.h"
+#include "quant.h"
+
+static uint64_t rng = 0x6a09e667f3bcc909ull;
+static uint32_t rnd_u32(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static float rnd_f(void) { return (float)rnd_u32() / 4294967296.0f * 2.0f - 1.0f; } /* [-1, 1) */
+static void fill(float *x, size_t n, float scale) {
+    for (size_t i = 0; i < n; i++) x[i] = rnd_f() * scale;
+}
+
+#define CK(call)                                                                                  \
+    do {                                                                                          \
+        cudaError_t e_ = (call);                                                                  \
+        if (e_ != cudaSuccess) {                                                                  \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+static void *dev_put(const void *h, size_t bytes) {
+    void *d;
+    CK(cudaMalloc(&d, bytes ? bytes : 1));
+    if (bytes) CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+static void *dev_poison(size_t bytes) { /* 0xff bytes: NaN floats, -1 ints */
+    void *d;
+    CK(cudaMalloc(&d, bytes ? bytes : 1));
+    CK(cudaMemset(d, 0xff, bytes ? bytes : 1));
+    return d;
+}
+static void dev_get(void *h, const void *d, size_t bytes) {
+    CK(cudaDeviceSynchronize());
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+}
+
+/* ---- routing ---- */
+
+/* The reference top-k of one token: float64 softmax, repeated argmax with ties to the lower index,
+ * renormalised if norm; ids[k] in selection order. */
+static void route_ref(int32_t *ids, double *w, const float *l, int ne, int k, int norm) {
+    double mx = -INFINITY, s = 0;
+    double *p = xmalloc((size_t)ne * sizeof *p);
+    for (int x = 0; x < ne; x++) mx = l[x] > mx ? l[x] : mx;
+    for (int x = 0; x < ne; x++) s += p[x] = exp(l[x] - mx);
+    double sum = 0;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int x = 0; x < ne; x++) {
+            int taken = 0;
+            for (int y = 0; y < j; y++) taken |= ids[y] == x;
+            if (!taken && (best < 0 || p[x] > p[best])) best = x;
+        }
+        ids[j] = best;
+        w[j] = p[best] / s;
+        sum += w[j];
+    }
+    if (norm)
+        for (int j = 0; j < k; j++) w[j] /= sum;
+    free(p);
+}
+
+static void test_route(void) {
+    const int cases[][4] = {/* n_expert, k, norm, n_tokens */
+                            {8, 2, 1, 7},   {8, 1, 0, 1},   {128, 8, 1, 16}, {128, 8, 0, 33},
+                            {60, 4, 1, 5},  {512, 10, 1, 9}, {33, 33, 1, 3},  {256, 8, 1, 130}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const int ne = cases[c][0], k = cases[c][1], norm = cases[c][2], n = cases[c][3];
+        float *l = xmalloc((size_t)n * ne * sizeof(float)), *w = xmalloc((size_t)n * k * sizeof(float));
+        int32_t *ids = xmalloc((size_t)n * k * sizeof(int32_t));
+        for (size_t i = 0; i < (size_t)n * ne; i++) l[i] = (float)((int)(rnd_u32() % 49) - 24) / 8.0f; /* ties */
+        float *dl = dev_put(l, (size_t)n * ne * sizeof(float)), *dw = dev_poison((size_t)n * k * sizeof(float));
+        int32_t *di = dev_poison((size_t)n * k * sizeof(int32_t));
+        moe_route_cuda(di, dw, dl, n, ne, k, norm, 0);
+        dev_get(ids, di, (size_t)n * k * sizeof(int32_t));
+        dev_get(w, dw, (size_t)n * k * sizeof(float));
+        int ids_ok = 1, order_ok = 1;
+        double werr = 0;
+        for (int t = 0; t < n; t++) {
+            int32_t rid[64];
+            double rw[64];
+            route_ref(rid, rw, l + (size_t)t * ne, ne, k, norm);
+            for (int j = 0; j < k; j++) {
+                const int32_t g = ids[(size_t)t * k + j];
+                if (j > 0 && !(g > ids[(size_t)t * k + j - 1])) order_ok = 0;
+                int found = -1;
+                for (int y = 0; y < k; y++)
+                    if (rid[y] == g) found = y;
+                if (found < 0) {
+                    ids_ok = 0;
+                    continue;
+                }
+                const double d = fabs((double)w[(size_t)t * k + j] - rw[found]);
+                werr = isnan(w[(size_t)t * k + j]) ? INFINITY : fmax(werr, d);
+            }
+        }
+        printf("moe_route n_expert %3d k %2d norm %d tokens %3d: ids %s, order %s, weights max |err| %.3g\n", ne, k,
+               norm, n, ids_ok ? "equal" : "DIFFER", order_ok ? "increasing" : "WRONG", werr);
+        CHECK(ids_ok, "route %d/%d: ids differ from the reference top-k", ne, k);
+        CHECK(order_ok, "route %d/%d: slots not in increasing expert id", ne, k);
+        CHECK(werr <= 1e-6, "route %d/%d: weights off by %.3g", ne, k, werr);
+        cudaFree(dl), cudaFree(dw), cudaFree(di);
+        free(l), free(w), free(ids);
+    }
+}
+
+/* ---- gathered mat-vecs ---- */
+
+/* A random [n_out][n_in] tensor of type t: quantize_row where it can, else random blocks with sane
+ * f16 scales (as test_cuda_ops.c). */
+static void *make_tensor(struct pxq_tensor *t, enum pxq_type type, int n_in, int n_out) {
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "experts.%s", type_name(type));
+    t->type = type;
+    t->n_dims = 2;
+    t->ne[0] = n_in, t->ne[1] = n_out, t->ne[2] = t->ne[3] = 1;
+    const size_t rb = type_row_bytes(type, n_in);
+    uint8_t *data = xmalloc(rb * (size_t)n_out);
+    float *row = xmalloc((size_t)n_in * sizeof(float));
+    for (int r = 0; r < n_out; r++) {
+        fill(row, (size_t)n_in, 0.5f);
+        uint8_t *dst = data + (size_t)r * rb;
+        if (quantize_row(type, row, dst, n_in) == 0) continue;
+        for (size_t i = 0; i < rb; i++) dst[i] = (uint8_t)rnd_u32();
+        const size_t bb = type_block_bytes(type);
+        for (size_t b = 0; b < rb / bb; b++) {
+            uint8_t *blk = dst + b * bb;
+            uint16_t d = f32_to_fp16(0.002f + 0.01f * (rnd_f() + 1)), m = f32_to_fp16(0.01f * rnd_f());
+            switch (type) {
+            case PXQ_TYPE_Q5_0: memcpy(blk, &d, 2); break;
+            case PXQ_TYPE_Q4_1:
+            case PXQ_TYPE_Q4_K: memcpy(blk, &d, 2), memcpy(blk + 2, &m, 2); break;
+            case PXQ_TYPE_Q6_K: memcpy(blk + 208, &d, 2); break;
+            default: die("no generator for %s", type_name(type));
+            }
+        }
+    }
+    free(row);
+    t->data = data;
+    t->nbytes = rb * (size_t)n_out;
+    return data;
+}
+
+/* The stacked experts as backend.cu's upload_stacked lays them out: one tensor's rows in order. */
+static struct cuda_weight upload(const struct pxq_tensor *t, size_t *row_q, size_t *row_s) {
+    struct cuda_weight w = {cuda_wfmt_of(t->type), (int)t->ne[0], (int)t->ne[1], NULL, NULL};
+    size_t qb, sb;
+    cuda_weight_sizes(w.fmt, t->ne[0], t->ne[1], &qb, &sb);
+    void *hq = xmalloc(qb), *hs = xmalloc(sb ? sb : 1);
+    CHECK(cuda_weight_repack(t, 0, t->ne[1], hq, hs) == 0, "repack %s", t->name);
+    w.q = dev_put(hq, qb);
+    w.s = sb ? dev_put(hs, sb) : NULL;
+    *row_q = qb / (size_t)t->ne[1], *row_s = sb / (size_t)t->ne[1];
+    free(hq), free(hs);
+    return w;
+}
+
+/* k distinct random experts per token (n_expert >= k); expert 0 for every token's first slot so
+ * that tokens share an expert. */
+static void random_ids(int32_t *ids, int n_tok, int k, int ne) {
+    for (int t = 0; t < n_tok; t++)
+        for (int j = 0; j < k; j++) {
+            int32_t id;
+            int dup;
+            do {
+                id = j == 0 ? 0 : (int32_t)(rnd_u32() % (uint32_t)ne);
+                dup = 0;
+                for (int y = 0; y < j; y++) dup |= ids[t * k + y] == id;
+            } while (dup);
+            ids[t * k + j] = id;
+        }
+}
+
+/* ||got - ref|| / ||ref|| over the n_pairs x rpe outputs of rows of stride ldy; 1 in *gap_ok if the
+ * columns rpe..ldy-1 still hold the NaN poison. */
+static double err_rows(const float *got, const double *ref, int n_pairs, int rpe, int ldy, int *gap_ok) {
+    double num = 0, den = 0;
+    *gap_ok = 1;
+    for (int p = 0; p < n_pairs; p++) {
+        for (int r = 0; r < rpe; r++) {
+            const double g = got[(size_t)p * ldy + r];
+            if (isnan(g)) return INFINITY;
+            num += (g - ref[(size_t)p * rpe + r]) * (g - ref[(size_t)p * rpe + r]);
+            den += ref[(size_t)p * rpe + r] * ref[(size_t)p * rpe + r];
+        }
+        for (int r = rpe; r < ldy; r++) *gap_ok &= isnan(got[(size_t)p * ldy + r]);
+    }
+    return sqrt(num / den);
+}
+
+static void test_gathered(void) {
+    const enum pxq_type types[] = {PXQ_TYPE_F32,  PXQ_TYPE_F16,  PXQ_TYPE_BF16, PXQ_TYPE_Q8_0, PXQ_TYPE_Q4_0,
+                                   PXQ_TYPE_Q4_1, PXQ_TYPE_Q4_K, PXQ_TYPE_Q5_0, PXQ_TYPE_Q6_K};
+    const int ne = 8, k = 3, n_tok = 5, n_pairs = n_tok * k;
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        const enum pxq_type type = types[ti];
+        const int dense = type == PXQ_TYPE_F32 || type == PXQ_TYPE_F16 || type == PXQ_TYPE_BF16;
+        for (int shape = 0; shape < 3; shape++) {
+            if (shape == 2 && !dense) continue;
+            const int n_in = shape == 2 ? 100 : 256, rpe = shape == 1 ? 97 : 128, ldy = rpe + 3;
+            for (int by_pair = 0; by_pair < 2; by_pair++) {
+                struct pxq_tensor t;
+                void *data = make_tensor(&t, type, n_in, ne * rpe);
+                size_t row_q, row_s;
+                struct cuda_weight w = upload(&t, &row_q, &row_s);
+                const int n_x = by_pair ? n_pairs : n_tok;
+                float *x = xmalloc((size_t)n_x * n_in * sizeof(float)), *wr = xmalloc((size_t)n_in * sizeof(float));
+                float *got = xmalloc((size_t)n_pairs * ldy * sizeof(float));
+                double *ref = xmalloc((size_t)n_pairs * rpe * sizeof(double));
+                int32_t ids[64];
+                fill(x, (size_t)n_x * n_in, 1.0f);
+                random_ids(ids, n_tok, k, ne);
+                for (int p = 0; p < n_pairs; p++) {
+                    const float *xr = x + (size_t)(by_pair ? p : p / k) * n_in;
+                    for (int r = 0; r < rpe; r++) {
+                        const size_t row = (size_t)ids[p] * rpe + r;
+                        dequantize_row(type, (const uint8_t *)data + row * type_row_bytes(type, n_in), wr, n_in);
+                        double s = 0;
+                        for (int i = 0; i < n_in; i++) s += (double)wr[i] * xr[i];
+                        ref[(size_t)p * rpe + r] = s;
+                    }
+                }
+                float *dx = dev_put(x, (size_t)n_x * n_in * sizeof(float));
+                int32_t *dids = dev_put(ids, (size_t)n_pairs * sizeof(int32_t));
+                float *dy = dev_poison((size_t)n_pairs * ldy * sizeof(float));
+                moe_gemv_cuda(dy, ldy, &w, rpe, dids, dx, by_pair, n_pairs, k, 0);
+                dev_get(got, dy, (size_t)n_pairs * ldy * sizeof(float));
+                int gap_ok;
+                double e = err_rows(got, ref, n_pairs, rpe, ldy, &gap_ok);
+                printf("moe_gemv %-5s n_in %3d rows/expert %3d x by %-5s: normalised error %.3g\n", type_name(type),
+                       n_in, rpe, by_pair ? "pair" : "token", e);
+                CHECK(e <= 1e-5, "moe_gemv %s: error %.3g > 1e-5", type_name(type), e);
+                CHECK(gap_ok, "moe_gemv %s: wrote past the rows of a pair", type_name(type));
+                if (matmul_q8_supported(w.fmt) && n_in % 32 == 0) {
+                    /* int8 activations: x quantized on the device, then gathered vs per pair direct */
+                    int8_t *dxq = dev_poison((size_t)n_x * n_in);
+                    float *dxds = dev_poison((size_t)n_x * n_in / 32 * 2 * sizeof(float));
+                    quantize_q8_cuda(dxq, dxds, dx, (int64_t)n_x * n_in, 0);
+                    CK(cudaMemset(dy, 0xff, (size_t)n_pairs * ldy * sizeof(float)));
+                    moe_q8_cuda(dy, ldy, &w, rpe, dids, dxq, dxds, by_pair, n_pairs, k, 0);
+                    dev_get(got, dy, (size_t)n_pairs * ldy * sizeof(float));
+                    e = err_rows(got, ref, n_pairs, rpe, ldy, &gap_ok);
+                    CHECK(gap_ok, "moe_q8 %s: wrote past the rows of a pair", type_name(type));
+                    float *dd = dev_poison((size_t)n_pairs * rpe * sizeof(float));
+                    for (int p = 0; p < n_pairs; p++) { /* the expert's own rows through matmul_q8_cuda */
+                        const int q = by_pair ? p : p / k;
+                        struct cuda_weight v = w;
+                        v.n_out = rpe;
+                        v.q = (const uint8_t *)w.q + (size_t)ids[p] * rpe * row_q;
+                        v.s = (const uint8_t *)w.s + (size_t)ids[p] * rpe * row_s;
+                        matmul_q8_cuda(dd + (size_t)p * rpe, &v, dxq + (size_t)q * n_in, dxds + (size_t)q * n_in / 32 * 2, 1,
+                                       rpe, 0, 0);
+                    }
+                    float *direct = xmalloc((size_t)n_pairs * rpe * sizeof(float));
+                    double *dref = xmalloc((size_t)n_pairs * rpe * sizeof(double));
+                    dev_get(direct, dd, (size_t)n_pairs * rpe * sizeof(float));
+                    for (size_t i = 0; i < (size_t)n_pairs * rpe; i++) dref[i] = direct[i];
+                    int unused;
+                    const double ed = err_rows(got, dref, n_pairs, rpe, ldy, &unused);
+                    printf("moe_q8   %-5s n_in %3d rows/expert %3d x by %-5s: vs float64 %.3g, vs matmul_q8_cuda %.3g\n",
+                           type_name(type), n_in, rpe, by_pair ? "pair" : "token", e, ed);
+                    CHECK(e <= 1e-2, "moe_q8 %s: error vs float64 %.3g > 1e-2", type_name(type), e);
+                    CHECK(ed <= 1e-5, "moe_q8 %s: error vs matmul_q8_cuda %.3g > 1e-5", type_name(type), ed);
+                    cudaFree(dxq), cudaFree(dxds), cudaFree(dd);
+                    free(direct), free(dref);
+                }
+                cudaFree(dx), cudaFree(dids), cudaFree(dy);
+                cudaFree((void *)w.q);
+                if (w.s) cudaFree((void *)w.s);
+                free(x), free(wr), free(got), free(ref), free(data);
+            }
+        }
+    }
+}
+
+/* ---- weighted sum ---- */
+
+static void test_combine(void) {
+    const int shapes[][3] = {{1, 8, 2048}, {5, 2, 128}, {16, 8, 100}}; /* tokens, k, n */
+    for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++) {
+        const int n_tok = shapes[c][0], k = shapes[c][1], n = shapes[c][2];
+        float *x = xmalloc((size_t)n_tok * n * sizeof(float)), *y = xmalloc((size_t)n_tok * k * n * sizeof(float));
+        float *w = xmalloc((size_t)n_tok * k * sizeof(float)), *got = xmalloc((size_t)n_tok * n * sizeof(float));
+        fill(x, (size_t)n_tok * n, 1.0f);
+        fill(y, (size_t)n_tok * k * n, 1.0f);
+        for (int i = 0; i < n_tok * k; i++) w[i] = (rnd_f() + 1.0f) / 2.0f;
+        float *dx = dev_put(x, (size_t)n_tok * n * sizeof(float)), *dy = dev_put(y, (size_t)n_tok * k * n * sizeof(float));
+        float *dw = dev_put(w, (size_t)n_tok * k * sizeof(float));
+        moe_combine_cuda(dx, dy, dw, n_tok, k, n, 0);
+        dev_get(got, dx, (size_t)n_tok * n * sizeof(float));
+        int same = 1;
+        for (int t = 0; t < n_tok; t++)
+            for (int i = 0; i < n; i++) {
+                volatile float acc = 0.0f; /* forward_cpu.c's order, each op rounded to float */
+                for (int j = 0; j < k; j++) {
+                    volatile float prod = w[t * k + j] * y[((size_t)t * k + j) * n + i];
+                    acc = acc + prod;
+                }
+                volatile float want = x[(size_t)t * n + i] + acc;
+                same &= memcmp((const void *)&want, &got[(size_t)t * n + i], sizeof(float)) == 0;
+            }
+        printf("moe_combine tokens %2d k %d n %4d: %s\n", n_tok, k, n, same ? "bit-exact" : "DIFFERS");
+        CHECK(same, "moe_combine %d/%d/%d differs from the CPU's order", n_tok, k, n);
+        cudaFree(dx), cudaFree(dy), cudaFree(dw);
+        free(x), free(y), free(w), free(got);
+    }
+}
+
+int main(void) {
+    test_plan();
+    int gate = cuda_test_gate("test_cuda_moe");
+    if (gate >= 0) return test_summary("test_cuda_moe") || gate;
+    test_route();
+    test_gathered();
+    test_combine();
+    return test_summary("test_cuda_moe");
+}
+#endif
