@@ -2,7 +2,9 @@
  * (softmax, top-k, renormalisation) in one warp per token, gathered mat-vecs over (token, slot)
  * pairs reading the chosen expert's rows of a stacked weight, and the weighted sum into the residual.
  *
- * Mat-vecs: a block per (MOE_R rows of one expert, pair); its warps split n_in as matmul.cu's do
+ * Mat-vecs: a block per (pair, MOE_R rows of its expert), pairs along grid.x so that the blocks
+ * running together read the same rows of the experts (pairs sharing an expert then share them
+ * through L2); its warps split n_in as matmul.cu's do
  * (fp32: 8 elements per thread per step, load8; int8: one group of 32 per thread, __dp4a) and meet in
  * shared memory. One pair per block keeps the kernel simple; tokens routed to the same expert each
  * read its rows (a decode step of 8 tokens x top-8 touches at most 64 experts of 128: most reads are
@@ -16,7 +18,8 @@
 
 #define MOE_WARPS 4        /* at most, per block of the gathered mat-vecs */
 #define MOE_R 4            /* expert rows per block */
-#define MOE_MAX_PAIRS 65535 /* grid.y per launch; more pairs are launched in chunks */
+#define MOE_MAX_BLOCKS_Y 65535 /* grid.y (row blocks) per launch; taller experts go in chunks */
+#define MOE_MAX_TOKENS 65535   /* grid.y (tokens) of moe_combine per launch */
 
 /* ---- routing ---- */
 
@@ -115,8 +118,8 @@ static __device__ __forceinline__ void moe_store(float (&acc)[MOE_R], float *yp,
 template <int F>
 __global__ void __launch_bounds__(MOE_WARPS * 32) moe_gemv_kernel(float *__restrict__ y, int ldy, const cuda_weight w,
                                                                   int rpe, const int32_t *__restrict__ ids,
-                                                                  const float *__restrict__ x, int x_div, int p0) {
-    const int p = p0 + blockIdx.y, r0 = blockIdx.x * MOE_R;
+                                                                  const float *__restrict__ x, int x_div, int r_off) {
+    const int p = blockIdx.x, r0 = r_off + blockIdx.y * MOE_R;
     const int n_in = w.n_in, n_vec = n_in % 8 == 0 ? n_in : 0;
     const int64_t base = (int64_t)__ldg(ids + p) * rpe;
     const float *xr = x + (size_t)(p / x_div) * n_in;
@@ -187,8 +190,8 @@ template <int F>
 __global__ void __launch_bounds__(MOE_WARPS * 32) moe_q8_kernel(float *__restrict__ y, int ldy, const cuda_weight w,
                                                                 int rpe, const int32_t *__restrict__ ids,
                                                                 const int8_t *__restrict__ xq,
-                                                                const float2 *__restrict__ xds, int x_div, int p0) {
-    const int p = p0 + blockIdx.y, r0 = blockIdx.x * MOE_R;
+                                                                const float2 *__restrict__ xds, int x_div, int r_off) {
+    const int p = blockIdx.x, r0 = r_off + blockIdx.y * MOE_R;
     const int n_in = w.n_in, ng = n_in / 32;
     const int64_t base = (int64_t)__ldg(ids + p) * rpe;
     const size_t q = (size_t)(p / x_div);
@@ -214,11 +217,10 @@ static int moe_warps(int items) {
 template <int F>
 static void gemv_launch(float *y, int ldy, const cuda_weight &w, int rpe, const int32_t *ids, const float *x, int x_div,
                         int n_pairs, cudaStream_t st) {
-    const int threads = 32 * moe_warps((w.n_in + 7) / 8);
-    for (int p0 = 0; p0 < n_pairs; p0 += MOE_MAX_PAIRS) {
-        const int np = n_pairs - p0 < MOE_MAX_PAIRS ? n_pairs - p0 : MOE_MAX_PAIRS;
-        dim3 grid((rpe + MOE_R - 1) / MOE_R, np);
-        moe_gemv_kernel<F><<<grid, threads, 0, st>>>(y, ldy, w, rpe, ids, x, x_div, p0);
+    const int threads = 32 * moe_warps((w.n_in + 7) / 8), rb = (rpe + MOE_R - 1) / MOE_R;
+    for (int b0 = 0; b0 < rb; b0 += MOE_MAX_BLOCKS_Y) {
+        dim3 grid(n_pairs, rb - b0 < MOE_MAX_BLOCKS_Y ? rb - b0 : MOE_MAX_BLOCKS_Y);
+        moe_gemv_kernel<F><<<grid, threads, 0, st>>>(y, ldy, w, rpe, ids, x, x_div, b0 * MOE_R);
     }
 }
 
@@ -240,11 +242,10 @@ extern "C" void moe_gemv_cuda(float *y, int ldy, const struct cuda_weight *w, in
 template <int F>
 static void q8_launch(float *y, int ldy, const cuda_weight &w, int rpe, const int32_t *ids, const int8_t *xq,
                       const float2 *xds, int x_div, int n_pairs, cudaStream_t st) {
-    const int threads = 32 * moe_warps(w.n_in / 32);
-    for (int p0 = 0; p0 < n_pairs; p0 += MOE_MAX_PAIRS) {
-        const int np = n_pairs - p0 < MOE_MAX_PAIRS ? n_pairs - p0 : MOE_MAX_PAIRS;
-        dim3 grid((rpe + MOE_R - 1) / MOE_R, np);
-        moe_q8_kernel<F><<<grid, threads, 0, st>>>(y, ldy, w, rpe, ids, xq, xds, x_div, p0);
+    const int threads = 32 * moe_warps(w.n_in / 32), rb = (rpe + MOE_R - 1) / MOE_R;
+    for (int b0 = 0; b0 < rb; b0 += MOE_MAX_BLOCKS_Y) {
+        dim3 grid(n_pairs, rb - b0 < MOE_MAX_BLOCKS_Y ? rb - b0 : MOE_MAX_BLOCKS_Y);
+        moe_q8_kernel<F><<<grid, threads, 0, st>>>(y, ldy, w, rpe, ids, xq, xds, x_div, b0 * MOE_R);
     }
 }
 
@@ -279,8 +280,8 @@ extern "C" void moe_combine_cuda(float *x, const float *y, const float *wts, int
                                  cudaStream_t st) {
     if (n_tokens <= 0) return;
     const int bx = (n + 255) / 256;
-    for (int t0 = 0; t0 < n_tokens; t0 += MOE_MAX_PAIRS) {
-        const int nt = n_tokens - t0 < MOE_MAX_PAIRS ? n_tokens - t0 : MOE_MAX_PAIRS;
+    for (int t0 = 0; t0 < n_tokens; t0 += MOE_MAX_TOKENS) {
+        const int nt = n_tokens - t0 < MOE_MAX_TOKENS ? n_tokens - t0 : MOE_MAX_TOKENS;
         moe_combine_kernel<<<dim3(bx, nt), 256, 0, st>>>(x + (size_t)t0 * n, y + (size_t)t0 * k * n, wts + (size_t)t0 * k,
                                                          k, n);
     }

@@ -38,8 +38,8 @@ void moe_route_cuda(int32_t *ids, float *wts, const float *logits, int n_tokens,
  *   y[p * ldy + r] = sum_i W[ids[p] * rows_per_expert + r][i] * x[q * n_in + i],
  *   q = p (x_per_pair != 0: the down projection's input) or p / k (the token's row: gate and up).
  * w: every expert's rows stacked (w->n_out = n_expert * rows_per_expert), any format; fp32
- * activations and accumulation (matmul_gemv_cuda's arithmetic). A block per (R rows, pair): pairs
- * that share an expert read its rows again (from L2 where they are close). Prefill uses it too:
+ * activations and accumulation (matmul_gemv_cuda's arithmetic). A block per (pair, 4 rows): pairs
+ * that share an expert read its rows again (from L2: such blocks run close in time). Prefill uses it too:
  * correct, but it reads each expert once per pair instead of once per ubatch. */
 void moe_gemv_cuda(float *y, int ldy, const struct cuda_weight *w, int rows_per_expert, const int32_t *ids,
                    const float *x, int x_per_pair, int n_pairs, int k, cudaStream_t st);
