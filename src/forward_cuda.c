@@ -79,9 +79,10 @@ void cuda_layer_vec_sizes(const struct pxq_hparams *hp, const struct pxq_layer *
     }
     if (L->attn_q_norm) n[CV_Q_NORM] = hd;
     if (L->attn_k_norm) n[CV_K_NORM] = hd;
-    if (L->attn_q_b) n[CV_BQ] = (size_t)hp->n_head * hd;
-    if (L->attn_k_b) n[CV_BK] = (size_t)hp->n_head_kv * hd;
-    if (L->attn_v_b) n[CV_BV] = (size_t)hp->n_head_kv * hd;
+    if (L->attn_q_b || L->attn_k_b || L->attn_v_b) { /* all three: the stacked q|k|v bias is whole */
+        n[CV_BQ] = (size_t)hp->n_head * hd;
+        n[CV_BK] = n[CV_BV] = (size_t)hp->n_head_kv * hd;
+    }
 }
 
 int cuda_moe_gu_fused(const struct pxq_layer *L) {

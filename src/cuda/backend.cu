@@ -90,6 +90,7 @@ struct cuda_backend {
      * previous tile runs on st (deq_done[i]: half i is ready; gemm_done[i]: its GEMM is over) */
     cudaStream_t st_deq;
     cudaEvent_t deq_done[2], gemm_done[2];
+    int tile_next;          /* the half the next tile goes to */
     int8_t *xq;             /* q8 activations [nb][max_in] and their (d, s) [nb][max_in/32][2] */
     float *xds;
     size_t w16_elems, w16_half; /* the two tile buffers, and the elements of a tile */
@@ -489,7 +490,9 @@ static void matmul_ld(cuda_backend *b, float *y, const cuda_weight *w, const flo
         if (rows > cap) rows = cap >= 128 ? cap / 128 * 128 : cap;
     }
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    for (int64_t r0 = 0, i = 0; r0 < n_out; r0 += rows, i ^= 1) {
+    for (int64_t r0 = 0; r0 < n_out; r0 += rows) {
+        const int i = b->tile_next; /* alternate across calls too: K's tile overlaps Q's GEMM */
+        b->tile_next ^= 1;
         int rc = (int)(n_out - r0 < rows ? n_out - r0 : rows);
         const void *A;
         if (w->fmt == WFMT_F16) {
