@@ -143,7 +143,9 @@ void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *
                          * gate|up [2 n_ff_exp] then silu(gate) * up [n_ff_exp], and the down output */
         const size_t pairs = nb * (size_t)hp->n_expert_used, ffe = (size_t)hp->n_ff_exp;
         bf->moe_logits = nb * (size_t)hp->n_expert;
-        bf->moe_ids = bf->moe_w = pairs;
+        const size_t max_tiles = (pairs + CUDA_MOE_TILE - 1) / CUDA_MOE_TILE + (size_t)hp->n_expert;
+        bf->moe_w = pairs;
+        bf->moe_ids = 2 * pairs + 3 * max_tiles + 1; /* ids, then the prefill sort: order, tiles, n_tiles */
         bf->moe_hb = pairs * 3 * ffe;
         bf->moe_y = pairs * d;
     }

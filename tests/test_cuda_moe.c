@@ -15,6 +15,9 @@
  *     float64 on the dequantized weights <= 1e-5; the output's ldy > rows gap left untouched
  *   moe_q8_cuda (int8 activations, dp4a), Q8_0, Q4_0, Q4_1, Q4_K: vs matmul_q8_cuda on the expert's
  *     own rows per pair <= 1e-5 (same group arithmetic, another summation order), vs float64 <= 1e-2
+ *   moe_sort_cuda + moe_gemv_tiles_cuda (prefill), 17..40 tokens, k 2..8, 4..128 experts (tiles full,
+ *     partial and experts without pairs), F32, F16 (rows of 100), Q4_0, Q4_K, Q6_K: order a permutation
+ *     grouped by expert, tiles covering it; outputs bit-exact vs moe_gemv_cuda, gap untouched
  *   moe_combine_cuda: bit-exact against the CPU's float order (acc = 0; acc += w * y per slot; x += acc)
  * Every output buffer is poisoned with NaN (ids with -1 bytes) first, so an unwritten element fails. */
 #include "test_cuda_common.h"
@@ -351,6 +354,82 @@ static void test_gathered(void) {
     }
 }
 
+/* ---- prefill: sorted by expert ---- */
+
+/* moe_sort_cuda's order is a permutation of the pairs grouped by increasing expert, its tiles cover
+ * each expert's range in order with at most CUDA_MOE_TILE pairs; moe_gemv_tiles_cuda equals
+ * moe_gemv_cuda bit for bit (same arithmetic per pair), every row written, the ldy gap untouched. */
+static void test_sorted(void) {
+    const enum pxq_type types[] = {PXQ_TYPE_F32, PXQ_TYPE_F16, PXQ_TYPE_Q4_0, PXQ_TYPE_Q4_K, PXQ_TYPE_Q6_K};
+    const int shapes[][3] = {{40, 3, 8}, {33, 8, 128}, {17, 2, 4}}; /* tokens, k, n_expert */
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        const int n_tok = shapes[si][0], k = shapes[si][1], ne = shapes[si][2], n_pairs = n_tok * k;
+        const int max_tiles = moe_max_tiles(n_pairs, ne);
+        int32_t *ids = xmalloc((size_t)n_pairs * sizeof(int32_t)), *order = xmalloc((size_t)n_pairs * sizeof(int32_t));
+        int32_t *tiles = xmalloc((size_t)max_tiles * 3 * sizeof(int32_t)), n_tiles = -1;
+        random_ids(ids, n_tok, k, ne);
+        int32_t *dids = dev_put(ids, (size_t)n_pairs * sizeof(int32_t));
+        int32_t *dorder = dev_poison((size_t)n_pairs * sizeof(int32_t)), *dtiles = dev_poison((size_t)max_tiles * 3 * 4);
+        int32_t *dnt = dev_poison(sizeof(int32_t));
+        moe_sort_cuda(dorder, dtiles, dnt, dids, n_pairs, ne, 0);
+        dev_get(order, dorder, (size_t)n_pairs * sizeof(int32_t));
+        dev_get(tiles, dtiles, (size_t)max_tiles * 3 * sizeof(int32_t));
+        dev_get(&n_tiles, dnt, sizeof n_tiles);
+        int ok = n_tiles > 0 && n_tiles <= max_tiles, covered = 0;
+        char *seen = calloc((size_t)n_pairs, 1);
+        for (int i = 0; ok && i < n_pairs; i++) {
+            ok &= order[i] >= 0 && order[i] < n_pairs && !seen[order[i]];
+            if (ok) seen[order[i]] = 1;
+            if (ok && i > 0) ok &= ids[order[i]] >= ids[order[i - 1]];
+        }
+        for (int t = 0; ok && t < n_tiles; t++) {
+            const int x = tiles[3 * t], f = tiles[3 * t + 1], c = tiles[3 * t + 2];
+            ok &= f == covered && c >= 1 && c <= CUDA_MOE_TILE && f + c <= n_pairs;
+            for (int i = f; ok && i < f + c; i++) ok &= ids[order[i]] == x;
+            covered += c;
+        }
+        ok &= covered == n_pairs;
+        printf("moe_sort tokens %2d k %d n_expert %3d: %d tiles (at most %d), order and tiles %s\n", n_tok, k, ne, n_tiles,
+               max_tiles, ok ? "valid" : "WRONG");
+        CHECK(ok, "moe_sort %d/%d/%d: order or tiles wrong", n_tok, k, ne);
+        for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+            const enum pxq_type type = types[ti];
+            const int n_in = type == PXQ_TYPE_F16 ? 100 : 256, rpe = 97, ldy = rpe + 2;
+            for (int by_pair = 0; by_pair < 2; by_pair++) {
+                struct pxq_tensor t;
+                void *data = make_tensor(&t, type, n_in, ne * rpe);
+                size_t row_q, row_s;
+                struct cuda_weight w = upload(&t, &row_q, &row_s);
+                const int n_x = by_pair ? n_pairs : n_tok;
+                float *x = xmalloc((size_t)n_x * n_in * sizeof(float));
+                float *a = xmalloc((size_t)n_pairs * ldy * sizeof(float)), *b = xmalloc((size_t)n_pairs * ldy * sizeof(float));
+                fill(x, (size_t)n_x * n_in, 1.0f);
+                float *dx = dev_put(x, (size_t)n_x * n_in * sizeof(float));
+                float *dya = dev_poison((size_t)n_pairs * ldy * sizeof(float)), *dyb = dev_poison((size_t)n_pairs * ldy * sizeof(float));
+                moe_gemv_cuda(dya, ldy, &w, rpe, dids, dx, by_pair, n_pairs, k, 0);
+                moe_gemv_tiles_cuda(dyb, ldy, &w, rpe, dorder, dtiles, dnt, max_tiles, dx, by_pair, k, 0);
+                dev_get(a, dya, (size_t)n_pairs * ldy * sizeof(float));
+                dev_get(b, dyb, (size_t)n_pairs * ldy * sizeof(float));
+                int same = 1, written = 1, gap = 1;
+                for (int p = 0; p < n_pairs; p++) {
+                    for (int r = 0; r < rpe; r++) written &= !isnan(b[(size_t)p * ldy + r]);
+                    for (int r = rpe; r < ldy; r++) gap &= isnan(b[(size_t)p * ldy + r]);
+                    same &= memcmp(a + (size_t)p * ldy, b + (size_t)p * ldy, (size_t)rpe * sizeof(float)) == 0;
+                }
+                printf("moe_gemv_tiles %-5s n_in %3d by %-5s: %s, rows %s\n", type_name(type), n_in, by_pair ? "pair" : "token",
+                       same ? "bit-exact vs moe_gemv" : "DIFFERS", written && gap ? "all written, gap untouched" : "WRONG");
+                CHECK(same && written && gap, "moe_gemv_tiles %s %d/%d/%d", type_name(type), n_tok, k, ne);
+                cudaFree(dx), cudaFree(dya), cudaFree(dyb);
+                cudaFree((void *)w.q);
+                if (w.s) cudaFree((void *)w.s);
+                free(x), free(a), free(b), free(data);
+            }
+        }
+        cudaFree(dids), cudaFree(dorder), cudaFree(dtiles), cudaFree(dnt);
+        free(ids), free(order), free(tiles), free(seen);
+    }
+}
+
 /* ---- weighted sum ---- */
 
 static void test_combine(void) {
@@ -390,6 +469,7 @@ int main(void) {
     if (gate >= 0) return test_summary("test_cuda_moe") || gate;
     test_route();
     test_gathered();
+    test_sorted();
     test_combine();
     return test_summary("test_cuda_moe");
 }

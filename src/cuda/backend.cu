@@ -84,6 +84,7 @@ struct cuda_backend {
     float *moe_logits, *moe_w, *moe_hb, *moe_y; /* MoE: router [nb][n_expert], weights [nb][k], per pair gate|up
                                                  * [nb*k][2 ff_exp] then silu(gate)*up [nb*k][ff_exp], down [nb*k][n_embd] */
     int32_t *moe_ids;       /* MoE: the chosen experts [nb][k] */
+    int32_t *moe_order, *moe_tiles, *moe_ntiles; /* MoE prefill: pairs sorted by expert, their tiles, the count */
     size_t rstate_floats;
     void *x16, *w16, *cublas_ws;
     /* prefill: weight tiles dequantized on st_deq into the two halves of w16 while the GEMM of the
@@ -397,6 +398,9 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     if (bf.moe_hb) {
         b->moe_logits = arena_f32(b, bf.moe_logits);
         b->moe_ids = (int32_t *)arena_get(b, bf.moe_ids * 4);
+        b->moe_order = b->moe_ids + nb * hp->n_expert_used;
+        b->moe_tiles = b->moe_order + nb * hp->n_expert_used;
+        b->moe_ntiles = b->moe_tiles + 3 * (size_t)moe_max_tiles((int)nb * hp->n_expert_used, hp->n_expert);
         b->moe_w = arena_f32(b, bf.moe_w);
         b->moe_hb = arena_f32(b, bf.moe_hb);
         b->moe_y = arena_f32(b, bf.moe_y);
@@ -613,11 +617,15 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
     matmul_cuda(b, b->x, &L->w[CM_SSM_OUT], b->ssm_o, n, s.q8, 1); /* x += out_proj(o) */
 }
 
-/* An expert mat-vec over the step's n_pairs (token, slot) pairs (cuda/ops_moe_cuda.h): int8
- * activations (b->xq) where the step has them and the format a q8 kernel, else fp32 x. */
+/* An expert mat-vec over the step's n_pairs (token, slot) pairs (cuda/ops_moe_cuda.h): for prefill
+ * steps the expert-sorted tiles (b->moe_order.., from moe_sort_cuda), else one block per pair with
+ * int8 activations (b->xq) where the step has them and the format a q8 kernel, else fp32 x. */
 static void expert_mv(cuda_backend *b, float *y, int ldy, const cuda_weight *w, int rows_per_expert, const float *x,
-                      int x_per_pair, int n_pairs, int k, int q8) {
-    if (q8 && matmul_q8_supported(w->fmt))
+                      int x_per_pair, int n_pairs, int k, int q8, int max_tiles) {
+    if (max_tiles)
+        moe_gemv_tiles_cuda(y, ldy, w, rows_per_expert, b->moe_order, b->moe_tiles, b->moe_ntiles, max_tiles, x,
+                            x_per_pair, k, b->st);
+    else if (q8 && matmul_q8_supported(w->fmt))
         moe_q8_cuda(y, ldy, w, rows_per_expert, b->moe_ids, b->xq, b->xds, x_per_pair, n_pairs, k, b->st);
     else
         moe_gemv_cuda(y, ldy, w, rows_per_expert, b->moe_ids, x, x_per_pair, n_pairs, k, b->st);
@@ -626,22 +634,25 @@ static void expert_mv(cuda_backend *b, float *y, int ldy, const cuda_weight *w, 
 /* Qwen3-MoE's sparse FFN (forward_cpu.c's ffn_moe, HF Qwen3MoeSparseMoeBlock), x += sum_j w_j
  * down_j(silu(gate_j(xb)) * up_j(xb)) over the top-k experts j. Routing stays on the device. The
  * router runs on fp32 xb in every mode (a discrete choice: int8 activations could flip near ties).
- * Prefill takes the same per-pair kernels: correct, but each expert is read once per pair. */
+ * Prefill steps sort the pairs by expert (on the device) and read each expert's rows once per
+ * CUDA_MOE_TILE of its pairs. */
 static void moe_ffn(struct pxq_engine *e, cuda_backend *b, const cuda_layer *L, const step &s) {
     const struct pxq_hparams *hp = e->hp;
     const int n = s.n, k = hp->n_expert_used, ff = hp->n_ff_exp, d = hp->n_embd, np = n * k;
     cudaStream_t st = b->st;
     matmul_gemv_cuda(b->moe_logits, &L->router, b->xb, n, hp->n_expert, 0, st);
     moe_route_cuda(b->moe_ids, b->moe_w, b->moe_logits, n, hp->n_expert, k, hp->norm_topk_prob, st);
+    const int tiles = n > CUDA_DECODE_MAX ? moe_max_tiles(np, hp->n_expert) : 0; /* prefill: sorted by expert */
+    if (tiles) moe_sort_cuda(b->moe_order, b->moe_tiles, b->moe_ntiles, b->moe_ids, np, hp->n_expert, st);
     float *gu = b->moe_hb, *h = b->moe_hb + (size_t)np * 2 * ff; /* [np][gate | up], [np][ff] */
     if (L->moe_gu.fmt >= 0) {
-        expert_mv(b, gu, 2 * ff, &L->moe_gu, 2 * ff, b->xb, 0, np, k, s.q8);
+        expert_mv(b, gu, 2 * ff, &L->moe_gu, 2 * ff, b->xb, 0, np, k, s.q8, tiles);
     } else {
-        expert_mv(b, gu, 2 * ff, &L->moe_gate, ff, b->xb, 0, np, k, s.q8);
-        expert_mv(b, gu + ff, 2 * ff, &L->moe_up, ff, b->xb, 0, np, k, s.q8);
+        expert_mv(b, gu, 2 * ff, &L->moe_gate, ff, b->xb, 0, np, k, s.q8, tiles);
+        expert_mv(b, gu + ff, 2 * ff, &L->moe_up, ff, b->xb, 0, np, k, s.q8, tiles);
     }
     swiglu_q8_cuda(h, q8_for(b, s.q8, &L->moe_down), b->xds, gu, gu + ff, np, ff, 2 * ff, st);
-    expert_mv(b, b->moe_y, d, &L->moe_down, d, h, 1, np, k, s.q8);
+    expert_mv(b, b->moe_y, d, &L->moe_down, d, h, 1, np, k, s.q8, tiles);
     moe_combine_cuda(b->x, b->moe_y, b->moe_w, n, k, d, st); /* x += sum_j w_j y_j */
 }
 

@@ -48,6 +48,9 @@ void cuda_weight_sizes(int fmt, int64_t n_in, int64_t n_out, size_t *q_bytes, si
 #define CUDA_LOGITS_ROWS 64
 /* Decode steps (at most this many tokens) use the fused mat-vec and CUDA graphs. */
 #define CUDA_DECODE_MAX 16
+/* MoE prefill (ubatches over CUDA_DECODE_MAX tokens): (token, expert) pairs per block of the
+ * expert-sorted mat-vec (cuda/ops_moe_cuda.h). */
+#define CUDA_MOE_TILE 16
 
 /* The weight matrices a layer's CUDA forward reads, by role, and its float32 vectors (uploaded from
  * struct layer_f32 in this order). A layer has the attention (CM_Q..CM_O) or the DeltaNet
@@ -70,7 +73,8 @@ struct cuda_bufs {
     /* activations, per ubatch of up to n_batch tokens */
     size_t x, xb, xb2, qkv, att, hb, logits, qg, ssm_qkv, ssm_conv, ssm_z, ssm_ba, ssm_o; /* qkv: q, k, v; hb: gate|up, then hb2 */
     size_t in_ints;                      /* int32: per-step inputs (tokens, positions, runs, block tables) */
-    size_t moe_logits, moe_ids, moe_w;   /* MoE router [nb][n_expert]; top-k ids (int32), weights [nb][k] */
+    size_t moe_logits, moe_ids, moe_w;   /* MoE router [nb][n_expert]; int32: top-k ids [nb][k], then the
+                                          * prefill sort (order [nb*k], tiles [max][3], count); weights [nb][k] */
     size_t moe_hb, moe_y;                /* MoE per (token, slot) pair: gate|up, silu(gate)*up; down [nb*k][n_embd] */
     /* workspace */
     size_t x16, w16;                     /* halfs: prefill operands */

@@ -261,6 +261,139 @@ extern "C" void moe_q8_cuda(float *y, int ldy, const struct cuda_weight *w, int 
     }
 }
 
+/* ---- prefill: pairs sorted by expert, MOE_TILE pairs per block ---- */
+
+/* One block: counts per expert in shared memory, offsets in expert order, the tiles, then each pair
+ * scattered to its expert's range (the order inside a range is the atomics'; every pair's result is
+ * computed alone, so the order changes nothing). */
+__global__ void moe_sort_kernel(int32_t *__restrict__ order, int32_t *__restrict__ tiles, int32_t *__restrict__ n_tiles,
+                                const int32_t *__restrict__ ids, int n_pairs, int ne) {
+    extern __shared__ float sm[];
+    int *cnt = (int *)sm, *cur = cnt + ne;
+    for (int x = threadIdx.x; x < ne; x += blockDim.x) cnt[x] = 0;
+    __syncthreads();
+    for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) atomicAdd(&cnt[ids[p]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int off = 0, nt = 0;
+        for (int x = 0; x < ne; x++) {
+            const int c = cnt[x];
+            cur[x] = off;
+            for (int i = 0; i < c; i += CUDA_MOE_TILE, nt++)
+                tiles[3 * nt] = x, tiles[3 * nt + 1] = off + i, tiles[3 * nt + 2] = min(CUDA_MOE_TILE, c - i);
+            off += c;
+        }
+        *n_tiles = nt;
+    }
+    __syncthreads();
+    for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) order[atomicAdd(&cur[ids[p]], 1)] = p;
+}
+
+extern "C" void moe_sort_cuda(int32_t *order, int32_t *tiles, int32_t *n_tiles, const int32_t *ids, int n_pairs,
+                              int n_expert, cudaStream_t st) {
+    moe_sort_kernel<<<1, 1024, 2 * (size_t)n_expert * sizeof(int), st>>>(order, tiles, n_tiles, ids, n_pairs, n_expert);
+}
+
+/* moe_gemv_kernel for the up to MOE_TILE pairs of a tile (one expert): each weight row is read once
+ * for all of them. Thread-to-element mapping, fma order and reduction are moe_gemv_kernel's, so each
+ * pair's output is bit for bit the same. Blocks past *n_tiles leave at once. */
+template <int F>
+__global__ void __launch_bounds__(MOE_WARPS * 32) moe_gemv_tiles_kernel(
+    float *__restrict__ y, int ldy, const cuda_weight w, int rpe, const int32_t *__restrict__ order,
+    const int32_t *__restrict__ tiles, const int32_t *__restrict__ n_tiles, const float *__restrict__ x, int x_div,
+    int r_off) {
+    constexpr int T = CUDA_MOE_TILE;
+    __shared__ float red[MOE_WARPS][MOE_R * T];
+    if ((int)blockIdx.x >= *n_tiles) return; /* the whole block: no barrier is left waiting */
+    const int *tl = tiles + 3 * blockIdx.x;
+    const int first = tl[1], cnt = tl[2], r0 = r_off + blockIdx.y * MOE_R;
+    const int64_t base = (int64_t)tl[0] * rpe;
+    const int n_in = w.n_in, n_vec = n_in % 8 == 0 ? n_in : 0;
+    const float *xr[T];
+#pragma unroll
+    for (int t = 0; t < T; t++) xr[t] = x + (size_t)(order[first + (t < cnt ? t : 0)] / x_div) * n_in;
+    float acc[MOE_R][T];
+#pragma unroll
+    for (int r = 0; r < MOE_R; r++)
+#pragma unroll
+        for (int t = 0; t < T; t++) acc[r][t] = 0.0f;
+    for (int e = threadIdx.x * 8; e < n_vec; e += blockDim.x * 8) {
+        float wv[MOE_R][8];
+#pragma unroll
+        for (int r = 0; r < MOE_R; r++) load8<F>(w, base + min(r0 + r, rpe - 1), e, wv[r]);
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            if (t < cnt) {
+                const float4 *xp = (const float4 *)(xr[t] + e);
+                const float4 a = __ldg(xp), b = __ldg(xp + 1);
+                const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int r = 0; r < MOE_R; r++) {
+                    float s = acc[r][t];
+#pragma unroll
+                    for (int j = 0; j < 8; j++) s = fmaf(wv[r][j], xv[j], s);
+                    acc[r][t] = s;
+                }
+            }
+        }
+    }
+    if (F == WFMT_F32 || F == WFMT_F16 || F == WFMT_BF16) { /* rows not a multiple of 8 */
+        for (int i = n_vec + threadIdx.x; i < n_in; i += blockDim.x) {
+#pragma unroll
+            for (int r = 0; r < MOE_R; r++) {
+                const float wr = load1<F>(w, base + min(r0 + r, rpe - 1), i);
+#pragma unroll
+                for (int t = 0; t < T; t++)
+                    if (t < cnt) acc[r][t] = fmaf(wr, xr[t][i], acc[r][t]);
+            }
+        }
+    }
+    const int n_warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < MOE_R; r++)
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            const float s = warp_sum(acc[r][t]);
+            if (lane == 0) red[warp][r * T + t] = s;
+        }
+    __syncthreads();
+    for (int i = threadIdx.x; i < MOE_R * T; i += blockDim.x) {
+        const int r = i / T, t = i - r * T;
+        if (t < cnt && r0 + r < rpe) {
+            float s = 0.0f;
+            for (int k = 0; k < n_warps; k++) s += red[k][i];
+            y[(size_t)order[first + t] * ldy + r0 + r] = s;
+        }
+    }
+}
+
+template <int F>
+static void tiles_launch(float *y, int ldy, const cuda_weight &w, int rpe, const int32_t *order, const int32_t *tiles,
+                         const int32_t *n_tiles, int max_tiles, const float *x, int x_div, cudaStream_t st) {
+    const int threads = 32 * moe_warps((w.n_in + 7) / 8), rb = (rpe + MOE_R - 1) / MOE_R;
+    for (int b0 = 0; b0 < rb; b0 += MOE_MAX_BLOCKS_Y) {
+        dim3 grid(max_tiles, rb - b0 < MOE_MAX_BLOCKS_Y ? rb - b0 : MOE_MAX_BLOCKS_Y);
+        moe_gemv_tiles_kernel<F><<<grid, threads, 0, st>>>(y, ldy, w, rpe, order, tiles, n_tiles, x, x_div, b0 * MOE_R);
+    }
+}
+
+extern "C" void moe_gemv_tiles_cuda(float *y, int ldy, const struct cuda_weight *w, int rows_per_expert,
+                                    const int32_t *order, const int32_t *tiles, const int32_t *n_tiles, int max_tiles,
+                                    const float *x, int x_per_pair, int k, cudaStream_t st) {
+    if (max_tiles <= 0) return;
+    const int x_div = x_per_pair ? 1 : k;
+    const int rpe = rows_per_expert;
+    switch (w->fmt) {
+    case WFMT_F32: tiles_launch<WFMT_F32>(y, ldy, *w, rpe, order, tiles, n_tiles, max_tiles, x, x_div, st); break;
+    case WFMT_F16: tiles_launch<WFMT_F16>(y, ldy, *w, rpe, order, tiles, n_tiles, max_tiles, x, x_div, st); break;
+    case WFMT_BF16: tiles_launch<WFMT_BF16>(y, ldy, *w, rpe, order, tiles, n_tiles, max_tiles, x, x_div, st); break;
+    case WFMT_Q4_0: tiles_launch<WFMT_Q4_0>(y, ldy, *w, rpe, order, tiles, n_tiles, max_tiles, x, x_div, st); break;
+    case WFMT_Q8_0: tiles_launch<WFMT_Q8_0>(y, ldy, *w, rpe, order, tiles, n_tiles, max_tiles, x, x_div, st); break;
+    case WFMT_Q4M: tiles_launch<WFMT_Q4M>(y, ldy, *w, rpe, order, tiles, n_tiles, max_tiles, x, x_div, st); break;
+    case WFMT_Q8M: tiles_launch<WFMT_Q8M>(y, ldy, *w, rpe, order, tiles, n_tiles, max_tiles, x, x_div, st); break;
+    }
+}
+
 /* ---- weighted sum into the residual ---- */
 
 __global__ void moe_combine_kernel(float *__restrict__ x, const float *__restrict__ y, const float *__restrict__ wts,

@@ -50,6 +50,19 @@ void moe_gemv_cuda(float *y, int ldy, const struct cuda_weight *w, int rows_per_
 void moe_q8_cuda(float *y, int ldy, const struct cuda_weight *w, int rows_per_expert, const int32_t *ids,
                  const int8_t *xq, const float *xds, int x_per_pair, int n_pairs, int k, cudaStream_t st);
 
+/* Prefill: the pairs grouped by expert so that each expert's rows are read once per CUDA_MOE_TILE
+ * pairs. moe_sort_cuda: ids [n_pairs] -> order [n_pairs] (pair indices, experts in increasing id),
+ * tiles [max_tiles][3] (expert, first index into order, count <= CUDA_MOE_TILE) and *n_tiles
+ * (device int), max_tiles = moe_max_tiles(n_pairs, n_expert). One block; n_expert <= 512.
+ * moe_gemv_tiles_cuda: moe_gemv_cuda's result, bit for bit, from the tiles (a grid of max_tiles
+ * blocks across; those past *n_tiles leave). Same x_per_pair / k meaning; fp32 activations. */
+static inline int moe_max_tiles(int n_pairs, int n_expert) { return (n_pairs + CUDA_MOE_TILE - 1) / CUDA_MOE_TILE + n_expert; }
+void moe_sort_cuda(int32_t *order, int32_t *tiles, int32_t *n_tiles, const int32_t *ids, int n_pairs, int n_expert,
+                   cudaStream_t st);
+void moe_gemv_tiles_cuda(float *y, int ldy, const struct cuda_weight *w, int rows_per_expert, const int32_t *order,
+                         const int32_t *tiles, const int32_t *n_tiles, int max_tiles, const float *x, int x_per_pair,
+                         int k, cudaStream_t st);
+
 /* The weighted sum into the residual: x[t][c] += sum_j wts[t*k + j] * y[(t*k + j) * n + c], the sum
  * over j in slot order (increasing expert id after moe_route_cuda) from 0, each term a product then
  * an add (forward_cpu.c's acc, then add_residual). x [n_tokens][n], y [n_tokens * k][n]. */
