@@ -182,6 +182,39 @@ void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *
     bf->part_ml = part_rows * 2;
 }
 
+void cuda_bufs_bytes(const struct cuda_bufs *bf, size_t *activations, size_t *logits, size_t *workspace,
+                     size_t *state) {
+    const size_t act[] = {bf->x,       bf->xb,       bf->xb2,   bf->qkv,     bf->att,      bf->hb,
+                          bf->qg,      bf->ssm_qkv,  bf->ssm_conv, bf->ssm_z, bf->ssm_ba,   bf->ssm_o,
+                          bf->in_ints, bf->moe_logits, bf->moe_ids, bf->moe_w, bf->moe_hb,   bf->moe_y};
+    *activations = 0;
+    for (size_t i = 0; i < sizeof act / sizeof *act; i++)
+        if (act[i]) *activations += al(act[i] * 4);
+    *logits = bf->logits ? al(bf->logits * 4) : 0;
+    *workspace = al(bf->x16 * 2) + al(bf->xq) + al(bf->xds * 4) + al(bf->w16 * 2) + al(bf->part_o * 4) +
+                 al(bf->part_ml * 4) + al(CUDA_CUBLAS_WS);
+    *state = bf->state ? al(bf->state * 4) : 0;
+}
+
+void cuda_widths_of(const struct pxq_hparams *hp, size_t *max_in, size_t *max_mat) {
+    const size_t d = (size_t)hp->n_embd, q_dim = (size_t)hp->n_head * hp->head_dim;
+    const size_t q_rows = q_dim * (hp->attn_output_gate ? 2 : 1), kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    size_t in = d > q_dim ? d : q_dim, mat = (size_t)hp->n_vocab * d;
+    const size_t rows[] = {q_rows, kv_dim, hp->n_expert ? 0 : (size_t)hp->n_ff};
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++)
+        if (rows[i] * d > mat) mat = rows[i] * d;
+    if (!hp->n_expert && (size_t)hp->n_ff > in) in = (size_t)hp->n_ff;
+    if (d * q_dim > mat) mat = d * q_dim;
+    if (hp->arch == ARCH_QWEN35) {
+        const size_t value_dim = (size_t)hp->ssm_n_v_head * hp->ssm_head_v_dim;
+        const size_t conv_dim = 2 * (size_t)hp->ssm_n_k_head * hp->ssm_head_k_dim + value_dim;
+        if (value_dim > in) in = value_dim;
+        if (conv_dim * d > mat) mat = conv_dim * d;
+    }
+    *max_in = in;
+    *max_mat = mat;
+}
+
 int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, int kv_elt, struct cuda_plan *plan,
                   char *err, size_t errlen) {
     const struct pxq_hparams *hp = model_hparams(m);
@@ -213,7 +246,8 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
         for (int i = 0; i < CV_COUNT; i++)
             if (vn[i]) w += al(vn[i] * 4);
     }
-    if (weight_plan(model_token_embd(m), &w, err, errlen)) return -1;
+    size_t embd = 0; /* untied: the embedding table lives in pinned host memory, not the arena */
+    if (weight_plan(model_token_embd(m), model_output(m) != model_token_embd(m) ? &embd : &w, err, errlen)) return -1;
     if (model_output(m) != model_token_embd(m)) {
         if (weight_plan(model_output(m), &w, err, errlen)) return -1;
         size_t ne = (size_t)model_output(m)->ne[0] * (size_t)model_output(m)->ne[1];
@@ -232,14 +266,9 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
     plan->kv = 2 * al((size_t)plan->kv_tokens * plan->kv_per_token / 2);
     struct cuda_bufs bf;
     cuda_bufs_of(hp, p, max_in, max_mat, &bf);
-    if (bf.state) plan->state = al(bf.state * 4);
-    const size_t act[] = {bf.x, bf.xb, bf.xb2, bf.qkv, bf.att, bf.hb, bf.logits, bf.qg, bf.ssm_qkv,
-                          bf.ssm_conv, bf.ssm_z, bf.ssm_ba, bf.ssm_o, bf.in_ints, bf.moe_logits, bf.moe_ids,
-                          bf.moe_w, bf.moe_hb, bf.moe_y};
-    for (size_t i = 0; i < sizeof act / sizeof *act; i++)
-        if (act[i]) plan->activations += al(act[i] * 4);
-    plan->workspace = al(bf.x16 * 2) + al(bf.xq) + al(bf.xds * 4) + al(bf.w16 * 2) + al(bf.part_o * 4) +
-                      al(bf.part_ml * 4) + al(CUDA_CUBLAS_WS);
+    size_t logits;
+    cuda_bufs_bytes(&bf, &plan->activations, &logits, &plan->workspace, &plan->state);
+    plan->activations += logits;
     plan->total = plan->weights + plan->kv + plan->state + plan->activations + plan->workspace;
     return 0;
 }

@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 
+#include "cuda/backend.h"
 #include "model_dummy.h"
 #include "quant.h"
 #include "util.h"
@@ -93,6 +94,31 @@ static size_t act_floats(const struct pxq_hparams *hp) {
     return n;
 }
 
+size_t memplan_arena_weight_bytes(const struct memplan *mp, const struct pxq_hparams *hp) {
+    return hp->tie_embd ? mp->weight_bytes : mp->weight_bytes - mp->token_embd_bytes;
+}
+
+/* The arena at context n_ctx per sequence: weights + KV + the CUDA backend's own buffers
+ * (cuda_bufs_of: activations, logits rows, workspace, recurrent state), each rounded as the backend
+ * allocates it; the --workspace bytes stand for the cuBLAS workspace. Fills mp's terms. */
+static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const struct memplan_params *p, int n_ctx) {
+    struct pxq_engine_params ep = pxq_engine_default_params();
+    ep.n_ctx = n_ctx;
+    ep.n_seq_max = p->n_seq;
+    ep.n_batch = p->n_batch;
+    ep.kv_block_size = p->kv_block_size;
+    size_t max_in, max_mat, state;
+    cuda_widths_of(hp, &max_in, &max_mat);
+    struct cuda_bufs bf;
+    cuda_bufs_of(hp, &ep, max_in, max_mat, &bf);
+    cuda_bufs_bytes(&bf, &mp->act_bytes, &mp->logits_bytes, &mp->workspace, &state);
+    mp->workspace = mp->workspace - CUDA_CUBLAS_WS + p->workspace;
+    mp->state_bytes = state;
+    const int64_t positions = ((int64_t)n_ctx + p->kv_block_size - 1) / p->kv_block_size * p->kv_block_size * p->n_seq;
+    const size_t kv = mp->kv_bytes_per_token * (size_t)positions;
+    return memplan_arena_weight_bytes(mp, hp) + kv + mp->state_bytes + mp->act_bytes + mp->logits_bytes + mp->workspace;
+}
+
 int memplan_compute(struct memplan *mp, const struct pxq_hparams *hp, const struct memplan_params *p, char *err,
                     size_t errlen) {
     if (p->n_ctx <= 0 || p->n_seq <= 0 || p->n_batch <= 0 || p->kv_block_size <= 0)
@@ -118,24 +144,28 @@ int memplan_compute(struct memplan *mp, const struct pxq_hparams *hp, const stru
                        approx, (double)mp->kv_bytes_per_token * (double)mp->kv_positions);
     mp->kv_bytes = mp->kv_bytes_per_token * (size_t)mp->kv_positions;
     mp->state_bytes_per_seq = memplan_state_bytes_per_seq(hp);
-    mp->state_bytes = mp->state_bytes_per_seq * (size_t)p->n_seq;
-    mp->act_floats_per_token = act_floats(hp);
-    mp->act_bytes = mp->act_floats_per_token * (size_t)p->n_batch * sizeof(float);
-    mp->logits_bytes = (size_t)p->n_seq * (size_t)hp->n_vocab * sizeof(float);
-    mp->workspace = p->workspace;
     mp->cuda_context = p->cuda_context;
-    size_t fixed = mp->weight_bytes + mp->state_bytes + mp->act_bytes + mp->logits_bytes + mp->workspace;
-    mp->total = fixed + mp->kv_bytes;
+    mp->total = arena_at(mp, hp, p, p->n_ctx);
+    mp->act_floats_per_token = mp->act_bytes / ((size_t)p->n_batch * sizeof(float));
     mp->device_total = mp->total + mp->cuda_context;
     mp->budget = p->budget;
     mp->fits = p->budget == 0 || mp->total <= p->budget;
-    if (p->budget == 0) mp->max_ctx = 0;
-    else if (mp->kv_bytes_per_token == 0) mp->max_ctx = fixed <= p->budget ? INT64_MAX : -1;
-    else if (fixed >= p->budget) mp->max_ctx = -1;
-    else {
-        int64_t pos = (int64_t)((p->budget - fixed) / (mp->kv_bytes_per_token * (size_t)p->n_seq));
-        mp->max_ctx = pos / p->kv_block_size * p->kv_block_size;
-        if (mp->max_ctx == 0) mp->max_ctx = -1;
+    if (p->budget == 0) {
+        mp->max_ctx = 0;
+    } else { /* the arena grows with the context (KV, block tables, attention partials): bisect */
+        struct memplan probe = *mp;
+        const int64_t bs = p->kv_block_size, cap = (int64_t)1 << 30;
+        if (arena_at(&probe, hp, p, (int)bs) > p->budget) mp->max_ctx = -1;
+        else if (mp->kv_bytes_per_token == 0) mp->max_ctx = INT64_MAX;
+        else {
+            int64_t lo = 1, hi = cap / bs; /* in blocks: lo fits */
+            while (lo < hi) {
+                const int64_t mid = lo + (hi - lo + 1) / 2;
+                if (arena_at(&probe, hp, p, (int)(mid * bs)) <= p->budget) lo = mid;
+                else hi = mid - 1;
+            }
+            mp->max_ctx = lo * bs;
+        }
     }
     return 0;
 }
@@ -162,7 +192,11 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
         if (mp->params_by_type[t])
             fprintf(f, " %s %.3f B params = %s;", type_name((enum pxq_type)t), mp->params_by_type[t] / 1e9,
                     hsize(b, sizeof b, (double)mp->weight_bytes_by_type[t]));
-    fprintf(f, " token_embd %s of it\n", hsize(c, sizeof c, (double)mp->token_embd_bytes));
+    if (hp->tie_embd)
+        fprintf(f, " token_embd %s of it (also lm_head)\n", hsize(c, sizeof c, (double)mp->token_embd_bytes));
+    else
+        fprintf(f, " token_embd %s of it, kept in pinned host memory (a row gather), not in the arena\n",
+                hsize(c, sizeof c, (double)mp->token_embd_bytes));
     fprintf(f, "  %-18s %12s  %s/token (%d attention layers x 2 x %d kv heads x %zu B/head of %d %s) x %lld positions (%d ctx in blocks of %d, x %d seq)\n",
             "KV cache", hsize(a, sizeof a, (double)mp->kv_bytes), hsize(b, sizeof b, (double)mp->kv_bytes_per_token), mp->n_layer_kv,
             hp->n_head_kv, type_row_bytes(p->kv_type, hp->head_dim), hp->head_dim, type_name(p->kv_type),
@@ -175,12 +209,15 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
     } else {
         fprintf(f, "  %-18s %12s  (no DeltaNet layers)\n", "recurrent state", "0 B");
     }
-    fprintf(f, "  %-18s %12s  %d batch tokens x %zu floats x 4 B (x, xb, xb2, q, k, v, att, hb, hb2, router%s)\n", "activations",
-            hsize(a, sizeof a, (double)mp->act_bytes), p->n_batch, mp->act_floats_per_token, mp->n_layer_ssm ? ", DeltaNet qkv/z/out" : "");
-    fprintf(f, "  %-18s %12s  %d outputs x %d vocab x 4 B\n", "logits", hsize(a, sizeof a, (double)mp->logits_bytes), p->n_seq,
-            hp->n_vocab);
-    fprintf(f, "  %-18s %12s  cuBLAS workspace\n", "workspace", hsize(a, sizeof a, (double)mp->workspace));
-    fprintf(f, "  %-18s %12s  %lld bytes (the arena: the terms above)\n", "total", hsize(a, sizeof a, (double)mp->total),
+    fprintf(f, "  %-18s %12s  %d batch tokens x about %zu floats x 4 B: the CUDA backend's buffers (x, xb, xb2, q|k|v, att, gate|up, hb2, step inputs%s%s)\n",
+            "activations", hsize(a, sizeof a, (double)mp->act_bytes), p->n_batch, mp->act_floats_per_token,
+            mp->n_layer_ssm ? ", DeltaNet qkv/conv/z/ba/out" : "", hp->n_expert ? ", router and expert pairs" : "");
+    fprintf(f, "  %-18s %12s  %d rows x %d vocab x 4 B (lm_head runs over at most %d rows at a time)\n", "logits",
+            hsize(a, sizeof a, (double)mp->logits_bytes), p->n_batch < CUDA_LOGITS_ROWS ? p->n_batch : CUDA_LOGITS_ROWS,
+            hp->n_vocab, CUDA_LOGITS_ROWS);
+    fprintf(f, "  %-18s %12s  f16 prefill weight tiles, int8 activations, attention partials, cuBLAS workspace\n",
+            "workspace", hsize(a, sizeof a, (double)mp->workspace));
+    fprintf(f, "  %-18s %12s  %lld bytes (the arena: the terms above, less a host-resident token_embd)\n", "total", hsize(a, sizeof a, (double)mp->total),
             (long long)mp->total);
     fprintf(f, "  %-18s %12s  estimate, not measured (driver context, kernels, library handles), outside the arena\n",
             "CUDA context", hsize(a, sizeof a, (double)mp->cuda_context));

@@ -6,15 +6,18 @@
  * memplan_print to refuse a model before loading it, with the same numbers.
  *
  * The terms (all bytes):
- *   weights      sum over the tensors the forward binds of type_row_bytes(type, n_elements)
+ *   weights      sum over the tensors the forward binds of type_row_bytes(type, n_elements); an
+ *                untied token_embd (only gathered) stays in pinned host memory, outside the arena
  *   KV           n_layer_kv x 2 (K, V) x n_head_kv x row_bytes(kv_type, head_dim) per position,
  *                x n_ctx rounded up to kv_block_size, x n_seq; only attention layers have KV
  *   state        per sequence, per DeltaNet layer: conv state (conv_kernel - 1) x conv_dim floats plus
  *                n_v_head x head_k_dim x head_v_dim floats of delta-rule state, float32 (HF
  *                Qwen3_5GatedDeltaNet; conv_dim = 2 n_k_head head_k_dim + n_v_head head_v_dim)
- *   activations  n_batch tokens x act_floats_per_token x 4 B (see memplan.c for the widths), plus
- *                logits max(n_seq, 1) x n_vocab x 4 B
- *   workspace    fixed (cuBLAS workspace; default 32 MiB)
+ *   activations, logits, workspace, state: the CUDA backend's own buffer account (cuda_bufs_of,
+ *                cuda/backend.h), so the plan is what `--device cuda` allocates: activations for n_batch
+ *                tokens, logits for at most CUDA_LOGITS_ROWS rows, f16 prefill weight tiles, int8
+ *                activations, attention partials (grow with the context), the cuBLAS workspace
+ *                (--workspace, default 32 MiB); the largest context is found by bisection
  *   CUDA context an estimate (default 500 MiB): driver context, module images, library handles. Not
  *                measured. It lives outside the arena, so it is not counted against the budget (the
  *                arena is sized by --gpu-mem, as the CUDA backend does); it is added to device_total,
@@ -69,6 +72,9 @@ struct memplan {
 /* Defaults: n_ctx 4096, n_seq 1, n_batch 512, kv_block_size 16, f16 KV, no budget, 32 MiB workspace,
  * 500 MiB CUDA context. */
 struct memplan_params memplan_default_params(void);
+
+/* The weights the device arena holds: all but an untied token_embd (kept in host memory). */
+size_t memplan_arena_weight_bytes(const struct memplan *mp, const struct pxq_hparams *hp);
 
 /* Add n_elements of type t to the weights (bytes via type_row_bytes of whole blocks). */
 void memplan_weights_add(struct memplan *mp, enum pxq_type t, int64_t n_elements, int is_token_embd);

@@ -71,6 +71,7 @@ struct cuda_backend {
     cublasHandle_t cublas;
     cuda_layer *L;
     cuda_weight embd, output;
+    uint8_t *embd_host;     /* untied models: the embedding table in mapped pinned host memory */
     float *output_norm, *inv_freq;
     cuda_kv kv;
     int32_t *in_d, *in_h;
@@ -154,8 +155,9 @@ static void upload_rows(struct pxq_engine *e, cuda_backend *b, uploader *u, cons
         CK(cudaEventSynchronize(u->done[u->cur])); /* the copy that last used this stage is over */
         repack_args a = {t, r0, row_q, row_s, hq, hs};
         parallel_for(e->tp, rc, 64, repack_range, &a);
-        CK(cudaMemcpyAsync(dq + (size_t)r0 * row_q, hq, (size_t)rc * row_q, cudaMemcpyHostToDevice, b->st));
-        if (sb) CK(cudaMemcpyAsync(ds + (size_t)r0 * row_s, hs, (size_t)rc * row_s, cudaMemcpyHostToDevice, b->st));
+        /* cudaMemcpyDefault: dq, ds are arena memory, or pinned host memory (the embedding table) */
+        CK(cudaMemcpyAsync(dq + (size_t)r0 * row_q, hq, (size_t)rc * row_q, cudaMemcpyDefault, b->st));
+        if (sb) CK(cudaMemcpyAsync(ds + (size_t)r0 * row_s, hs, (size_t)rc * row_s, cudaMemcpyDefault, b->st));
         CK(cudaEventRecord(u->done[u->cur], b->st));
         u->cur ^= 1;
     }
@@ -346,9 +348,30 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
             free(h);
         }
     }
-    upload_weight(e, b, &u, model_token_embd(e->m), &b->embd);
-    if (model_output(e->m) != model_token_embd(e->m)) upload_weight(e, b, &u, model_output(e->m), &b->output);
-    else b->output = b->embd;
+    if (model_output(e->m) != model_token_embd(e->m)) {
+        /* untied: the embedding table is only gathered (a few rows per step), so it stays in mapped
+         * pinned host memory and the kernels read its rows over PCIe (Qwen3.5-27B: 682 MiB of Q4_0
+         * out of the arena); lm_head has its own weight on the device */
+        const struct pxq_tensor *t = model_token_embd(e->m);
+        cuda_weight *w = &b->embd;
+        w->fmt = cuda_wfmt_of(t->type);
+        w->n_in = (int)t->ne[0];
+        w->n_out = (int)t->ne[1];
+        size_t qb, sb;
+        cuda_weight_sizes(w->fmt, t->ne[0], t->ne[1], &qb, &sb);
+        const size_t qa = (qb + CUDA_ALIGN - 1) / CUDA_ALIGN * CUDA_ALIGN;
+        if (cudaHostAlloc((void **)&b->embd_host, qa + sb, cudaHostAllocMapped) != cudaSuccess)
+            die("cudaHostAlloc of %.1f MiB for the embedding table failed", (qa + sb) / 1048576.0);
+        uint8_t *dp;
+        CK(cudaHostGetDevicePointer((void **)&dp, b->embd_host, 0));
+        upload_rows(e, b, &u, t, b->embd_host, sb ? b->embd_host + qa : NULL);
+        w->q = dp;
+        w->s = sb ? dp + qa : NULL;
+        upload_weight(e, b, &u, model_output(e->m), &b->output);
+    } else {
+        upload_weight(e, b, &u, model_token_embd(e->m), &b->embd);
+        b->output = b->embd;
+    }
     {
         size_t ne = (size_t)b->output.n_in * (size_t)b->output.n_out;
         if (ne > max_mat) max_mat = ne;
@@ -453,6 +476,7 @@ extern "C" void cuda_backend_free(struct pxq_engine *e) {
     cudaStreamDestroy(b->st_deq);
     cudaStreamDestroy(b->st);
     cudaFree(b->arena);
+    if (b->embd_host) cudaFreeHost(b->embd_host);
     cudaFreeHost(b->in_h);
     free(b->seq_map);
     free(b->L);

@@ -85,6 +85,14 @@ struct cuda_bufs {
 };
 void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *p, size_t max_in, size_t max_mat,
                   struct cuda_bufs *bf);
+/* The arena bytes of bf's items, each rounded up to CUDA_ALIGN: activations (all but the logits
+ * rows), the logits rows, the workspace (f16 prefill tiles, int8 activations, attention partials,
+ * the cuBLAS workspace) and the recurrent state. */
+void cuda_bufs_bytes(const struct cuda_bufs *bf, size_t *activations, size_t *logits, size_t *workspace,
+                     size_t *state);
+/* The widest matmul input (max_in) and the largest matrix (max_mat, elements) of a model of hp's
+ * shape, as cuda_mem_plan finds them from the tensors: for plans without the tensors (memplan.c). */
+void cuda_widths_of(const struct pxq_hparams *hp, size_t *max_in, size_t *max_mat);
 
 /* What the backend carves from its arena, in bytes, each allocation rounded up to CUDA_ALIGN
  * (backend.cu allocates exactly these items; memplan.h is the user-facing account). */
