@@ -4,7 +4,9 @@
  *
  * Checks and bounds:
  *   plan: random-qwen3moe (f32) and dummy-tiny-moe (q4_0) are accepted, and the weights account for
- *     at least every tensor's bytes, at most 2 x 256 alignment bytes more per stacked weight / tensor
+ *     at least every tensor's bytes, at most 2 x 256 alignment bytes more per stacked weight / tensor;
+ *     one expert of another type is refused naming it; a layer's ups all in f16 (gate and up stacked
+ *     apart) cost n_expert x n_ff_exp x n_embd x 2 bytes less, to the alignment
  *   moe_route_cuda: logits on a grid of 1/8 (many exact ties, no near-ties), n_expert 8..512, k 1..10,
  *     norm_topk_prob 0/1, token counts not a multiple of the block's 4 warps: ids equal to the
  *     reference's top-k (ties to the lower index) in increasing id order; weights within 1e-6 of a
@@ -62,6 +64,29 @@ static void test_plan(void) {
         const size_t pairs = (size_t)ep.n_batch * hp->n_expert_used;
         CHECK(plan.activations >= 4 * (pairs * (2 + 3 * (size_t)hp->n_ff_exp + hp->n_embd)),
               "%s: activations %zu miss the MoE buffers", model_path(ms[i]), plan.activations);
+        if (i == 0) { /* expert types: one odd expert is refused; all ups in another type stack apart */
+            const struct pxq_layer *L = model_layer(ms[i], 1);
+            struct pxq_tensor *up1 = (struct pxq_tensor *)L->experts[1].up;
+            up1->type = PXQ_TYPE_F16;
+            err[0] = 0;
+            rc = cuda_mem_plan(ms[i], &ep, 2, &plan, err, sizeof err);
+            printf("plan with one f16 expert: %s\n", err);
+            CHECK(rc != 0 && strstr(err, "one type per matrix") && strstr(err, up1->name), "mixed expert types: %s", err);
+            struct cuda_plan p2;
+            for (int x = 0; x < hp->n_expert; x++) ((struct pxq_tensor *)L->experts[x].up)->type = PXQ_TYPE_F16;
+            CHECK(!cuda_moe_gu_fused(L), "gate f32 and up f16 are not fused");
+            rc = cuda_mem_plan(ms[i], &ep, 2, &p2, err, sizeof err);
+            CHECK(rc == 0, "layer 1 ups in f16: %s", err);
+            struct cuda_plan p0;
+            for (int x = 0; x < hp->n_expert; x++) ((struct pxq_tensor *)L->experts[x].up)->type = PXQ_TYPE_F32;
+            CHECK(cuda_mem_plan(ms[i], &ep, 2, &p0, err, sizeof err) == 0 && cuda_moe_gu_fused(L), "restored: %s", err);
+            /* the f16 ups take half the bytes: n_expert * n_ff_exp * n_embd * 2 fewer, up to the alignment */
+            const long long want = (long long)hp->n_expert * hp->n_ff_exp * hp->n_embd * 2;
+            const long long got = (long long)p0.weights - (long long)p2.weights;
+            printf("plan: layer 1's ups in f16 save %lld bytes (expected %lld, up to %d of alignment)\n", got, want,
+                   2 * CUDA_ALIGN);
+            CHECK(rc == 0 && llabs(got - want) <= 2 * CUDA_ALIGN, "f16 ups save %lld bytes, expected %lld", got, want);
+        }
         model_free(ms[i]);
     }
 }
