@@ -54,6 +54,8 @@ static void test_plan(void) {
         if (rc) continue;
         size_t bytes = 0, n_items = 0;
         for (int t = 0; t < model_n_tensors(ms[i]); t++) bytes += model_tensor(ms[i], t)->nbytes, n_items++;
+        if (model_output(ms[i]) != model_token_embd(ms[i])) /* untied: token_embd stays in host memory */
+            bytes -= model_token_embd(ms[i])->nbytes;
         /* the f32 norms are uploaded as floats, the expert stacks as 3 (or 4) items per layer */
         const size_t slack = 2 * CUDA_ALIGN * (n_items + 4 * (size_t)hp->n_layer + 2);
         printf("plan %s: weights %zu bytes for %zu bytes of tensors; activations %zu\n", model_path(ms[i]),
