@@ -20,10 +20,23 @@ struct memplan_params memplan_default_params(void) {
     return p;
 }
 
-void memplan_weights_add(struct memplan *mp, enum pxq_type t, int64_t n_elements, int is_token_embd) {
+/* Arena bytes of one weight in the CUDA backend's device format (cuda/backend.h: quants and scales,
+ * each rounded to CUDA_ALIGN); vectors (ne0 == n_elements) are uploaded as float32. */
+static size_t device_bytes(enum pxq_type t, int64_t ne0, int64_t n_elements) {
+    const size_t al = CUDA_ALIGN;
+    const int fmt = cuda_wfmt_of(t);
+    if (ne0 <= 0 || ne0 >= n_elements || fmt < 0) return ((size_t)n_elements * 4 + al - 1) / al * al;
+    size_t q, sc;
+    cuda_weight_sizes(fmt, ne0, n_elements / ne0, &q, &sc);
+    return (q + al - 1) / al * al + (sc + al - 1) / al * al;
+}
+
+void memplan_weights_add(struct memplan *mp, enum pxq_type t, int64_t ne0, int64_t n_elements, int is_token_embd) {
     int64_t be = type_block_elems(t);
     size_t bytes = be > 0 ? (size_t)((n_elements + be - 1) / be) * type_block_bytes(t) : 0;
     mp->weight_bytes += bytes;
+    const size_t dev = device_bytes(t, ne0, n_elements);
+    mp->device_weight_bytes += dev;
     if ((unsigned)t < PXQ_TYPE_COUNT) {
         mp->weight_bytes_by_type[t] += bytes;
         mp->params_by_type[t] += n_elements;
@@ -32,6 +45,7 @@ void memplan_weights_add(struct memplan *mp, enum pxq_type t, int64_t n_elements
     if (is_token_embd) {
         mp->n_params_token_embd += n_elements;
         mp->token_embd_bytes += bytes;
+        mp->token_embd_device_bytes += dev;
     }
 }
 
@@ -42,7 +56,7 @@ static int is_embd_name(const char *n) {
 void memplan_weights_from_model(struct memplan *mp, const struct pxq_model *m) {
     for (int i = 0; i < model_n_tensors(m); i++) {
         const struct pxq_tensor *t = model_tensor(m, i);
-        memplan_weights_add(mp, t->type, tensor_nelements(t), is_embd_name(t->name));
+        memplan_weights_add(mp, t->type, t->ne[0], tensor_nelements(t), is_embd_name(t->name));
     }
 }
 
@@ -51,7 +65,8 @@ int memplan_weights_from_hparams(struct memplan *mp, const struct pxq_hparams *h
     struct dummy_tensor *d;
     int n = dummy_manifest(hp, dtype, &d, err, errlen);
     if (n < 0) return -1;
-    for (int i = 0; i < n; i++) memplan_weights_add(mp, d[i].type, d[i].ne[0] * d[i].ne[1] * d[i].ne[2], is_embd_name(d[i].name));
+    for (int i = 0; i < n; i++)
+        memplan_weights_add(mp, d[i].type, d[i].ne[0], d[i].ne[0] * d[i].ne[1] * d[i].ne[2], is_embd_name(d[i].name));
     free(d);
     return 0;
 }
@@ -95,7 +110,8 @@ static size_t act_floats(const struct pxq_hparams *hp) {
 }
 
 size_t memplan_arena_weight_bytes(const struct memplan *mp, const struct pxq_hparams *hp) {
-    return hp->tie_embd ? mp->weight_bytes : mp->weight_bytes - mp->token_embd_bytes;
+    const size_t inv_freq = ((size_t)(hp->n_rot / 2 + 1) * 4 + CUDA_ALIGN - 1) / CUDA_ALIGN * CUDA_ALIGN;
+    return (hp->tie_embd ? mp->device_weight_bytes : mp->device_weight_bytes - mp->token_embd_device_bytes) + inv_freq;
 }
 
 /* The arena at context n_ctx per sequence: weights + KV + the CUDA backend's own buffers
@@ -154,17 +170,16 @@ int memplan_compute(struct memplan *mp, const struct pxq_hparams *hp, const stru
         mp->max_ctx = 0;
     } else { /* the arena grows with the context (KV, block tables, attention partials): bisect */
         struct memplan probe = *mp;
-        const int64_t bs = p->kv_block_size, cap = (int64_t)1 << 30;
-        if (arena_at(&probe, hp, p, (int)bs) > p->budget) mp->max_ctx = -1;
+        if (arena_at(&probe, hp, p, 1) > p->budget) mp->max_ctx = -1;
         else if (mp->kv_bytes_per_token == 0) mp->max_ctx = INT64_MAX;
         else {
-            int64_t lo = 1, hi = cap / bs; /* in blocks: lo fits */
+            int64_t lo = 1, hi = (int64_t)1 << 30; /* positions: lo fits */
             while (lo < hi) {
                 const int64_t mid = lo + (hi - lo + 1) / 2;
-                if (arena_at(&probe, hp, p, (int)(mid * bs)) <= p->budget) lo = mid;
+                if (arena_at(&probe, hp, p, (int)mid) <= p->budget) lo = mid;
                 else hi = mid - 1;
             }
-            mp->max_ctx = lo * bs;
+            mp->max_ctx = lo;
         }
     }
     return 0;
@@ -187,7 +202,9 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
     fprintf(f, "memory plan: %s\n", title);
     fprintf(f, "  model: %s, %d layers (%d attention, %d DeltaNet), n_embd %d, vocab %d, %.3f B params\n", hp->arch_name,
             hp->n_layer, mp->n_layer_kv, mp->n_layer_ssm, hp->n_embd, hp->n_vocab, mp->n_params / 1e9);
-    fprintf(f, "  %-18s %12s  %lld bytes;", "weights", hsize(a, sizeof a, (double)mp->weight_bytes), (long long)mp->weight_bytes);
+    fprintf(f, "  %-18s %12s  %lld bytes in the file; %s in the arena (the CUDA formats, docs/CUDA.md);", "weights",
+            hsize(a, sizeof a, (double)mp->weight_bytes), (long long)mp->weight_bytes,
+            hsize(c, sizeof c, (double)memplan_arena_weight_bytes(mp, hp)));
     for (int t = 0; t < PXQ_TYPE_COUNT; t++)
         if (mp->params_by_type[t])
             fprintf(f, " %s %.3f B params = %s;", type_name((enum pxq_type)t), mp->params_by_type[t] / 1e9,

@@ -6,8 +6,9 @@
  * memplan_print to refuse a model before loading it, with the same numbers.
  *
  * The terms (all bytes):
- *   weights      sum over the tensors the forward binds of type_row_bytes(type, n_elements); an
- *                untied token_embd (only gathered) stays in pinned host memory, outside the arena
+ *   weights      in the arena: each tensor in the CUDA backend's device format (cuda_weight_sizes;
+ *                vectors as float32), each rounded to CUDA_ALIGN; an untied token_embd (only gathered)
+ *                stays in pinned host memory, outside the arena. The file's bytes are printed too.
  *   KV           n_layer_kv x 2 (K, V) x n_head_kv x row_bytes(kv_type, head_dim) per position,
  *                x n_ctx rounded up to kv_block_size, x n_seq; only attention layers have KV
  *   state        per sequence, per DeltaNet layer: conv state (conv_kernel - 1) x conv_dim floats plus
@@ -31,6 +32,7 @@
 #include <stdio.h>
 
 #include "model.h"
+#include "cuda/backend.h"
 
 #define MEMPLAN_WORKSPACE_DEFAULT (32u << 20)
 #define MEMPLAN_CONTEXT_DEFAULT   (500u << 20)
@@ -48,7 +50,9 @@ struct memplan_params {
 
 struct memplan {
     /* weights, filled by memplan_weights_from_* (or memplan_weights_add) */
-    size_t weight_bytes;
+    size_t weight_bytes;          /* as the file stores them */
+    size_t device_weight_bytes;   /* in the CUDA backend's formats (Q4_K as 0.75 B/weight, ...), aligned */
+    size_t token_embd_device_bytes;
     size_t weight_bytes_by_type[PXQ_TYPE_COUNT];
     int64_t params_by_type[PXQ_TYPE_COUNT];
     int64_t n_params;
@@ -77,7 +81,8 @@ struct memplan_params memplan_default_params(void);
 size_t memplan_arena_weight_bytes(const struct memplan *mp, const struct pxq_hparams *hp);
 
 /* Add n_elements of type t to the weights (bytes via type_row_bytes of whole blocks). */
-void memplan_weights_add(struct memplan *mp, enum pxq_type t, int64_t n_elements, int is_token_embd);
+/* ne0: the row length (a vector when ne0 == n_elements: uploaded as float32). */
+void memplan_weights_add(struct memplan *mp, enum pxq_type t, int64_t ne0, int64_t n_elements, int is_token_embd);
 /* Weights of an opened model: every tensor of its file (model_tensor). */
 void memplan_weights_from_model(struct memplan *mp, const struct pxq_model *m);
 /* Weights of a dummy model of type dtype, from hparams alone (model_dummy.h manifest; allocates no

@@ -19,17 +19,17 @@ static const char *usage =
     "  --gpu-mem SIZE          device memory budget, e.g. 16GiB (none: just print the account)\n"
     "  --max-num-seqs N        concurrent sequences (default 1)\n"
     "  -b, --batch-size N      max tokens per forward step, sizes the activations (default 512)\n"
-    "  --kv-cache-type T       f16 (default), bf16, f32, q8_0, q4_0\n"
+    "  --kv-cache-type T       f16 (default) or f32 (the CUDA backend's KV types)\n"
     "  --kv-block-size N       positions per KV block (default 16)\n"
     "  --workspace SIZE        cuBLAS workspace (default 32MiB)\n"
     "  --cuda-context SIZE     CUDA context estimate (default 500MiB)\n";
 
 static enum pxq_type parse_kv_type(const struct args *a, const char *s) {
     static const struct { const char *n; enum pxq_type t; } m[] = {
-        {"f16", PXQ_TYPE_F16}, {"bf16", PXQ_TYPE_BF16}, {"f32", PXQ_TYPE_F32}, {"q8_0", PXQ_TYPE_Q8_0}, {"q4_0", PXQ_TYPE_Q4_0}};
+        {"f16", PXQ_TYPE_F16}, {"f32", PXQ_TYPE_F32}};
     for (size_t i = 0; i < sizeof m / sizeof m[0]; i++)
         if (!strcmp(s, m[i].n)) return m[i].t;
-    fail(a, 2, "--kv-cache-type expects f16, bf16, f32, q8_0 or q4_0, got '%s'", s);
+    fail(a, 2, "--kv-cache-type expects f16 or f32 (the CUDA backend's KV types), got '%s'", s);
     return PXQ_TYPE_F16;
 }
 
