@@ -7,6 +7,7 @@
 #define PXQ_TEST_CUDA_COMMON_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,5 +43,52 @@ static inline double norm_err(const float *a, const float *b, size_t n) {
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
+
+#ifdef PXQ_CUDA
+/* Helpers of the CUDA tests: a seeded xorshift (a test may #define TEST_RNG_SEED before including
+ * this header), CUDA-call checking, and device buffers: put, poison (NaN floats; 0xff bytes), get
+ * (after a synchronize and a launch-error check). */
+#ifndef TEST_RNG_SEED
+#define TEST_RNG_SEED 0x9e3779b97f4a7c15ull
+#endif
+static uint64_t rng = TEST_RNG_SEED;
+static inline uint32_t rnd_u32(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static inline float rnd_u(void) { return (float)rnd_u32() / 4294967296.0f; } /* [0, 1) */
+static inline float rnd_f(void) { return rnd_u() * 2.0f - 1.0f; }            /* [-1, 1) */
+static inline void fill(float *x, size_t n, float scale) {
+    for (size_t i = 0; i < n; i++) x[i] = rnd_f() * scale;
+}
+
+#define CK(call)                                                                                  \
+    do {                                                                                          \
+        cudaError_t e_ = (call);                                                                  \
+        if (e_ != cudaSuccess) {                                                                  \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+static inline void *dev_put(const void *h, size_t bytes) {
+    void *d;
+    CK(cudaMalloc(&d, bytes ? bytes : 1));
+    if (bytes) CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+static inline void *dev_poison_bytes(size_t bytes) { /* 0xff bytes: NaN floats, -1 ints */
+    void *d;
+    CK(cudaMalloc(&d, bytes ? bytes : 1));
+    CK(cudaMemset(d, 0xff, bytes));
+    return d;
+}
+static inline float *dev_poison(size_t n) { return (float *)dev_poison_bytes(n * sizeof(float)); } /* NaN */
+static inline void dev_get(void *h, const void *d, size_t bytes) {
+    CK(cudaDeviceSynchronize());
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+}
+#endif
 
 #endif

@@ -22,6 +22,7 @@
  *     grouped by expert, tiles covering it; outputs bit-exact vs moe_gemv_cuda, gap untouched
  *   moe_combine_cuda: bit-exact against the CPU's float order (acc = 0; acc += w * y per slot; x += acc)
  * Every output buffer is poisoned with NaN (ids with -1 bytes) first, so an unwritten element fails. */
+#define TEST_RNG_SEED 0x6a09e667f3bcc909ull
 #include "test_cuda_common.h"
 #include "testutil.h"
 
@@ -102,45 +103,11 @@ int main(void) {
 #else
 
 #include "cuda/ops_cuda.h"
+#include "test_cuda_weights.h"
 #include "cuda/ops_moe_cuda.h"
 #include "quant.h"
 
-static uint64_t rng = 0x6a09e667f3bcc909ull;
-static uint32_t rnd_u32(void) {
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-static float rnd_f(void) { return (float)rnd_u32() / 4294967296.0f * 2.0f - 1.0f; } /* [-1, 1) */
-static void fill(float *x, size_t n, float scale) {
-    for (size_t i = 0; i < n; i++) x[i] = rnd_f() * scale;
-}
 
-#define CK(call)                                                                                  \
-    do {                                                                                          \
-        cudaError_t e_ = (call);                                                                  \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
-
-static void *dev_put(const void *h, size_t bytes) {
-    void *d;
-    CK(cudaMalloc(&d, bytes ? bytes : 1));
-    if (bytes) CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
-    return d;
-}
-static void *dev_poison(size_t bytes) { /* 0xff bytes: NaN floats, -1 ints */
-    void *d;
-    CK(cudaMalloc(&d, bytes ? bytes : 1));
-    CK(cudaMemset(d, 0xff, bytes ? bytes : 1));
-    return d;
-}
-static void dev_get(void *h, const void *d, size_t bytes) {
-    CK(cudaDeviceSynchronize());
-    CK(cudaGetLastError());
-    CK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
-}
 
 /* ---- routing ---- */
 
@@ -177,8 +144,8 @@ static void test_route(void) {
         float *l = xmalloc((size_t)n * ne * sizeof(float)), *w = xmalloc((size_t)n * k * sizeof(float));
         int32_t *ids = xmalloc((size_t)n * k * sizeof(int32_t));
         for (size_t i = 0; i < (size_t)n * ne; i++) l[i] = (float)((int)(rnd_u32() % 49) - 24) / 8.0f; /* ties */
-        float *dl = dev_put(l, (size_t)n * ne * sizeof(float)), *dw = dev_poison((size_t)n * k * sizeof(float));
-        int32_t *di = dev_poison((size_t)n * k * sizeof(int32_t));
+        float *dl = dev_put(l, (size_t)n * ne * sizeof(float)), *dw = dev_poison_bytes((size_t)n * k * sizeof(float));
+        int32_t *di = dev_poison_bytes((size_t)n * k * sizeof(int32_t));
         moe_route_cuda(di, dw, dl, n, ne, k, norm, 0);
         dev_get(ids, di, (size_t)n * k * sizeof(int32_t));
         dev_get(w, dw, (size_t)n * k * sizeof(float));
@@ -214,53 +181,13 @@ static void test_route(void) {
 
 /* ---- gathered mat-vecs ---- */
 
-/* A random [n_out][n_in] tensor of type t: quantize_row where it can, else random blocks with sane
- * f16 scales (as test_cuda_ops.c). */
-static void *make_tensor(struct pxq_tensor *t, enum pxq_type type, int n_in, int n_out) {
-    memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "experts.%s", type_name(type));
-    t->type = type;
-    t->n_dims = 2;
-    t->ne[0] = n_in, t->ne[1] = n_out, t->ne[2] = t->ne[3] = 1;
-    const size_t rb = type_row_bytes(type, n_in);
-    uint8_t *data = xmalloc(rb * (size_t)n_out);
-    float *row = xmalloc((size_t)n_in * sizeof(float));
-    for (int r = 0; r < n_out; r++) {
-        fill(row, (size_t)n_in, 0.5f);
-        uint8_t *dst = data + (size_t)r * rb;
-        if (quantize_row(type, row, dst, n_in) == 0) continue;
-        for (size_t i = 0; i < rb; i++) dst[i] = (uint8_t)rnd_u32();
-        const size_t bb = type_block_bytes(type);
-        for (size_t b = 0; b < rb / bb; b++) {
-            uint8_t *blk = dst + b * bb;
-            uint16_t d = f32_to_fp16(0.002f + 0.01f * (rnd_f() + 1)), m = f32_to_fp16(0.01f * rnd_f());
-            switch (type) {
-            case PXQ_TYPE_Q5_0: memcpy(blk, &d, 2); break;
-            case PXQ_TYPE_Q4_1:
-            case PXQ_TYPE_Q4_K: memcpy(blk, &d, 2), memcpy(blk + 2, &m, 2); break;
-            case PXQ_TYPE_Q6_K: memcpy(blk + 208, &d, 2); break;
-            default: die("no generator for %s", type_name(type));
-            }
-        }
-    }
-    free(row);
-    t->data = data;
-    t->nbytes = rb * (size_t)n_out;
-    return data;
-}
-
 /* The stacked experts as backend.cu's upload_stacked lays them out: one tensor's rows in order. */
-static struct cuda_weight upload(const struct pxq_tensor *t, size_t *row_q, size_t *row_s) {
-    struct cuda_weight w = {cuda_wfmt_of(t->type), (int)t->ne[0], (int)t->ne[1], NULL, NULL};
+/* upload(t), and the bytes of one row of its quants and scales */
+static struct cuda_weight upload_sizes(const struct pxq_tensor *t, size_t *row_q, size_t *row_s) {
     size_t qb, sb;
-    cuda_weight_sizes(w.fmt, t->ne[0], t->ne[1], &qb, &sb);
-    void *hq = xmalloc(qb), *hs = xmalloc(sb ? sb : 1);
-    CHECK(cuda_weight_repack(t, 0, t->ne[1], hq, hs) == 0, "repack %s", t->name);
-    w.q = dev_put(hq, qb);
-    w.s = sb ? dev_put(hs, sb) : NULL;
+    cuda_weight_sizes(cuda_wfmt_of(t->type), t->ne[0], t->ne[1], &qb, &sb);
     *row_q = qb / (size_t)t->ne[1], *row_s = sb / (size_t)t->ne[1];
-    free(hq), free(hs);
-    return w;
+    return upload(t);
 }
 
 /* k distinct random experts per token (n_expert >= k); expert 0 for every token's first slot so
@@ -310,7 +237,7 @@ static void test_gathered(void) {
                 struct pxq_tensor t;
                 void *data = make_tensor(&t, type, n_in, ne * rpe);
                 size_t row_q, row_s;
-                struct cuda_weight w = upload(&t, &row_q, &row_s);
+                struct cuda_weight w = upload_sizes(&t, &row_q, &row_s);
                 const int n_x = by_pair ? n_pairs : n_tok;
                 float *x = xmalloc((size_t)n_x * n_in * sizeof(float)), *wr = xmalloc((size_t)n_in * sizeof(float));
                 float *got = xmalloc((size_t)n_pairs * ldy * sizeof(float));
@@ -330,7 +257,7 @@ static void test_gathered(void) {
                 }
                 float *dx = dev_put(x, (size_t)n_x * n_in * sizeof(float));
                 int32_t *dids = dev_put(ids, (size_t)n_pairs * sizeof(int32_t));
-                float *dy = dev_poison((size_t)n_pairs * ldy * sizeof(float));
+                float *dy = dev_poison_bytes((size_t)n_pairs * ldy * sizeof(float));
                 moe_gemv_cuda(dy, ldy, &w, rpe, dids, dx, by_pair, n_pairs, k, 0);
                 dev_get(got, dy, (size_t)n_pairs * ldy * sizeof(float));
                 int gap_ok;
@@ -341,15 +268,15 @@ static void test_gathered(void) {
                 CHECK(gap_ok, "moe_gemv %s: wrote past the rows of a pair", type_name(type));
                 if (matmul_q8_supported(w.fmt) && n_in % 32 == 0) {
                     /* int8 activations: x quantized on the device, then gathered vs per pair direct */
-                    int8_t *dxq = dev_poison((size_t)n_x * n_in);
-                    float *dxds = dev_poison((size_t)n_x * n_in / 32 * 2 * sizeof(float));
+                    int8_t *dxq = dev_poison_bytes((size_t)n_x * n_in);
+                    float *dxds = dev_poison_bytes((size_t)n_x * n_in / 32 * 2 * sizeof(float));
                     quantize_q8_cuda(dxq, dxds, dx, (int64_t)n_x * n_in, 0);
                     CK(cudaMemset(dy, 0xff, (size_t)n_pairs * ldy * sizeof(float)));
                     moe_q8_cuda(dy, ldy, &w, rpe, dids, dxq, dxds, by_pair, n_pairs, k, 0);
                     dev_get(got, dy, (size_t)n_pairs * ldy * sizeof(float));
                     e = err_rows(got, ref, n_pairs, rpe, ldy, &gap_ok);
                     CHECK(gap_ok, "moe_q8 %s: wrote past the rows of a pair", type_name(type));
-                    float *dd = dev_poison((size_t)n_pairs * rpe * sizeof(float));
+                    float *dd = dev_poison_bytes((size_t)n_pairs * rpe * sizeof(float));
                     for (int p = 0; p < n_pairs; p++) { /* the expert's own rows through matmul_q8_cuda */
                         const int q = by_pair ? p : p / k;
                         struct cuda_weight v = w;
@@ -396,8 +323,8 @@ static void test_sorted(void) {
         int32_t *tiles = xmalloc((size_t)max_tiles * 3 * sizeof(int32_t)), n_tiles = -1;
         random_ids(ids, n_tok, k, ne);
         int32_t *dids = dev_put(ids, (size_t)n_pairs * sizeof(int32_t));
-        int32_t *dorder = dev_poison((size_t)n_pairs * sizeof(int32_t)), *dtiles = dev_poison((size_t)max_tiles * 3 * 4);
-        int32_t *dnt = dev_poison(sizeof(int32_t));
+        int32_t *dorder = dev_poison_bytes((size_t)n_pairs * sizeof(int32_t)), *dtiles = dev_poison_bytes((size_t)max_tiles * 3 * 4);
+        int32_t *dnt = dev_poison_bytes(sizeof(int32_t));
         moe_sort_cuda(dorder, dtiles, dnt, dids, n_pairs, ne, 0);
         dev_get(order, dorder, (size_t)n_pairs * sizeof(int32_t));
         dev_get(tiles, dtiles, (size_t)max_tiles * 3 * sizeof(int32_t));
@@ -426,13 +353,13 @@ static void test_sorted(void) {
                 struct pxq_tensor t;
                 void *data = make_tensor(&t, type, n_in, ne * rpe);
                 size_t row_q, row_s;
-                struct cuda_weight w = upload(&t, &row_q, &row_s);
+                struct cuda_weight w = upload_sizes(&t, &row_q, &row_s);
                 const int n_x = by_pair ? n_pairs : n_tok;
                 float *x = xmalloc((size_t)n_x * n_in * sizeof(float));
                 float *a = xmalloc((size_t)n_pairs * ldy * sizeof(float)), *b = xmalloc((size_t)n_pairs * ldy * sizeof(float));
                 fill(x, (size_t)n_x * n_in, 1.0f);
                 float *dx = dev_put(x, (size_t)n_x * n_in * sizeof(float));
-                float *dya = dev_poison((size_t)n_pairs * ldy * sizeof(float)), *dyb = dev_poison((size_t)n_pairs * ldy * sizeof(float));
+                float *dya = dev_poison_bytes((size_t)n_pairs * ldy * sizeof(float)), *dyb = dev_poison_bytes((size_t)n_pairs * ldy * sizeof(float));
                 moe_gemv_cuda(dya, ldy, &w, rpe, dids, dx, by_pair, n_pairs, k, 0);
                 moe_gemv_tiles_cuda(dyb, ldy, &w, rpe, dorder, dtiles, dnt, max_tiles, dx, by_pair, k, 0);
                 dev_get(a, dya, (size_t)n_pairs * ldy * sizeof(float));

@@ -22,95 +22,13 @@ int main(void) { return cuda_test_gate("test_cuda_ops"); }
 #include <stdint.h>
 
 #include "cuda/ops_cuda.h"
+#include "test_cuda_weights.h"
 #include "ops_cpu.h"
 #include "quant.h"
 #include "threadpool.h"
 #include "util.h"
 
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint32_t rnd_u32(void) {
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-static float rnd_f(void) { return (float)rnd_u32() / 4294967296.0f * 2.0f - 1.0f; } /* [-1, 1) */
-static void fill(float *x, size_t n, float scale) {
-    for (size_t i = 0; i < n; i++) x[i] = rnd_f() * scale;
-}
 
-#define CK(call)                                                                              \
-    do {                                                                                      \
-        cudaError_t e_ = (call);                                                              \
-        if (e_ != cudaSuccess) {                                                              \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                          \
-        }                                                                                     \
-    } while (0)
-
-static void *dev_put(const void *h, size_t bytes) {
-    void *d;
-    CK(cudaMalloc(&d, bytes ? bytes : 1));
-    if (bytes) CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
-    return d;
-}
-static float *dev_poison(size_t n) { /* NaN everywhere */
-    float *d;
-    CK(cudaMalloc((void **)&d, n * sizeof(float)));
-    CK(cudaMemset(d, 0xff, n * sizeof(float)));
-    return d;
-}
-static void dev_get(void *h, const void *d, size_t bytes) {
-    CK(cudaDeviceSynchronize());
-    CK(cudaGetLastError());
-    CK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
-}
-
-/* A random [n_out][n_in] tensor of type t: quantize_row where it can, else random blocks with sane
- * f16 scales (every bit pattern of the quants is a valid weight). */
-static void *make_tensor(struct pxq_tensor *t, enum pxq_type type, int n_in, int n_out) {
-    memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "test.%s", type_name(type));
-    t->type = type;
-    t->n_dims = 2;
-    t->ne[0] = n_in, t->ne[1] = n_out, t->ne[2] = t->ne[3] = 1;
-    size_t rb = type_row_bytes(type, n_in);
-    uint8_t *data = xmalloc(rb * (size_t)n_out);
-    float *row = xmalloc((size_t)n_in * sizeof(float));
-    for (int r = 0; r < n_out; r++) {
-        fill(row, (size_t)n_in, 0.5f);
-        uint8_t *dst = data + (size_t)r * rb;
-        if (quantize_row(type, row, dst, n_in) == 0) continue;
-        for (size_t i = 0; i < rb; i++) dst[i] = (uint8_t)rnd_u32();
-        size_t bb = type_block_bytes(type);
-        for (size_t b = 0; b < rb / bb; b++) {
-            uint8_t *blk = dst + b * bb;
-            uint16_t d = f32_to_fp16(0.002f + 0.01f * (rnd_f() + 1)), m = f32_to_fp16(0.01f * rnd_f());
-            switch (type) {
-            case PXQ_TYPE_Q5_0: memcpy(blk, &d, 2); break;
-            case PXQ_TYPE_Q5_1:
-            case PXQ_TYPE_Q4_K:
-            case PXQ_TYPE_Q5_K: memcpy(blk, &d, 2), memcpy(blk + 2, &m, 2); break;
-            case PXQ_TYPE_Q6_K: memcpy(blk + 208, &d, 2); break;
-            default: die("no generator for %s", type_name(type));
-            }
-        }
-    }
-    free(row);
-    t->data = data;
-    t->nbytes = rb * (size_t)n_out;
-    return data;
-}
-
-static struct cuda_weight upload(const struct pxq_tensor *t) {
-    struct cuda_weight w = {cuda_wfmt_of(t->type), (int)t->ne[0], (int)t->ne[1], NULL, NULL};
-    size_t qb, sb;
-    cuda_weight_sizes(w.fmt, t->ne[0], t->ne[1], &qb, &sb);
-    void *hq = xmalloc(qb), *hs = xmalloc(sb ? sb : 1);
-    CHECK(cuda_weight_repack(t, 0, t->ne[1], hq, hs) == 0, "repack %s", t->name);
-    w.q = dev_put(hq, qb);
-    w.s = sb ? dev_put(hs, sb) : NULL;
-    free(hq), free(hs);
-    return w;
-}
 
 static void weight_free(struct cuda_weight *w) {
     cudaFree((void *)w->q);

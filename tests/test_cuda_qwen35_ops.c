@@ -30,6 +30,7 @@
  * -128 (never a quantized value: q is in [-127, 127]).
  * Each op's error is printed; then timings of the delta rule on the 27B's shape (bench_rule; printed,
  * not checked; PXQ_TEST_NO_BENCH=1 skips them). */
+#define TEST_RNG_SEED 0x2545f4914f6cdd1dull
 #include "test_cuda_common.h"
 #include "testutil.h"
 
@@ -41,16 +42,6 @@ int main(void) { return cuda_test_gate("test_cuda_qwen35_ops"); }
 
 #include "cuda/ops_qwen35_cuda.h"
 
-static uint64_t rng = 0x2545f4914f6cdd1dull;
-static uint32_t rnd_u32(void) {
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-static float rnd_u(void) { return (float)rnd_u32() / 4294967296.0f; }  /* [0, 1) */
-static float rnd_f(void) { return rnd_u() * 2.0f - 1.0f; }             /* [-1, 1) */
-static void fill(float *x, size_t n, float scale) {
-    for (size_t i = 0; i < n; i++) x[i] = rnd_f() * scale;
-}
 
 static void *xmalloc_t(size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
@@ -62,37 +53,11 @@ static void *xmalloc_t(size_t bytes) {
 }
 #define ALLOC(type, n) ((type *)xmalloc_t((size_t)(n) * sizeof(type)))
 
-#define CK(call)                                                                                  \
-    do {                                                                                          \
-        cudaError_t e_ = (call);                                                                  \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
-
-static void *dev_put(const void *h, size_t bytes) {
-    void *d;
-    CK(cudaMalloc(&d, bytes ? bytes : 1));
-    if (bytes) CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
-    return d;
-}
-static void *dev_poison(size_t bytes) { /* 0xff bytes: NaN floats, -1 int8 */
-    void *d;
-    CK(cudaMalloc(&d, bytes ? bytes : 1));
-    CK(cudaMemset(d, 0xff, bytes));
-    return d;
-}
 static int8_t *dev_poison_i8(size_t n) { /* -128 */
     int8_t *d;
     CK(cudaMalloc((void **)&d, n ? n : 1));
     CK(cudaMemset(d, 0x80, n));
     return d;
-}
-static void dev_get(void *h, const void *d, size_t bytes) {
-    CK(cudaDeviceSynchronize());
-    CK(cudaGetLastError());
-    CK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
 }
 
 static double silu_d(double x) { return x / (1.0 + exp(-x)); }
@@ -178,7 +143,7 @@ static void test_conv(const struct shape *s, const struct runs *r) {
     }
     struct druns d = druns_put(r);
     float *dx = dev_put(x, (size_t)n * C * 4), *dw = dev_put(w, (size_t)C * K * 4), *dst = dev_put(st, sn * 4);
-    float *dy = dev_poison((size_t)n * C * 4);
+    float *dy = dev_poison_bytes((size_t)n * C * 4);
     ssm_conv_cuda(dy, dst + (size_t)DL * s->layer_floats, seq_stride(s), dx, dw, C, K, d.seq, d.off, d.tok, r->n_runs, 0);
     dev_get(got, dy, (size_t)n * C * 4);
     dev_get(st_got, dst, sn * 4);
@@ -312,7 +277,7 @@ static void test_rule(const struct shape *s, const struct runs *r, int v_tiled, 
     rule_ref(ref, st_ref, s, r, qkv, ba, v_tiled);
     struct druns d = druns_put(r);
     float *dq = dev_put(qkv, (size_t)n * C * 4), *dba = dev_put(ba, (size_t)n * 2 * nv * 4), *dst = dev_put(st, sn * 4);
-    float *dout = dev_poison((size_t)n * vd * 4);
+    float *dout = dev_poison_bytes((size_t)n * vd * 4);
     (chunked ? gated_delta_rule_chunked_cuda : gated_delta_rule_cuda)(dout, dst + (size_t)DL * s->layer_floats, seq_stride(s), dq, dba, s->nk, nv, s->dk, s->dv, s->K, C, v_tiled, d.seq, d.off, d.tok, r->n_runs, 0);
     dev_get(got, dout, (size_t)n * vd * 4);
     dev_get(st_got, dst, sn * 4);
@@ -380,7 +345,7 @@ static void test_gated_norm(int n_rows, int dv, int with_q8) {
     }
     float *dO = dev_put(o, ne * 4), *dz = dev_put(z, ne * 4), *dw = dev_put(w, (size_t)dv * 4);
     int8_t *dxq = with_q8 ? dev_poison_i8(ne) : NULL;
-    float *dxds = with_q8 ? dev_poison(ne / 32 * 8) : NULL;
+    float *dxds = with_q8 ? dev_poison_bytes(ne / 32 * 8) : NULL;
     gated_rmsnorm_silu_cuda(dO, dxq, dxds, dz, dw, n_rows, dv, eps, 0);
     dev_get(got, dO, ne * 4);
     const double err = norm_err(got, ref, ne);
@@ -408,7 +373,7 @@ static void test_gated_attention(int n, int n_head, int head_dim) {
                 const size_t src = ((size_t)t * n_head + h) * 2 * head_dim + d, dst = ((size_t)t * n_head + h) * head_dim + d;
                 q[dst] = qg[src], gate[dst] = qg[src + head_dim];
             }
-    float *dqg = dev_put(qg, 2 * ne * 4), *dq = dev_poison(ne * 4), *dg = dev_poison(ne * 4);
+    float *dqg = dev_put(qg, 2 * ne * 4), *dq = dev_poison_bytes(ne * 4), *dg = dev_poison_bytes(ne * 4);
     split_q_gate_cuda(dq, dg, dqg, n, n_head, head_dim, 0);
     dev_get(gq, dq, ne * 4);
     dev_get(gg, dg, ne * 4);
@@ -419,7 +384,7 @@ static void test_gated_attention(int n, int n_head, int head_dim) {
     for (int with_q8 = 0; with_q8 < 2; with_q8++) {
         float *da = dev_put(att, ne * 4);
         int8_t *dxq = with_q8 ? dev_poison_i8(ne) : NULL;
-        float *dxds = with_q8 ? dev_poison(ne / 32 * 8) : NULL;
+        float *dxds = with_q8 ? dev_poison_bytes(ne / 32 * 8) : NULL;
         sigmoid_gate_cuda(da, dxq, dxds, dg, (int64_t)ne, 0);
         dev_get(gq, da, ne * 4);
         const double err = norm_err(gq, ref, ne);
