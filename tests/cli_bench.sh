@@ -92,6 +92,9 @@ check "plan: bad --kv-cache-type" 'bad $PXQ plan --load-format dummy --config $P
 check "bench: -b 0" 'bad $PXQ bench -b 0'
 check "bench: -p 0 -n 0" 'bad $PXQ bench -p 0 -n 0'
 check "bench: bad list" 'bad $PXQ bench -b 1,,4'
+check "bench: trailing comma in a list" 'bad $PXQ bench -b 1,4,'
+$PXQ bench --device cuda -m tests/data/no-such.gguf >/dev/null 2>$tmp.err
+check "bench: a missing model is named before any device probe, exit 1" '[ $? = 1 ] && grep -q "no-such.gguf" $tmp.err'
 $PXQ plan --load-format dummy --config tests/data/no-such.json >/dev/null 2>$tmp.err
 check "plan: missing config file, exit 1 naming it" '[ $? = 1 ] && grep -q "no-such.json" $tmp.err'
 exit $fail

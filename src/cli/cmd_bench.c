@@ -18,10 +18,12 @@
  *     head_dim x sum of context lengths x attention layers. % of roofline = TFLOP/s / GEMM rate.
  * KV element size: 4 B on the CPU backend (float32 cache), 2 B (f16) on CUDA.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/resource.h>
 #include <time.h>
 
@@ -67,6 +69,8 @@ static int parse_list(struct args *a, int *out, int lo, int hi) {
         if (end == q || v < lo || v > hi || (*end && *end != ',') || k == MAX_LIST)
             fail(a, 2, "%s expects up to %d comma-separated integers in [%d, %d], got '%s'", flag, MAX_LIST, lo, hi, s);
         out[k++] = (int)v;
+        if (*end == ',' && !end[1]) /* "1,4," */
+            fail(a, 2, "%s expects up to %d comma-separated integers in [%d, %d], got '%s'", flag, MAX_LIST, lo, hi, s);
         q = *end ? end + 1 : end;
     }
     if (k == 0) fail(a, 2, "%s expects a list of integers, got '%s'", flag, s);
@@ -299,6 +303,8 @@ int cmd_bench(int argc, char **argv) {
     const enum pxq_device dev = o.ep.device;
     char err[512] = "";
 
+    /* a model path that does not exist fails here, before the device probe */
+    if (o.model && access(o.model, F_OK) != 0) fail(&a, 1, "%s: %s", o.model, strerror(errno));
     /* roofline first, before the model takes the memory */
     struct roofline rl;
     if (dev == PXQ_DEVICE_CUDA) {
