@@ -475,7 +475,13 @@ static const struct pxq_tensor *bind(struct binder *b, const char *name, int req
     if (b->failed) return NULL;
     const struct pxq_tensor *t = find(b->m, name);
     if (!t) {
-        if (required) b->failed = set_err(b->err, b->errlen, "%s: missing tensor '%s'", b->m->path, name);
+        const char *sn, *sd;
+        const int n_skip = b->m->st ? st_n_skipped(b->m->st, &sn, &sd) : 0;
+        if (required && n_skip)
+            b->failed = set_err(b->err, b->errlen, "%s: missing tensor '%s' (%d tensors of dtypes PXQ does not read were "
+                                "left out, e.g. '%s' %s; PXQ reads F32, F16 and BF16)", b->m->path, name, n_skip, sn, sd);
+        else if (required)
+            b->failed = set_err(b->err, b->errlen, "%s: missing tensor '%s'", b->m->path, name);
         return NULL;
     }
     int64_t want[4] = {ne0, ne1, ne2, 1};

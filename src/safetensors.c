@@ -38,6 +38,9 @@ struct st_model {
     struct st_shard   *shards;
     int               *hash;    /* open addressing, slot = index + 1 */
     uint32_t           hcap;
+    /* tensors of dtypes PXQ does not read (I64 position ids, ...): validated, then left out */
+    int                n_skipped;
+    char               skipped_name[PXQ_NAME_MAX], skipped_dtype[8];
 };
 
 static uint32_t hash_str(const char *s) {
@@ -158,10 +161,7 @@ static int parse_buffer(struct st_model *m, int si, const uint8_t *buf, size_t l
             set_err(err, errlen, "%s: tensor '%s' has unknown dtype '%.32s'", name, tn, jd->valuestring);
             goto out;
         }
-        if (dtypes[k].type < 0) {
-            set_err(err, errlen, "%s: tensor '%s' has dtype %s; PXQ reads F32, F16 and BF16", name, tn, dtypes[k].name);
-            goto out;
-        }
+        const int skip = dtypes[k].type < 0; /* checked like the others below, then left out (as HF and vLLM do) */
         int nd = cJSON_GetArraySize(js);
         if (nd > PXQ_MAX_DIMS) {
             set_err(err, errlen, "%s: tensor '%s' has %d dims (at most %d)", name, tn, nd, PXQ_MAX_DIMS);
@@ -170,7 +170,7 @@ static int parse_buffer(struct st_model *m, int si, const uint8_t *buf, size_t l
         struct pxq_tensor t;
         memset(&t, 0, sizeof t);
         snprintf(t.name, sizeof t.name, "%s", tn);
-        t.type = (enum pxq_type)dtypes[k].type;
+        t.type = skip ? PXQ_TYPE_F32 : (enum pxq_type)dtypes[k].type;
         t.n_dims = nd > 0 ? nd : 1; /* a scalar becomes a 1-element vector */
         for (int i = 0; i < PXQ_MAX_DIMS; i++) t.ne[i] = 1;
         uint64_t nel = 1;
@@ -206,6 +206,13 @@ static int parse_buffer(struct st_model *m, int si, const uint8_t *buf, size_t l
         }
         t.data = data + b0;
         t.nbytes = (size_t)nb;
+        if (skip) {
+            if (!m->n_skipped++) {
+                snprintf(m->skipped_name, sizeof m->skipped_name, "%s", tn);
+                snprintf(m->skipped_dtype, sizeof m->skipped_dtype, "%s", dtypes[k].name);
+            }
+            continue;
+        }
         if (m->n == m->cap) {
             m->cap = m->cap ? 2 * m->cap : 64;
             m->t = xrealloc(m->t, (size_t)m->cap * sizeof *m->t);
@@ -344,4 +351,10 @@ const struct pxq_tensor *st_find_tensor(const struct st_model *m, const char *na
         s = (s + 1) & (m->hcap - 1);
     }
     return NULL;
+}
+
+int st_n_skipped(const struct st_model *m, const char **first_name, const char **first_dtype) {
+    if (first_name) *first_name = m->skipped_name;
+    if (first_dtype) *first_dtype = m->skipped_dtype;
+    return m->n_skipped;
 }

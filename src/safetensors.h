@@ -31,6 +31,9 @@ void st_close(struct st_model *m);
 int st_n_tensors(const struct st_model *m);
 const struct pxq_tensor *st_tensor(const struct st_model *m, int i);
 const struct pxq_tensor *st_find_tensor(const struct st_model *m, const char *name);
+/* Tensors left out for a dtype PXQ does not read (I64, I32, U8, F64, ...; their entries are still
+ * validated): the count, and the first one's name and dtype. */
+int st_n_skipped(const struct st_model *m, const char **first_name, const char **first_dtype);
 
 /* Parse a safetensors image already in memory (used by the fuzzer and st_open_file).
  * buf must outlive the model; name is used in messages. */

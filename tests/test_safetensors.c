@@ -229,8 +229,9 @@ static void test_handmade(void) {
     } bad[] = {
         {"not JSON", "{\"w\":{\"dtype\":", 0, "JSON"},
         {"JSON array", "[1,2,3]", 0, "object"},
-        {"dtype I64", "{\"ids\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[0,16]}}", 16, "tensor 'ids' has dtype I64"},
-        {"dtype BOOL", "{\"mask\":{\"dtype\":\"BOOL\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2, "BOOL"},
+        /* tensors of dtypes PXQ does not read are left out, but checked like the others */
+        {"I64 past data", "{\"ids\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[8,24]}}", 16, "extends past"},
+        {"BOOL size mismatch", "{\"mask\":{\"dtype\":\"BOOL\",\"shape\":[2],\"data_offsets\":[0,3]}}", 3, "BOOL need 2"},
         {"dtype unknown", "{\"w\":{\"dtype\":\"Q4\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2, "unknown dtype"},
         {"size mismatch", "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,20]}}", 24, "need 24"},
         {"end < begin", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", 24, "'w'"},
@@ -272,6 +273,22 @@ static void test_handmade(void) {
     expect_bad(p, len, "NUL in header", "NUL");
     free(p);
     fprintf(stderr, "  hand-made: %zu bad headers and every truncation rejected\n", sizeof bad / sizeof bad[0] + 4);
+    { /* an I64 buffer (HF position_ids) beside a weight: the weight loads, the buffer is left out */
+        p = make_st("{\"position_ids\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[0,16]},"
+                    "\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[16,24]}}", 24, &len);
+        char err[256] = "";
+        struct st_model *m = st_open_buffer(p, len, "buffers.safetensors", err, sizeof err);
+        CHECK(m != NULL, "I64 buffer beside a weight: %s", err);
+        if (m) {
+            const char *sn = NULL, *sd = NULL;
+            const int ns = st_n_skipped(m, &sn, &sd);
+            CHECK(st_n_tensors(m) == 1 && st_find_tensor(m, "w") && !st_find_tensor(m, "position_ids"),
+                  "I64 buffer: %d tensors", st_n_tensors(m));
+            CHECK(ns == 1 && !strcmp(sn, "position_ids") && !strcmp(sd, "I64"), "skipped %d '%s' %s", ns, sn, sd);
+        }
+        st_close(m);
+        free(p);
+    }
 }
 
 static void write_file(const char *dir, const char *name, const void *p, size_t n) {
