@@ -478,8 +478,8 @@ static const struct pxq_tensor *bind(struct binder *b, const char *name, int req
         const char *sn, *sd;
         const int n_skip = b->m->st ? st_n_skipped(b->m->st, &sn, &sd) : 0;
         if (required && n_skip)
-            b->failed = set_err(b->err, b->errlen, "%s: missing tensor '%s' (%d tensors of dtypes PXQ does not read were "
-                                "left out, e.g. '%s' %s; PXQ reads F32, F16 and BF16)", b->m->path, name, n_skip, sn, sd);
+            b->failed = set_err(b->err, b->errlen, "%s: missing tensor '%s' (left out for a dtype PXQ does not read: "
+                                "'%s' %s and %d more; PXQ reads F32, F16 and BF16)", b->m->path, name, sn, sd, n_skip - 1);
         else if (required)
             b->failed = set_err(b->err, b->errlen, "%s: missing tensor '%s'", b->m->path, name);
         return NULL;

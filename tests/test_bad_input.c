@@ -357,6 +357,26 @@ int main(void) {
     if (realpath(cfg, abs)) CHECK(symlink(abs, path2) == 0, "symlink");
     expect_clean_failure("tensor with the wrong shape", (char *[]){"info", dir, NULL}, "expected");
     free(cfg2);
+    { /* a weight stored as I32 (same bytes as F32): left out by the reader, named by the binder */
+        char cfgp[400]; /* the fixture's own config back (the one above claims a bigger hidden size) */
+        snprintf(cfgp, sizeof cfgp, "%s/random-qwen2/config.json", test_data_dir());
+        char *cfg3 = read_file(cfgp, 1 << 20, &len, NULL, 0);
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        if (cfg3) write_bytes(path, cfg3, len);
+        free(cfg3);
+        size_t sl;
+        char *st = read_file(cfg, 64 << 20, &sl, NULL, 0);
+        char *dt = st ? strstr(st + 8, "\"F32\"") : NULL;
+        CHECK(dt != NULL, "fixture has an F32 tensor");
+        if (dt) {
+            dt[1] = 'I';
+            unlink(path2);
+            write_bytes(path2, st, sl);
+            expect_clean_failure("a weight of a dtype PXQ does not read", (char *[]){"info", dir, NULL},
+                                 "dtype PXQ does not read");
+        }
+        free(st);
+    }
     /* non-existent paths */
     expect_clean_failure("non-existent model", (char *[]){"run", "-m", "/nonexistent/model.gguf", "-p", "x", NULL}, "/nonexistent");
     expect_clean_failure("non-existent prompt file", (char *[]){"run", "-f", "/nonexistent/prompt.txt", NULL}, "/nonexistent");
