@@ -26,18 +26,9 @@ int main(void) {
 #include <cuda_runtime_api.h>
 
 #include "cuda/ops_cuda.h"
+#include "test_cuda_common.h" /* CK, and the xorshift state rng (default seed) */
 #include "util.h"
 
-#define CK(call)                                                                                  \
-    do {                                                                                          \
-        cudaError_t e_ = (call);                                                                  \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static uint64_t rnd64(void) {
     rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
     return rng;

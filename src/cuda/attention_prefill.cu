@@ -61,12 +61,6 @@ extern "C" size_t attention_prefill_smem_bytes(int head_dim) {
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 
-/* Element offset of position p's row in a layer of the paged cache (the layout of ops_cuda.h, as
- * kv_off in ops.cu). */
-static __device__ __forceinline__ size_t pf_kv_off(const cuda_kv &kv, int l, const int32_t *tab, int p) {
-    return (((size_t)tab[p / kv.block_size] * kv.n_layer_kv + l) * kv.block_size + p % kv.block_size) * kv.kv_dim;
-}
-
 /* 16 bytes global -> shared, asynchronous; ok == 0 writes 16 zero bytes and reads nothing. */
 static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int ok) {
     const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
@@ -161,7 +155,7 @@ __global__ void __launch_bounds__(PF_THREADS)
 #pragma unroll
         for (int it = 0; it < BN * (D / 8) / PF_THREADS; it++) {
             const int i = tid + it * PF_THREADS, r = i / (D / 8), c = (i - r * (D / 8)) * 8, p = j * BN + r, ok = p <= p_end;
-            const size_t off = ok ? pf_kv_off(kv, l, tab, p) + (size_t)kvh * D + c : 0;
+            const size_t off = ok ? kv_off(kv, l, tab, p) + (size_t)kvh * D + c : 0;
             cp_async16(Ks + r * SD + c, (const __half *)kv.k + off, ok);
             cp_async16(Vs + r * SD + c, (const __half *)kv.v + off, ok);
         }

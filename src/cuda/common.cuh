@@ -1,10 +1,13 @@
-/* common.cuh - warp reductions and bit conversions shared by the CUDA kernels. */
+/* common.cuh - warp reductions, bit conversions, the int8 grouping of activations, the paged-KV
+ * address and the grid size shared by the CUDA kernels. */
 #ifndef PXQ_CUDA_COMMON_CUH
 #define PXQ_CUDA_COMMON_CUH
 
 #include <stdint.h>
 
 #include <cuda_fp16.h>
+
+#include "cuda/ops_cuda.h"
 
 #define FULL_MASK 0xffffffffu
 
@@ -22,5 +25,27 @@ static __device__ __forceinline__ float warp_max(float v) {
 
 static __device__ __forceinline__ float bf16_bits_to_f32(uint32_t b) { return __uint_as_float(b << 16); }
 static __device__ __forceinline__ float half_bits_to_f32(uint16_t b) { return __half2float(__ushort_as_half(b)); }
+
+/* The 32 values v of a warp (an aligned group of 32 at flat index i) to int8 as llama.cpp's q8_1:
+ * d = max|v|/127, q = rint(v/d), xds[i/32] = (d, d * sum q) (quantize_q8_cuda's format). */
+static __device__ __forceinline__ void warp_q8(float v, int8_t *xq, float2 *xds, int64_t i) {
+    const float amax = warp_max(fabsf(v)), d = amax / 127.0f;
+    const float q = d > 0.0f ? rintf(v / d) : 0.0f;
+    xq[i] = (int8_t)q;
+    const float s = warp_sum(q);
+    if ((threadIdx.x & 31) == 0) xds[i / 32] = make_float2(d, d * s);
+}
+
+/* Element offset of position p of layer l in the paged cache (layout: ops_cuda.h struct cuda_kv);
+ * tab is the sequence's block table. */
+static __device__ __forceinline__ size_t kv_off(const cuda_kv &kv, int l, const int32_t *tab, int p) {
+    return (((size_t)tab[p / kv.block_size] * kv.n_layer_kv + l) * kv.block_size + p % kv.block_size) * kv.kv_dim;
+}
+
+/* Blocks of `threads` for a grid-stride loop over n items (at least 1, at most 65536). */
+static inline unsigned grid_for(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 65536 ? (b > 0 ? b : 1) : 65536);
+}
 
 #endif

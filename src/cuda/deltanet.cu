@@ -15,21 +15,6 @@
 static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 static __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-/* The 32 values v of a warp (an aligned group of 32 at flat index i) to int8, as quantize_q8_kernel
- * (matmul.cu): d = max|v|/127, q = rint(v/d), xds[i/32] = (d, d * sum q). */
-static __device__ __forceinline__ void warp_q8(float v, int8_t *xq, float2 *xds, int64_t i) {
-    const float amax = warp_max(fabsf(v)), d = amax / 127.0f;
-    const float q = d > 0.0f ? rintf(v / d) : 0.0f;
-    xq[i] = (int8_t)q;
-    const float s = warp_sum(q);
-    if ((threadIdx.x & 31) == 0) xds[i / 32] = make_float2(d, d * s);
-}
-
-static unsigned grid_for(int64_t n, int threads) {
-    int64_t b = (n + threads - 1) / threads;
-    return (unsigned)(b < 65536 ? (b > 0 ? b : 1) : 65536);
-}
-
 extern "C" int deltanet_cuda_supported(int dk, int dv) { return dk >= 1 && dk <= 256 && dv >= 1 && dv <= 4096; }
 
 /* ---- causal depthwise conv + SiLU ---- */

@@ -138,13 +138,8 @@ extern "C" void matmul_gemv_cuda(float *y, const struct cuda_weight *w, const fl
 __global__ void quantize_q8_kernel(int8_t *xq, float2 *xds, const float *x, int64_t n_groups) {
     const int64_t g = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     if (g >= n_groups) return;
-    const int lane = threadIdx.x & 31;
-    const float v = x[g * 32 + lane];
-    const float amax = warp_max(fabsf(v)), d = amax / 127.0f;
-    const float q = d > 0.0f ? rintf(v / d) : 0.0f;
-    xq[g * 32 + lane] = (int8_t)q;
-    const float s = warp_sum(q);
-    if (lane == 0) xds[g] = make_float2(d, d * s);
+    const int64_t i = g * 32 + (threadIdx.x & 31);
+    warp_q8(x[i], xq, xds, i);
 }
 
 extern "C" void quantize_q8_cuda(int8_t *xq, float *xds, const float *x, int64_t n, cudaStream_t st) {

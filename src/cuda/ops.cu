@@ -14,15 +14,6 @@
 
 /* ---- small ops ---- */
 
-/* Quantize the 32 values v of a warp (an aligned group) to int8 as quantize_q8_kernel (matmul.cu). */
-static __device__ __forceinline__ void warp_q8(float v, int8_t *xq, float2 *xds, int64_t i) {
-    const float amax = warp_max(fabsf(v)), d = amax / 127.0f;
-    const float q = d > 0.0f ? rintf(v / d) : 0.0f;
-    xq[i] = (int8_t)q;
-    const float s = warp_sum(q);
-    if ((threadIdx.x & 31) == 0) xds[i / 32] = make_float2(d, d * s);
-}
-
 /* Block per row; the sum of squares in float32 as HF LlamaRMSNorm. Writes out (float) and/or the
  * int8 groups of the q8 mat-vec (xq, xds; n a multiple of 32). A row is latency-bound at decode
  * (one row, one block): each thread keeps its elements (i = tid + k * blockDim, k < V) in registers
@@ -133,14 +124,9 @@ __global__ void swiglu_kernel(float *out, int8_t *xq, float2 *xds, const float *
     }
 }
 
-static unsigned grid_for(int64_t n) {
-    int64_t b = (n + 255) / 256;
-    return (unsigned)(b < 65536 ? (b > 0 ? b : 1) : 65536);
-}
-
 extern "C" void swiglu_cuda(float *out, const float *gate, const float *up, int64_t n, cudaStream_t st) {
     if (n <= 0) return;
-    swiglu_kernel<<<grid_for(n), 256, 0, st>>>(out, NULL, NULL, gate, up, n, n > INT32_MAX ? INT32_MAX : (int)n,
+    swiglu_kernel<<<grid_for(n, 256), 256, 0, st>>>(out, NULL, NULL, gate, up, n, n > INT32_MAX ? INT32_MAX : (int)n,
                                                n > INT32_MAX ? INT32_MAX : (int)n);
 }
 
@@ -148,7 +134,7 @@ extern "C" void swiglu_q8_cuda(float *out, int8_t *xq, float *xds, const float *
                                int ff, int ld, cudaStream_t st) {
     const int64_t n = (int64_t)n_tokens * ff;
     if (n <= 0) return;
-    swiglu_kernel<<<grid_for(n), 256, 0, st>>>(out, xq, (float2 *)xds, gate, up, n, ff, ld);
+    swiglu_kernel<<<grid_for(n, 256), 256, 0, st>>>(out, xq, (float2 *)xds, gate, up, n, ff, ld);
 }
 
 __global__ void add_bias_kernel(float *y, const float *b, int n, int64_t total) {
@@ -158,7 +144,7 @@ __global__ void add_bias_kernel(float *y, const float *b, int n, int64_t total) 
 
 extern "C" void add_bias_cuda(float *y, const float *b, int n_rows, int n, cudaStream_t st) {
     int64_t total = (int64_t)n_rows * n;
-    add_bias_kernel<<<grid_for(total), 256, 0, st>>>(y, b, n, total);
+    add_bias_kernel<<<grid_for(total, 256), 256, 0, st>>>(y, b, n, total);
 }
 
 __global__ void add_residual_kernel(float *x, const float *y, int64_t n) {
@@ -167,14 +153,10 @@ __global__ void add_residual_kernel(float *x, const float *y, int64_t n) {
 }
 
 extern "C" void add_residual_cuda(float *x, const float *y, int64_t n, cudaStream_t st) {
-    add_residual_kernel<<<grid_for(n), 256, 0, st>>>(x, y, n);
+    add_residual_kernel<<<grid_for(n, 256), 256, 0, st>>>(x, y, n);
 }
 
 /* ---- paged KV ---- */
-
-static __device__ __forceinline__ size_t kv_off(const cuda_kv &kv, int l, const int32_t *tab, int p) {
-    return (((size_t)tab[p / kv.block_size] * kv.n_layer_kv + l) * kv.block_size + p % kv.block_size) * kv.kv_dim;
-}
 
 __global__ void kv_store_kernel(const cuda_kv kv, int l, const float *k, const float *v, const int32_t *pos,
                                 const int32_t *seq_id) {
