@@ -11,7 +11,7 @@ set -u
 BUILD=${BUILD:-build}
 PXQ=$BUILD/pxq
 fail=0
-check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1"; fail=1; fi; }
+. tests/lib.sh
 tmp=/tmp/pxq-cli-bench.$$
 trap 'rm -f $tmp.*' EXIT
 

@@ -8,7 +8,7 @@ BUILD=${BUILD:-build}
 PXQ=$BUILD/pxq
 D=tests/data
 fail=0
-check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1"; fail=1; fi; }
+. tests/lib.sh
 
 out=$($PXQ run -p "Once upon a time" -n 16 --seed 7 -t 2 2>/tmp/pxq-run-err.$$)
 check "run prints generated text on stdout" '[ -n "$out" ]'
@@ -31,12 +31,10 @@ check "tokenize matches the HF ids" '[ "$ids" = "[46, 1413, 860, 258, 625, 11, 4
 info=$($PXQ info $D/gguf/tiny-qwen3-Q4_0.gguf)
 check "info names the architecture and types" 'printf "%s" "$info" | grep -q "architecture: qwen3" && printf "%s" "$info" | grep -q "q4_0"'
 
-ppl() { $PXQ perplexity -m "$1" -f $D/frankenstein.txt -c 256 --chunks 64 --json -t 2 2>/dev/null | tail -n 1 | sed 's/.*"ppl": \([0-9.]*\).*/\1/'; }
-within() { awk -v x="$1" -v r="$2" -v tol="$3" 'BEGIN { d = (x - r) / r; if (d < 0) d = -d; exit !(x > 0 && d <= tol) }'; }
 for spec in "$D/tiny-qwen3 0.005" "$D/gguf/tiny-qwen3-bf16.gguf 0.005" "$D/gguf/tiny-qwen3-Q8_0.gguf 0.03" \
             "$D/gguf/tiny-qwen3-Q4_0.gguf 0.03" "models/tiny-qwen3-Q4_K_M.gguf 0.03"; do
     set -- $spec
-    p=$(ppl "$1")
+    p=$(ppl "$1" -t 2)
     check "perplexity $1 = $p within $2 of 82.253" 'within "$p" 82.253 $2'
 done
 rm -f /tmp/pxq-run-err.$$ /tmp/pxq-prompt.$$

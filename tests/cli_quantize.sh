@@ -13,7 +13,7 @@ PXQ=$BUILD/pxq
 D=tests/data
 M=$D/tiny-qwen3
 fail=0
-check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1"; fail=1; fi; }
+. tests/lib.sh
 tmp=$(mktemp -d /tmp/pxq-cli-quantize.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 out=$tmp/out.gguf

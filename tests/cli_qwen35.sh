@@ -9,7 +9,7 @@ BUILD=${BUILD:-build}
 PXQ=$BUILD/pxq
 D=tests/data/qwen35
 fail=0
-check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1"; fail=1; fi; }
+. tests/lib.sh
 if [ ! -f $D/tiny-qwen35/config.json ]; then echo "FAIL: no $D/tiny-qwen35"; exit 1; fi
 
 info=$($PXQ info $D/tiny-qwen35-Q4_0.gguf)
@@ -19,11 +19,9 @@ g=$($PXQ run -m $D/tiny-qwen35 -p "Once upon a time, there was a little girl nam
 want=$(printf ' She was\nsick, and was a little more a little, and she')
 check "greedy run continues as HF generate" '[ "$g" = "$want" ]'
 
-ppl() { $PXQ perplexity -m "$1" -f tests/data/frankenstein.txt -c 256 --chunks 64 --json -t 2 2>/dev/null | tail -n 1 | sed 's/.*"ppl": \([0-9.]*\).*/\1/'; }
-within() { awk -v x="$1" -v r="$2" -v tol="$3" 'BEGIN { d = (x - r) / r; if (d < 0) d = -d; exit !(x > 0 && d <= tol) }'; }
 for spec in "$D/tiny-qwen35 0.005" "$D/tiny-qwen35-Q8_0.gguf 0.03" "$D/tiny-qwen35-Q4_0.gguf 0.03" "$D/tiny-qwen35-Q4_K_M.gguf 0.03"; do
     set -- $spec
-    p=$(ppl "$1")
+    p=$(ppl "$1" -t 2)
     check "perplexity $1 = $p within $2 of 91.447" 'within "$p" 91.447 $2'
 done
 exit $fail

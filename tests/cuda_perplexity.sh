@@ -8,9 +8,7 @@ BUILD=${BUILD:-build}
 PXQ=$BUILD/pxq
 D=tests/data
 fail=0
-check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1"; fail=1; fi; }
-ppl() { $PXQ perplexity --device cuda -m "$1" -f $D/frankenstein.txt -c 256 --chunks 64 --json 2>/dev/null | tail -n 1 | sed 's/.*"ppl": \([0-9.]*\).*/\1/'; }
-within() { awk -v x="$1" -v r="$2" -v tol="$3" 'BEGIN { d = (x - r) / r; if (d < 0) d = -d; exit !(x > 0 && d <= tol) }'; }
+. tests/lib.sh
 for spec in "$D/tiny-qwen3 82.253 0.005" "$D/gguf/tiny-qwen3-Q8_0.gguf 82.253 0.03" "$D/gguf/tiny-qwen3-Q4_0.gguf 82.253 0.03" \
     "models/tiny-qwen3-Q4_K_M.gguf 82.253 0.03" "$D/qwen35/tiny-qwen35 91.447 0.005" \
     "$D/qwen35/tiny-qwen35-Q8_0.gguf 91.447 0.03" "$D/qwen35/tiny-qwen35-Q4_0.gguf 91.447 0.03" \
@@ -18,7 +16,7 @@ for spec in "$D/tiny-qwen3 82.253 0.005" "$D/gguf/tiny-qwen3-Q8_0.gguf 82.253 0.
     set -- $spec
     f=$1 ref=$2 tol=$3
     [ -e "$f" ] || { echo "skip $f (not in this tree)"; continue; }
-    p=$(ppl "$f")
+    p=$(ppl "$f" --device cuda)
     check "cuda perplexity $f = $p within $tol of $ref" 'within "$p" $ref $tol'
 done
 exit $fail
