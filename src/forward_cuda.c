@@ -129,7 +129,7 @@ static int moe_plan(const struct pxq_hparams *hp, const struct pxq_layer *L, int
 }
 
 void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *p, size_t max_in, size_t max_mat,
-                  struct cuda_bufs *bf) {
+                  size_t w16_max, struct cuda_bufs *bf) {
     memset(bf, 0, sizeof *bf);
     const size_t nb = (size_t)p->n_batch, d = (size_t)hp->n_embd, hd = (size_t)hp->head_dim;
     const size_t q_dim = (size_t)hp->n_head * hd, kv_dim = (size_t)hp->n_head_kv * hd, ff = (size_t)hp->n_ff;
@@ -177,7 +177,7 @@ void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *
         bf->xq = bf->moe_hb / 3;
         bf->xds = bf->xq / 32 * 2 + 2;
     }
-    bf->w16 = 2 * (max_mat < CUDA_W16_MAX_ELEMS / 2 ? max_mat : CUDA_W16_MAX_ELEMS / 2); /* two tile buffers */
+    bf->w16 = 2 * (max_mat < w16_max / 2 ? max_mat : w16_max / 2); /* two tile buffers */
     bf->part_o = part_rows * hd;
     bf->part_ml = part_rows * 2;
 }
@@ -264,12 +264,16 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
     plan->kv_per_token = (size_t)n_layer_kv * kv_dim * 2 * (size_t)kv_elt;
     plan->kv_tokens = (int64_t)p->kv_blocks * p->kv_block_size;
     plan->kv = 2 * al((size_t)plan->kv_tokens * plan->kv_per_token / 2);
-    struct cuda_bufs bf;
-    cuda_bufs_of(hp, p, max_in, max_mat, &bf);
-    size_t logits;
-    cuda_bufs_bytes(&bf, &plan->activations, &logits, &plan->workspace, &plan->state);
-    plan->activations += logits;
-    plan->total = plan->weights + plan->kv + plan->state + plan->activations + plan->workspace;
+    for (int small = 0; small < 2; small++) { /* whole-matrix tiles, or the small ones if over budget */
+        struct cuda_bufs bf;
+        plan->w16_max = small ? CUDA_W16_SMALL_ELEMS : CUDA_W16_MAX_ELEMS;
+        cuda_bufs_of(hp, p, max_in, max_mat, plan->w16_max, &bf);
+        size_t logits;
+        cuda_bufs_bytes(&bf, &plan->activations, &logits, &plan->workspace, &plan->state);
+        plan->activations += logits;
+        plan->total = plan->weights + plan->kv + plan->state + plan->activations + plan->workspace;
+        if (!p->gpu_mem || plan->total <= p->gpu_mem) break;
+    }
     return 0;
 }
 

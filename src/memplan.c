@@ -125,14 +125,21 @@ static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const s
     ep.kv_block_size = p->kv_block_size;
     size_t max_in, max_mat, state;
     cuda_widths_of(hp, &max_in, &max_mat);
-    struct cuda_bufs bf;
-    cuda_bufs_of(hp, &ep, max_in, max_mat, &bf);
-    cuda_bufs_bytes(&bf, &mp->act_bytes, &mp->logits_bytes, &mp->workspace, &state);
-    mp->workspace = mp->workspace - CUDA_CUBLAS_WS + p->workspace;
-    mp->state_bytes = state;
     const int64_t positions = ((int64_t)n_ctx + p->kv_block_size - 1) / p->kv_block_size * p->kv_block_size * p->n_seq;
     const size_t kv = mp->kv_bytes_per_token * (size_t)positions;
-    return memplan_arena_weight_bytes(mp, hp) + kv + mp->state_bytes + mp->act_bytes + mp->logits_bytes + mp->workspace;
+    size_t total = 0;
+    for (int small = 0; small < 2; small++) { /* the backend's choice (cuda_mem_plan): small tiles if over budget */
+        struct cuda_bufs bf;
+        mp->w16_elems = small ? CUDA_W16_SMALL_ELEMS : CUDA_W16_MAX_ELEMS;
+        cuda_bufs_of(hp, &ep, max_in, max_mat, mp->w16_elems, &bf);
+        cuda_bufs_bytes(&bf, &mp->act_bytes, &mp->logits_bytes, &mp->workspace, &state);
+        mp->w16_elems = bf.w16, mp->w16_small = small;
+        mp->workspace = mp->workspace - CUDA_CUBLAS_WS + p->workspace;
+        mp->state_bytes = state;
+        total = memplan_arena_weight_bytes(mp, hp) + kv + mp->state_bytes + mp->act_bytes + mp->logits_bytes + mp->workspace;
+        if (!p->budget || total <= p->budget) break;
+    }
+    return total;
 }
 
 int memplan_compute(struct memplan *mp, const struct pxq_hparams *hp, const struct memplan_params *p, char *err,
@@ -232,8 +239,9 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
     fprintf(f, "  %-18s %12s  %d rows x %d vocab x 4 B (lm_head runs over at most %d rows at a time)\n", "logits",
             hsize(a, sizeof a, (double)mp->logits_bytes), p->n_batch < CUDA_LOGITS_ROWS ? p->n_batch : CUDA_LOGITS_ROWS,
             hp->n_vocab, CUDA_LOGITS_ROWS);
-    fprintf(f, "  %-18s %12s  f16 prefill weight tiles, int8 activations, attention partials, cuBLAS workspace\n",
-            "workspace", hsize(a, sizeof a, (double)mp->workspace));
+    fprintf(f, "  %-18s %12s  f16 prefill weight tiles (2 x %s%s), int8 activations, attention partials, cuBLAS workspace\n",
+            "workspace", hsize(a, sizeof a, (double)mp->workspace), hsize(b, sizeof b, (double)mp->w16_elems),
+            mp->w16_small ? ": the small tiles, whole-matrix ones exceed the budget" : ""); /* halves of 2 B x w16/2 */
     fprintf(f, "  %-18s %12s  %lld bytes (the arena: the terms above, less a host-resident token_embd)\n", "total", hsize(a, sizeof a, (double)mp->total),
             (long long)mp->total);
     fprintf(f, "  %-18s %12s  estimate, not measured (driver context, kernels, library handles), outside the arena\n",

@@ -10,7 +10,10 @@
  *   rope, neox and interleaved, positions up to 32767            <= 1e-5
  *   fused q/k norm + rope + KV store vs the CPU ops in order      <= 1e-5 (f16 cache rows <= 1e-3)
  *   attention over a shuffled paged cache vs float64, f32 KV     <= 1e-5; f16 KV <= 2e-3
- *     (f16 rounds K and V to 11 bits: 2^-12 relative each), split into 1 or several chunks.
+ *     (f16 rounds K and V to 11 bits: 2^-12 relative each), split into 1 or several chunks;
+ *     the tensor-core decode kernel (f16 KV, sm_80+; q and P also rounded to f16) <= 2e-3, with
+ *     splits that leave warps and whole splits empty, GQA groups of 1 to 16
+ *   the half forms of rmsnorm and swiglu (prefill GEMM operands)  <= 1e-3 (f16 rounding)
  * Every output buffer is poisoned with NaN first, so an unwritten element fails. */
 #include "test_cuda_common.h"
 #include "testutil.h"
@@ -232,6 +235,49 @@ static void test_rmsnorm_widths(void) {
     }
 }
 
+/* The half forms for prefill GEMM operands (rmsnorm_f16_cuda, swiglu_f16_cuda): each half within
+ * f16 rounding of the CPU's float (normalised error <= 1e-3; an f16 has 11 significant bits, so
+ * rounding alone gives about 2e-4), the float output of the norm <= 1e-6 as rmsnorm_cuda's, rows
+ * of 5120 (register-resident) and 9216 (twice-read), stacked gate|up rows for swiglu. Every output
+ * poisoned first (0xffff halves are NaN). */
+static void test_half_forms(void) {
+    const int widths[2] = {5120, 9216}, rows = 5;
+    for (int wi = 0; wi < 2; wi++) {
+        const int n = widths[wi];
+        const size_t nn = (size_t)rows * n;
+        float *x = xmalloc(nn * 4), *g = xmalloc(nn * 4), *gu = xmalloc(2 * nn * 4), *w = xmalloc((size_t)n * 4);
+        float *ref = xmalloc(nn * 4), *got = xmalloc(nn * 4);
+        uint16_t *h16 = xmalloc(nn * 2);
+        fill(x, nn, 3.0f), fill(g, nn, 6.0f), fill(w, (size_t)n, 1.0f);
+        for (int r = 0; r < rows; r++) {
+            memcpy(gu + (size_t)r * 2 * n, g + (size_t)r * n, (size_t)n * 4);
+            memcpy(gu + (size_t)r * 2 * n + n, x + (size_t)r * n, (size_t)n * 4);
+        }
+        float *dx = dev_put(x, nn * 4), *dw = dev_put(w, (size_t)n * 4), *dgu = dev_put(gu, 2 * nn * 4);
+        float *dy = dev_poison(nn);
+        void *d16 = dev_poison_bytes(nn * 2);
+        rmsnorm_cpu(ref, x, w, n, rows, 1e-6f);
+        rmsnorm_f16_cuda(dy, d16, dx, dw, n, rows, 1e-6f, 0);
+        dev_get(got, dy, nn * 4);
+        double e1 = norm_err(got, ref, nn);
+        dev_get(h16, d16, nn * 2);
+        for (size_t i = 0; i < nn; i++) got[i] = fp16_to_f32(h16[i]);
+        double e2 = norm_err(got, ref, nn);
+        CHECK(e1 <= 1e-6 && e2 <= 1e-3, "rmsnorm f16 n %d: float %.3g, half %.3g", n, e1, e2);
+        printf("rmsnorm f16 n %5d: float %.2e, half %.2e\n", n, e1, e2);
+        CK(cudaMemset(d16, 0xff, nn * 2));
+        swiglu_cpu(ref, g, x, (int64_t)nn);
+        swiglu_f16_cuda(d16, dgu, dgu + n, rows, n, 2 * n, 0);
+        dev_get(h16, d16, nn * 2);
+        for (size_t i = 0; i < nn; i++) got[i] = fp16_to_f32(h16[i]);
+        e2 = norm_err(got, ref, nn);
+        CHECK(e2 <= 1e-3, "swiglu f16 (stacked gate|up) n %d: %.3g", n, e2);
+        printf("swiglu f16 n %5d: half %.2e\n", n, e2);
+        cudaFree(dx), cudaFree(dw), cudaFree(dgu), cudaFree(dy), cudaFree(d16);
+        free(x), free(g), free(gu), free(w), free(ref), free(got), free(h16);
+    }
+}
+
 static void test_rope(void) {
     const int n_tok = 9, n_heads = 6, hd = 64;
     const int n_rots[2] = {64, 32};
@@ -322,6 +368,27 @@ static void test_attention(int kv_f32, int hd, int n_head, int n_head_kv) {
               n_split, err, bound);
         printf("attention %s hd %3d heads %2d/%d splits %d: %.2e\n", kv_f32 ? "f32" : "f16", hd, n_head, n_head_kv, n_split, err);
         cudaFree(po), cudaFree(pml);
+    }
+    /* the tensor-core decode kernel (f16 KV, sm_80+): the same reference and bound; splits of 64
+     * positions leave warps (and, for pos 0 and 40, whole splits) without tiles */
+    if (attention_decode_supported(&kv, n_head)) {
+        const int dsplits[4][2] = {{4, 256}, {1, 1024}, {2, 512}, {16, 64}};
+        for (int s = 0; s < 4; s++) {
+            int n_split = dsplits[s][0], split_len = dsplits[s][1];
+            float *po = dev_poison((size_t)n_tok * n_head * n_split * hd), *pml = dev_poison((size_t)n_tok * n_head * n_split * 2);
+            CK(cudaMemset(dout, 0xff, (size_t)n_tok * q_dim * 4));
+            attention_decode_cuda(dout, dq, &kv, l, dpos, dseq, n_tok, n_head, n_split, split_len, po, pml, 0);
+            CK(cudaGetLastError());
+            dev_get(got, dout, (size_t)n_tok * q_dim * 4);
+            double err = norm_err(got, ref, (size_t)n_tok * q_dim);
+            CHECK(err <= 2e-3, "attention_decode hd %d heads %d/%d splits %d x %d: %.3g > 2e-3", hd, n_head, n_head_kv,
+                  n_split, split_len, err);
+            printf("attention_decode (mma) hd %3d heads %2d/%d splits %2d x %4d: %.2e\n", hd, n_head, n_head_kv, n_split,
+                   split_len, err);
+            cudaFree(po), cudaFree(pml);
+        }
+    } else {
+        printf("attention_decode: not supported here (kv_f32 %d, hd %d, heads %d/%d)\n", kv_f32, hd, n_head, n_head_kv);
     }
     /* kv_store: write a token's k, v at (seq 1, pos 300) of layer 0 and read it back */
     float *kk = xmalloc((size_t)kv_dim * 4), *vv = xmalloc((size_t)kv_dim * 4), *back = xmalloc((size_t)kv_dim * 4);
@@ -430,6 +497,7 @@ int main(void) {
     test_matmul(tp);
     test_small_ops();
     test_rmsnorm_widths();
+    test_half_forms();
     test_rope();
     for (int neox = 0; neox < 2; neox++)
         for (int f32 = 0; f32 < 2; f32++) test_qk_norm_rope_store(neox, f32);
@@ -438,6 +506,8 @@ int main(void) {
     test_attention(1, 128, 16, 2);
     test_attention(0, 128, 64, 8);
     test_attention(0, 256, 8, 1);
+    test_attention(0, 256, 24, 4); /* Qwen3.5-27B's gated attention: groups of 6 */
+    test_attention(0, 128, 16, 1); /* a group of 16: every MMA row a head */
     threadpool_free(tp);
     return test_summary("test_cuda_ops");
 }

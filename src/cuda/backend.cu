@@ -54,7 +54,7 @@ struct cuda_layer {
 };
 
 struct graph_entry {
-    int n, n_out, n_split, n_runs;
+    int n, n_out, n_split, split_len, n_runs;
     cudaGraphExec_t exec;
 };
 
@@ -88,6 +88,9 @@ struct cuda_backend {
     int32_t *moe_order, *moe_tiles, *moe_ntiles; /* MoE prefill: pairs sorted by expert, their tiles, the count */
     size_t rstate_floats;
     void *x16, *w16, *cublas_ws;
+    const float *x16_src;   /* prefill: x16 holds the half form of this buffer (NULL: of none); set by
+                             * the kernel that wrote both (gemm_in_norm, swiglu) or by matmul_ld's
+                             * conversion, cleared by every norm that rewrites an operand */
     /* prefill: weight tiles dequantized on st_deq into the two halves of w16 while the GEMM of the
      * previous tile runs on st (deq_done[i]: half i is ready; gemm_done[i]: its GEMM is over) */
     cudaStream_t st_deq;
@@ -98,6 +101,8 @@ struct cuda_backend {
     size_t w16_elems, w16_half; /* the two tile buffers, and the elements of a tile */
     int exact, graphs;
     int prefill_attn;       /* attention_prefill_cuda (tensor-core flash attention) for prefill steps */
+    int decode_attn;        /* attention_decode_cuda (tensor-core flash-decoding) for decode steps */
+    int n_sm;               /* the device's multiprocessors: decode attention splits are sized by them */
     int mma;                /* decode mat-vecs on int8 tensor cores where supported (PXQ_CUDA_MMA=0: dp4a) */
     graph_entry g[MAX_GRAPHS];
     int n_graphs, next_evict;
@@ -271,15 +276,25 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
         probe.kv_f32 = exact, probe.n_head_kv = hp->n_head_kv, probe.head_dim = hd, probe.kv_dim = hp->n_head_kv * hd;
         b->prefill_attn = !env_is("PXQ_CUDA_FLASH", "0") && attention_prefill_supported(&probe, hp->n_head) &&
                           attention_prefill_prepare(hd) == 0;
+        b->decode_attn = !env_is("PXQ_CUDA_DECODE_MMA", "0") && attention_decode_supported(&probe, hp->n_head);
     }
+    b->n_sm = prop.multiProcessorCount;
     b->arena_size = arena_size;
     if (cudaMalloc((void **)&b->arena, arena_size) != cudaSuccess) {
         free(b);
         return set_err(err, errlen, "cudaMalloc of the %.2f GiB arena failed", arena_size / gib);
     }
     e->backend = b;
-    CK(cudaStreamCreateWithFlags(&b->st, cudaStreamNonBlocking));
-    CK(cudaStreamCreateWithFlags(&b->st_deq, cudaStreamNonBlocking));
+    { /* the GEMM stream before the tile stream: the GEMM's blocks go out first, the next tile's
+       * dequantization fills the SMs the GEMM leaves (cublasSetSmCountTarget below); tuning knob
+       * PXQ_CUDA_DEQ_PRIO=deq reverses it, =same gives both the default priority */
+        int lo = 0, hi = 0;
+        CK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+        const char *pr = getenv("PXQ_CUDA_DEQ_PRIO");
+        const int p_st = !pr || !strcmp(pr, "gemm") ? hi : lo, p_deq = pr && !strcmp(pr, "deq") ? hi : lo;
+        CK(cudaStreamCreateWithPriority(&b->st, cudaStreamNonBlocking, p_st));
+        CK(cudaStreamCreateWithPriority(&b->st_deq, cudaStreamNonBlocking, p_deq));
+    }
     for (int i = 0; i < 2; i++) {
         CK(cudaEventCreateWithFlags(&b->deq_done[i], cudaEventDisableTiming));
         CK(cudaEventCreateWithFlags(&b->gemm_done[i], cudaEventDisableTiming));
@@ -287,6 +302,13 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     }
     if (cublasCreate(&b->cublas) != CUBLAS_STATUS_SUCCESS) die("cublasCreate failed");
     cublasSetStream(b->cublas, b->st);
+    { /* prefill GEMMs sized for 7/8 of the SMs, so the next tile's dequantization runs beside them
+       * (Qwen3-32B pp512 on an H200: 6445 t/s at 116 of 132 SMs, 6155 with all); tuning knob
+       * PXQ_CUDA_SM_TARGET (0: all) */
+        const char *t = getenv("PXQ_CUDA_SM_TARGET");
+        const int target = t ? atoi(t) : b->n_sm - b->n_sm / 8;
+        if (target > 0 && target < b->n_sm) cublasSetSmCountTarget(b->cublas, target);
+    }
     b->cublas_ws = arena_get(b, CUDA_CUBLAS_WS);
     cublasSetWorkspace(b->cublas, b->cublas_ws, CUDA_CUBLAS_WS);
 
@@ -398,7 +420,7 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
 
     /* activations, inputs, workspace, state: sizes from cuda_bufs_of, as the plan counted them */
     struct cuda_bufs bf;
-    cuda_bufs_of(hp, &e->p, max_in, max_mat, &bf);
+    cuda_bufs_of(hp, &e->p, max_in, max_mat, plan.w16_max, &bf);
     const size_t nb = (size_t)e->p.n_batch;
     b->nb = (int)nb;
     b->max_blocks = (e->p.n_ctx + e->p.kv_block_size - 1) / e->p.kv_block_size;
@@ -504,7 +526,10 @@ static void matmul_ld(cuda_backend *b, float *y, const cuda_weight *w, const flo
         return;
     }
     const int n_in = w->n_in, n_out = w->n_out;
-    f32_to_f16_cuda(b->x16, x, (int64_t)n * n_in, b->st);
+    if (x != b->x16_src) { /* q, k, v (or DeltaNet's qkv, z, b|a) of one x: converted once */
+        f32_to_f16_cuda(b->x16, x, (int64_t)n * n_in, b->st);
+        b->x16_src = x;
+    }
     const size_t half = b->w16_half;
     /* tiles of equal size, rows a multiple of 128 where they can be: y + r0 and the f16 tile stay
      * 16-byte aligned, so cuBLAS picks its aligned tensor-core kernels (an odd r0 costs ~6x) */
@@ -560,6 +585,9 @@ struct step {
 static void attention(cuda_backend *b, const float *q, int l, int n_head, const step &s) {
     if (s.n_tiles > 0)
         attention_prefill_cuda(b->att, q, &b->kv, l, b->di.pos, b->di.seq, b->di.tiles, s.n_tiles, n_head, b->st);
+    else if (b->decode_attn && s.n <= CUDA_DECODE_MAX)
+        attention_decode_cuda(b->att, q, &b->kv, l, b->di.pos, b->di.seq, s.n, n_head, s.n_split, s.split_len,
+                              b->part_o, b->part_ml, b->st);
     else
         attention_cuda(b->att, q, &b->kv, l, b->di.pos, b->di.seq, s.n, n_head, s.n_split, s.split_len, b->part_o,
                        b->part_ml, b->st);
@@ -680,20 +708,52 @@ static void moe_ffn(struct pxq_engine *e, cuda_backend *b, const cuda_layer *L, 
     moe_combine_cuda(b->x, b->moe_y, b->moe_w, n, k, d, st); /* x += sum_j w_j y_j */
 }
 
+/* The pre-norm of a block: xb = rmsnorm(x) * w, with its q8 form for decode mat-vecs (q8) or its
+ * half form in x16 for prefill GEMMs (gemm), which makes x16 the form of xb. */
+static void gemm_in_norm(cuda_backend *b, const float *w, int d, int n, float eps, int q8, int gemm) {
+    if (gemm) {
+        rmsnorm_f16_cuda(b->xb, b->x16, b->x, w, d, n, eps, b->st);
+        b->x16_src = b->xb;
+    } else {
+        rmsnorm_q8_cuda(b->xb, q8 ? b->xq : NULL, b->xds, b->x, w, d, n, eps, NULL, b->st);
+        b->x16_src = NULL;
+    }
+}
+
+/* Split-K of a decode step's attention over n_kv positions (the longest context in the step):
+ * n_split a power of two covering n_kv in chunks of split_len. attention_cuda: chunks of
+ * CUDA_SPLIT_LEN. attention_decode_cuda (one block per SM, four warps each streaming their own
+ * tiles): chunks of CUDA_SPLIT_LEN x 2^k, the smallest whose blocks (splits x KV heads x tokens)
+ * are at most two per SM, so each warp has several tiles to pipeline. Both are powers of two, so a
+ * context's graph is reused until its length crosses the next one. */
+static void decode_splits(const cuda_backend *b, const struct pxq_hparams *hp, int n_tok, int n_kv, step *s) {
+    s->split_len = CUDA_SPLIT_LEN;
+    for (;;) {
+        const int need = (n_kv + s->split_len - 1) / s->split_len;
+        s->n_split = 1;
+        while (s->n_split < need) s->n_split *= 2;
+        if (!b->decode_attn || s->n_split == 1 || (int64_t)s->n_split * hp->n_head_kv * n_tok <= 2 * (int64_t)b->n_sm)
+            break;
+        s->split_len *= 2;
+    }
+    if (s->n_split > b->max_splits) s->n_split = b->max_splits; /* n_ctx covered by max_splits chunks of 256 */
+}
+
 /* forward_cpu, step for step; inputs already in b->in_d. */
 static void run_layers(struct pxq_engine *e, cuda_backend *b, const step &s) {
     const struct pxq_hparams *hp = e->hp;
     const int n = s.n, d = hp->n_embd, q8 = s.q8;
     cudaStream_t st = b->st;
-    int8_t *xq = q8 ? b->xq : NULL;
+    const int gemm = n > CUDA_DECODE_MAX && !b->exact; /* prefill through the f16 GEMM */
+    b->x16_src = NULL;
     dequant_rows_cuda(b->x, 0, &b->embd, b->di.tok, 0, n, st);
     for (int il = 0; il < hp->n_layer; il++) {
         const cuda_layer *L = &b->L[il];
-        rmsnorm_q8_cuda(b->xb, xq, b->xds, b->x, L->v[CV_ATTN_NORM], d, n, hp->rms_eps, NULL, st);
+        gemm_in_norm(b, L->v[CV_ATTN_NORM], d, n, hp->rms_eps, q8, gemm);
         if (hp->layer_kind[il] == LAYER_DELTANET) deltanet_layer(e, b, L, il, s);
         else attention_layer(e, b, L, il, s);
         /* feed-forward */
-        rmsnorm_q8_cuda(b->xb, xq, b->xds, b->x, L->v[CV_FFN_NORM], d, n, hp->rms_eps, NULL, st);
+        gemm_in_norm(b, L->v[CV_FFN_NORM], d, n, hp->rms_eps, q8, gemm);
         if (hp->n_expert) {
             moe_ffn(e, b, L, s);
             continue;
@@ -702,7 +762,12 @@ static void run_layers(struct pxq_engine *e, cuda_backend *b, const step &s) {
         int8_t *xq_down = q8_for(b, q8, &L->w[CM_DOWN]);
         if (L->gu.fmt >= 0) { /* one launch: token row = [gate | up], into hb; silu(gate) * up into hb2 */
             matmul_cuda(b, b->hb, &L->gu, b->xb, n, q8, 0);
-            swiglu_q8_cuda(b->hb2, xq_down, b->xds, b->hb, b->hb + ff, n, ff, 2 * ff, st);
+            if (gemm) { /* straight to the down GEMM's half operand */
+                swiglu_f16_cuda(b->x16, b->hb, b->hb + ff, n, ff, 2 * ff, st);
+                b->x16_src = b->hb2; /* hb2 itself is not written */
+            } else {
+                swiglu_q8_cuda(b->hb2, xq_down, b->xds, b->hb, b->hb + ff, n, ff, 2 * ff, st);
+            }
             matmul_cuda(b, b->x, &L->w[CM_DOWN], b->hb2, n, q8, 1); /* x += down(...) */
             continue;
         }
@@ -716,14 +781,18 @@ static void run_layers(struct pxq_engine *e, cuda_backend *b, const step &s) {
 /* Final norm of output rows r0.. (gathered through b->di.rows), then lm_head into b->logits. */
 static void lm_head(struct pxq_engine *e, cuda_backend *b, const step &s, int r0, int rc) {
     const struct pxq_hparams *hp = e->hp;
-    rmsnorm_q8_cuda(b->xb, s.q8 ? b->xq : NULL, b->xds, b->x, b->output_norm, hp->n_embd, rc, hp->rms_eps,
+    /* a prefill step's few output rows take the decode mat-vec too (int8 where it has a kernel) */
+    const int q8 = s.q8 || (!b->exact && rc <= CUDA_DECODE_MAX && hp->n_embd % 32 == 0);
+    rmsnorm_q8_cuda(b->xb, q8 ? b->xq : NULL, b->xds, b->x, b->output_norm, hp->n_embd, rc, hp->rms_eps,
                     b->di.rows + r0, b->st);
-    matmul_cuda(b, b->logits, &b->output, b->xb, rc, s.q8, 0);
+    b->x16_src = NULL;
+    matmul_cuda(b, b->logits, &b->output, b->xb, rc, q8, 0);
 }
 
 static cudaGraphExec_t graph_get(struct pxq_engine *e, cuda_backend *b, const step &s) {
     for (int i = 0; i < b->n_graphs; i++)
-        if (b->g[i].n == s.n && b->g[i].n_out == s.n_out && b->g[i].n_split == s.n_split && b->g[i].n_runs == s.n_runs)
+        if (b->g[i].n == s.n && b->g[i].n_out == s.n_out && b->g[i].n_split == s.n_split &&
+            b->g[i].split_len == s.split_len && b->g[i].n_runs == s.n_runs)
             return b->g[i].exec;
     cudaGraph_t graph;
     CK(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal));
@@ -741,7 +810,7 @@ static cudaGraphExec_t graph_get(struct pxq_engine *e, cuda_backend *b, const st
         b->next_evict = (b->next_evict + 1) % MAX_GRAPHS;
         CK(cudaGraphExecDestroy(b->g[slot].exec));
     }
-    b->g[slot] = graph_entry{s.n, s.n_out, s.n_split, s.n_runs, exec};
+    b->g[slot] = graph_entry{s.n, s.n_out, s.n_split, s.split_len, s.n_runs, exec};
     return exec;
 }
 
@@ -817,11 +886,7 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
            (hp->n_expert ? hp->n_ff_exp : hp->n_ff) % 32 == 0 && (hp->arch != ARCH_QWEN35 || hp->ssm_n_v_head * hp->ssm_head_v_dim % 32 == 0);
     const size_t row_bytes = (size_t)hp->n_vocab * sizeof(float);
     if (s.n <= CUDA_DECODE_MAX) { /* decode: layers and lm_head in one graph (n_out <= CUDA_LOGITS_ROWS) */
-        int need = (max_pos + 1 + CUDA_SPLIT_LEN - 1) / CUDA_SPLIT_LEN;
-        s.n_split = 1;
-        while (s.n_split < need) s.n_split *= 2;
-        if (s.n_split > b->max_splits) s.n_split = b->max_splits;
-        s.split_len = CUDA_SPLIT_LEN;
+        decode_splits(b, hp, s.n, max_pos + 1, &s);
         if (b->graphs) {
             CK(cudaGraphLaunch(graph_get(e, b, s), b->st));
             snprintf(b->path, sizeof b->path, "cuda %s %s graph", mv, fmt);

@@ -38,8 +38,12 @@ void cuda_weight_sizes(int fmt, int64_t n_in, int64_t n_out, size_t *q_bytes, si
 /* Every device allocation is rounded up to this (16-byte loads, coalesced rows). */
 #define CUDA_ALIGN 256
 /* Prefill: weight rows are dequantized to f16 in two alternating tile buffers of at most half this
- * many elements each (the next tile's dequantization overlaps the running GEMM). */
-#define CUDA_W16_MAX_ELEMS ((size_t)64 << 20)
+ * many elements each (the next tile's dequantization overlaps the running GEMM): whole matrices up
+ * to 192 M weights (fewer, larger GEMMs: Qwen3-32B pp512 on an H200 6155 t/s against 5725 with
+ * tiles of 32 M), or, when that arena does not fit the memory budget, tiles of 32 M (the small
+ * form; cuda_mem_plan and memplan choose it). */
+#define CUDA_W16_MAX_ELEMS ((size_t)384 << 20)
+#define CUDA_W16_SMALL_ELEMS ((size_t)64 << 20)
 #define CUDA_CUBLAS_WS ((size_t)32 << 20)
 /* Attention: positions per split of split-K flash-decoding. */
 #define CUDA_SPLIT_LEN 256
@@ -84,7 +88,7 @@ struct cuda_bufs {
     size_t rstate, state;
 };
 void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *p, size_t max_in, size_t max_mat,
-                  struct cuda_bufs *bf);
+                  size_t w16_max, struct cuda_bufs *bf);
 /* The arena bytes of bf's items, each rounded up to CUDA_ALIGN: activations (all but the logits
  * rows), the logits rows, the workspace (f16 prefill tiles, int8 activations, attention partials,
  * the cuBLAS workspace) and the recurrent state. */
@@ -99,6 +103,7 @@ void cuda_widths_of(const struct pxq_hparams *hp, size_t *max_in, size_t *max_ma
 struct cuda_plan {
     size_t weights, kv, kv_per_token, state, activations, workspace, total;
     int64_t kv_tokens;
+    size_t w16_max;     /* the prefill tile buffers' elements (CUDA_W16_MAX_ELEMS or _SMALL_ELEMS) */
 };
 /* The plan for model m under params p resolved as pxq_engine_new resolves them, with kv_elt bytes
  * per KV element (2: f16, 4: f32). Returns 0, or -1 with a message if the CUDA backend cannot run

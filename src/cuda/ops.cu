@@ -21,8 +21,8 @@
  * group's shuffles) are unrolled so their latencies overlap. V = 0: rows longer than 32 * blockDim,
  * read twice. */
 template <int V>
-__global__ void rmsnorm_kernel(float *out, int8_t *xq, float2 *xds, const float *x, const float *w, int n, float eps,
-                               const int32_t *rows) {
+__global__ void rmsnorm_kernel(float *out, int8_t *xq, float2 *xds, __half *x16, const float *x, const float *w, int n,
+                               float eps, const int32_t *rows) {
     __shared__ float red[32];
     const float *xr = x + (size_t)(rows ? rows[blockIdx.x] : blockIdx.x) * n;
     float v[V > 0 ? V : 1], ss = 0.0f;
@@ -55,6 +55,7 @@ __global__ void rmsnorm_kernel(float *out, int8_t *xq, float2 *xds, const float 
             if (i < n) {
                 const float y = v[k] * scale * w[i];
                 if (out) out[base + i] = y;
+                if (x16) x16[base + i] = __float2half_rn(y);
                 if (xq) warp_q8(y, xq, xds, (int64_t)(base + i));
             }
         }
@@ -62,30 +63,36 @@ __global__ void rmsnorm_kernel(float *out, int8_t *xq, float2 *xds, const float 
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             const float y = xr[i] * scale * w[i];
             if (out) out[base + i] = y;
+            if (x16) x16[base + i] = __float2half_rn(y);
             if (xq) warp_q8(y, xq, xds, (int64_t)(base + i));
         }
     }
 }
 
-static void rmsnorm_launch(float *out, int8_t *xq, float2 *xds, const float *x, const float *w, int n, int n_rows,
-                           float eps, const int32_t *rows, cudaStream_t st) {
+static void rmsnorm_launch(float *out, int8_t *xq, float2 *xds, __half *x16, const float *x, const float *w, int n,
+                           int n_rows, float eps, const int32_t *rows, cudaStream_t st) {
     if (n_rows <= 0) return;
     const int threads = n >= 4096 ? 1024 : n >= 1024 ? 256 : n >= 256 ? 128 : 32; /* latency-bound: wide blocks */
     const int per = (n + threads - 1) / threads;
-    if (per <= 2) rmsnorm_kernel<2><<<n_rows, threads, 0, st>>>(out, xq, xds, x, w, n, eps, rows);
-    else if (per <= 4) rmsnorm_kernel<4><<<n_rows, threads, 0, st>>>(out, xq, xds, x, w, n, eps, rows);
-    else if (per <= 8) rmsnorm_kernel<8><<<n_rows, threads, 0, st>>>(out, xq, xds, x, w, n, eps, rows);
-    else rmsnorm_kernel<0><<<n_rows, threads, 0, st>>>(out, xq, xds, x, w, n, eps, rows);
+    if (per <= 2) rmsnorm_kernel<2><<<n_rows, threads, 0, st>>>(out, xq, xds, x16, x, w, n, eps, rows);
+    else if (per <= 4) rmsnorm_kernel<4><<<n_rows, threads, 0, st>>>(out, xq, xds, x16, x, w, n, eps, rows);
+    else if (per <= 8) rmsnorm_kernel<8><<<n_rows, threads, 0, st>>>(out, xq, xds, x16, x, w, n, eps, rows);
+    else rmsnorm_kernel<0><<<n_rows, threads, 0, st>>>(out, xq, xds, x16, x, w, n, eps, rows);
 }
 
 extern "C" void rmsnorm_cuda(float *out, const float *x, const float *w, int n, int n_rows, float eps,
                              const int32_t *rows, cudaStream_t st) {
-    rmsnorm_launch(out, NULL, NULL, x, w, n, n_rows, eps, rows, st);
+    rmsnorm_launch(out, NULL, NULL, NULL, x, w, n, n_rows, eps, rows, st);
 }
 
 extern "C" void rmsnorm_q8_cuda(float *out, int8_t *xq, float *xds, const float *x, const float *w, int n, int n_rows,
                                 float eps, const int32_t *rows, cudaStream_t st) {
-    rmsnorm_launch(out, xq, (float2 *)xds, x, w, n, n_rows, eps, rows, st);
+    rmsnorm_launch(out, xq, (float2 *)xds, NULL, x, w, n, n_rows, eps, rows, st);
+}
+
+extern "C" void rmsnorm_f16_cuda(float *out, void *x16, const float *x, const float *w, int n, int n_rows, float eps,
+                                 cudaStream_t st) {
+    rmsnorm_launch(out, NULL, NULL, (__half *)x16, x, w, n, n_rows, eps, NULL, st);
 }
 
 __global__ void rope_kernel(float *x, int n_heads, int head_dim, int n_rot, const int32_t *pos, const float *inv_freq,
@@ -113,20 +120,21 @@ extern "C" void rope_cuda(float *x, int n_heads, int head_dim, int n_rot, const 
 
 /* out[t][j] = silu(gate[t*ld + j]) * up[t*ld + j], j < ff: gate and up rows of stride ld (ff when
  * they are separate buffers, 2 ff when they are the halves of one stacked gate|up matmul). */
-__global__ void swiglu_kernel(float *out, int8_t *xq, float2 *xds, const float *gate, const float *up, int64_t n,
-                              int ff, int ld) {
+__global__ void swiglu_kernel(float *out, int8_t *xq, float2 *xds, __half *x16, const float *gate, const float *up,
+                              int64_t n, int ff, int ld) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = i / ff, k = t * ld + (i - t * ff);
         float g = gate[k];
         float v = g / (1.0f + expf(-g)) * up[k];
         if (out) out[i] = v;
+        if (x16) x16[i] = __float2half_rn(v);
         if (xq) warp_q8(v, xq, xds, i); /* n % 32 == 0: whole warps take each step */
     }
 }
 
 extern "C" void swiglu_cuda(float *out, const float *gate, const float *up, int64_t n, cudaStream_t st) {
     if (n <= 0) return;
-    swiglu_kernel<<<grid_for(n, 256), 256, 0, st>>>(out, NULL, NULL, gate, up, n, n > INT32_MAX ? INT32_MAX : (int)n,
+    swiglu_kernel<<<grid_for(n, 256), 256, 0, st>>>(out, NULL, NULL, NULL, gate, up, n, n > INT32_MAX ? INT32_MAX : (int)n,
                                                n > INT32_MAX ? INT32_MAX : (int)n);
 }
 
@@ -134,7 +142,14 @@ extern "C" void swiglu_q8_cuda(float *out, int8_t *xq, float *xds, const float *
                                int ff, int ld, cudaStream_t st) {
     const int64_t n = (int64_t)n_tokens * ff;
     if (n <= 0) return;
-    swiglu_kernel<<<grid_for(n, 256), 256, 0, st>>>(out, xq, (float2 *)xds, gate, up, n, ff, ld);
+    swiglu_kernel<<<grid_for(n, 256), 256, 0, st>>>(out, xq, (float2 *)xds, NULL, gate, up, n, ff, ld);
+}
+
+extern "C" void swiglu_f16_cuda(void *x16, const float *gate, const float *up, int n_tokens, int ff, int ld,
+                                cudaStream_t st) {
+    const int64_t n = (int64_t)n_tokens * ff;
+    if (n <= 0) return;
+    swiglu_kernel<<<grid_for(n, 256), 256, 0, st>>>(NULL, NULL, NULL, (__half *)x16, gate, up, n, ff, ld);
 }
 
 __global__ void add_bias_kernel(float *y, const float *b, int n, int64_t total) {
@@ -181,38 +196,41 @@ extern "C" void kv_store_cuda(const struct cuda_kv *kv, int l, const float *k, c
     kv_store_kernel<<<n_tokens, 128, 0, st>>>(*kv, l, k, v, pos, seq_id);
 }
 
-/* Block per (token, head) over q then k heads: the head's q/k norm (if w != NULL), RoPE, and for k
- * heads the store of k and v into the cache. One launch for rmsnorm_cuda(q), rmsnorm_cuda(k),
- * rope_cuda(q), rope_cuda(k) and kv_store_cuda, the same arithmetic in the same order. */
-__global__ void qk_norm_rope_store_kernel(float *q_out, const float *q, float *k, const float *v, int ld_q, int ld_kv,
-                                          const float *q_norm, const float *k_norm, float eps, int n_head, int n_rot,
-                                          const int32_t *pos, const float *inv_freq, int neox, const cuda_kv kv, int l,
-                                          const int32_t *seq_id) {
-    __shared__ float hv[256];
-    __shared__ float red[8];
-    const int t = blockIdx.x, hh = blockIdx.y, hd = kv.head_dim, is_k = hh >= n_head;
+/* grid (n_tokens, ceil((n_head + n_head_kv) / QKR_WARPS)), block QKR_WARPS warps: a warp per head
+ * (q heads, then k heads) of one token: rmsnorm(head) * w (the q/k norm), RoPE at pos[t], and for
+ * k heads the store of k and v into the cache. One launch for rmsnorm_cuda(q), rmsnorm_cuda(k),
+ * rope_cuda(q), rope_cuda(k) and kv_store_cuda, the same arithmetic in the same order. The head
+ * goes through the warp's own shared-memory row (RoPE pairs elements of different lanes); no
+ * block barrier. head_dim <= 256. */
+#define QKR_WARPS 4
+__global__ void __launch_bounds__(QKR_WARPS * 32)
+    qk_norm_rope_store_kernel(float *q_out, const float *q, float *k, const float *v, int ld_q, int ld_kv,
+                              const float *q_norm, const float *k_norm, float eps, int n_head, int n_rot,
+                              const int32_t *pos, const float *inv_freq, int neox, const cuda_kv kv, int l,
+                              const int32_t *seq_id) {
+    __shared__ float hvs[QKR_WARPS][256];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int t = blockIdx.x, hh = blockIdx.y * QKR_WARPS + warp, hd = kv.head_dim, is_k = hh >= n_head;
+    if (hh >= n_head + kv.n_head_kv) return;
+    float *hv = hvs[warp];
     const int h = is_k ? hh - n_head : hh;
     const float *x = is_k ? k + (size_t)t * ld_kv + (size_t)h * hd : q + (size_t)t * ld_q + (size_t)h * hd;
     float *y = is_k ? k + (size_t)t * ld_kv + (size_t)h * hd : q_out + ((size_t)t * n_head + h) * hd;
     const float *w = is_k ? k_norm : q_norm;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) hv[i] = x[i];
-    __syncthreads();
-    if (w) {
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) ss = fmaf(hv[i], hv[i], ss);
-        ss = warp_sum(ss);
-        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
-        __syncthreads();
-        float tot = 0.0f;
-        for (int i = 0; i < (int)(blockDim.x >> 5); i++) tot += red[i];
-        const float scale = 1.0f / sqrtf(tot / (float)hd + eps);
-        __syncthreads();
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) hv[i] = hv[i] * scale * w[i];
-        __syncthreads();
+    float ss = 0.0f;
+    for (int i = lane; i < hd; i += 32) {
+        const float a = x[i];
+        hv[i] = a;
+        ss = fmaf(a, a, ss);
     }
+    if (w) {
+        const float scale = 1.0f / sqrtf(warp_sum(ss) / (float)hd + eps);
+        for (int i = lane; i < hd; i += 32) hv[i] = hv[i] * scale * w[i];
+    }
+    __syncwarp();
     const int half = n_rot / 2;
     const float p = (float)pos[t];
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    for (int i = lane; i < half; i += 32) {
         float ang = p * inv_freq[i];
         float c = cosf(ang), s = sinf(ang);
         int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
@@ -220,13 +238,13 @@ __global__ void qk_norm_rope_store_kernel(float *q_out, const float *q, float *k
         hv[i0] = a * c - b * s;
         hv[i1] = b * c + a * s;
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) y[i] = hv[i];
+    __syncwarp();
+    for (int i = lane; i < hd; i += 32) y[i] = hv[i];
     if (is_k) {
         const int32_t *tab = kv.block_tab + (size_t)seq_id[t] * kv.max_blocks;
         const size_t off = kv_off(kv, l, tab, pos[t]) + (size_t)h * hd;
         const float *vh = v + (size_t)t * ld_kv + (size_t)h * hd;
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        for (int i = lane; i < hd; i += 32) {
             if (kv.kv_f32) {
                 ((float *)kv.k)[off + i] = hv[i];
                 ((float *)kv.v)[off + i] = vh[i];
@@ -243,9 +261,9 @@ extern "C" void qk_norm_rope_store_cuda(float *q_out, const float *q, float *k, 
                                         const int32_t *pos, const float *inv_freq, int neox, const struct cuda_kv *kv,
                                         int l, const int32_t *seq_id, int n_tokens, cudaStream_t st) {
     if (n_tokens <= 0) return;
-    dim3 grid(n_tokens, n_head + kv->n_head_kv);
-    qk_norm_rope_store_kernel<<<grid, kv->head_dim >= 128 ? 128 : 64, 0, st>>>(
-        q_out, q, k, v, ld_q, ld_kv, q_norm, k_norm, eps, n_head, n_rot, pos, inv_freq, neox, *kv, l, seq_id);
+    dim3 grid(n_tokens, (n_head + kv->n_head_kv + QKR_WARPS - 1) / QKR_WARPS);
+    qk_norm_rope_store_kernel<<<grid, QKR_WARPS * 32, 0, st>>>(q_out, q, k, v, ld_q, ld_kv, q_norm, k_norm, eps, n_head,
+                                                              n_rot, pos, inv_freq, neox, *kv, l, seq_id);
 }
 
 /* ---- attention: split-K flash-decoding over the paged cache ---- */
@@ -390,6 +408,12 @@ __global__ void attention_combine_kernel(float *out, const float *part_o, const 
     out[((size_t)t * n_head + h) * hd + d] = acc / L;
 }
 
+extern "C" void attention_combine_cuda(float *out, const float *part_o, const float *part_ml, int n_tokens, int n_head,
+                                       int head_dim, int n_split, cudaStream_t st) {
+    if (n_tokens <= 0) return;
+    attention_combine_kernel<<<dim3(n_tokens, n_head), head_dim, 0, st>>>(out, part_o, part_ml, n_head, head_dim, n_split);
+}
+
 extern "C" int attention_cuda_prepare(int head_dim, int group) {
     const int smem = (int)attention_smem_bytes(head_dim, group);
     if (cudaFuncSetAttribute(attention_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
@@ -414,6 +438,5 @@ extern "C" void attention_cuda(float *out, const float *q, const struct cuda_kv 
         attention_kernel<__half><<<grid, block, smem, st>>>(direct, part_o, part_ml, q, *kv, l, pos, seq_id, n_head,
                                                             n_split, split_len, scale);
     }
-    if (n_split > 1)
-        attention_combine_kernel<<<dim3(n_tokens, n_head), hd, 0, st>>>(out, part_o, part_ml, n_head, hd, n_split);
+    if (n_split > 1) attention_combine_cuda(out, part_o, part_ml, n_tokens, n_head, hd, n_split, st);
 }

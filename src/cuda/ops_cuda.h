@@ -80,6 +80,11 @@ void rmsnorm_cuda(float *out, const float *x, const float *w, int n, int n_rows,
 void rmsnorm_q8_cuda(float *out, int8_t *xq, float *xds, const float *x, const float *w, int n, int n_rows, float eps,
                      const int32_t *rows, cudaStream_t st);
 
+/* rmsnorm_cuda writing out (if not NULL) and its half form x16 [n_rows][n] (round to nearest):
+ * the prefill GEMM's operand without a separate f32 -> f16 pass. */
+void rmsnorm_f16_cuda(float *out, void *x16, const float *x, const float *w, int n, int n_rows, float eps,
+                      cudaStream_t st);
+
 /* rope_cpu on x[n_tokens][n_heads][head_dim] (token row stride ld), position pos[t] (device). */
 void rope_cuda(float *x, int n_heads, int head_dim, int n_rot, const int32_t *pos, const float *inv_freq, int neox,
                int n_tokens, int ld, cudaStream_t st);
@@ -91,6 +96,9 @@ void swiglu_cuda(float *out, const float *gate, const float *up, int64_t n, cuda
  * halves of a stacked gate|up matmul output, up = gate + ff); out [n_tokens][ff]. */
 void swiglu_q8_cuda(float *out, int8_t *xq, float *xds, const float *gate, const float *up, int n_tokens, int ff, int ld,
                     cudaStream_t st);
+
+/* swiglu_q8_cuda's values written only as half, x16 [n_tokens][ff] (the prefill down GEMM's operand). */
+void swiglu_f16_cuda(void *x16, const float *gate, const float *up, int n_tokens, int ff, int ld, cudaStream_t st);
 
 /* y[r][i] += b[i] for n_rows rows of n (biases), and x[i] += y[i] (residual). */
 void add_bias_cuda(float *y, const float *b, int n_rows, int n, cudaStream_t st);
@@ -138,6 +146,26 @@ void attention_cuda(float *out, const float *q, const struct cuda_kv *kv, int l,
  * before the first attention_cuda and outside graph capture; -1 if the device has too little). */
 size_t attention_smem_bytes(int head_dim, int group);
 int attention_cuda_prepare(int head_dim, int group);
+
+/* out[t][h] = sum_s part_o[t][h][s] e^(m_s - M) / sum_s l_s e^(m_s - M) over the splits s with
+ * l_s > 0 (part_ml[..][s] = (m_s, l_s), M their max): the last step of split-K flash-decoding. */
+void attention_combine_cuda(float *out, const float *part_o, const float *part_ml, int n_tokens, int n_head,
+                            int head_dim, int n_split, cudaStream_t st);
+
+/* ---- decode attention on the tensor cores (attention_decode.cu) ---- */
+
+/* 1 if attention_decode_cuda runs these shapes on this device: f16 KV, head_dim 64/128/256,
+ * n_head / n_head_kv <= 16, sm_80+ with enough opt-in shared memory for one of its configurations
+ * (the opt-in is set here, once: call outside graph capture before the first launch). */
+int attention_decode_supported(const struct cuda_kv *kv, int n_head);
+/* Shared memory bytes of the configuration chosen for head_dim (0 if none). */
+size_t attention_decode_smem_bytes(int head_dim);
+/* attention_cuda's semantics and arguments (split-K over n_split chunks of split_len positions, the
+ * same part_o / part_ml layout and combine), on the tensor cores: f16 q and P, fp32 accumulation
+ * (error about 1e-3 of the output's norm). Only where attention_decode_supported. */
+void attention_decode_cuda(float *out, const float *q, const struct cuda_kv *kv, int l, const int32_t *pos,
+                           const int32_t *seq_id, int n_tokens, int n_head, int n_split, int split_len, float *part_o,
+                           float *part_ml, cudaStream_t st);
 
 /* ---- prefill attention: tensor-core flash attention (attention_prefill.cu) ---- */
 
