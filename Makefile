@@ -86,7 +86,7 @@ fuzz:
 	@echo "  build-fuzz/fuzz/fuzz_gguf -dict=fuzz/gguf.dict -max_total_time=180 fuzz/corpus-work/gguf"
 
 clean:
-	rm -rf build build-asan build-fuzz pxq
+	rm -rf build build-asan build-fuzz build-sm70 build-ptx75 pxq
 
 .PHONY: all tests test test-asan test-cuda bench fuzz clean
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(CU_OBJ:.o=.d) $(TESTS:=.d) $(BENCHES:=.d)

@@ -94,7 +94,7 @@ static double time_kernel(struct bench *b, int kernel, int n_tok) {
         else matmul_q8_cuda(b->y, w, b->xq, b->xds, n_tok, w0->n_out, 0, b->st);
     }
     CK(cudaStreamEndCapture(b->st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphInstantiateWithFlags(&ge, g, 0));
     CK(cudaGraphLaunch(ge, b->st));
     float *us = xmalloc((size_t)b->samples * sizeof(float));
     for (int s = 0; s < b->samples; s++) {

@@ -4,9 +4,11 @@
 # $OUT (default /tmp/pxq-gpu). Each step has its own time limit so one slow step cannot eat the
 # others. If the machine lacks the -dev libraries, put their headers and .so files in .devlibs/
 # (include/, lib/) and carry it: they are used when present.
-#   usage: tools/gpu-check.sh [build] [tests] [serve] [bench] [sanitize] [qwen35] [bench35]
+#   usage: tools/gpu-check.sh [build] [tests] [serve] [bench] [sanitize] [qwen35] [bench35] [ptx75]
 #   (default: build tests serve bench; qwen35 = the hybrid's CUDA tests and perplexities, bench35 =
-#   the Qwen3.5-27B preset's plan and bench at 16 GiB)
+#   the Qwen3.5-27B preset's plan and bench at 16 GiB; ptx75 = the build as sm_75 PTX only, which
+#   the driver JIT-compiles for this GPU: the kernels see __CUDA_ARCH__ 750, so the tensor-core
+#   paths select themselves off and the Volta/Turing fallbacks run, checked by the CUDA tests)
 # The tracked fixtures (about 115 MB) exceed what a lent GPU machine receives of the working tree
 # (64 MiB): move what the run does not need out of the tree for the call and back after it (e.g.
 # tests/data/qwen35 and tests/data/gguf/tiny-qwen3-bf16.gguf; test_cuda_model then reports the
@@ -75,6 +77,15 @@ for s in $steps; do
         timeout 200 $PXQ bench --load-format dummy --config $C --dtype q4_0 --device cuda --gpu-mem 16GiB \
             -p 0 -n 128 -d 16255 -b 1 -r 1 >"$OUT/bench35ctx.log" 2>&1
         echo "bench 27B depth 16255 (context 16384): rc $?"; tail -n 1 "$OUT/bench35ctx.log" ;;
+    ptx75)
+        timeout 200 make -j"$(nproc)" BUILD=build-ptx75 \
+            NVFLAGS="-O3 -std=c++17 -Isrc --threads 0 -gencode arch=compute_75,code=compute_75" all tests \
+            >"$OUT/build-ptx75.log" 2>&1
+        echo "build ptx75: rc $?"
+        for t in test_cuda_ops test_cuda_qwen35_ops test_cuda_model; do
+            PXQ_TEST_NO_BENCH=1 PXQ_TEST_CUDA=1 timeout 200 build-ptx75/tests/$t >"$OUT/ptx75_$t.log" 2>&1
+            echo "ptx75 $t: rc $? ($(tail -n 1 "$OUT/ptx75_$t.log")); paths: $(grep -o 'cuda [a-z0-9 -]*graph\]' "$OUT/ptx75_$t.log" | sort -u | tr '\n' ' ')"
+        done ;;
     esac
     echo "  ($s: $(( $(date +%s) - t0 )) s)"
 done

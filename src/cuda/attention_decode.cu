@@ -256,7 +256,7 @@ static int ad_pick(int D) {
             if (c.D != D) continue;
             cudaFuncAttributes fa;
             const size_t need = ad_smem(c.D, c.BN, c.NS);
-            const int ok = cudaFuncGetAttributes(&fa, c.fn) == cudaSuccess && fa.binaryVersion >= 80 &&
+            const int ok = cudaFuncGetAttributes(&fa, c.fn) == cudaSuccess && fa.binaryVersion >= 80 && fa.ptxVersion >= 80 &&
                            (size_t)optin >= need + fa.sharedSizeBytes && (fk < 0 || fk == k) &&
                            cudaFuncSetAttribute(c.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need) == cudaSuccess;
             if (ok) pick = i;

@@ -804,7 +804,7 @@ static cudaGraphExec_t graph_get(struct pxq_engine *e, cuda_backend *b, const st
     if (s.n_out) lm_head(e, b, s, 0, s.n_out);
     CK(cudaStreamEndCapture(b->st, &graph));
     cudaGraphExec_t exec;
-    CK(cudaGraphInstantiate(&exec, graph, 0));
+    CK(cudaGraphInstantiateWithFlags(&exec, graph, 0)); /* CUDA 11.4+ and 12+: one signature */
     CK(cudaGraphDestroy(graph));
     int slot;
     if (b->n_graphs < MAX_GRAPHS) {

@@ -368,7 +368,7 @@ static const mma_device *mma_dev(void) {
         d->ok = 0;
         if (cudaGetDeviceProperties(&p, id) == cudaSuccess && p.major >= 8 &&
             cudaFuncGetAttributes(&fa, matmul_q8_mma_kernel<WFMT_Q4_0, 1, 1, true>) == cudaSuccess &&
-            fa.binaryVersion >= 80) {
+            fa.binaryVersion >= 80 && fa.ptxVersion >= 80) { /* not a pre-sm_80 PTX image JIT-compiled here */
             d->ok = 1;
             d->n_sm = p.multiProcessorCount;
             d->smem_optin = p.sharedMemPerBlockOptin;
