@@ -9,8 +9,14 @@
  * shuffled, state slots {3, 0, 5, 1, 6} of 8, DeltaNet layer 1 of 2 (so seq_stride != layer size);
  * a decode batch of 16 one-token runs. Shapes (nk, nv, dk, dv, K): (2, 4, 64, 64, 4),
  * (4, 8, 48, 48, 4) (random-qwen35), (16, 48, 128, 128, 4) (the 27B's; runs of 1, 2, 7 only, for the
- * reference's time), (4, 8, 128, 256, 4); v_tiled 0 and 1; the delta rule recurrent, chunked
- * (automatic chunk) and chunked with chunks of 32; the conv also at K 2 and 6 (run-time K).
+ * reference's time), (4, 8, 128, 256, 4), (1, 4, 256, 33, 4) (dk beyond the chunked kernel's
+ * staged 128 columns, four value heads per key head, an odd dv that ends inside a tile); v_tiled
+ * 0 and 1; the delta rule recurrent, chunked automatic, and chunked at each chunk size (32, 64) x
+ * tile width (16, 32) forced; the conv also at K 2 and 6 (run-time K).
+ * The chunked form's scratch is NaN-poisoned (so a T, M or decay it did not write fails) with a
+ * poisoned guard after the floats it is given, which must stay untouched: sized by
+ * gated_delta_rule_chunked_scratch_floats, exactly the need at chunks of 32 (must run chunked),
+ * one float short of that and NULL (must fall back to the recurrent kernel, the scratch untouched).
  *
  * Bounds (float32 kernels vs float64 references):
  *   ssm_conv: y <= 1e-6; the conv state is moved, not computed: the whole state buffer bit-exact
@@ -23,13 +29,16 @@
  *   gated RMSNorm: <= 1e-6; its int8 groups dequantized <= 1e-2 of the reference, and each group's
  *     (d, d * sum q) consistent with the floats written (d = max|x| / 127) to 1e-6
  *   split_q_gate: bit-exact; sigmoid_gate <= 1e-6, int8 form <= 1e-2
- * Measured with the kernels' own code run on the CPU under a fiber emulation of CUDA threads (same
- * fp32 operations and fma; not yet on a GPU): conv 7e-8, prep 1e-7, recurrent out 1.1e-7 / state
- * 6e-8, chunked out <= 8e-7 / state <= 3e-7, gated norm 8e-8 (int8 8.2e-3), sigmoid gate 5e-8 (int8 5e-3).
+ * Measured with the kernels' own code run on the CPU under a fiber emulation of CUDA threads
+ * (tools/cuda_emu/run.sh; same fp32 operations and fma; not on a GPU): conv 7e-8, prep 1e-7,
+ * recurrent out 1.3e-7 / state 6e-8, chunked (two kernels, every chunk x tile) out <= 8.7e-7 /
+ * state <= 9e-7 (chunks of 32: out <= 5.4e-7 / state <= 2.7e-7), gated norm 8e-8 (int8 8.2e-3),
+ * sigmoid gate 5e-8 (int8 5e-3).
  * Every output buffer is poisoned first, so an unwritten element fails: floats with NaN, int8 with
  * -128 (never a quantized value: q is in [-127, 127]).
- * Each op's error is printed; then timings of the delta rule on the 27B's shape (bench_rule; printed,
- * not checked; PXQ_TEST_NO_BENCH=1 skips them). */
+ * Each op's error is printed; then timings of the delta rule on the 27B's shape (bench_rule: decode,
+ * and prefill runs of 512 and 1024 tokens in every form; printed, not checked; PXQ_TEST_NO_BENCH=1
+ * skips them). */
 #define TEST_RNG_SEED 0x2545f4914f6cdd1dull
 #include "test_cuda_common.h"
 #include "testutil.h"

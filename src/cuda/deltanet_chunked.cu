@@ -37,27 +37,36 @@
  *      c. out = exp(gam) q S + M vnew (same thread layout as a: no exchange of q S), scattered to o.
  *      d. S = exp(gam_last) S + K^T (exp(gam_last - gam) vnew): thread: 4 rows x 4 columns of S
  *         (float4 of K and of vnew per j), read-modified-written in shared memory.
- *    The next chunk's K, Q, V tile, T, M and scalars are loaded from global memory into registers
- *    before phase a (the rows' token indices were staged a chunk earlier) and stored to shared
- *    memory once their buffer is free: scalars and token rows (double / triple buffered) after a,
- *    Q and V after a's barrier, T after b's, K and M after d's, then one more barrier. So the loads'
- *    latency hides behind the chunk's arithmetic with single buffers; for dk > 128 the rows beyond
- *    the registers' 128 columns are loaded where they are stored (exposed, correct).
+ *    Prefetch: the next chunk's data goes from global memory into registers while this chunk
+ *    computes, and into shared memory once its buffer is free, so its latency hides behind the
+ *    arithmetic with single buffers (double buffers of K and Q would not fit three blocks per SM):
+ *      before a: load Q, V tile, T, scalars and the token rows of the chunk after next
+ *      after a:  store scalars (double buffered) and token rows (triple: the rows are read
+ *                when a chunk's loads are issued, a chunk before its compute)
+ *      after a's barrier: store Q, V; load K, M      after b's barrier: store T
+ *      after d's barrier: store K, M, then one more barrier (four per chunk)
+ *    Loading in two halves keeps the staged registers under 50 at TW 16 (168 in all, the limit for
+ *    three blocks of 128 threads per SM). K and Q rows are float4 loads (qkv 16-byte aligned and
+ *    conv_dim % 4 == 0, else the recurrent fallback); for dk > 128 the rows past the staged
+ *    C x 128 floats are loaded where they are stored (latency exposed, still correct).
  *    Shared memory (floats): K, Q [C][dk + 4], V [C][TW], T^T [C][C], M [C][C + 4], S [dk][TW + 4],
  *    rhs, vnew, decayed vnew [C][TW] each, scalars [2][4C], token rows [3][C] (int): at C 32, dk
- *    128: 62 KiB for TW 16, 79 KiB for TW 32 (three resp. two blocks per SM of an H100 / H200).
+ *    128: 61 KiB for TW 16, 77 KiB for TW 32 (three resp. two blocks per SM of an H100 / H200).
  *    Padding: rows of dk + 4 and TW + 4 put the rows a warp reads together on different banks.
  *
  * Why: the single-kernel form (one block per tile of 32 columns) recomputed A and M (2 C^2 dk) in
  * each of the dv / 32 tile blocks, solved the substitution serially in the chain of chunks, and
  * exposed the chunk's global loads on every chunk: about 30 us per chunk of 32 for 48 heads of
  * 128 x 128 on the H200. Now the chain per chunk is about 3 C dk TW FMAs per block (a and d), the
- * only work that needs S.
+ * work that needs S, plus C^2 TW for b and c. Deviation from the plain split: T, M and the decays
+ * are built once per key head's chunk for all its value heads (k.k and q.k do not depend on the
+ * value head), so the parallel kernel's grid is (slots, nk), not (slots, nv).
  *
  * Tile width: TW 16 makes dv / 16 x nv x runs blocks (384 for the 27B's one run: three per SM on
  * 132 SMs, so all are resident at once, which the sequential walk needs), TW 32 half as many and
- * half the K/Q traffic per column. Automatic: 16 where all its blocks fit on the device at once
- * (cudaOccupancyMaxActiveBlocksPerMultiprocessor), else 32. Chunks of 32 (64 only when forced).
+ * half the K/Q traffic per column. Automatic: the one of less estimated time from the blocks
+ * resident per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor; see tile_for): 16 for the 27B's
+ * one run of any length on an H200. Chunks of 32 (64 only when forced).
  * sm_70 and up: fp32 FMAs from shared memory, no tensor cores. */
 #include <math.h>
 #include <stdint.h>
@@ -532,14 +541,21 @@ static int inter_per_sm(int C, int TW, int dk, int max_smem) {
     return n;
 }
 
-/* Tile width: forced where it fits; else 16 where all its blocks are resident at once, else 32
- * where it fits, else 16; 0 if neither fits. */
-static int tile_for(int C, int dk, int blocks16, int max_smem) {
+/* Tile width: forced where it fits; else the one of less estimated time. Every block walks its
+ * whole run, so blocks beyond the resident ones wait for whole runs: time ~ TW x the blocks of the
+ * busiest SM, summed over the waves of resident blocks (ties: 32, fewer loads per column). */
+static int tile_for(int C, int dk, int dv, int nv, int n_runs, int max_smem) {
     const int n16 = inter_per_sm(C, 16, dk, max_smem), n32 = inter_per_sm(C, 32, dk, max_smem);
     if (force_tile == 16 && n16) return 16;
     if (force_tile == 32 && n32) return 32;
-    if (n16 && (long)n16 * device_attr(cudaDevAttrMultiProcessorCount, 1) >= blocks16) return 16;
-    return n32 ? 32 : n16 ? 16 : 0;
+    if (!n16 || !n32) return n32 ? 32 : n16 ? 16 : 0;
+    const long sms = device_attr(cudaDevAttrMultiProcessorCount, 1);
+    long cost[2];
+    for (int k = 0; k < 2; k++) {
+        const long tw = k ? 32 : 16, per_sm = k ? n32 : n16, blocks = (dv + tw - 1) / tw * nv * n_runs;
+        cost[k] = tw * (blocks <= per_sm * sms ? (blocks + sms - 1) / sms : (blocks + per_sm * sms - 1) / (per_sm * sms) * per_sm);
+    }
+    return cost[0] < cost[1] ? 16 : 32;
 }
 
 extern "C" void gated_delta_rule_chunked_cuda(float *o, float *state, size_t seq_stride, const float *qkv,
@@ -552,7 +568,7 @@ extern "C" void gated_delta_rule_chunked_cuda(float *o, float *state, size_t seq
     if (max_smem < 0) max_smem = device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 * 1024);
     const int C = chunk_for(dk, max_smem);
     const size_t n_slots = C ? n_slots_of(n_tokens, n_runs, C) : 0;
-    const int TW = C ? tile_for(C, dk, (dv + 15) / 16 * nv * n_runs, max_smem) : 0;
+    const int TW = C ? tile_for(C, dk, dv, nv, n_runs, max_smem) : 0;
     const int aligned = !((uintptr_t)scratch & 15) && !((uintptr_t)qkv & 15) && conv_dim % 4 == 0; /* float4 loads */
     if (!TW || !scratch || !aligned || scratch_floats < n_slots * nv * slot_floats(C)) {
         gated_delta_rule_cuda(o, state, seq_stride, qkv, ba, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off,

@@ -81,8 +81,8 @@ void gated_delta_rule_cuda(float *o, float *state, size_t seq_stride, const floa
  * or scratch is NULL, misaligned or smaller than the chunk size needs, it runs
  * gated_delta_rule_cuda instead (no scratch). The first call per chunk size and tile width sets
  * the kernels' shared memory opt-in (cudaFuncSetAttribute, the current device's limit): make it
- * once outside graph capture. Shared memory per block at dk 128, chunks of 32: 62 KiB (columns of
- * S in tiles of 16) or 79 KiB (32); the parallel kernel 42 KiB. */
+ * once outside graph capture. Shared memory per block at dk 128, chunks of 32: 61 KiB (columns of
+ * S in tiles of 16) or 77 KiB (32); the parallel kernel 46 KiB. */
 void gated_delta_rule_chunked_cuda(float *o, float *state, size_t seq_stride, const float *qkv, const float *ba, int nk,
                                    int nv, int dk, int dv, int K, int conv_dim, int v_tiled, const int32_t *run_seq,
                                    const int32_t *run_off, const int32_t *run_tok, int n_runs, int n_tokens,
