@@ -20,7 +20,8 @@
  *    (warp scan), A, M, and T by forward substitution on the identity (warp: columns of T, lane:
  *    rows; row j is final once rows < j are applied, then broadcast by a shuffle). It writes per
  *    (slot, value head) F = 2 C^2 + 4 C floats at scratch + (slot nv + h) F:
- *      T^T [C][C] (T^T[j][i] = T[i][j]) | M [C][C] | beta [C] | exp(gam) [C] | exp(gam_last - gam) [C] | exp(gam_last), 0 ...
+ *      T^T [C][C] (T^T[j][i] = T[i][j]) | M [C][C] | beta [C] | exp(gam) [C] | exp(gam_last - gam) [C]
+ *      | exp(gam_last), 0 ... [C]
  *    rows i >= m: T rows of the identity, M, beta, exp(gam) and exp(gam_last - gam) zero.
  *    Chunk slots: run r's chunk c is slot run_off[r] / C + r + c. The slots of different runs never
  *    overlap (the next run's first slot is at least ceil(len / C) further on) and all are below
@@ -246,9 +247,8 @@ __global__ void __launch_bounds__(IN_THREADS) gated_delta_intra_kernel(
 
 /* Shared memory, floats: see the header comment. */
 static size_t inter_smem_bytes(int C, int TW, int dk) {
-    return ((size_t)2 * C * (dk + 4) + (size_t)4 * C * TW + (size_t)C * C + (size_t)C * (C + 4) + (size_t)dk * (TW + 4) +
-            8 * (size_t)C + 3 * (size_t)C) *
-           sizeof(float);
+    const size_t c = (size_t)C, tw = (size_t)TW, k = (size_t)dk;
+    return (2 * c * (k + 4) + 4 * c * tw + c * c + c * (c + 4) + k * (tw + 4) + 8 * c + 3 * c) * sizeof(float);
 }
 
 template <int C, int TW>
@@ -288,6 +288,7 @@ __global__ void __launch_bounds__(C * TW / 4, C == 32 ? (TW == 16 ? 3 : 2) : 1) 
     const int kc4 = tid & (p2 - 1), kr0 = tid / p2, kstep = NT / p2;
     const bool kcol = kc4 < dk / 4;
 
+    const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float4 kst[KS], qst[KS], tst[TS], mst[TS];
     float vst[VS], scv = 0.0f;
     int tokn = 0;
@@ -299,7 +300,7 @@ __global__ void __launch_bounds__(C * TW / 4, C == 32 ? (TW == 16 ? 3 : 2) : 1) 
 #pragma unroll
         for (int s = 0; s < KS; s++) {
             const int i = kr0 + s * kstep;
-            qst[s] = kcol && i < mn ? *(const float4 *)(ksrc + (size_t)tk[i] * conv_dim + 4 * kc4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            qst[s] = kcol && i < mn ? *(const float4 *)(ksrc + (size_t)tk[i] * conv_dim + 4 * kc4) : zero4;
         }
 #pragma unroll
         for (int s = 0; s < VS; s++) {
@@ -318,7 +319,7 @@ __global__ void __launch_bounds__(C * TW / 4, C == 32 ? (TW == 16 ? 3 : 2) : 1) 
 #pragma unroll
         for (int s = 0; s < KS; s++) {
             const int i = kr0 + s * kstep;
-            kst[s] = kcol && i < mn ? *(const float4 *)(ksrc + (size_t)tk[i] * conv_dim + key_dim + 4 * kc4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            kst[s] = kcol && i < mn ? *(const float4 *)(ksrc + (size_t)tk[i] * conv_dim + key_dim + 4 * kc4) : zero4;
         }
         const float *src = scr + (size_t)qn * sstride + C * C;
 #pragma unroll
@@ -339,8 +340,8 @@ __global__ void __launch_bounds__(C * TW / 4, C == 32 ? (TW == 16 ? 3 : 2) : 1) 
         const int *tk = toks + (qn % 3) * C;
         for (int i = kr0 + KS * kstep; i < C; i += kstep)
             if (kcol)
-                *(float4 *)(dst + i * LK + 4 * kc4) = i < mn ? *(const float4 *)(ksrc + (size_t)tk[i] * conv_dim + off + 4 * kc4)
-                                                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                *(float4 *)(dst + i * LK + 4 * kc4) =
+                    i < mn ? *(const float4 *)(ksrc + (size_t)tk[i] * conv_dim + off + 4 * kc4) : zero4;
     };
     auto put_qv = [&](int qn) {
         put_rows(Qs, qst, qn, 0);
@@ -382,8 +383,9 @@ __global__ void __launch_bounds__(C * TW / 4, C == 32 ? (TW == 16 ? 3 : 2) : 1) 
             float ka[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}, qa[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
             const float *k0 = Ks + i0 * LK, *k1 = Ks + i1 * LK, *q0 = Qs + i0 * LK, *q1 = Qs + i1 * LK;
             for (int r = 0; r < dk; r += 4) {
-                const float2 s0 = *(const float2 *)(St + r * LS + cA), s1 = *(const float2 *)(St + (r + 1) * LS + cA);
-                const float2 s2 = *(const float2 *)(St + (r + 2) * LS + cA), s3 = *(const float2 *)(St + (r + 3) * LS + cA);
+                const float *sr = St + r * LS + cA;
+                const float2 s0 = *(const float2 *)sr, s1 = *(const float2 *)(sr + LS);
+                const float2 s2 = *(const float2 *)(sr + 2 * LS), s3 = *(const float2 *)(sr + 3 * LS);
                 const float4 ka0 = *(const float4 *)(k0 + r), ka1 = *(const float4 *)(k1 + r);
                 const float4 qa0 = *(const float4 *)(q0 + r), qa1 = *(const float4 *)(q1 + r);
                 ka[0][0] = dot4(ka[0][0], ka0, s0.x, s1.x, s2.x, s3.x);
@@ -416,7 +418,8 @@ __global__ void __launch_bounds__(C * TW / 4, C == 32 ? (TW == 16 ? 3 : 2) : 1) 
                 const float rv = Rs[j * TW + cB];
                 x0 = fmaf(t4.x, rv, x0), x1 = fmaf(t4.y, rv, x1), x2 = fmaf(t4.z, rv, x2), x3 = fmaf(t4.w, rv, x3);
             }
-            Vn[rB * TW + cB] = x0, Vn[(rB + 1) * TW + cB] = x1, Vn[(rB + 2) * TW + cB] = x2, Vn[(rB + 3) * TW + cB] = x3;
+            Vn[rB * TW + cB] = x0, Vn[(rB + 1) * TW + cB] = x1;
+            Vn[(rB + 2) * TW + cB] = x2, Vn[(rB + 3) * TW + cB] = x3;
             Vd[rB * TW + cB] = el[rB] * x0, Vd[(rB + 1) * TW + cB] = el[rB + 1] * x1;
             Vd[(rB + 2) * TW + cB] = el[rB + 2] * x2, Vd[(rB + 3) * TW + cB] = el[rB + 3] * x3;
         }
@@ -489,13 +492,15 @@ extern "C" void deltanet_chunked_cuda_force_tile(int tile) { force_tile = tile; 
 extern "C" size_t gated_delta_rule_chunked_scratch_floats(int n_tokens, int n_runs, int nv, int dk, int dv) {
     (void)dk, (void)dv;
     if (n_tokens <= 0 || n_runs <= 0 || nv <= 0) return 0;
-    const size_t a = n_slots_of(n_tokens, n_runs, 32) * slot_floats(32), b = n_slots_of(n_tokens, n_runs, 64) * slot_floats(64);
+    const size_t a = n_slots_of(n_tokens, n_runs, 32) * slot_floats(32);
+    const size_t b = n_slots_of(n_tokens, n_runs, 64) * slot_floats(64);
     return (a > b ? a : b) * (size_t)nv;
 }
 
 static int device_attr(cudaDeviceAttr a, int fallback) {
     int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, a, dev) != cudaSuccess || v <= 0) return fallback;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, a, dev) != cudaSuccess || v <= 0)
+        return fallback;
     return v;
 }
 
@@ -522,7 +527,8 @@ static int chunk_for(int dk, int max_smem) {
 }
 
 static const void *inter_fn(int C, int TW) {
-    if (C == 64) return TW == 16 ? (const void *)gated_delta_inter_kernel<64, 16> : (const void *)gated_delta_inter_kernel<64, 32>;
+    if (C == 64)
+        return TW == 16 ? (const void *)gated_delta_inter_kernel<64, 16> : (const void *)gated_delta_inter_kernel<64, 32>;
     return TW == 16 ? (const void *)gated_delta_inter_kernel<32, 16> : (const void *)gated_delta_inter_kernel<32, 32>;
 }
 
@@ -553,7 +559,8 @@ static int tile_for(int C, int dk, int dv, int nv, int n_runs, int max_smem) {
     long cost[2];
     for (int k = 0; k < 2; k++) {
         const long tw = k ? 32 : 16, per_sm = k ? n32 : n16, blocks = (dv + tw - 1) / tw * nv * n_runs;
-        cost[k] = tw * (blocks <= per_sm * sms ? (blocks + sms - 1) / sms : (blocks + per_sm * sms - 1) / (per_sm * sms) * per_sm);
+        const long cap = per_sm * sms; /* resident at once */
+        cost[k] = tw * (blocks <= cap ? (blocks + sms - 1) / sms : (blocks + cap - 1) / cap * per_sm);
     }
     return cost[0] < cost[1] ? 16 : 32;
 }
@@ -569,7 +576,8 @@ extern "C" void gated_delta_rule_chunked_cuda(float *o, float *state, size_t seq
     const int C = chunk_for(dk, max_smem);
     const size_t n_slots = C ? n_slots_of(n_tokens, n_runs, C) : 0;
     const int TW = C ? tile_for(C, dk, dv, nv, n_runs, max_smem) : 0;
-    const int aligned = !((uintptr_t)scratch & 15) && !((uintptr_t)qkv & 15) && conv_dim % 4 == 0; /* float4 loads */
+    /* float4 loads of scratch and of qkv rows */
+    const int aligned = !((uintptr_t)scratch & 15) && !((uintptr_t)qkv & 15) && conv_dim % 4 == 0;
     if (!TW || !scratch || !aligned || scratch_floats < n_slots * nv * slot_floats(C)) {
         gated_delta_rule_cuda(o, state, seq_stride, qkv, ba, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off,
                               run_tok, n_runs, st);
@@ -577,17 +585,22 @@ extern "C" void gated_delta_rule_chunked_cuda(float *o, float *state, size_t seq
     }
     const dim3 g1((unsigned)n_slots, nk), g2((dv + TW - 1) / TW, nv, n_runs);
     const size_t s1 = intra_smem_bytes(C, dk), s2 = inter_smem_bytes(C, TW, dk);
+#define INTRA_ARGS scratch, qkv, ba, nk, nv, dk, conv_dim, v_tiled, run_off, run_tok, n_runs
+#define INTER_ARGS \
+    o, state, seq_stride, qkv, scratch, n_slots, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok
     if (C == 64) {
-        gated_delta_intra_kernel<64><<<g1, IN_THREADS, s1, st>>>(scratch, qkv, ba, nk, nv, dk, conv_dim, v_tiled, run_off, run_tok, n_runs);
+        gated_delta_intra_kernel<64><<<g1, IN_THREADS, s1, st>>>(INTRA_ARGS);
         if (TW == 16)
-            gated_delta_inter_kernel<64, 16><<<g2, 64 * 16 / 4, s2, st>>>(o, state, seq_stride, qkv, scratch, n_slots, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok);
+            gated_delta_inter_kernel<64, 16><<<g2, 64 * 16 / 4, s2, st>>>(INTER_ARGS);
         else
-            gated_delta_inter_kernel<64, 32><<<g2, 64 * 32 / 4, s2, st>>>(o, state, seq_stride, qkv, scratch, n_slots, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok);
+            gated_delta_inter_kernel<64, 32><<<g2, 64 * 32 / 4, s2, st>>>(INTER_ARGS);
     } else {
-        gated_delta_intra_kernel<32><<<g1, IN_THREADS, s1, st>>>(scratch, qkv, ba, nk, nv, dk, conv_dim, v_tiled, run_off, run_tok, n_runs);
+        gated_delta_intra_kernel<32><<<g1, IN_THREADS, s1, st>>>(INTRA_ARGS);
         if (TW == 16)
-            gated_delta_inter_kernel<32, 16><<<g2, 32 * 16 / 4, s2, st>>>(o, state, seq_stride, qkv, scratch, n_slots, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok);
+            gated_delta_inter_kernel<32, 16><<<g2, 32 * 16 / 4, s2, st>>>(INTER_ARGS);
         else
-            gated_delta_inter_kernel<32, 32><<<g2, 32 * 32 / 4, s2, st>>>(o, state, seq_stride, qkv, scratch, n_slots, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok);
+            gated_delta_inter_kernel<32, 32><<<g2, 32 * 32 / 4, s2, st>>>(INTER_ARGS);
     }
+#undef INTRA_ARGS
+#undef INTER_ARGS
 }

@@ -72,14 +72,16 @@ void gated_delta_rule_cuda(float *o, float *state, size_t seq_stride, const floa
  * (deltanet_chunked.cu): one, parallel over every (chunk, key head), builds each value head's
  * T = (I + A)^-1, M and decays into scratch; the other walks each run's chunks with the S tile
  * resident. Same arguments, layout and requirements as gated_delta_rule_cuda, plus
- *   n_tokens        run_off[n_runs], the runs' tokens in all
+ *   n_tokens        at least run_off[n_runs], the runs' tokens in all (the step's tokens); a run
+ *                   past the slots it implies is left alone (o unwritten, S unchanged)
  *   scratch         device floats, 16-byte aligned, at least
  *                   gated_delta_rule_chunked_scratch_floats(n_tokens, n_runs, nv, dk, dv) of them;
  *                   overwritten (the caller's contents are lost), free again when the stream is
  *                   past the call
- * Where the chunked kernels do not fit the device (dk % 4 != 0, dk > 256, or their shared memory)
- * or scratch is NULL, misaligned or smaller than the chunk size needs, it runs
- * gated_delta_rule_cuda instead (no scratch). The first call per chunk size and tile width sets
+ * Where the chunked kernels do not fit the device (dk % 4 != 0, dk > 256, or their shared memory),
+ * qkv rows are not 16-byte aligned (qkv % 16, conv_dim % 4), or scratch is NULL, misaligned or
+ * under the need at the chunk size in use (nv x (n_tokens / C + n_runs) x (2 C^2 + 4 C) floats), it
+ * runs gated_delta_rule_cuda instead (scratch untouched). The first call per chunk size and tile width sets
  * the kernels' shared memory opt-in (cudaFuncSetAttribute, the current device's limit): make it
  * once outside graph capture. Shared memory per block at dk 128, chunks of 32: 61 KiB (columns of
  * S in tiles of 16) or 77 KiB (32); the parallel kernel 46 KiB. */
