@@ -9,8 +9,14 @@
  * shuffled, state slots {3, 0, 5, 1, 6} of 8, DeltaNet layer 1 of 2 (so seq_stride != layer size);
  * a decode batch of 16 one-token runs. Shapes (nk, nv, dk, dv, K): (2, 4, 64, 64, 4),
  * (4, 8, 48, 48, 4) (random-qwen35), (16, 48, 128, 128, 4) (the 27B's; runs of 1, 2, 7 only, for the
- * reference's time), (4, 8, 128, 256, 4); v_tiled 0 and 1; the delta rule recurrent, chunked
- * (automatic chunk) and chunked with chunks of 32; the conv also at K 2 and 6 (run-time K).
+ * reference's time), (4, 8, 128, 256, 4), (1, 4, 256, 33, 4) (dk beyond the chunked kernel's
+ * staged 128 columns, four value heads per key head, an odd dv that ends inside a tile); v_tiled
+ * 0 and 1; the delta rule recurrent, chunked automatic, and chunked at each chunk size (32, 64) x
+ * tile width (16, 32) forced; the conv also at K 2 and 6 (run-time K).
+ * The chunked form's scratch is NaN-poisoned (so a T, M or decay it did not write fails) with a
+ * poisoned guard after the floats it is given, which must stay untouched: sized by
+ * gated_delta_rule_chunked_scratch_floats, exactly the need at chunks of 32 (must run chunked),
+ * one float short of that and NULL (must fall back to the recurrent kernel, the scratch untouched).
  *
  * Bounds (float32 kernels vs float64 references):
  *   ssm_conv: y <= 1e-6; the conv state is moved, not computed: the whole state buffer bit-exact
@@ -23,13 +29,16 @@
  *   gated RMSNorm: <= 1e-6; its int8 groups dequantized <= 1e-2 of the reference, and each group's
  *     (d, d * sum q) consistent with the floats written (d = max|x| / 127) to 1e-6
  *   split_q_gate: bit-exact; sigmoid_gate <= 1e-6, int8 form <= 1e-2
- * Measured with the kernels' own code run on the CPU under a fiber emulation of CUDA threads (same
- * fp32 operations and fma; not yet on a GPU): conv 7e-8, prep 1e-7, recurrent out 1.1e-7 / state
- * 6e-8, chunked out <= 8e-7 / state <= 3e-7, gated norm 8e-8 (int8 8.2e-3), sigmoid gate 5e-8 (int8 5e-3).
+ * Measured with the kernels' own code run on the CPU under a fiber emulation of CUDA threads
+ * (tools/cuda_emu/run.sh; same fp32 operations and fma; not on a GPU): conv 7e-8, prep 1e-7,
+ * recurrent out 1.3e-7 / state 6e-8, chunked (two kernels, every chunk x tile) out <= 8.7e-7 /
+ * state <= 9e-7 (chunks of 32: out <= 5.4e-7 / state <= 2.7e-7), gated norm 8e-8 (int8 8.2e-3),
+ * sigmoid gate 5e-8 (int8 5e-3).
  * Every output buffer is poisoned first, so an unwritten element fails: floats with NaN, int8 with
  * -128 (never a quantized value: q is in [-127, 127]).
- * Each op's error is printed; then timings of the delta rule on the 27B's shape (bench_rule; printed,
- * not checked; PXQ_TEST_NO_BENCH=1 skips them). */
+ * Each op's error is printed; then timings of the delta rule on the 27B's shape (bench_rule: decode,
+ * and prefill runs of 512 and 1024 tokens in every form; printed, not checked; PXQ_TEST_NO_BENCH=1
+ * skips them). */
 #define TEST_RNG_SEED 0x2545f4914f6cdd1dull
 #include "test_cuda_common.h"
 #include "testutil.h"
@@ -254,7 +263,22 @@ static void rule_ref(float *o, float *st, const struct shape *s, const struct ru
     free(S), free(kv);
 }
 
-static void test_rule(const struct shape *s, const struct runs *r, int v_tiled, int chunked) {
+/* The chunked form's scratch (ops_qwen35_cuda.h): at chunks of C, nv x (n / C + n_runs) slots of
+ * 2 C^2 + 4 C floats (restated here to test the boundary). */
+static size_t chunk_need(int n, int n_runs, int nv, int C) {
+    return (size_t)nv * ((size_t)n / C + n_runs) * (2 * (size_t)C * C + 4 * (size_t)C);
+}
+
+enum { SCR_SIZED, SCR_SHORT, SCR_NULL, SCR_EXACT }; /* scratch as sized, one float short, NULL, exact */
+#define SCR_GUARD 4096 /* poisoned floats past the scratch the call is given: must stay untouched */
+
+/* chunked: 0 the recurrent kernel, else the chunked one at its current forcing (form names it).
+ * The chunked form's scratch is NaN-poisoned with SCR_GUARD floats past what it is given (scr):
+ * SCR_SIZED gated_delta_rule_chunked_scratch_floats, SCR_EXACT the need at chunks of `chunk`
+ * (both: the guard untouched, and for SCR_EXACT some scratch written: it ran chunked),
+ * SCR_SHORT that need less one float (the recurrent fallback: the whole buffer untouched), SCR_NULL. */
+static void test_rule(const struct shape *s, const struct runs *r, int v_tiled, int chunked, const char *form, int scr,
+                      int chunk) {
     const int C = s->conv_dim, nv = s->nv, n = r->n, vd = nv * s->dv;
     const size_t sn = (size_t)r->n_slots * seq_stride(s), sh = (size_t)nv * s->dk * s->dv;
     float *qkv = ALLOC(float, (size_t)n * C), *ba = ALLOC(float, (size_t)n * 2 * nv), *st = ALLOC(float, sn);
@@ -278,8 +302,31 @@ static void test_rule(const struct shape *s, const struct runs *r, int v_tiled, 
     struct druns d = druns_put(r);
     float *dq = dev_put(qkv, (size_t)n * C * 4), *dba = dev_put(ba, (size_t)n * 2 * nv * 4), *dst = dev_put(st, sn * 4);
     float *dout = dev_poison_bytes((size_t)n * vd * 4);
-    (chunked ? gated_delta_rule_chunked_cuda : gated_delta_rule_cuda)(dout, dst + (size_t)DL * s->layer_floats, seq_stride(s), dq, dba, s->nk, nv, s->dk, s->dv, s->K, C, v_tiled, d.seq, d.off, d.tok, r->n_runs, 0);
+    size_t give = 0;
+    if (chunked)
+        give = scr == SCR_SIZED ? gated_delta_rule_chunked_scratch_floats(n, r->n_runs, nv, s->dk, s->dv)
+               : scr == SCR_NULL ? 0
+                                 : chunk_need(n, r->n_runs, nv, chunk) - (scr == SCR_SHORT);
+    float *dscr = chunked && scr != SCR_NULL ? dev_poison_bytes((give + SCR_GUARD) * 4) : NULL;
+    if (chunked)
+        gated_delta_rule_chunked_cuda(dout, dst + (size_t)DL * s->layer_floats, seq_stride(s), dq, dba, s->nk, nv, s->dk,
+                                      s->dv, s->K, C, v_tiled, d.seq, d.off, d.tok, r->n_runs, n, dscr, give, 0);
+    else
+        gated_delta_rule_cuda(dout, dst + (size_t)DL * s->layer_floats, seq_stride(s), dq, dba, s->nk, nv, s->dk, s->dv,
+                              s->K, C, v_tiled, d.seq, d.off, d.tok, r->n_runs, 0);
     dev_get(got, dout, (size_t)n * vd * 4);
+    int scr_ok = 1; /* the scratch's poison where it must stay */
+    if (dscr) {
+        uint32_t *hs = ALLOC(uint32_t, give + SCR_GUARD);
+        dev_get(hs, dscr, (give + SCR_GUARD) * 4);
+        size_t written = 0;
+        for (size_t i = 0; i < give; i++) written += hs[i] != 0xffffffffu;
+        for (size_t i = give; i < give + SCR_GUARD; i++) scr_ok &= hs[i] == 0xffffffffu;
+        if (scr == SCR_SHORT) scr_ok &= written == 0;
+        if (scr == SCR_EXACT) scr_ok &= written > 0;
+        free(hs);
+        cudaFree(dscr);
+    }
     dev_get(st_got, dst, sn * 4);
     const double eo = norm_err(got, ref, (size_t)n * vd);
     /* the runs' S regions (contiguous per slot: all nv heads), then everything else bit-exact */
@@ -293,11 +340,13 @@ static void test_rule(const struct shape *s, const struct runs *r, int v_tiled, 
     const double es = norm_err(sa, sb, sh * r->n_runs);
     const int rest_same = memcmp(st_ref, st_got, sn * sizeof(float)) == 0;
     const double bound = 1e-5;
-    CHECK(eo <= bound && es <= bound && rest_same, "gated delta rule%s nk %d nv %d dk %d dv %d v_tiled %d runs %d: out %.3g state %.3g, rest exact %d",
-          chunked ? " chunked" : "", s->nk, nv, s->dk, s->dv, v_tiled, r->n_runs, eo, es, rest_same);
-    printf("delta rule %-10s nk %2d nv %2d dk %3d dv %3d v_tiled %d runs %2d tokens %3d: out %.2e, state %.2e, rest %s\n",
-           chunked == 2 ? "chunked64" : chunked ? "chunked32" : "recurrent", s->nk, nv, s->dk, s->dv, v_tiled, r->n_runs, n, eo, es,
-           rest_same ? "exact" : "DIFFERS");
+    static const char *scr_name[] = {"", " scratch short", " scratch NULL", " scratch exact"};
+    CHECK(eo <= bound && es <= bound && rest_same && scr_ok,
+          "gated delta rule %s%s nk %d nv %d dk %d dv %d v_tiled %d runs %d: out %.3g state %.3g, rest exact %d, scratch %s",
+          form, scr_name[scr], s->nk, nv, s->dk, s->dv, v_tiled, r->n_runs, eo, es, rest_same, scr_ok ? "ok" : "WRONG");
+    printf("delta rule %-12s nk %2d nv %2d dk %3d dv %3d v_tiled %d runs %2d tokens %3d: out %.2e, state %.2e, rest %s%s%s\n",
+           form, s->nk, nv, s->dk, s->dv, v_tiled, r->n_runs, n, eo, es, rest_same ? "exact" : "DIFFERS", scr_name[scr],
+           scr_ok ? "" : " (scratch WRONG)");
     druns_free(&d);
     cudaFree(dq), cudaFree(dba), cudaFree(dst), cudaFree(dout);
     free(qkv), free(ba), free(st), free(st_ref), free(st_got), free(ref), free(got), free(sa), free(sb);
@@ -403,13 +452,22 @@ static void test_gated_attention(int n, int n_head, int head_dim) {
 }
 
 
+/* The delta rule's forms under test: chunk size and tile width forced (0: automatic). */
+static const struct {
+    const char *name;
+    int chunk, tile;
+} forms[] = {{"recurrent", 0, 0},     {"chunked", 0, 0},       {"chunked32/16", 32, 16},
+             {"chunked32/32", 32, 32}, {"chunked64/16", 64, 16}, {"chunked64/32", 64, 32}};
+#define N_FORMS (int)(sizeof forms / sizeof *forms)
+
 /* ---- timings (printed, not checked) ---- */
 
 /* The 27B's DeltaNet layer (16 k / 48 v heads of 128 x 128): a decode step of 1 and 16 sequences,
  * against the bytes of state it must read and write (8 dk dv per sequence and head), and one
- * 1024-token prefill run in each form. Skipped with PXQ_TEST_NO_BENCH=1. */
+ * prefill run of 512 and of 1024 tokens in each form. Skipped with PXQ_TEST_NO_BENCH=1. */
 static float time_rule(int chunked, float *o, float *st, size_t stride, const float *qkv, const float *ba,
-                       const struct shape *s, const struct druns *d, int n_runs, int reps) {
+                       const struct shape *s, const struct druns *d, int n_runs, int n_tokens, float *scr,
+                       size_t scr_floats, int reps) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -417,10 +475,14 @@ static float time_rule(int chunked, float *o, float *st, size_t stride, const fl
     for (int it = 0; it < 2; it++) { /* warm-up, then timed */
         const int n_it = it ? reps : 2;
         CK(cudaEventRecord(e0, 0));
-        for (int r = 0; r < n_it; r++)
-            (chunked ? gated_delta_rule_chunked_cuda : gated_delta_rule_cuda)(o, st, stride, qkv, ba, s->nk, s->nv, s->dk,
-                                                                              s->dv, s->K, s->conv_dim, 0, d->seq, d->off,
-                                                                              d->tok, n_runs, 0);
+        for (int r = 0; r < n_it; r++) {
+            if (chunked)
+                gated_delta_rule_chunked_cuda(o, st, stride, qkv, ba, s->nk, s->nv, s->dk, s->dv, s->K, s->conv_dim, 0,
+                                              d->seq, d->off, d->tok, n_runs, n_tokens, scr, scr_floats, 0);
+            else
+                gated_delta_rule_cuda(o, st, stride, qkv, ba, s->nk, s->nv, s->dk, s->dv, s->K, s->conv_dim, 0, d->seq,
+                                      d->off, d->tok, n_runs, 0);
+        }
         CK(cudaEventRecord(e1, 0));
         CK(cudaEventSynchronize(e1));
         CK(cudaGetLastError());
@@ -455,23 +517,31 @@ static void bench_rule(void) {
         for (int i = 0; i < nr; i++) lens[i] = 1, seqs[i] = i;
         struct runs r = runs_make(nr, lens, seqs, n_slots);
         struct druns d = druns_put(&r);
-        const float ms = time_rule(0, dout, dst, stride, dq, dba, &s, &d, nr, 50);
+        const float ms = time_rule(0, dout, dst, stride, dq, dba, &s, &d, nr, nr, NULL, 0, 50);
         const double bytes = (double)nr * s.nv * s.dk * s.dv * 8;
         printf("bench: delta rule decode, %2d sequences x 48 heads of 128 x 128: %7.2f us, %6.0f GB/s of state\n", nr,
                ms * 1e3, bytes / (ms * 1e-3) / 1e9);
         druns_free(&d), free(r.tok);
     }
-    int len = n_pf, seq0 = 0;
-    struct runs r = runs_make(1, &len, &seq0, n_slots);
-    struct druns d = druns_put(&r);
-    for (int form = 0; form < 3; form++) {
-        deltanet_chunked_cuda_force_chunk(form == 2 ? 64 : 0);
-        const float ms = time_rule(form > 0, dout, dst, stride, dq, dba, &s, &d, 1, 3);
-        printf("bench: delta rule prefill, one run of %d tokens x 48 heads, %-20s %8.3f ms, %8.0f tokens/s\n", n_pf,
-               form == 0 ? "recurrent:" : form == 1 ? "chunked (automatic, 32):" : "chunked 64:", ms, n_pf / (ms * 1e-3));
+    const size_t scr_floats = gated_delta_rule_chunked_scratch_floats(n_pf, 1, s.nv, s.dk, s.dv);
+    float *dscr;
+    CK(cudaMalloc((void **)&dscr, scr_floats * 4));
+    for (int len = 512; len <= n_pf; len *= 2) {
+        int seq0 = 0;
+        struct runs r = runs_make(1, &len, &seq0, n_slots);
+        struct druns d = druns_put(&r);
+        for (int f = 0; f < N_FORMS; f++) {
+            deltanet_chunked_cuda_force_chunk(forms[f].chunk);
+            deltanet_chunked_cuda_force_tile(forms[f].tile);
+            const float ms = time_rule(f > 0, dout, dst, stride, dq, dba, &s, &d, 1, len, dscr, scr_floats, 5);
+            printf("bench: delta rule prefill, one run of %4d tokens x 48 heads, %-13s %8.1f us, %8.0f tokens/s\n", len,
+                   forms[f].name, ms * 1e3, len / (ms * 1e-3));
+        }
+        druns_free(&d), free(r.tok);
     }
     deltanet_chunked_cuda_force_chunk(0);
-    druns_free(&d), free(r.tok);
+    deltanet_chunked_cuda_force_tile(0);
+    cudaFree(dscr);
     cudaFree(dq), cudaFree(dba), cudaFree(dst), cudaFree(dout);
     free(h), free(hba);
 }
@@ -482,20 +552,26 @@ int main(void) {
     const int lens[5] = {1, 2, 7, 65, 130}, seqs[5] = {3, 0, 5, 1, 6};
     const int dec_lens[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
     const int dec_seqs[16] = {9, 2, 15, 0, 7, 11, 4, 13, 1, 8, 14, 3, 10, 6, 12, 5};
-    const struct shape shapes[4] = {shape_of(2, 4, 64, 64, 4), shape_of(4, 8, 48, 48, 4), shape_of(16, 48, 128, 128, 4),
-                                    shape_of(4, 8, 128, 256, 4)};
-    for (int si = 0; si < 4; si++) {
+    const struct shape shapes[5] = {shape_of(2, 4, 64, 64, 4), shape_of(4, 8, 48, 48, 4), shape_of(16, 48, 128, 128, 4),
+                                    shape_of(4, 8, 128, 256, 4), shape_of(1, 4, 256, 33, 4)};
+    for (int si = 0; si < 5; si++) {
         const struct shape *s = &shapes[si];
         CHECK(deltanet_cuda_supported(s->dk, s->dv), "dk %d dv %d unsupported", s->dk, s->dv);
         const int big = s->nv > 16; /* the 27B's 48 heads: few tokens (reference time) */
         struct runs r = runs_make(big ? 3 : 5, lens, seqs, 8), dec = runs_make(16, dec_lens, dec_seqs, 16);
         test_conv(s, &r);
         test_prep(s, 9);
-        for (int chunked = 0; chunked < 3; chunked++) { /* recurrent, chunked (automatic: 32), chunked 64 */
-            deltanet_chunked_cuda_force_chunk(chunked == 2 ? 64 : 0);
-            for (int v_tiled = 0; v_tiled < 2; v_tiled++) test_rule(s, &r, v_tiled, chunked);
-            test_rule(s, &dec, 0, chunked);
+        for (int f = 0; f < N_FORMS; f++) { /* recurrent, chunked automatic, each chunk size x tile width */
+            deltanet_chunked_cuda_force_chunk(forms[f].chunk);
+            deltanet_chunked_cuda_force_tile(forms[f].tile);
+            for (int v_tiled = 0; v_tiled < 2; v_tiled++) test_rule(s, &r, v_tiled, f > 0, forms[f].name, SCR_SIZED, 32);
+            test_rule(s, &dec, 0, f > 0, forms[f].name, SCR_SIZED, 32);
         }
+        /* the scratch at its boundary (chunks of 32, tile automatic): exact, one float short, none */
+        deltanet_chunked_cuda_force_chunk(32);
+        deltanet_chunked_cuda_force_tile(0);
+        for (int scr = SCR_SHORT; scr <= SCR_EXACT; scr++) test_rule(s, &r, 0, 1, "chunked32", scr, 32);
+        deltanet_chunked_cuda_force_chunk(0);
         free(r.tok), free(dec.tok);
     }
     { /* a ragged conv: K 2 and K 6 take the run-time-K kernel */

@@ -87,6 +87,7 @@ struct cuda_backend {
     int32_t *moe_ids;       /* MoE: the chosen experts [nb][k] */
     int32_t *moe_order, *moe_tiles, *moe_ntiles; /* MoE prefill: pairs sorted by expert, their tiles, the count */
     size_t rstate_floats;
+    size_t hb_floats, moe_hb_floats; /* their sizes: the chunked delta rule's scratch while the token mixer runs */
     void *x16, *w16, *cublas_ws;
     const float *x16_src;   /* prefill: x16 holds the half form of this buffer (NULL: of none); set by
                              * the kernel that wrote both (gemm_in_norm, swiglu) or by matmul_ld's
@@ -442,6 +443,7 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     b->att = arena_f32(b, bf.att);
     b->hb = arena_f32(b, bf.hb);  /* [nb][2 ff] (gate, up, or the stacked gate|up output), then hb2 [nb][ff] */
     b->hb2 = b->hb + 2 * nb * (size_t)hp->n_ff;
+    b->hb_floats = bf.hb;
     b->logits = arena_f32(b, bf.logits);
     if (bf.moe_hb) {
         b->moe_logits = arena_f32(b, bf.moe_logits);
@@ -451,6 +453,7 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
         b->moe_ntiles = b->moe_tiles + 3 * (size_t)moe_max_tiles((int)nb * hp->n_expert_used, hp->n_expert);
         b->moe_w = arena_f32(b, bf.moe_w);
         b->moe_hb = arena_f32(b, bf.moe_hb);
+        b->moe_hb_floats = bf.moe_hb;
         b->moe_y = arena_f32(b, bf.moe_y);
     }
     if (bf.qg) b->qg = arena_f32(b, bf.qg);
@@ -656,10 +659,13 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
     ssm_conv_cuda(b->ssm_conv, state, b->rstate_floats, b->ssm_qkv, L->v[CV_SSM_CONV], conv_dim, K, di.run_seq,
                   di.run_off, di.run_tok, s.n_runs, st);
     deltanet_prep_cuda(b->ssm_conv, b->ssm_ba, L->v[CV_SSM_A], L->v[CV_SSM_DT], nk, nv, dk, conv_dim, n, st);
-    if (n > CUDA_DECODE_MAX) /* prefill: the chunked (UT transform) form */
+    if (n > CUDA_DECODE_MAX) { /* prefill: the chunked (UT transform) form; its scratch is the FFN's buffer,
+                                * free while the token mixer runs (recurrent if too small) */
+        const int dense = b->hb_floats > 0;
         gated_delta_rule_chunked_cuda(b->ssm_o, state, b->rstate_floats, b->ssm_conv, b->ssm_ba, nk, nv, dk, dv, K,
-                                      conv_dim, hp->ssm_v_tiled, di.run_seq, di.run_off, di.run_tok, s.n_runs, st);
-    else
+                                      conv_dim, hp->ssm_v_tiled, di.run_seq, di.run_off, di.run_tok, s.n_runs, n,
+                                      dense ? b->hb : b->moe_hb, dense ? b->hb_floats : b->moe_hb_floats, st);
+    } else
         gated_delta_rule_cuda(b->ssm_o, state, b->rstate_floats, b->ssm_conv, b->ssm_ba, nk, nv, dk, dv, K, conv_dim,
                               hp->ssm_v_tiled, di.run_seq, di.run_off, di.run_tok, s.n_runs, st);
     int8_t *xq = q8_for(b, s.q8, &L->w[CM_SSM_OUT]);

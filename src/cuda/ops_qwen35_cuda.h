@@ -67,18 +67,36 @@ void gated_delta_rule_cuda(float *o, float *state, size_t seq_stride, const floa
                            const int32_t *run_off, const int32_t *run_tok, int n_runs, cudaStream_t st);
 
 /* The same result by the chunked (UT transform) form (forward_qwen35.c gated_delta_rule_chunked;
- * HF torch_chunk_gated_delta_rule), for prefill runs: chunks of up to 64 tokens (32 where the
- * device's shared memory is too small for 64 at this dk) are solved with matrix products instead
- * of token-by-token steps. Same arguments, layout and requirements as gated_delta_rule_cuda; where
- * the chunked kernel does not fit the device (dk % 4 != 0 or dk too large for its shared memory)
- * it runs gated_delta_rule_cuda instead. The first call per chunk size sets the kernel's shared
- * memory opt-in (cudaFuncSetAttribute, the current device's limit): make it once outside graph
- * capture. Shared memory per block: 127 KiB at dk 128 with chunks of 64 (sm_80+), 64 KiB with 32. */
+ * HF torch_chunk_gated_delta_rule), for prefill runs: chunks of 32 tokens (64 when forced) are
+ * solved with matrix products instead of token-by-token steps, in two kernels
+ * (deltanet_chunked.cu): one, parallel over every (chunk, key head), builds each value head's
+ * T = (I + A)^-1, M and decays into scratch; the other walks each run's chunks with the S tile
+ * resident. Same arguments, layout and requirements as gated_delta_rule_cuda, plus
+ *   n_tokens        at least run_off[n_runs], the runs' tokens in all (the step's tokens); a run
+ *                   past the slots it implies is left alone (o unwritten, S unchanged)
+ *   scratch         device floats, 16-byte aligned, at least
+ *                   gated_delta_rule_chunked_scratch_floats(n_tokens, n_runs, nv, dk, dv) of them;
+ *                   overwritten (the caller's contents are lost), free again when the stream is
+ *                   past the call
+ * Where the chunked kernels do not fit the device (dk % 4 != 0, dk > 256, or their shared memory),
+ * qkv rows are not 16-byte aligned (qkv % 16, conv_dim % 4), or scratch is NULL, misaligned or
+ * under the need at the chunk size in use (nv x (n_tokens / C + n_runs) x (2 C^2 + 4 C) floats), it
+ * runs gated_delta_rule_cuda instead (scratch untouched). The first call per chunk size and tile width sets
+ * the kernels' shared memory opt-in (cudaFuncSetAttribute, the current device's limit): make it
+ * once outside graph capture. Shared memory per block at dk 128, chunks of 32: 61 KiB (columns of
+ * S in tiles of 16) or 77 KiB (32); the parallel kernel 46 KiB. */
 void gated_delta_rule_chunked_cuda(float *o, float *state, size_t seq_stride, const float *qkv, const float *ba, int nk,
                                    int nv, int dk, int dv, int K, int conv_dim, int v_tiled, const int32_t *run_seq,
-                                   const int32_t *run_off, const int32_t *run_tok, int n_runs, cudaStream_t st);
-/* Tests and benchmarks: make the chunked form use chunks of 32 or 64 where they fit (0: automatic). */
+                                   const int32_t *run_off, const int32_t *run_tok, int n_runs, int n_tokens,
+                                   float *scratch, size_t scratch_floats, cudaStream_t st);
+/* Floats of scratch gated_delta_rule_chunked_cuda needs for any runs of n_tokens tokens in all in
+ * n_runs runs, at either chunk size: nv x (n_tokens / C + n_runs) x (2 C^2 + 4 C), the larger of C
+ * = 32 and 64 (about 132 nv floats per token). 0 for no tokens. */
+size_t gated_delta_rule_chunked_scratch_floats(int n_tokens, int n_runs, int nv, int dk, int dv);
+/* Tests and benchmarks: make the chunked form use chunks of 32 or 64, and tiles of 16 or 32
+ * columns of S, where they fit (0: automatic). */
 void deltanet_chunked_cuda_force_chunk(int chunk);
+void deltanet_chunked_cuda_force_tile(int tile);
 
 /* Qwen3_5RMSNormGated per row of dv (rows = tokens x value heads; CPU gated_norm), in place:
  *   o = o * 1/sqrt(mean(o^2) + eps) * w * silu(z)

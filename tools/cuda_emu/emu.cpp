@@ -104,8 +104,17 @@ cudaError_t cudaGetLastError(void) { return cudaSuccess; }
 const char *cudaGetErrorString(cudaError_t) { return "emu"; }
 cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
 cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
+/* an H200's: 227 KiB of shared memory per block (EMU_SMEM), 132 SMs of 228 KiB and 2048 threads */
 cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int) {
-    *v = a == cudaDevAttrMaxSharedMemoryPerBlockOptin ? (getenv("EMU_SMEM") ? atoi(getenv("EMU_SMEM")) : 232448) : 0;
+    *v = a == cudaDevAttrMaxSharedMemoryPerBlockOptin ? (getenv("EMU_SMEM") ? atoi(getenv("EMU_SMEM")) : 232448)
+         : a == cudaDevAttrMultiProcessorCount        ? 132
+                                                      : 0;
+    return cudaSuccess;
+}
+/* resident blocks per SM by threads and shared memory only (1 KiB reserved per block; registers not modelled) */
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *, int threads, size_t smem) {
+    const int by_thr = 2048 / threads, by_smem = (int)(233472 / (smem + 1024));
+    *n = std::min(32, std::min(by_thr, by_smem));
     return cudaSuccess;
 }
 cudaError_t cudaFuncSetAttribute(const void *, enum cudaFuncAttribute, int v) {
