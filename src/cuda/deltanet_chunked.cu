@@ -30,12 +30,15 @@
  * 2. gated_delta_inter_kernel<C, TW>: the recurrence over the chunks, sequential per run. One block
  *    per (tile of TW columns of S, value head, run), C TW / 4 threads, the S tile in shared memory
  *    for the whole run. Per chunk, four phases between barriers:
- *      a. [K; Q] S (2C x dk x TW): thread (i-group g, column pair p) takes rows g and g + C/2 of K
- *         and of Q and columns 2p, 2p+1 (8 sums; per 4 r: 4 float4 of K/Q, 4 float2 of S); forms
- *         rhs = beta (v - exp(gam) k S) into shared memory and keeps exp(gam) q S in registers.
+ *      a. [K; Q] S (2C x dk x TW): a lane pair takes rows 2g, 2g + 1 of K and of Q and 4 columns
+ *         (16 sums), each lane every other float4 step of r (per step: 4 float4 of K/Q and 4 of S
+ *         for 64 FMAs; the rows and halves a warp reads fall on different banks); one shuffle
+ *         exchange leaves each lane its own row's sums: rhs = beta (v - exp(gam) k S) goes to
+ *         shared memory, exp(gam) q S stays in registers.
  *      b. vnew = T rhs (C x C x TW, triangular): thread: 4 rows x 1 column, float4 of T^T per j;
  *         stores vnew and exp(gam_last - gam) vnew.
- *      c. out = exp(gam) q S + M vnew (same thread layout as a: no exchange of q S), scattered to o.
+ *      c. out = exp(gam) q S + M vnew (the lane's row and 4 columns of a: no exchange of q S),
+ *         scattered to o.
  *      d. S = exp(gam_last) S + K^T (exp(gam_last - gam) vnew): thread: 4 rows x 4 columns of S
  *         (float4 of K and of vnew per j), read-modified-written in shared memory.
  *    Prefetch: the next chunk's data goes from global memory into registers while this chunk
@@ -277,8 +280,10 @@ __global__ void __launch_bounds__(C * TW / 4, C == 32 ? (TW == 16 ? 3 : 2) : 1) 
     const float *scr = scratch + (slot0 * nv + h) * F;
     const size_t sstride = (size_t)nv * F; /* from one chunk's slot to the next */
     const float *ksrc = qkv + (size_t)kh * dk, *vsrc = qkv + 2 * (size_t)key_dim + (size_t)h * dv + col0;
-    /* phases a and c: rows i0, i1 = i0 + C/2, columns cA, cA + 1; phase b: rows rB..rB+3, column cB */
-    const int cA = 2 * (tid % (TW / 2)), i0 = tid / (TW / 2), i1 = i0 + C / 2;
+    /* phase a: the lane pair (tid, tid ^ 1) sums rows 2g, 2g + 1 of K and of Q times columns cA..cA+3
+     * of S, lane hf over the float4 steps r = 4 hf + 8 n; phases a and c: the lane then owns row iR;
+     * phase b: rows rB..rB+3, column cB */
+    const int hf = tid & 1, cA = 4 * ((tid >> 1) % (TW / 4)), i0 = 2 * ((tid >> 1) / (TW / 4)), iR = i0 + hf;
     const int cB = tid % TW, rB = 4 * (tid / TW);
     /* K and Q rows as float4: a thread takes column kc4 (of dk / 4) of rows kr0 + s kstep; p2 threads
      * per row (dk / 4 rounded up to a power of two); rows from KS kstep on (dk > 128) are loaded
@@ -377,34 +382,40 @@ __global__ void __launch_bounds__(C * TW / 4, C == 32 ? (TW == 16 ? 3 : 2) : 1) 
         const int m = min(C, len - q * C);
         const float *bet = scb + (q & 1) * 4 * C, *eg = bet + C, *el = eg + C;
         if (next) stage_a(q + 1);
-        /* -- a. k S and q S for rows i0, i1 and columns cA, cA + 1 -> rhs, exp(gam) q S -- */
-        float oq[2][2];
+        /* -- a. k S and q S for rows i0, i0 + 1 and columns cA..cA+3 -> rhs, exp(gam) q S of row iR -- */
+        float oq[4];
         {
-            float ka[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}, qa[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-            const float *k0 = Ks + i0 * LK, *k1 = Ks + i1 * LK, *q0 = Qs + i0 * LK, *q1 = Qs + i1 * LK;
-            for (int r = 0; r < dk; r += 4) {
-                const float *sr = St + r * LS + cA;
-                const float2 s0 = *(const float2 *)sr, s1 = *(const float2 *)(sr + LS);
-                const float2 s2 = *(const float2 *)(sr + 2 * LS), s3 = *(const float2 *)(sr + 3 * LS);
-                const float4 ka0 = *(const float4 *)(k0 + r), ka1 = *(const float4 *)(k1 + r);
-                const float4 qa0 = *(const float4 *)(q0 + r), qa1 = *(const float4 *)(q1 + r);
-                ka[0][0] = dot4(ka[0][0], ka0, s0.x, s1.x, s2.x, s3.x);
-                ka[0][1] = dot4(ka[0][1], ka0, s0.y, s1.y, s2.y, s3.y);
-                ka[1][0] = dot4(ka[1][0], ka1, s0.x, s1.x, s2.x, s3.x);
-                ka[1][1] = dot4(ka[1][1], ka1, s0.y, s1.y, s2.y, s3.y);
-                qa[0][0] = dot4(qa[0][0], qa0, s0.x, s1.x, s2.x, s3.x);
-                qa[0][1] = dot4(qa[0][1], qa0, s0.y, s1.y, s2.y, s3.y);
-                qa[1][0] = dot4(qa[1][0], qa1, s0.x, s1.x, s2.x, s3.x);
-                qa[1][1] = dot4(qa[1][1], qa1, s0.y, s1.y, s2.y, s3.y);
-            }
+            float ka[2][4], qa[2][4];
 #pragma unroll
-            for (int u = 0; u < 2; u++) { /* rows >= m: beta and exp(gam) are 0 */
-                const int i = u ? i1 : i0;
-                const float2 v2 = *(const float2 *)(Vs + i * TW + cA);
-                *(float2 *)(Rs + i * TW + cA) =
-                    make_float2(bet[i] * (v2.x - eg[i] * ka[u][0]), bet[i] * (v2.y - eg[i] * ka[u][1]));
-                oq[u][0] = eg[i] * qa[u][0], oq[u][1] = eg[i] * qa[u][1];
+            for (int c = 0; c < 4; c++) ka[0][c] = ka[1][c] = qa[0][c] = qa[1][c] = 0.0f;
+            const float *k0 = Ks + i0 * LK, *q0 = Qs + i0 * LK;
+            for (int r = 4 * hf; r < dk; r += 8) { /* rows 2g, 2g + 1 and the halves: all on different banks */
+                const float *sr = St + r * LS + cA;
+                const float4 s0 = *(const float4 *)sr, s1 = *(const float4 *)(sr + LS);
+                const float4 s2 = *(const float4 *)(sr + 2 * LS), s3 = *(const float4 *)(sr + 3 * LS);
+                const float4 x[4] = {*(const float4 *)(k0 + r), *(const float4 *)(k0 + LK + r), *(const float4 *)(q0 + r),
+                                     *(const float4 *)(q0 + LK + r)};
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    float *acc = u < 2 ? ka[u] : qa[u - 2];
+                    acc[0] = dot4(acc[0], x[u], s0.x, s1.x, s2.x, s3.x);
+                    acc[1] = dot4(acc[1], x[u], s0.y, s1.y, s2.y, s3.y);
+                    acc[2] = dot4(acc[2], x[u], s0.z, s1.z, s2.z, s3.z);
+                    acc[3] = dot4(acc[3], x[u], s0.w, s1.w, s2.w, s3.w);
+                }
             }
+            float kk[4]; /* the pair's two halves of row iR: send the other row's, add the partner's */
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                kk[c] = (hf ? ka[1][c] : ka[0][c]) + __shfl_xor_sync(FULL_MASK, hf ? ka[0][c] : ka[1][c], 1);
+                oq[c] = (hf ? qa[1][c] : qa[0][c]) + __shfl_xor_sync(FULL_MASK, hf ? qa[0][c] : qa[1][c], 1);
+            }
+            const float b = bet[iR], e = eg[iR]; /* rows >= m: 0 */
+            const float4 v4 = *(const float4 *)(Vs + iR * TW + cA);
+            *(float4 *)(Rs + iR * TW + cA) =
+                make_float4(b * (v4.x - e * kk[0]), b * (v4.y - e * kk[1]), b * (v4.z - e * kk[2]), b * (v4.w - e * kk[3]));
+#pragma unroll
+            for (int c = 0; c < 4; c++) oq[c] *= e;
         }
         if (next) put_sc(q + 1);
         __syncthreads();
@@ -425,27 +436,21 @@ __global__ void __launch_bounds__(C * TW / 4, C == 32 ? (TW == 16 ? 3 : 2) : 1) 
         }
         __syncthreads();
         if (next) put_t(); /* T is free */
-        /* -- c. out = exp(gam) q S + M vnew (M[i0][j] = 0 for j > i0) -- */
+        /* -- c. out = exp(gam) q S + M vnew for row iR, columns cA..cA+3 -- */
         {
-            float o00 = oq[0][0], o01 = oq[0][1], o10 = oq[1][0], o11 = oq[1][1];
-            const int jn = min(i1 + 1, m);
+            float o4[4] = {oq[0], oq[1], oq[2], oq[3]};
+            const int jn = min(iR + 1, m);
             for (int j = 0; j < jn; j++) {
-                const float2 v2 = *(const float2 *)(Vn + j * TW + cA);
-                const float m0 = Ms[i0 * LM + j], m1 = Ms[i1 * LM + j];
-                o00 = fmaf(m0, v2.x, o00), o01 = fmaf(m0, v2.y, o01);
-                o10 = fmaf(m1, v2.x, o10), o11 = fmaf(m1, v2.y, o11);
+                const float4 v4 = *(const float4 *)(Vn + j * TW + cA);
+                const float mm = Ms[iR * LM + j];
+                o4[0] = fmaf(mm, v4.x, o4[0]), o4[1] = fmaf(mm, v4.y, o4[1]);
+                o4[2] = fmaf(mm, v4.z, o4[2]), o4[3] = fmaf(mm, v4.w, o4[3]);
             }
-            const int *tk = toks + (q % 3) * C;
-            const bool c0ok = col0 + cA < dv, c1ok = col0 + cA + 1 < dv;
-            if (i0 < m) {
-                float *dst = o + (size_t)tk[i0] * nv * dv + (size_t)h * dv + col0 + cA;
-                if (c0ok) dst[0] = o00;
-                if (c1ok) dst[1] = o01;
-            }
-            if (i1 < m) {
-                float *dst = o + (size_t)tk[i1] * nv * dv + (size_t)h * dv + col0 + cA;
-                if (c0ok) dst[0] = o10;
-                if (c1ok) dst[1] = o11;
+            if (iR < m) {
+                float *dst = o + (size_t)toks[(q % 3) * C + iR] * nv * dv + (size_t)h * dv + col0 + cA;
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    if (col0 + cA + c < dv) dst[c] = o4[c];
             }
         }
         /* -- d. S = exp(gam_last) S + K^T (exp(gam_last - gam) vnew), tiles of 4 rows x 4 columns -- */
