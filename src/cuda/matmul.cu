@@ -271,18 +271,29 @@ __global__ void dequant_rows_kernel(T *__restrict__ out, const cuda_weight w, co
     const int n_in = w.n_in;
     const int n_vec = n_in % 8 == 0 ? n_in : 0;
     T *o = out + (size_t)blockIdx.x * n_in;
-    for (int e = threadIdx.x * 8; e < n_vec; e += blockDim.x * 8) {
-        float v[8];
-        load8<F>(w, row, e, v);
-        if (sizeof(T) == 2) {
-            __half2 h[4];
+    constexpr int U = 4; /* chunks of 8 per thread and round: their loads issued together, then the
+                          * stores (the prefill tiles dequantize on the SMs a GEMM leaves: each
+                          * SM needs several loads in flight per thread) */
+    const int step = blockDim.x * 8;
+    for (int e0 = threadIdx.x * 8; e0 < n_vec; e0 += U * step) {
+        float v[U][8];
 #pragma unroll
-            for (int j = 0; j < 4; j++) h[j] = __floats2half2_rn(v[2 * j], v[2 * j + 1]);
-            *(uint4 *)(o + e) = *(const uint4 *)h;
-        } else {
-            float4 *p = (float4 *)(o + e);
-            p[0] = make_float4(v[0], v[1], v[2], v[3]);
-            p[1] = make_float4(v[4], v[5], v[6], v[7]);
+        for (int u = 0; u < U; u++)
+            if (e0 + u * step < n_vec) load8<F>(w, row, e0 + u * step, v[u]);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int e = e0 + u * step;
+            if (e >= n_vec) break;
+            if (sizeof(T) == 2) {
+                __half2 h[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) h[j] = __floats2half2_rn(v[u][2 * j], v[u][2 * j + 1]);
+                *(uint4 *)(o + e) = *(const uint4 *)h;
+            } else {
+                float4 *p = (float4 *)(o + e);
+                p[0] = make_float4(v[u][0], v[u][1], v[u][2], v[u][3]);
+                p[1] = make_float4(v[u][4], v[u][5], v[u][6], v[u][7]);
+            }
         }
     }
     if (F == WFMT_F32 || F == WFMT_F16 || F == WFMT_BF16)
