@@ -153,7 +153,7 @@ static void test_conv(const struct shape *s, const struct runs *r) {
     struct druns d = druns_put(r);
     float *dx = dev_put(x, (size_t)n * C * 4), *dw = dev_put(w, (size_t)C * K * 4), *dst = dev_put(st, sn * 4);
     float *dy = dev_poison_bytes((size_t)n * C * 4);
-    ssm_conv_cuda(dy, dst + (size_t)DL * s->layer_floats, seq_stride(s), dx, dw, C, K, d.seq, d.off, d.tok, r->n_runs, 0);
+    ssm_conv_cuda(dy, dst + (size_t)DL * s->layer_floats, seq_stride(s), dx, dw, C, K, d.seq, d.off, d.tok, r->n_runs, r->n, 0);
     dev_get(got, dy, (size_t)n * C * 4);
     dev_get(st_got, dst, sn * 4);
     const double err = norm_err(got, ref, (size_t)n * C);

@@ -657,7 +657,7 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
         matmul_ld(b, b->ssm_ba + nv, &L->w[CM_SSM_ALPHA], b->xb, n, s.q8, 0, 2 * nv);
     }
     ssm_conv_cuda(b->ssm_conv, state, b->rstate_floats, b->ssm_qkv, L->v[CV_SSM_CONV], conv_dim, K, di.run_seq,
-                  di.run_off, di.run_tok, s.n_runs, st);
+                  di.run_off, di.run_tok, s.n_runs, n, st);
     deltanet_prep_cuda(b->ssm_conv, b->ssm_ba, L->v[CV_SSM_A], L->v[CV_SSM_DT], nk, nv, dk, conv_dim, n, st);
     if (n > CUDA_DECODE_MAX) { /* prefill: the chunked (UT transform) form; its scratch is the FFN's buffer,
                                 * free while the token mixer runs (recurrent if too small) */

@@ -40,9 +40,10 @@ int deltanet_cuda_supported(int dk, int dv);
  *   y[t][c] = silu(sum_{j<K-1} w[c][j] * win_j + w[c][K-1] * x[t][c])
  * where win is the K-1 previous inputs of the sequence (the conv state, then this run's tokens);
  * the conv state ends as the run's last K-1 inputs. x, y [n][conv_dim] (x = the in_proj_qkv
- * output); w [conv_dim][K], taps oldest first; 1 <= K <= 16. y must not alias x. */
+ * output); w [conv_dim][K], taps oldest first; 1 <= K <= 16. y must not alias x. n_tokens: the
+ * runs' tokens in all (the grid covers the longest run in tiles of 32 tokens). */
 void ssm_conv_cuda(float *y, float *state, size_t seq_stride, const float *x, const float *w, int conv_dim, int K,
-                   const int32_t *run_seq, const int32_t *run_off, const int32_t *run_tok, int n_runs,
+                   const int32_t *run_seq, const int32_t *run_off, const int32_t *run_tok, int n_runs, int n_tokens,
                    cudaStream_t st);
 
 /* In place on the conv output (CPU prep_range): qkv [n][conv_dim] rows = [q (nk heads of dk) |
