@@ -117,7 +117,8 @@ size_t memplan_arena_weight_bytes(const struct memplan *mp, const struct pxq_hpa
 /* The arena at context n_ctx per sequence: weights + KV + the CUDA backend's own buffers
  * (cuda_bufs_of: activations, logits rows, workspace, recurrent state), each rounded as the backend
  * allocates it; the --workspace bytes stand for the cuBLAS workspace. Fills mp's terms. */
-static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const struct memplan_params *p, int n_ctx) {
+static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const struct memplan_params *p, int n_ctx,
+                       int allow_small) {
     struct pxq_engine_params ep = pxq_engine_default_params();
     ep.n_ctx = n_ctx;
     ep.n_seq_max = p->n_seq;
@@ -128,7 +129,7 @@ static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const s
     const int64_t positions = ((int64_t)n_ctx + p->kv_block_size - 1) / p->kv_block_size * p->kv_block_size * p->n_seq;
     const size_t kv = mp->kv_bytes_per_token * (size_t)positions;
     size_t total = 0;
-    for (int small = 0; small < 2; small++) { /* the backend's choice (cuda_mem_plan): small tiles if over budget */
+    for (int small = 0; small < 1 + allow_small; small++) { /* the backend's choice (cuda_mem_plan): small tiles if over budget */
         struct cuda_bufs bf;
         mp->w16_elems = small ? CUDA_W16_SMALL_ELEMS : CUDA_W16_MAX_ELEMS;
         cuda_bufs_of(hp, &ep, max_in, max_mat, mp->w16_elems, &bf);
@@ -168,7 +169,7 @@ int memplan_compute(struct memplan *mp, const struct pxq_hparams *hp, const stru
     mp->kv_bytes = mp->kv_bytes_per_token * (size_t)mp->kv_positions;
     mp->state_bytes_per_seq = memplan_state_bytes_per_seq(hp);
     mp->cuda_context = p->cuda_context;
-    mp->total = arena_at(mp, hp, p, p->n_ctx);
+    mp->total = arena_at(mp, hp, p, p->n_ctx, 1);
     mp->act_floats_per_token = mp->act_bytes / ((size_t)p->n_batch * sizeof(float));
     mp->device_total = mp->total + mp->cuda_context;
     mp->budget = p->budget;
@@ -177,16 +178,21 @@ int memplan_compute(struct memplan *mp, const struct pxq_hparams *hp, const stru
         mp->max_ctx = 0;
     } else { /* the arena grows with the context (KV, block tables, attention partials): bisect */
         struct memplan probe = *mp;
-        if (arena_at(&probe, hp, p, 1) > p->budget) mp->max_ctx = -1;
+        mp->max_ctx_whole = -1;
+        if (arena_at(&probe, hp, p, 1, 1) > p->budget) mp->max_ctx = -1;
         else if (mp->kv_bytes_per_token == 0) mp->max_ctx = INT64_MAX;
         else {
-            int64_t lo = 1, hi = (int64_t)1 << 30; /* positions: lo fits */
-            while (lo < hi) {
-                const int64_t mid = lo + (hi - lo + 1) / 2;
-                if (arena_at(&probe, hp, p, (int)mid) <= p->budget) lo = mid;
-                else hi = mid - 1;
+            for (int small = 1; small >= 0; small--) { /* any tiles, then the whole-matrix ones only */
+                if (arena_at(&probe, hp, p, 1, small) > p->budget) continue;
+                int64_t lo = 1, hi = (int64_t)1 << 30; /* positions: lo fits */
+                while (lo < hi) {
+                    const int64_t mid = lo + (hi - lo + 1) / 2;
+                    if (arena_at(&probe, hp, p, (int)mid, small) <= p->budget) lo = mid;
+                    else hi = mid - 1;
+                }
+                if (small) mp->max_ctx = lo;
+                else mp->max_ctx_whole = lo;
             }
-            mp->max_ctx = lo;
         }
     }
     return 0;
@@ -261,6 +267,9 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
         fprintf(f, "largest context that fits: no limit from memory (no KV cache)\n");
     else if (mp->max_ctx < 0)
         fprintf(f, "largest context that fits: none (weights, state, activations and workspace alone exceed the budget)\n");
+    else if (mp->max_ctx_whole < mp->max_ctx)
+        fprintf(f, "largest context that fits: %lld tokens per sequence x %d seq (model's n_ctx_train %d); up to %lld with the whole-matrix prefill tiles, beyond that the small ones\n",
+                (long long)mp->max_ctx, p->n_seq, hp->n_ctx_train, (long long)mp->max_ctx_whole);
     else
         fprintf(f, "largest context that fits: %lld tokens per sequence x %d seq (model's n_ctx_train %d)\n", (long long)mp->max_ctx,
                 p->n_seq, hp->n_ctx_train);

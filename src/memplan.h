@@ -73,6 +73,7 @@ struct memplan {
     int fits;                     /* total <= budget (or no budget) */
     int64_t max_ctx;              /* largest n_ctx per sequence that fits (multiple of kv_block_size);
                                    * -1: none fits; INT64_MAX: the model has no KV (no limit from memory) */
+    int64_t max_ctx_whole;        /* the same with the whole-matrix prefill tiles (-1: none fits with them) */
 };
 
 /* Defaults: n_ctx 4096, n_seq 1, n_batch 512, kv_block_size 16, f16 KV, no budget, 32 MiB workspace,

@@ -305,8 +305,8 @@ static void test_rope(void) {
 }
 
 /* Attention over a paged cache whose block table is a random permutation, against a float64 loop. */
-static void test_attention(int kv_f32, int hd, int n_head, int n_head_kv) {
-    const int bs = 16, n_layer_kv = 2, l = 1, n_seq = 2, max_blocks = 48; /* 768 positions per sequence */
+static void test_attention(int kv_f32, int hd, int n_head, int n_head_kv, int bs) {
+    const int n_layer_kv = 2, l = 1, n_seq = 2, max_blocks = 768 / bs; /* 768 positions per sequence */
     const int n_blocks = n_seq * max_blocks, kv_dim = n_head_kv * hd, q_dim = n_head * hd;
     const int n_tok = 5;
     int32_t pos[5] = {0, 40, 700, 255, 256}, seq[5] = {0, 1, 1, 0, 0};
@@ -383,8 +383,8 @@ static void test_attention(int kv_f32, int hd, int n_head, int n_head_kv) {
             double err = norm_err(got, ref, (size_t)n_tok * q_dim);
             CHECK(err <= 2e-3, "attention_decode hd %d heads %d/%d splits %d x %d: %.3g > 2e-3", hd, n_head, n_head_kv,
                   n_split, split_len, err);
-            printf("attention_decode (mma) hd %3d heads %2d/%d splits %2d x %4d: %.2e\n", hd, n_head, n_head_kv, n_split,
-                   split_len, err);
+            printf("attention_decode (mma) hd %3d heads %2d/%d bs %2d splits %2d x %4d: %.2e\n", hd, n_head, n_head_kv, bs,
+                   n_split, split_len, err);
             cudaFree(po), cudaFree(pml);
         }
     } else {
@@ -501,13 +501,14 @@ int main(void) {
     test_rope();
     for (int neox = 0; neox < 2; neox++)
         for (int f32 = 0; f32 < 2; f32++) test_qk_norm_rope_store(neox, f32);
-    test_attention(1, 64, 6, 2);
-    test_attention(0, 64, 6, 2);
-    test_attention(1, 128, 16, 2);
-    test_attention(0, 128, 64, 8);
-    test_attention(0, 256, 8, 1);
-    test_attention(0, 256, 24, 4); /* Qwen3.5-27B's gated attention: groups of 6 */
-    test_attention(0, 128, 16, 1); /* a group of 16: every MMA row a head */
+    test_attention(1, 64, 6, 2, 16);
+    test_attention(0, 64, 6, 2, 16);
+    test_attention(1, 128, 16, 2, 16);
+    test_attention(0, 128, 64, 8, 16);
+    test_attention(0, 128, 64, 8, 8); /* KV blocks smaller than a decode tile: a lookup per row */
+    test_attention(0, 256, 8, 1, 16);
+    test_attention(0, 256, 24, 4, 16); /* Qwen3.5-27B's gated attention: groups of 6 */
+    test_attention(0, 128, 16, 1, 16); /* a group of 16: every MMA row a head */
     threadpool_free(tp);
     return test_summary("test_cuda_ops");
 }

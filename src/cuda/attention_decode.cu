@@ -84,13 +84,17 @@ __global__ void __launch_bounds__(AD_THREADS)
     const int n_tiles = p1 > p0 ? (p1 - p0 + BN - 1) / BN : 0;
     const int my_n = n_tiles > warp ? (n_tiles - warp + AD_WARPS - 1) / AD_WARPS : 0;
     auto tile_p0 = [&](int i) { return p0 + (warp + i * AD_WARPS) * BN; };
+    /* a tile inside one KV block (block_size a multiple of BN; tiles start at multiples of BN): one
+     * block-table lookup per tile, rows at kv_dim strides from it */
+    const bool one_block = kv.block_size % BN == 0;
     auto load = [&](int i, int s) { /* this warp's i-th tile into stage s; positions >= p1 zero-filled */
         __half *Kd = ring + s * 2 * BN * SD, *Vd = Kd + BN * SD;
         const int j0 = tile_p0(i);
+        const size_t base = (one_block ? kv_off(kv, l, tab, j0) : 0) + (size_t)kvh * D;
 #pragma unroll
         for (int it = 0; it < BN * (D / 8) / 32; it++) {
             const int idx = lane + it * 32, r = idx / (D / 8), c = (idx - r * (D / 8)) * 8, p = j0 + r, ok = p < p1;
-            const size_t off = ok ? kv_off(kv, l, tab, p) + (size_t)kvh * D + c : 0;
+            const size_t off = !ok ? 0 : one_block ? base + (size_t)r * kv.kv_dim + c : kv_off(kv, l, tab, p) + (size_t)kvh * D + c;
             cp_async16(Kd + r * SD + c, (const __half *)kv.k + off, ok);
             cp_async16(Vd + r * SD + c, (const __half *)kv.v + off, ok);
         }
@@ -151,10 +155,12 @@ __global__ void __launch_bounds__(AD_THREADS)
             mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
             ms[r] = mx * sl2; /* finite: every tile has at least one position < p1 */
             const float corr = exp2f(m[r] * sl2 - ms[r]);
+            const bool grew = mx != m[r];
             m[r] = mx;
             lsum[r] *= corr;
+            if (__any_sync(FULL_MASK, grew)) /* the running max is mostly settled after a few tiles */
 #pragma unroll
-            for (int nd = 0; nd < D / 8; nd++) o[nd][2 * r] *= corr, o[nd][2 * r + 1] *= corr;
+                for (int nd = 0; nd < D / 8; nd++) o[nd][2 * r] *= corr, o[nd][2 * r + 1] *= corr;
         }
 #pragma unroll
         for (int nb = 0; nb < BN / 8; nb++)

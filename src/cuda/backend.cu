@@ -243,8 +243,16 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
         return set_err(err, errlen, "no CUDA device (%s); use --device cpu",
                        ce != cudaSuccess ? cudaGetErrorString(ce) : "count 0");
     const int exact = env_is("PXQ_CUDA_FP32", "1");
+    if (cudaSetDevice(0) != cudaSuccess) return set_err(err, errlen, "cudaSetDevice(0) failed");
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return set_err(err, errlen, "cudaMemGetInfo failed");
     struct cuda_plan plan;
-    if (cuda_mem_plan(e->m, &e->p, exact ? 4 : 2, &plan, err, errlen)) return -1;
+    { /* without --gpu-mem the arena is the plan itself, and the GPU's free memory is the budget that
+       * chooses the prefill tiles (whole matrices, or the small ones where those would not fit) */
+        struct pxq_engine_params pp = e->p;
+        if (!pp.gpu_mem) pp.gpu_mem = free_b;
+        if (cuda_mem_plan(e->m, &pp, exact ? 4 : 2, &plan, err, errlen)) return -1;
+    }
     char ps[320];
     cuda_mem_plan_str(&plan, ps, sizeof ps);
     const double gib = 1024.0 * 1024.0 * 1024.0;
@@ -252,9 +260,6 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     if (plan.total > arena_size)
         return set_err(err, errlen, "the model does not fit in --gpu-mem %.2f GiB: %s; short by %.2f GiB",
                        arena_size / gib, ps, (plan.total - arena_size) / gib);
-    if (cudaSetDevice(0) != cudaSuccess) return set_err(err, errlen, "cudaSetDevice(0) failed");
-    size_t free_b = 0, total_b = 0;
-    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return set_err(err, errlen, "cudaMemGetInfo failed");
     if (arena_size > free_b)
         return set_err(err, errlen, "device arena of %.2f GiB exceeds the %.2f GiB free on the GPU (plan: %s)",
                        arena_size / gib, free_b / gib, ps);

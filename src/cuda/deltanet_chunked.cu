@@ -512,7 +512,10 @@ static int device_attr(cudaDeviceAttr a, int fallback) {
 /* The opt-in above 48 KiB of dynamic shared memory, once per kernel and size (*set: largest so far). */
 static int opt_in(const void *f, size_t need, size_t *set) {
     if (need <= 48 * 1024 || need <= *set) return 1;
-    if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need) != cudaSuccess) return 0;
+    if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need) != cudaSuccess) {
+        (void)cudaGetLastError(); /* the fallback takes over: not an error of the step */
+        return 0;
+    }
     *set = need;
     return 1;
 }
@@ -546,8 +549,10 @@ static int inter_per_sm(int C, int TW, int dk, int max_smem) {
     const size_t need = inter_smem_bytes(C, TW, dk);
     int n = 0;
     if (need <= (size_t)max_smem && opt_in(inter_fn(C, TW), need, &set[a][b]) &&
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, inter_fn(C, TW), C * TW / 4, need) != cudaSuccess)
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, inter_fn(C, TW), C * TW / 4, need) != cudaSuccess) {
+        (void)cudaGetLastError();
         n = 0;
+    }
     cached_dk[a][b] = dk, per_sm[a][b] = n;
     return n;
 }
