@@ -147,20 +147,7 @@ __global__ void __launch_bounds__(PF_THREADS)
 
         /* S = Q K^T, 16 x BN per warp */
         float s[BN / 8][4];
-#pragma unroll
-        for (int nb = 0; nb < BN / 8; nb++) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            uint32_t a[4];
-            ldsm_x4(a, Qs + a_off + kk * 16);
-#pragma unroll
-            for (int nb = 0; nb < BN / 16; nb++) {
-                uint32_t b[4];
-                ldsm_x4(b, Ks + k_off + nb * 16 * SD + kk * 16);
-                mma16816(s[2 * nb], a, b[0], b[1]);
-                mma16816(s[2 * nb + 1], a, b[2], b[3]);
-            }
-        }
+        mma_qkt<D, BN, SD>(s, Qs + a_off, Ks + k_off);
 
         /* causal mask by each row's own position (also hides the zero-filled rows past p_end) */
         const int j0 = j * BN;
@@ -197,18 +184,7 @@ __global__ void __launch_bounds__(PF_THREADS)
             }
 
         /* O += P V: the S accumulator of two n-blocks is the A fragment of one k16 step */
-#pragma unroll
-        for (int kc = 0; kc < BN / 16; kc++) {
-            const uint32_t a[4] = {pack_h2(s[2 * kc][0], s[2 * kc][1]), pack_h2(s[2 * kc][2], s[2 * kc][3]),
-                                   pack_h2(s[2 * kc + 1][0], s[2 * kc + 1][1]), pack_h2(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-#pragma unroll
-            for (int nd = 0; nd < D / 16; nd++) {
-                uint32_t b[4];
-                ldsm_x4_t(b, Vs + v_off + kc * 16 * SD + nd * 16);
-                mma16816(o[2 * nd], a, b[0], b[1]);
-                mma16816(o[2 * nd + 1], a, b[2], b[3]);
-            }
-        }
+        mma_pv<D, BN, SD>(o, s, Vs + v_off);
         __syncthreads(); /* stage j & 1 is refilled by the next iteration's load */
     }
 

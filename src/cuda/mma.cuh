@@ -50,4 +50,43 @@ static __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
     return *(uint32_t *)&h;
 }
 
+/* The two products of a flash-attention tile, per warp of 16 query rows (shared memory, rows of SD
+ * halves; ldmatrix row addresses q, k, v already offset by the lane as in attention_prefill.cu):
+ * s = Q K^T over head_dim D for BN positions (Q the A operand, K the column-major B operand), and
+ * o += P V with P the score accumulator rounded to f16 (the S fragments of two n-blocks are the A
+ * fragment of one k16 step) and V read transposed as the B operand. fp32 accumulation. */
+template <int D, int BN, int SD>
+static __device__ __forceinline__ void mma_qkt(float (&s)[BN / 8][4], const __half *q, const __half *k) {
+#pragma unroll
+    for (int nb = 0; nb < BN / 8; nb++) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t a[4];
+        ldsm_x4(a, q + kk * 16);
+#pragma unroll
+        for (int nb = 0; nb < BN / 16; nb++) {
+            uint32_t b[4];
+            ldsm_x4(b, k + nb * 16 * SD + kk * 16);
+            mma16816(s[2 * nb], a, b[0], b[1]);
+            mma16816(s[2 * nb + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+template <int D, int BN, int SD>
+static __device__ __forceinline__ void mma_pv(float (&o)[D / 8][4], const float (&p)[BN / 8][4], const __half *v) {
+#pragma unroll
+    for (int kc = 0; kc < BN / 16; kc++) {
+        const uint32_t a[4] = {pack_h2(p[2 * kc][0], p[2 * kc][1]), pack_h2(p[2 * kc][2], p[2 * kc][3]),
+                               pack_h2(p[2 * kc + 1][0], p[2 * kc + 1][1]), pack_h2(p[2 * kc + 1][2], p[2 * kc + 1][3])};
+#pragma unroll
+        for (int nd = 0; nd < D / 16; nd++) {
+            uint32_t b[4];
+            ldsm_x4_t(b, v + kc * 16 * SD + nd * 16);
+            mma16816(o[2 * nd], a, b[0], b[1]);
+            mma16816(o[2 * nd + 1], a, b[2], b[3]);
+        }
+    }
+}
+
 #endif
