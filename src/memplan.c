@@ -138,7 +138,8 @@ static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const s
         mp->workspace = mp->workspace - CUDA_CUBLAS_WS + p->workspace;
         mp->state_bytes = state;
         total = memplan_arena_weight_bytes(mp, hp) + kv + mp->state_bytes + mp->act_bytes + mp->logits_bytes + mp->workspace;
-        if (!p->budget || total <= p->budget) break;
+        /* decided as the backend does, with its own cuBLAS workspace (--workspace only changes the account) */
+        if (!p->budget || total - p->workspace + CUDA_CUBLAS_WS <= p->budget) break;
     }
     return total;
 }
