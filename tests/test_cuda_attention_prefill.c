@@ -137,11 +137,7 @@ static void test_prefill(int hd, int n_head, int n_head_kv, int bs, float q_scal
     const int n_tiles = attention_prefill_tiles(tiles, n_tok, pos, seq, n_tok);
     CHECK(n_tiles == 8, "tiles of the test ubatch: %d, want 8 (40 | 64 + 6 | 1 | 60 | 5 | 10 | 5)", n_tiles);
     int32_t *tab = xmalloc((size_t)n_blocks * 4); /* a random permutation of the blocks */
-    for (int i = 0; i < n_blocks; i++) tab[i] = i;
-    for (int i = n_blocks - 1; i > 0; i--) {
-        int j = (int)(rnd_u32() % (uint32_t)(i + 1)), tt = tab[i];
-        tab[i] = tab[j], tab[j] = tt;
-    }
+    rnd_perm(tab, n_blocks);
     const size_t kv_elems = (size_t)n_blocks * n_layer_kv * bs * kv_dim;
     uint16_t *k16 = xmalloc(kv_elems * 2), *v16 = xmalloc(kv_elems * 2);
     for (size_t i = 0; i < kv_elems; i++) k16[i] = f32_to_fp16(rnd_f()), v16[i] = f32_to_fp16(rnd_f());
@@ -199,11 +195,7 @@ static void bench(int n_tok) {
     for (int t = 0; t < n_tok; t++) pos[t] = t, seq[t] = 0;
     const int n_tiles = attention_prefill_tiles(tiles, n_tok, pos, seq, n_tok);
     int32_t *tab = xmalloc((size_t)n_blocks * 4);
-    for (int i = 0; i < n_blocks; i++) tab[i] = i;
-    for (int i = n_blocks - 1; i > 0; i--) {
-        int j = (int)(rnd_u32() % (uint32_t)(i + 1)), tt = tab[i];
-        tab[i] = tab[j], tab[j] = tt;
-    }
+    rnd_perm(tab, n_blocks);
     const size_t kv_elems = (size_t)n_blocks * n_layer_kv * bs * kv_dim;
     uint16_t *k16 = xmalloc(kv_elems * 2), *v16 = xmalloc(kv_elems * 2);
     for (size_t i = 0; i < kv_elems; i++) k16[i] = f32_to_fp16(rnd_f()), v16[i] = f32_to_fp16(rnd_f());

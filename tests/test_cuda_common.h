@@ -61,6 +61,15 @@ static inline float rnd_f(void) { return rnd_u() * 2.0f - 1.0f; }            /* 
 static inline void fill(float *x, size_t n, float scale) {
     for (size_t i = 0; i < n; i++) x[i] = rnd_f() * scale;
 }
+/* p[0..n) = a random permutation of 0..n-1 (Fisher-Yates from the top): shuffled block tables and
+ * token rows. */
+static inline void rnd_perm(int32_t *p, int n) {
+    for (int i = 0; i < n; i++) p[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        const int j = (int)(rnd_u32() % (uint32_t)(i + 1)), t = p[i];
+        p[i] = p[j], p[j] = t;
+    }
+}
 
 #define CK(call)                                                                                  \
     do {                                                                                          \

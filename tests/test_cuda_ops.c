@@ -311,11 +311,7 @@ static void test_attention(int kv_f32, int hd, int n_head, int n_head_kv, int bs
     const int n_tok = 5;
     int32_t pos[5] = {0, 40, 700, 255, 256}, seq[5] = {0, 1, 1, 0, 0};
     int32_t *tab = xmalloc((size_t)n_blocks * 4);
-    for (int i = 0; i < n_blocks; i++) tab[i] = i;
-    for (int i = n_blocks - 1; i > 0; i--) {
-        int j = (int)(rnd_u32() % (uint32_t)(i + 1)), t = tab[i];
-        tab[i] = tab[j], tab[j] = t;
-    }
+    rnd_perm(tab, n_blocks);
     const size_t kv_elems = (size_t)n_blocks * n_layer_kv * bs * kv_dim;
     float *kc = xmalloc(kv_elems * 4), *vc = xmalloc(kv_elems * 4);
     fill(kc, kv_elems, 1.0f);

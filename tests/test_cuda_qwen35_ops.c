@@ -100,11 +100,7 @@ static struct runs runs_make(int n_runs, const int *lens, const int *seqs, int n
     for (int i = 0; i < n_runs; i++) r.seq[i] = seqs[i], r.off[i + 1] = r.off[i] + lens[i];
     r.n = r.off[n_runs];
     r.tok = ALLOC(int32_t, r.n);
-    for (int i = 0; i < r.n; i++) r.tok[i] = i;
-    for (int i = r.n - 1; i > 0; i--) {
-        int j = (int)(rnd_u32() % (uint32_t)(i + 1)), t = r.tok[i];
-        r.tok[i] = r.tok[j], r.tok[j] = t;
-    }
+    rnd_perm(r.tok, r.n);
     return r;
 }
 

@@ -21,5 +21,5 @@ done
 g++ -std=c++17 -O2 -w -I"$CUDA_INC" -c -o "$O/emu.o" "$E/emu.cpp"
 gcc -std=c11 -O2 -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -DPXQ_CUDA -I"$R/src" -I"$R/tests" -I"$CUDA_INC" \
   -c -o "$O/test.o" "$R/tests/test_cuda_qwen35_ops.c"
-g++ -o "$O/test_cuda_qwen35_ops" "$O/test.o" "$O/emu.o" "$O"/*.emu.o -lm
+g++ -o "$O/test_cuda_qwen35_ops" "$O/test.o" "$O/emu.o" "$O"/deltanet*.emu.o -lm
 PXQ_TEST_NO_BENCH=1 EMU_SHUFFLE=${1:-0} "$O/test_cuda_qwen35_ops"
