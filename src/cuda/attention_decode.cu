@@ -24,9 +24,9 @@
  *   D 64: (BN 32, NS 3) 113 KiB, (64, 3) 223 KiB, (32, 2);  D 128: (16, 3) 109 KiB, (32, 3) 213 KiB,
  *   (16, 2) 74 KiB;  D 256: (16, 3) 211 KiB, (16, 2) 144 KiB.
  * Two blocks (8 warps) per SM beat one with twice the tile: Qwen3-32B at 32K positions on an H200,
- * 87.4 t/s with (16, 3) against 78.4 with (32, 3) (both with splits sized to <= 4 blocks per SM).
- * Where the time goes is not yet known: Nsight Compute shows the (32, 3) kernel reading the KV at
- * 1.7 TB/s with 4 warps per SM (docs/PERF.md).
+ * 87.4 t/s with (16, 3) against 73.9 with (32, 3), both with splits sized to <= 4 blocks per SM
+ * ((32, 3) at <= 2 per SM: 80.1). Nsight Compute (docs/PERF.md): (32, 3) read the KV at 1.7 TB/s
+ * with 4 warps per SM; (16, 3) at 2.4 TB/s with 8, latency- and issue-bound, not bandwidth-bound.
  * Needs sm_80 (cp.async, mma m16n8k16): below that the body is empty and attention_decode_supported
  * returns 0 (callers keep attention_cuda, the Volta path). */
 #include <math.h>
