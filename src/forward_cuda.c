@@ -157,6 +157,8 @@ void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *
         const size_t nv = (size_t)hp->ssm_n_v_head, value_dim = nv * hp->ssm_head_v_dim;
         const size_t conv_dim = 2 * (size_t)hp->ssm_n_k_head * hp->ssm_head_k_dim + value_dim;
         bf->ssm_qkv = bf->ssm_conv = nb * conv_dim;
+        if (bf->ssm_qkv < conv_dim + value_dim + 2 * nv) /* a decode token's stacked [qkv | z | b | a] */
+            bf->ssm_qkv = conv_dim + value_dim + 2 * nv;
         bf->ssm_z = bf->ssm_o = nb * value_dim;
         bf->ssm_ba = nb * 2 * nv;
         bf->rstate = (size_t)n_dn * ((size_t)(hp->ssm_conv_kernel - 1) * conv_dim + nv * hp->ssm_head_k_dim * hp->ssm_head_v_dim);

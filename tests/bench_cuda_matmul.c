@@ -3,10 +3,15 @@
  * 1..16 tokens, as GB/s of weight bytes (nibbles + f16 scales) and % of the measured device copy
  * bandwidth (cudaMemcpy device to device, read + write bytes).
  *
- * Usage: build/tests/bench_cuda_matmul [--sweep] [--samples N]
- *   --sweep    also time every mma tuning (m-tiles per warp 1, 2, 4 x warps per block 1, 2, 4, 6, 8)
- *              and print the best beside the built-in choice
- *   --samples  timing samples per row (default 50)
+ * Usage: build/tests/bench_cuda_matmul [--sweep] [--dp4a-sweep] [--pdl] [--samples N]
+ *   --sweep       also time every mma tuning (m-tiles per warp 1, 2, 4 x warps per block 1, 2, 4, 6, 8)
+ *                 and print the best beside the built-in choice
+ *   --dp4a-sweep  instead of the table: time every dp4a tuning (rows per block 1, 2, 4, 8 x warps
+ *                 per block 1, 2, 4, 8) for 1, 2 and 4 tokens, against the built-in choice
+ *                 (rows/warps: us)
+ *   --pdl         launch with programmatic dependent launch (cuda_pdl; sm_90+): each launch of a
+ *                 graph may overlap the one before it, as in the engine's decode steps
+ *   --samples     timing samples per row (default 50)
  * Each sample is one CUDA graph of K launches (K >= 10) that rotate over enough copies of the weights
  * (>= 256 MiB in all) that no launch finds its matrix in the 50 MB L2; a row shows the median over
  * the samples of the time per launch. Weights are random bytes (never all zeros) with f16 scales in
@@ -114,12 +119,14 @@ static double time_kernel(struct bench *b, int kernel, int n_tok) {
 }
 
 int main(int argc, char **argv) {
-    int sweep = 0, samples = 50;
+    int sweep = 0, dp4a_sweep = 0, pdl = 0, samples = 50;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--sweep")) sweep = 1;
+        else if (!strcmp(argv[i], "--dp4a-sweep")) dp4a_sweep = 1;
+        else if (!strcmp(argv[i], "--pdl")) pdl = 1;
         else if (!strcmp(argv[i], "--samples") && i + 1 < argc) samples = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--sweep] [--samples N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--sweep] [--dp4a-sweep] [--pdl] [--samples N]\n", argv[0]);
             return 2;
         }
     }
@@ -137,6 +144,12 @@ int main(int argc, char **argv) {
     printf("device %s (sm_%d%d, %d SMs, L2 %d MB); copy bandwidth %.0f GB/s (cudaMemcpy D2D, read + write)\n", p.name,
            p.major, p.minor, p.multiProcessorCount, p.l2CacheSize >> 20, copy_gbs);
     printf("int8 mma kernel: %s\n", matmul_q8_mma_supported(WFMT_Q4_0) ? "runs" : "NOT available (dp4a fallback)");
+    if (pdl && !cuda_pdl_supported()) {
+        printf("--pdl: not supported here (needs sm_90 and an sm_90 image); plain launches\n");
+        pdl = 0;
+    }
+    cuda_pdl = pdl;
+    printf("launches: %s\n", pdl ? "programmatic dependent launch" : "plain");
     printf("Q4_0 weights; GB/s = (nibbles + f16 scales) / time; time = median of %d graphs, per launch\n\n", samples);
 
     static const struct {
@@ -147,6 +160,9 @@ int main(int argc, char **argv) {
         {"qwen3-32b", 5120, 25600},  {"qwen3-32b", 25600, 5120}, {"qwen3-32b", 5120, 151936},
         {"qwen3.5-27b", 5120, 10240}, {"qwen3.5-27b", 5120, 6144}, {"qwen3.5-27b", 6144, 5120},
         {"qwen3.5-27b", 5120, 17408}, {"qwen3.5-27b", 17408, 5120},
+        /* the engine's stacked and remaining shapes: q|k|v, gate|up, the 27B's gated q|k|v, lm_head */
+        {"qwen3-32b", 5120, 10240},  {"qwen3-32b", 5120, 51200},  {"qwen3.5-27b", 5120, 14336},
+        {"qwen3.5-27b", 5120, 34816}, {"qwen3.5-27b", 5120, 248320},
     };
     const int toks[] = {1, 2, 4, 8, 16};
     printf("%-11s %6s %7s %3s | %9s %7s %5s | %9s %7s %5s | %7s%s\n", "model", "n_in", "n_out", "tok", "dp4a us",
@@ -196,7 +212,27 @@ int main(int argc, char **argv) {
         free(hx);
         cudaFree(dx);
 
-        for (size_t k = 0; k < sizeof toks / sizeof *toks; k++) {
+        if (dp4a_sweep) { /* rows per warp x warps per block x blocks per SM, for 1, 2, 4 tokens */
+            static const int rs[] = {1, 2, 4, 8}, ws[] = {1, 2, 4, 8};
+            for (int n = 1; n <= 4; n *= 2) {
+                const double t0 = time_kernel(&b, 0, n);
+                double best = 1e30;
+                int br = 0, bw = 0;
+                printf("%-11s %6d %7d %3d | built-in %8.2f us %5.0f%% |", shapes[si].model, n_in, n_out, n, t0,
+                       100 * bytes / (t0 * 1e3) / copy_gbs);
+                for (int ri = 0; ri < 4; ri++)
+                    for (int wi = 0; wi < 4; wi++) {
+                        matmul_q8_tune(rs[ri], ws[wi]);
+                        const double t = time_kernel(&b, 0, n);
+                        if (t < best) best = t, br = rs[ri], bw = ws[wi];
+                        printf(" %d/%d %.1f", rs[ri], ws[wi], t);
+                    }
+                matmul_q8_tune(0, 0);
+                printf(" | best %d/%d %.2f us %.0f%%\n", br, bw, best, 100 * bytes / (best * 1e3) / copy_gbs);
+                fflush(stdout);
+            }
+        }
+        for (size_t k = 0; k < (dp4a_sweep ? 0 : sizeof toks / sizeof *toks); k++) {
             const int n = toks[k];
             const double t_dp = time_kernel(&b, 0, n), t_mma = time_kernel(&b, 1, n);
             const double g_dp = bytes / (t_dp * 1e3), g_mma = bytes / (t_mma * 1e3);

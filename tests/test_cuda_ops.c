@@ -4,7 +4,9 @@
  * Bounds (float32 on both sides, only summation order and fma contraction differ):
  *   matmul (fused mat-vec), every weight type, 1..21 tokens      <= 1e-5, also accumulating (y += W x)
  *   matmul with int8 activations (q8, dp4a): Q4_0, Q8_0, Q4_1, Q4_K <= 1e-2 (x rounded to 8 bits per
- *     group of 32: about 4e-3 for uniform x); rmsnorm/swiglu's int8 groups <= 1e-2 of their floats
+ *     group of 32: about 4e-3 for uniform x); rmsnorm/swiglu's int8 groups <= 1e-2 of their floats;
+ *     every (rows, warps) tuning of it vs the built-in one <= 1e-5, with plain launches and, on
+ *     sm_90, with programmatic dependent launch (quantize and mat-vec back to back)
  *   dequantized rows to f32 (embedding)                          <= 1e-6; to f16 (prefill tiles) <= 1e-3
  *   rmsnorm, swiglu, biases, residual                            <= 1e-6
  *   rope, neox and interleaved, positions up to 32767            <= 1e-5
@@ -112,6 +114,65 @@ static void test_matmul(struct threadpool *tp) {
     }
 }
 
+/* The dp4a mat-vec under every tuning (rows per block x warps per block), against the CPU and the
+ * built-in choice: n_in of 128 and 65 groups (several steps per lane, a partial last step), odd
+ * n_out (a partial last block), 1..4 tokens. pdl: the quantize and mat-vec kernels launch back to
+ * back with programmatic dependent launch, no synchronisation between them. */
+static void test_matmul_q8_tunings(struct threadpool *tp, int pdl) {
+    const enum pxq_type types[] = {PXQ_TYPE_Q4_0, PXQ_TYPE_Q8_0, PXQ_TYPE_Q4_K};
+    const int n_ins[] = {4096, 2080}, rs[] = {1, 2, 4, 8}, ws[] = {1, 3, 8};
+    const int n_out = 37;
+    cuda_pdl = pdl;
+    int n_cfg = 0;
+    double worst = 0.0;
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
+        for (size_t ii = 0; ii < sizeof n_ins / sizeof *n_ins; ii++) {
+            const int n_in = n_ins[ii];
+            if (types[ti] == PXQ_TYPE_Q4_K && n_in % 256 != 0) continue;
+            struct pxq_tensor t;
+            void *data = make_tensor(&t, types[ti], n_in, n_out);
+            struct cuda_weight w = upload(&t);
+            for (int n = 1; n <= 4; n++) {
+                float *x = xmalloc((size_t)n * n_in * sizeof(float)), *ref = xmalloc((size_t)n * n_out * sizeof(float));
+                float *base = xmalloc((size_t)n * n_out * sizeof(float)), *got = xmalloc((size_t)n * n_out * sizeof(float));
+                fill(x, (size_t)n * n_in, 1.0f);
+                matmul_cpu(tp, ref, &t, x, n);
+                float *dx = dev_put(x, (size_t)n * n_in * sizeof(float)), *dy = dev_poison((size_t)n * n_out);
+                int8_t *dxq;
+                float *dxds;
+                CK(cudaMalloc((void **)&dxq, (size_t)n * n_in));
+                CK(cudaMalloc((void **)&dxds, (size_t)n * n_in / 32 * 8));
+                quantize_q8_cuda(dxq, dxds, dx, (int64_t)n * n_in, 0);
+                matmul_q8_cuda(dy, &w, dxq, dxds, n, n_out, 0, 0);
+                dev_get(base, dy, (size_t)n * n_out * sizeof(float));
+                double err = norm_err(base, ref, (size_t)n * n_out);
+                CHECK(err <= 1e-2, "matmul q8 %s n_in %d tokens %d (pdl %d): %.3g", type_name(types[ti]), n_in, n, pdl, err);
+                for (int ri = 0; ri < 4; ri++)
+                    for (int wi = 0; wi < 3; wi++) {
+                        matmul_q8_tune(rs[ri], ws[wi]);
+                        CK(cudaMemset(dxq, 0, (size_t)n * n_in)); /* the chain below must rewrite them */
+                        CK(cudaMemset(dy, 0xff, (size_t)n * n_out * 4));
+                        quantize_q8_cuda(dxq, dxds, dx, (int64_t)n * n_in, 0);
+                        matmul_q8_cuda(dy, &w, dxq, dxds, n, n_out, 0, 0);
+                        dev_get(got, dy, (size_t)n * n_out * sizeof(float));
+                        err = norm_err(got, base, (size_t)n * n_out);
+                        CHECK(err <= 1e-5, "matmul q8 %s n_in %d tokens %d rows %d warps %d (pdl %d) vs built-in: %.3g",
+                              type_name(types[ti]), n_in, n, rs[ri], ws[wi], pdl, err);
+                        if (err > worst) worst = err;
+                        n_cfg++;
+                    }
+                matmul_q8_tune(0, 0);
+                cudaFree(dxq), cudaFree(dxds), cudaFree(dx), cudaFree(dy);
+                free(x), free(ref), free(base), free(got);
+            }
+            weight_free(&w);
+            free(data);
+        }
+    cuda_pdl = 0;
+    printf("matmul q8 tunings (pdl %d): %d runs, worst normalised difference from the built-in %.2e\n", pdl, n_cfg,
+           worst);
+}
+
 static void test_small_ops(void) {
     /* rmsnorm, plain and gathered rows */
     const int n = 288, rows = 37;
@@ -209,9 +270,9 @@ static void test_small_ops(void) {
 /* rmsnorm's register-resident forms (rows up to 8 x the block) and the long-row fallback: rows of
  * decode width (n_embd 5120: 5 per thread) and past 8192 (twice-read path), with the int8 groups. */
 static void test_rmsnorm_widths(void) {
-    const int widths[3] = {5120, 8192, 9216}, rows = 3;
-    for (int wi = 0; wi < 3; wi++) {
-        const int n = widths[wi];
+    const int widths[3] = {5120, 8192, 9216};
+    for (int k = 0; k < 6; k++) { /* 3 rows: the decode form (a row over n / 256 blocks); 20: a block a row */
+        const int n = widths[k % 3], rows = k < 3 ? 3 : 20;
         float *x = xmalloc((size_t)rows * n * 4), *w = xmalloc((size_t)n * 4), *ref = xmalloc((size_t)rows * n * 4);
         float *got = xmalloc((size_t)rows * n * 4), *hds = xmalloc((size_t)rows * n / 32 * 8);
         int8_t *hq = xmalloc((size_t)rows * n);
@@ -228,8 +289,8 @@ static void test_rmsnorm_widths(void) {
         double e1 = norm_err(got, ref, (size_t)rows * n);
         for (int i = 0; i < rows * n; i++) got[i] = hds[2 * (i / 32)] * hq[i];
         double e2 = norm_err(got, ref, (size_t)rows * n);
-        CHECK(e1 <= 1e-6 && e2 <= 1e-2, "rmsnorm q8 n %d: float %.3g, int8 %.3g", n, e1, e2);
-        printf("rmsnorm q8 n %5d: float %.2e, int8 groups %.2e\n", n, e1, e2);
+        CHECK(e1 <= 1e-6 && e2 <= 1e-2, "rmsnorm q8 n %d rows %d: float %.3g, int8 %.3g", n, rows, e1, e2);
+        printf("rmsnorm q8 n %5d rows %2d: float %.2e, int8 groups %.2e\n", n, rows, e1, e2);
         cudaFree(dx), cudaFree(dw), cudaFree(dy), cudaFree(dxds), cudaFree(dxq);
         free(x), free(w), free(ref), free(got), free(hds), free(hq);
     }
@@ -373,12 +434,27 @@ static void test_attention(int kv_f32, int hd, int n_head, int n_head_kv, int bs
             int n_split = dsplits[s][0], split_len = dsplits[s][1];
             float *po = dev_poison((size_t)n_tok * n_head * n_split * hd), *pml = dev_poison((size_t)n_tok * n_head * n_split * 2);
             CK(cudaMemset(dout, 0xff, (size_t)n_tok * q_dim * 4));
-            attention_decode_cuda(dout, dq, &kv, l, dpos, dseq, n_tok, n_head, n_split, split_len, po, pml, 0);
+            /* with the q8 form of the output, which must equal quantize_q8_cuda's of the float output */
+            int8_t *dxq = dev_poison_bytes((size_t)n_tok * q_dim), *dxq2 = dev_poison_bytes((size_t)n_tok * q_dim);
+            float *dxds = dev_poison((size_t)n_tok * q_dim / 32 * 2), *dxds2 = dev_poison((size_t)n_tok * q_dim / 32 * 2);
+            attention_decode_cuda(dout, dxq, dxds, dq, &kv, l, dpos, dseq, n_tok, n_head, n_split, split_len, po, pml, 0);
             CK(cudaGetLastError());
             dev_get(got, dout, (size_t)n_tok * q_dim * 4);
             double err = norm_err(got, ref, (size_t)n_tok * q_dim);
             CHECK(err <= 2e-3, "attention_decode hd %d heads %d/%d splits %d x %d: %.3g > 2e-3", hd, n_head, n_head_kv,
                   n_split, split_len, err);
+            quantize_q8_cuda(dxq2, dxds2, dout, (int64_t)n_tok * q_dim, 0);
+            int8_t *hq = xmalloc((size_t)n_tok * q_dim * 2);
+            float *hds = xmalloc((size_t)n_tok * q_dim / 32 * 2 * 4 * 2);
+            dev_get(hq, dxq, (size_t)n_tok * q_dim);
+            dev_get(hq + (size_t)n_tok * q_dim, dxq2, (size_t)n_tok * q_dim);
+            dev_get(hds, dxds, (size_t)n_tok * q_dim / 32 * 2 * 4);
+            dev_get(hds + (size_t)n_tok * q_dim / 32 * 2, dxds2, (size_t)n_tok * q_dim / 32 * 2 * 4);
+            CHECK(memcmp(hq, hq + (size_t)n_tok * q_dim, (size_t)n_tok * q_dim) == 0 &&
+                      memcmp(hds, hds + (size_t)n_tok * q_dim / 32 * 2, (size_t)n_tok * q_dim / 32 * 2 * 4) == 0,
+                  "attention_decode hd %d splits %d: its q8 output differs from quantize_q8_cuda of its output", hd, n_split);
+            free(hq), free(hds);
+            cudaFree(dxq), cudaFree(dxq2), cudaFree(dxds), cudaFree(dxds2);
             printf("attention_decode (mma) hd %3d heads %2d/%d bs %2d splits %2d x %4d: %.2e\n", hd, n_head, n_head_kv, bs,
                    n_split, split_len, err);
             cudaFree(po), cudaFree(pml);
@@ -491,6 +567,9 @@ int main(void) {
     matmul_cpu_set_exact(1); /* CPU twins in float32: the bounds below are against exact products */
     struct threadpool *tp = threadpool_new(2);
     test_matmul(tp);
+    test_matmul_q8_tunings(tp, 0);
+    if (cuda_pdl_supported()) test_matmul_q8_tunings(tp, 1);
+    else printf("programmatic dependent launch: not supported on this device/build (sm_90 needed), not tested\n");
     test_small_ops();
     test_rmsnorm_widths();
     test_half_forms();

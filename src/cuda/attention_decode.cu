@@ -38,6 +38,7 @@
 #include "cuda/ops_cuda.h"
 
 #include "cuda/common.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/mma.cuh"
 
 #define AD_WARPS 4
@@ -54,7 +55,8 @@ static size_t ad_smem(int D, int BN, int NS) {
  * out != NULL (one split): normalised output; else part_o / part_ml as attention_cuda's. */
 template <int D, int BN, int NS>
 __global__ void __launch_bounds__(AD_THREADS)
-    attention_decode_kernel(float *__restrict__ out, float *__restrict__ part_o, float *__restrict__ part_ml,
+    attention_decode_kernel(float *__restrict__ out, int8_t *__restrict__ xq, float2 *__restrict__ xds,
+                            float *__restrict__ part_o, float *__restrict__ part_ml,
                             const float *__restrict__ q, const cuda_kv kv, int l, const int32_t *__restrict__ pos,
                             const int32_t *__restrict__ seq_id, int n_head, int n_split, int split_len, float sl2,
                             float scale) {
@@ -62,6 +64,8 @@ __global__ void __launch_bounds__(AD_THREADS)
     constexpr int SD = D + 8;
     static_assert(BN % 16 == 0 && BN * (D / 8) % 32 == 0, "whole k16 steps and whole rounds of 16-byte copies");
     extern __shared__ uint4 ad_sm[];
+    pdl_launch_dependents();
+    pdl_wait();
     __half *Qs = (__half *)ad_sm;
     const int split = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -195,8 +199,10 @@ __global__ void __launch_bounds__(AD_THREADS)
             }
         }
         const int h = kvh * group + r;
-        if (out) {
-            out[(size_t)t * ld + (size_t)h * D + d] = O / L;
+        if (out) { /* a warp's 32 consecutive d: one aligned group of the q8 form (D % 32 == 0) */
+            const size_t i = (size_t)t * ld + (size_t)h * D + d;
+            out[i] = O / L;
+            if (xq) warp_q8(O / L, xq, xds, (int64_t)i);
         } else { /* an empty split (p0 > pos[t]) writes l = 0, which the combine skips */
             const size_t pidx = ((size_t)t * n_head + h) * n_split + split;
             part_o[pidx * D + d] = O;
@@ -262,9 +268,9 @@ extern "C" size_t attention_decode_smem_bytes(int head_dim) {
     return k < 0 ? 0 : ad_smem(ad_configs[k].D, ad_configs[k].BN, ad_configs[k].NS);
 }
 
-extern "C" void attention_decode_cuda(float *out, const float *q, const struct cuda_kv *kv, int l, const int32_t *pos,
-                                      const int32_t *seq_id, int n_tokens, int n_head, int n_split, int split_len,
-                                      float *part_o, float *part_ml, cudaStream_t st) {
+extern "C" void attention_decode_cuda(float *out, int8_t *xq, float *xds, const float *q, const struct cuda_kv *kv, int l,
+                                      const int32_t *pos, const int32_t *seq_id, int n_tokens, int n_head, int n_split,
+                                      int split_len, float *part_o, float *part_ml, cudaStream_t st) {
     const int k = ad_pick(kv->head_dim);
     if (n_tokens <= 0 || k < 0) return;
     const ad_config &c = ad_configs[k];
@@ -273,9 +279,11 @@ extern "C" void attention_decode_cuda(float *out, const float *q, const struct c
     const size_t smem = ad_smem(c.D, c.BN, c.NS);
     float *direct = n_split == 1 ? out : NULL;
     const cuda_kv kvv = *kv;
-    void *args[] = {(void *)&direct, (void *)&part_o, (void *)&part_ml, (void *)&q,        (void *)&kvv,
-                    (void *)&l,      (void *)&pos,    (void *)&seq_id,  (void *)&n_head,   (void *)&n_split,
-                    (void *)&split_len, (void *)&sl2, (void *)&scale};
-    cudaLaunchKernel(c.fn, grid, block, args, smem, st);
-    if (n_split > 1) attention_combine_cuda(out, part_o, part_ml, n_tokens, n_head, c.D, n_split, st);
+    int8_t *xq1 = n_split == 1 ? xq : NULL;
+    float2 *xds1 = (float2 *)xds;
+    void *args[] = {(void *)&direct, (void *)&xq1,    (void *)&xds1,   (void *)&part_o,    (void *)&part_ml,
+                    (void *)&q,      (void *)&kvv,    (void *)&l,      (void *)&pos,       (void *)&seq_id,
+                    (void *)&n_head, (void *)&n_split, (void *)&split_len, (void *)&sl2,   (void *)&scale};
+    kernel_launch_fn(c.fn, grid, block, args, smem, st);
+    if (n_split > 1) attention_combine_cuda(out, xq, xds, part_o, part_ml, n_tokens, n_head, c.D, n_split, st);
 }

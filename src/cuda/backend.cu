@@ -45,8 +45,10 @@ extern "C" {
 struct cuda_layer {
     cuda_weight w[CM_COUNT];   /* by role (cuda/backend.h); fmt -1 where the layer has none or it is stacked */
     float *v[CV_COUNT];        /* float32 vectors, NULL where absent */
-    /* stacked weights (fmt -1 if not): q|k|v (plain attention), gate|up (FFN), beta|alpha (DeltaNet) */
-    cuda_weight qkv, gu, ba;
+    /* stacked weights (fmt -1 if not): q|k|v (plain attention), gate|up (FFN), beta|alpha (DeltaNet);
+     * dn_in: a DeltaNet layer's four in-projections qkv|z|beta|alpha, whose rows w[CM_SSM_QKV],
+     * w[CM_SSM_Z] and ba are then views (weight_rows) */
+    cuda_weight qkv, gu, ba, dn_in;
     float *bqkv;               /* the q|k|v biases side by side (zeros where one is absent), or NULL */
     /* MoE (fmt -1 if not): the router, and each role's experts stacked (upload_moe): gate|up, or gate
      * and up apart (cuda_moe_gu_fused), and down */
@@ -106,6 +108,9 @@ struct cuda_backend {
     int n_sm;               /* the device's multiprocessors: decode attention splits are sized by them */
     int split_blocks;       /* decode attention: at most this many blocks per SM (PXQ_CUDA_SPLIT_BLOCKS, 4) */
     int mma;                /* decode mat-vecs on int8 tensor cores where supported (PXQ_CUDA_MMA=0: dp4a) */
+    int pdl;                /* decode steps of up to pdl_tokens tokens launch with programmatic dependent
+                             * launch (PXQ_CUDA_PDL=0: off; PXQ_CUDA_PDL_TOKENS, default 4: the dp4a steps) */
+    int pdl_tokens;
     graph_entry g[MAX_GRAPHS];
     int n_graphs, next_evict;
     char path[96];
@@ -186,6 +191,17 @@ static void upload_stacked(struct pxq_engine *e, cuda_backend *b, uploader *u, c
     const size_t row_q = qb / (size_t)w->n_out, row_s = sb / (size_t)w->n_out;
     for (int i = 0, r = 0; i < n; r += (int)ts[i]->ne[1], i++)
         upload_rows(e, b, u, ts[i], dq + (size_t)r * row_q, ds ? ds + (size_t)r * row_s : NULL);
+}
+
+/* Rows [r0, r0 + n) of w as a weight of their own, on w's storage. */
+static cuda_weight weight_rows(const cuda_weight &w, int r0, int n) {
+    size_t qb, sb;
+    cuda_weight_sizes(w.fmt, w.n_in, r0, &qb, &sb);
+    cuda_weight v = w;
+    v.n_out = n;
+    v.q = (const uint8_t *)w.q + qb;
+    v.s = w.s ? (const uint8_t *)w.s + sb : NULL;
+    return v;
 }
 
 static void upload_weight(struct pxq_engine *e, cuda_backend *b, uploader *u, const struct pxq_tensor *t, cuda_weight *w) {
@@ -278,6 +294,12 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     b->exact = exact;
     b->graphs = !env_is("PXQ_CUDA_GRAPHS", "0");
     b->mma = !env_is("PXQ_CUDA_MMA", "0");
+    b->pdl = !env_is("PXQ_CUDA_PDL", "0") && cuda_pdl_supported();
+    b->pdl_tokens = getenv("PXQ_CUDA_PDL_TOKENS") ? atoi(getenv("PXQ_CUDA_PDL_TOKENS")) : CUDA_MMA_MIN_TOKENS - 1;
+    if (getenv("PXQ_CUDA_MV")) { /* tuning knob: "rows,warps" of the 1..4-token dp4a mat-vec (matmul_q8_tune) */
+        int r = 0, w = 0;
+        if (sscanf(getenv("PXQ_CUDA_MV"), "%d,%d", &r, &w) == 2) matmul_q8_tune(r, w);
+    }
     {
         cuda_kv probe = {};
         probe.kv_f32 = exact, probe.n_head_kv = hp->n_head_kv, probe.head_dim = hd, probe.kv_dim = hp->n_head_kv * hd;
@@ -345,7 +367,18 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
         int stacked[CM_COUNT] = {0};
         cl->router.fmt = cl->moe_gu.fmt = cl->moe_gate.fmt = cl->moe_up.fmt = cl->moe_down.fmt = -1;
         if (hp->n_expert) upload_moe(e, b, &u, L, cl);
+        cl->dn_in.fmt = -1;
+        const struct pxq_tensor *dn_in[4] = {mats[CM_SSM_QKV], mats[CM_SSM_Z], mats[CM_SSM_BETA], mats[CM_SSM_ALPHA]};
+        if (dn && stackable(dn_in, 4) && !env_is("PXQ_CUDA_STACK", "0")) { /* a decode token's one launch */
+            upload_stacked(e, b, &u, dn_in, 4, &cl->dn_in);
+            const int r_qkv = (int)dn_in[0]->ne[1], r_z = (int)dn_in[1]->ne[1];
+            cl->w[CM_SSM_QKV] = weight_rows(cl->dn_in, 0, r_qkv);
+            cl->w[CM_SSM_Z] = weight_rows(cl->dn_in, r_qkv, r_z);
+            cl->ba = weight_rows(cl->dn_in, r_qkv + r_z, cl->dn_in.n_out - r_qkv - r_z);
+            for (int i = CM_SSM_QKV; i <= CM_SSM_ALPHA; i++) stacked[i] = 1;
+        }
         for (int k = 0; k < 3; k++) {
+            if (k == 2 && cl->dn_in.fmt >= 0) continue; /* beta|alpha: rows of dn_in */
             st[k].w->fmt = -1;
             const int ok = stackable(st[k].t, st[k].n) && (k != 0 || (!dn && !hp->attn_output_gate)) && (k != 2 || dn);
             if (!ok || env_is("PXQ_CUDA_STACK", "0")) continue;
@@ -353,7 +386,8 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
             for (int i = 0; i < st[k].n; i++) stacked[st[k].first + i] = 1;
         }
         for (int i = 0; i < CM_COUNT; i++) {
-            cl->w[i].fmt = -1;
+            const int view = cl->dn_in.fmt >= 0 && (i == CM_SSM_QKV || i == CM_SSM_Z); /* set above */
+            if (!view) cl->w[i].fmt = -1;
             if (!mats[i] || (i < CM_GATE || i > CM_DOWN ? (i >= CM_SSM_QKV) != dn : 0)) continue;
             if ((size_t)mats[i]->ne[0] > max_in) max_in = (size_t)mats[i]->ne[0];
             size_t ne = (size_t)mats[i]->ne[0] * (size_t)mats[i]->ne[1];
@@ -593,15 +627,21 @@ struct step {
 
 /* Causal attention of q over KV layer l into b->att: the tensor-core flash attention for prefill
  * steps where the device and shapes allow it, else split-K flash-decoding. */
-static void attention(cuda_backend *b, const float *q, int l, int n_head, const step &s) {
+static void attention(cuda_backend *b, const float *q, int l, int n_head, const step &s, int8_t *xq) {
     if (s.n_tiles > 0)
         attention_prefill_cuda(b->att, q, &b->kv, l, b->di.pos, b->di.seq, b->di.tiles, s.n_tiles, n_head, b->st);
     else if (b->decode_attn && s.n <= CUDA_DECODE_MAX)
-        attention_decode_cuda(b->att, q, &b->kv, l, b->di.pos, b->di.seq, s.n, n_head, s.n_split, s.split_len,
-                              b->part_o, b->part_ml, b->st);
+        attention_decode_cuda(b->att, xq, b->xds, q, &b->kv, l, b->di.pos, b->di.seq, s.n, n_head, s.n_split,
+                              s.split_len, b->part_o, b->part_ml, b->st);
     else
         attention_cuda(b->att, q, &b->kv, l, b->di.pos, b->di.seq, s.n, n_head, s.n_split, s.split_len, b->part_o,
                        b->part_ml, b->st);
+}
+
+/* The attention writes the q8 form of its output itself (the tensor-core decode kernel), so the o
+ * projection's int8 mat-vec needs no quantize launch. */
+static int attention_writes_q8(const cuda_backend *b, const step &s) {
+    return s.n_tiles == 0 && b->decode_attn && s.n <= CUDA_DECODE_MAX;
 }
 
 /* Llama / Qwen2 / Qwen3 attention, and Qwen3.5's gated attention (q_proj gives [query | gate] per
@@ -612,6 +652,8 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
     const int l = e->kv_layer[il], gated = hp->attn_output_gate;
     const int neox = gated || hp->rope_style == ROPE_NEOX;
     cudaStream_t st = b->st;
+    int8_t *xq = q8_for(b, s.q8, &L->w[CM_O]);
+    int8_t *xq_att = !gated && xq && attention_writes_q8(b, s) ? xq : NULL; /* gated: the gate comes first */
     if (L->qkv.fmt >= 0) { /* one launch: token row = [q | k | v]; normed, roped q goes to xb2 */
         const int ld = q_dim + 2 * kv_dim;
         float *qkv = b->q, *q_out = b->xb2;
@@ -620,7 +662,7 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
         qk_norm_rope_store_cuda(q_out, qkv, qkv + q_dim, qkv + q_dim + kv_dim, ld, ld, L->v[CV_Q_NORM],
                                 L->v[CV_K_NORM], hp->rms_eps, hp->n_head, hp->n_rot, b->di.pos, b->inv_freq, neox,
                                 &b->kv, l, b->di.seq, n, st);
-        attention(b, q_out, l, hp->n_head, s);
+        attention(b, q_out, l, hp->n_head, s, xq_att);
     } else {
         if (gated) {
             matmul_cuda(b, b->qg, &L->w[CM_Q], b->xb, n, s.q8, 0);
@@ -636,11 +678,10 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
         /* q/k norm (before RoPE), RoPE, and the KV store: one kernel */
         qk_norm_rope_store_cuda(b->q, b->q, b->k, b->v, q_dim, kv_dim, L->v[CV_Q_NORM], L->v[CV_K_NORM], hp->rms_eps,
                                 hp->n_head, hp->n_rot, b->di.pos, b->inv_freq, neox, &b->kv, l, b->di.seq, n, st);
-        attention(b, b->q, l, hp->n_head, s);
+        attention(b, b->q, l, hp->n_head, s, xq_att);
     }
-    int8_t *xq = q8_for(b, s.q8, &L->w[CM_O]);
     if (gated) sigmoid_gate_cuda(b->att, xq, b->xds, b->xb2, (int64_t)n * q_dim, st);
-    else if (xq) quantize_q8_cuda(b->xq, b->xds, b->att, (int64_t)n * q_dim, st);
+    else if (xq && !xq_att) quantize_q8_cuda(b->xq, b->xds, b->att, (int64_t)n * q_dim, st);
     matmul_cuda(b, b->x, &L->w[CM_O], b->att, n, s.q8, 1); /* x += o_proj(att) */
 }
 
@@ -653,31 +694,37 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
     cudaStream_t st = b->st;
     float *state = b->rstate + (size_t)e->dn_layer[il] * ((size_t)(K - 1) * conv_dim + (size_t)nv * dk * dv);
     const step_inputs &di = b->di;
-    matmul_cuda(b, b->ssm_qkv, &L->w[CM_SSM_QKV], b->xb, n, s.q8, 0);
-    matmul_cuda(b, b->ssm_z, &L->w[CM_SSM_Z], b->xb, n, s.q8, 0);
-    if (L->ba.fmt >= 0) { /* one launch: token row = [b | a] */
-        matmul_cuda(b, b->ssm_ba, &L->ba, b->xb, n, s.q8, 0);
+    float *z = b->ssm_z, *ba = b->ssm_ba;
+    if (n == 1 && L->dn_in.fmt >= 0) { /* one launch: the token's [qkv | z | b | a] (ssm_qkv has room) */
+        matmul_cuda(b, b->ssm_qkv, &L->dn_in, b->xb, 1, s.q8, 0);
+        z = b->ssm_qkv + conv_dim, ba = z + (size_t)nv * dv;
     } else {
-        matmul_ld(b, b->ssm_ba, &L->w[CM_SSM_BETA], b->xb, n, s.q8, 0, 2 * nv);
-        matmul_ld(b, b->ssm_ba + nv, &L->w[CM_SSM_ALPHA], b->xb, n, s.q8, 0, 2 * nv);
+        matmul_cuda(b, b->ssm_qkv, &L->w[CM_SSM_QKV], b->xb, n, s.q8, 0);
+        matmul_cuda(b, b->ssm_z, &L->w[CM_SSM_Z], b->xb, n, s.q8, 0);
+        if (L->ba.fmt >= 0) { /* one launch: token row = [b | a] */
+            matmul_cuda(b, b->ssm_ba, &L->ba, b->xb, n, s.q8, 0);
+        } else {
+            matmul_ld(b, b->ssm_ba, &L->w[CM_SSM_BETA], b->xb, n, s.q8, 0, 2 * nv);
+            matmul_ld(b, b->ssm_ba + nv, &L->w[CM_SSM_ALPHA], b->xb, n, s.q8, 0, 2 * nv);
+        }
     }
     ssm_conv_cuda(b->ssm_conv, state, b->rstate_floats, b->ssm_qkv, L->v[CV_SSM_CONV], conv_dim, K, di.run_seq,
                   di.run_off, di.run_tok, s.n_runs, n, st);
-    deltanet_prep_cuda(b->ssm_conv, b->ssm_ba, L->v[CV_SSM_A], L->v[CV_SSM_DT], nk, nv, dk, conv_dim, n, st);
+    deltanet_prep_cuda(b->ssm_conv, ba, L->v[CV_SSM_A], L->v[CV_SSM_DT], nk, nv, dk, conv_dim, n, st);
     if (n > CUDA_DECODE_MAX) { /* prefill: the chunked (UT transform) form; its scratch is the FFN's buffer,
                                 * free while the token mixer runs (recurrent if too small) */
         const int dense = b->hb_floats > 0;
-        gated_delta_rule_chunked_cuda(b->ssm_o, state, b->rstate_floats, b->ssm_conv, b->ssm_ba, nk, nv, dk, dv, K,
+        gated_delta_rule_chunked_cuda(b->ssm_o, state, b->rstate_floats, b->ssm_conv, ba, nk, nv, dk, dv, K,
                                       conv_dim, hp->ssm_v_tiled, di.run_seq, di.run_off, di.run_tok, s.n_runs, n,
                                       dense ? b->hb : b->moe_hb, dense ? b->hb_floats : b->moe_hb_floats, st);
     } else
-        gated_delta_rule_cuda(b->ssm_o, state, b->rstate_floats, b->ssm_conv, b->ssm_ba, nk, nv, dk, dv, K, conv_dim,
+        gated_delta_rule_cuda(b->ssm_o, state, b->rstate_floats, b->ssm_conv, ba, nk, nv, dk, dv, K, conv_dim,
                               hp->ssm_v_tiled, di.run_seq, di.run_off, di.run_tok, s.n_runs, st);
     int8_t *xq = q8_for(b, s.q8, &L->w[CM_SSM_OUT]);
     if (xq && dv % 32 == 0) {
-        gated_rmsnorm_silu_cuda(b->ssm_o, xq, b->xds, b->ssm_z, L->v[CV_SSM_NORM], n * nv, dv, hp->rms_eps, st);
+        gated_rmsnorm_silu_cuda(b->ssm_o, xq, b->xds, z, L->v[CV_SSM_NORM], n * nv, dv, hp->rms_eps, st);
     } else {
-        gated_rmsnorm_silu_cuda(b->ssm_o, NULL, NULL, b->ssm_z, L->v[CV_SSM_NORM], n * nv, dv, hp->rms_eps, st);
+        gated_rmsnorm_silu_cuda(b->ssm_o, NULL, NULL, z, L->v[CV_SSM_NORM], n * nv, dv, hp->rms_eps, st);
         if (xq) quantize_q8_cuda(b->xq, b->xds, b->ssm_o, (int64_t)n * nv * dv, st);
     }
     matmul_cuda(b, b->x, &L->w[CM_SSM_OUT], b->ssm_o, n, s.q8, 1); /* x += out_proj(o) */
@@ -902,14 +949,16 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
     const size_t row_bytes = (size_t)hp->n_vocab * sizeof(float);
     if (s.n <= CUDA_DECODE_MAX) { /* decode: layers and lm_head in one graph (n_out <= CUDA_LOGITS_ROWS) */
         decode_splits(b, hp, s.n, max_pos + 1, &s);
+        cuda_pdl = b->pdl && s.n <= b->pdl_tokens; /* each kernel's launch and first loads overlap the one before */
         if (b->graphs) {
             CK(cudaGraphLaunch(graph_get(e, b, s), b->st));
-            snprintf(b->path, sizeof b->path, "cuda %s %s graph", mv, fmt);
+            snprintf(b->path, sizeof b->path, "cuda %s %s graph%s", mv, fmt, cuda_pdl ? " pdl" : "");
         } else {
             run_layers(e, b, s);
             if (s.n_out) lm_head(e, b, s, 0, s.n_out);
-            snprintf(b->path, sizeof b->path, "cuda %s %s", mv, fmt);
+            snprintf(b->path, sizeof b->path, "cuda %s %s%s", mv, fmt, cuda_pdl ? " pdl" : "");
         }
+        cuda_pdl = 0;
         if (s.n_out)
             CK(cudaMemcpyAsync(e->logits + (size_t)first * hp->n_vocab, b->logits, (size_t)s.n_out * row_bytes,
                                cudaMemcpyDeviceToHost, b->st));

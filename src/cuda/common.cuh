@@ -42,6 +42,25 @@ static __device__ __forceinline__ size_t kv_off(const cuda_kv &kv, int l, const 
     return (((size_t)tab[p / kv.block_size] * kv.n_layer_kv + l) * kv.block_size + p % kv.block_size) * kv.kv_dim;
 }
 
+/* Programmatic dependent launch (PTX griddepcontrol, sm_90+; the host side is launch.cuh). A kernel
+ * launched with it may start while the kernel before it in the stream still runs: pdl_wait() blocks
+ * until that kernel has finished and its writes are visible, so everything before it may only read
+ * what no earlier kernel of the step writes (weights). pdl_launch_dependents() lets the next kernel
+ * start launching once every block of this one has called it or exited. Every kernel launched
+ * through kernel_launch must call pdl_wait() on every path before it reads or writes activations
+ * (and before it exits: completion then implies the completion of the kernels before it). Both are
+ * no-ops below sm_90 and without the launch attribute. */
+static __device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 /* Blocks of `threads` for a grid-stride loop over n items (at least 1, at most 65536). */
 static inline unsigned grid_for(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;

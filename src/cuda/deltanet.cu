@@ -11,6 +11,7 @@
 #include "cuda/ops_qwen35_cuda.h"
 
 #include "cuda/common.cuh"
+#include "cuda/launch.cuh"
 
 static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 static __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -37,6 +38,8 @@ __global__ void ssm_conv_kernel(float *__restrict__ y, float *__restrict__ state
                                 const int32_t *__restrict__ run_tok) {
     constexpr int KM = KT > 0 ? KT : 16;
     const int K = KT > 0 ? KT : K_rt;
+    pdl_launch_dependents();
+    pdl_wait();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int c = blockIdx.x * 32 + lane, run = blockIdx.y, i0 = blockIdx.z * CONV_TOK;
     const bool ok = c < conv_dim; /* no early return by channel: the barrier below is reached by all */
@@ -84,9 +87,11 @@ extern "C" void ssm_conv_cuda(float *y, float *state, size_t seq_stride, const f
     if (n_runs <= 0 || conv_dim <= 0 || n_tokens <= 0) return;
     dim3 grid((conv_dim + 31) / 32, n_runs, (n_tokens + CONV_TOK - 1) / CONV_TOK);
     if (K == 4)
-        ssm_conv_kernel<4><<<grid, CONV_WARPS * 32, 0, st>>>(y, state, seq_stride, x, w, conv_dim, K, run_seq, run_off, run_tok);
+        kernel_launch(ssm_conv_kernel<4>, grid, dim3(CONV_WARPS * 32), 0, st, y, state, seq_stride, x, w, conv_dim, K,
+                      run_seq, run_off, run_tok);
     else
-        ssm_conv_kernel<0><<<grid, CONV_WARPS * 32, 0, st>>>(y, state, seq_stride, x, w, conv_dim, K, run_seq, run_off, run_tok);
+        kernel_launch(ssm_conv_kernel<0>, grid, dim3(CONV_WARPS * 32), 0, st, y, state, seq_stride, x, w, conv_dim, K,
+                      run_seq, run_off, run_tok);
 }
 
 /* ---- q/k l2norm, beta, g ---- */
@@ -98,6 +103,8 @@ __global__ void deltanet_prep_kernel(float *__restrict__ qkv, float *__restrict_
                                      float qscale) {
     /* grid (tokens, head blocks + 1): block y < gridDim.y - 1 normalises heads y * nw + warp (a warp
      * per q or k head, so one token's heads spread over the GPU at decode); the last y does beta, g */
+    pdl_launch_dependents();
+    pdl_wait();
     const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     float *row = qkv + (size_t)t * conv_dim;
     if (blockIdx.y + 1 < gridDim.y) {
@@ -123,8 +130,8 @@ extern "C" void deltanet_prep_cuda(float *qkv, float *ba, const float *A, const 
                                    int conv_dim, int n, cudaStream_t st) {
     if (n <= 0) return;
     const int head_blocks = (2 * nk + 3) / 4; /* 4 warps a block */
-    deltanet_prep_kernel<<<dim3(n, head_blocks + 1), 128, 0, st>>>(qkv, ba, A, dt_bias, nk, nv, dk, conv_dim,
-                                                                     1.0f / sqrtf((float)dk));
+    kernel_launch(deltanet_prep_kernel, dim3(n, head_blocks + 1), dim3(128), 0, st, qkv, ba, A, dt_bias, nk, nv, dk,
+                  conv_dim, 1.0f / sqrtf((float)dk));
 }
 
 /* ---- the gated delta rule, recurrent ---- */
@@ -143,6 +150,7 @@ __global__ void __launch_bounds__(256) gated_delta_rule_kernel(
     const float *__restrict__ ba, int nk, int nv, int dk, int dv, int K, int conv_dim, int v_tiled,
     const int32_t *__restrict__ run_seq, const int32_t *__restrict__ run_off, const int32_t *__restrict__ run_tok) {
     extern __shared__ float sm[];
+    pdl_launch_dependents();
     const int nw = blockDim.x >> 5, rows = nw * R;
     float *qs = sm, *ks = qs + 2 * rows, *red1 = ks + 2 * rows, *red2 = red1 + nw * 32;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r0 = warp * R;
@@ -154,6 +162,7 @@ __global__ void __launch_bounds__(256) gated_delta_rule_kernel(
     float s[R];
 #pragma unroll
     for (int i = 0; i < R; i++) s[i] = col && r0 + i < dk ? S[(size_t)(r0 + i) * dv + j] : 0.0f;
+    pdl_wait(); /* the state is this kernel's own from the previous step: loaded before the wait */
     const int p0 = run_off[run], p1 = run_off[run + 1];
     if (p0 < p1) {
         const float *row = qkv + (size_t)run_tok[p0] * conv_dim + (size_t)kh * dk;
@@ -217,8 +226,8 @@ static void gdr_launch(dim3 grid, int nw, cudaStream_t st, float *o, float *stat
                        const float *ba, int nk, int nv, int dk, int dv, int K, int conv_dim, int v_tiled,
                        const int32_t *run_seq, const int32_t *run_off, const int32_t *run_tok) {
     const size_t smem = (size_t)(4 * nw * R + 2 * nw * 32) * sizeof(float); /* <= 6 KiB */
-    gated_delta_rule_kernel<R><<<grid, nw * 32, smem, st>>>(o, state, seq_stride, qkv, ba, nk, nv, dk, dv, K, conv_dim,
-                                                            v_tiled, run_seq, run_off, run_tok);
+    kernel_launch(gated_delta_rule_kernel<R>, grid, dim3(nw * 32), smem, st, o, state, seq_stride, qkv, ba, nk, nv, dk,
+                  dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok);
 }
 
 extern "C" void gated_delta_rule_cuda(float *o, float *state, size_t seq_stride, const float *qkv, const float *ba,
@@ -246,6 +255,8 @@ extern "C" void gated_delta_rule_cuda(float *o, float *state, size_t seq_stride,
 __global__ void gated_rmsnorm_silu_kernel(float *__restrict__ o, int8_t *__restrict__ xq, float2 *__restrict__ xds,
                                           const float *__restrict__ z, const float *__restrict__ w, int n_rows, int dv,
                                           float eps) {
+    pdl_launch_dependents();
+    pdl_wait();
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= n_rows) return; /* whole warps: no block barrier below */
     float *x = o + (size_t)row * dv;
@@ -268,13 +279,16 @@ __global__ void gated_rmsnorm_silu_kernel(float *__restrict__ o, int8_t *__restr
 extern "C" void gated_rmsnorm_silu_cuda(float *o, int8_t *xq, float *xds, const float *z, const float *w, int n_rows,
                                         int dv, float eps, cudaStream_t st) {
     if (n_rows <= 0) return;
-    gated_rmsnorm_silu_kernel<<<(n_rows + 3) / 4, 128, 0, st>>>(o, xq, (float2 *)xds, z, w, n_rows, dv, eps);
+    kernel_launch(gated_rmsnorm_silu_kernel, dim3((n_rows + 3) / 4), dim3(128), 0, st, o, xq, (float2 *)xds, z, w, n_rows,
+                  dv, eps);
 }
 
 /* ---- gated attention: q/gate split and output gate ---- */
 
 __global__ void split_q_gate_kernel(float *__restrict__ q, float *__restrict__ gate, const float *__restrict__ qg,
                                     int head_dim, int64_t total) {
+    pdl_launch_dependents();
+    pdl_wait();
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t th = e / head_dim; /* token * n_head + head */
         const int d = (int)(e - th * head_dim);
@@ -288,11 +302,13 @@ extern "C" void split_q_gate_cuda(float *q, float *gate, const float *qg, int n,
                                   cudaStream_t st) {
     const int64_t total = (int64_t)n * n_head * head_dim;
     if (total <= 0) return;
-    split_q_gate_kernel<<<grid_for(total, 256), 256, 0, st>>>(q, gate, qg, head_dim, total);
+    kernel_launch(split_q_gate_kernel, dim3(grid_for(total, 256)), dim3(256), 0, st, q, gate, qg, head_dim, total);
 }
 
 __global__ void sigmoid_gate_kernel(float *__restrict__ att, int8_t *__restrict__ xq, float2 *__restrict__ xds,
                                     const float *__restrict__ gate, int64_t n) {
+    pdl_launch_dependents();
+    pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const float v = att[i] * sigmoid_f(gate[i]);
         att[i] = v;
@@ -303,5 +319,6 @@ __global__ void sigmoid_gate_kernel(float *__restrict__ att, int8_t *__restrict_
 extern "C" void sigmoid_gate_cuda(float *att, int8_t *xq, float *xds, const float *gate, int64_t n_elems,
                                   cudaStream_t st) {
     if (n_elems <= 0) return;
-    sigmoid_gate_kernel<<<grid_for(n_elems, 256), 256, 0, st>>>(att, xq, (float2 *)xds, gate, n_elems);
+    kernel_launch(sigmoid_gate_kernel, dim3(grid_for(n_elems, 256)), dim3(256), 0, st, att, xq, (float2 *)xds, gate,
+                  n_elems);
 }

@@ -16,6 +16,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda/common.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/ops_cuda.h"
 #include "cuda/wload.cuh"
 
@@ -136,6 +137,8 @@ extern "C" void matmul_gemv_cuda(float *y, const struct cuda_weight *w, const fl
 
 /* x[n_groups][32] -> xq int8, xds (d, d * sum q) per group; warp per group. */
 __global__ void quantize_q8_kernel(int8_t *xq, float2 *xds, const float *x, int64_t n_groups) {
+    pdl_launch_dependents();
+    pdl_wait();
     const int64_t g = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     if (g >= n_groups) return;
     const int64_t i = g * 32 + (threadIdx.x & 31);
@@ -145,20 +148,97 @@ __global__ void quantize_q8_kernel(int8_t *xq, float2 *xds, const float *x, int6
 extern "C" void quantize_q8_cuda(int8_t *xq, float *xds, const float *x, int64_t n, cudaStream_t st) {
     const int64_t n_groups = n / 32;
     if (n_groups <= 0) return;
-    quantize_q8_kernel<<<(unsigned)((n_groups + 7) / 8), 256, 0, st>>>(xq, (float2 *)xds, x, n_groups);
+    kernel_launch(quantize_q8_kernel, dim3((unsigned)((n_groups + 7) / 8)), dim3(256), 0, st, xq, (float2 *)xds, x,
+                  n_groups);
 }
 
 extern "C" int matmul_q8_supported(int fmt) { return fmt == WFMT_Q4_0 || fmt == WFMT_Q8_0 || fmt == WFMT_Q4M; }
 
-/* Lane = one group of 32 weights (Q4: 16 bytes of nibbles, one 16-byte load; Q8: two) against the
- * group's 32 int8 activations (two 16-byte loads per token); a warp step covers 32 groups, the 4
- * warps of a block interleave their steps over n_in. */
+/* The weights of R rows at group g (the same group of each row): the codes (Q4: 16 bytes of
+ * nibbles, one 16-byte load; Q8_0: two) and (d, m) with w = d q + m. */
+template <int F, int R>
+struct wgroup {
+    uint4 q[R][F == WFMT_Q8_0 ? 2 : 1];
+    float d[R], m[R];
+};
+
+template <int F, int R>
+static __device__ __forceinline__ void wgroup_load(wgroup<F, R> &o, const cuda_weight &w, int row0, int g, int n_in) {
+    const int ng = n_in / 32;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int64_t row = min(row0 + r, w.n_out - 1);
+        if (F == WFMT_Q8_0) {
+            const uint4 *wp = (const uint4 *)((const int8_t *)w.q + row * n_in + g * 32);
+            o.q[r][0] = __ldg(wp);
+            o.q[r][F == WFMT_Q8_0 ? 1 : 0] = __ldg(wp + 1);
+            o.d[r] = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * ng + g)), o.m[r] = 0.0f;
+        } else {
+            o.q[r][0] = __ldg((const uint4 *)((const uint8_t *)w.q + row * (n_in / 2) + g * 16));
+            if (F == WFMT_Q4_0) {
+                o.d[r] = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * ng + g));
+                o.m[r] = -8.0f * o.d[r];
+            } else {
+                const float2 dm = __ldg((const float2 *)w.s + row * ng + g);
+                o.d[r] = dm.x, o.m[r] = dm.y;
+            }
+        }
+    }
+}
+
+/* acc[r][t] += w_r . x_t over group g, for the n_tok token rows of xq / xds. */
+template <int F, int NT, int R>
+static __device__ __forceinline__ void wgroup_dot(float (&acc)[R][NT], const wgroup<F, R> &a,
+                                                  const int8_t *__restrict__ xq, const float2 *__restrict__ xds,
+                                                  int g, int n_in, int n_tok) {
+    const int ng = n_in / 32;
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t < n_tok) {
+            const int4 *xp = (const int4 *)(xq + (size_t)t * n_in + g * 32);
+            const int4 xa = __ldg(xp), xb = __ldg(xp + 1); /* elements 0..15, 16..31 */
+            const float2 ds = __ldg(xds + (size_t)t * ng + g);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                int sumi;
+                if (F == WFMT_Q8_0) {
+                    const uint4 lo = a.q[r][0], hi = a.q[r][F == WFMT_Q8_0 ? 1 : 0];
+                    sumi = __dp4a((int)lo.x, xa.x, __dp4a((int)lo.y, xa.y, 0));
+                    sumi = __dp4a((int)lo.z, xa.z, __dp4a((int)lo.w, xa.w, sumi));
+                    sumi = __dp4a((int)hi.x, xb.x, __dp4a((int)hi.y, xb.y, sumi));
+                    sumi = __dp4a((int)hi.z, xb.z, __dp4a((int)hi.w, xb.w, sumi));
+                } else { /* byte j: element j low, j+16 high */
+                    const uint32_t u[4] = {a.q[r][0].x, a.q[r][0].y, a.q[r][0].z, a.q[r][0].w};
+                    const int xl[4] = {xa.x, xa.y, xa.z, xa.w}, xh[4] = {xb.x, xb.y, xb.z, xb.w};
+                    sumi = 0;
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        sumi = __dp4a((int)(u[k] & 0x0f0f0f0fu), xl[k], sumi);
+                        sumi = __dp4a((int)((u[k] >> 4) & 0x0f0f0f0fu), xh[k], sumi);
+                    }
+                }
+                acc[r][t] = fmaf(a.d[r] * ds.x, (float)sumi, fmaf(a.m[r], ds.y, acc[r][t]));
+            }
+        }
+    }
+}
+
+/* Lane = one group of 32 weights of R rows against the group's 32 int8 activations per token; the
+ * block's lanes take consecutive groups (coalesced), a step of the block covers 32 x warps groups,
+ * the warps meet in shared memory. The next step's weights are loaded before this step's dot
+ * products, the first step's before pdl_wait(): under programmatic dependent launch they stream in
+ * while the kernel before finishes (weights are constant; activations are read after the wait).
+ * (Tried and dropped, on an H200: a persistent grid of a few blocks per SM, each warp streaming
+ * whole rows: slower on long rows, where one warp's steps wait on each other (Qwen3-32B down 27 us
+ * against 21), and it lost its one wave under PDL, whose next kernels take SM slots early: 32B
+ * decode 107 t/s against 143; and blocks of several warps each on its own rows, for fewer blocks
+ * to dispatch: no end-to-end gain, 32B decode 136-138 t/s against 146.) */
 template <int F, int NT, int R>
 __global__ void __launch_bounds__(MM_WARPS_MAX * 32) matmul_q8_kernel(float *__restrict__ y, const cuda_weight w,
                                                                 const int8_t *__restrict__ xq,
                                                                 const float2 *__restrict__ xds, int n_tok, int ldy,
                                                                 int accumulate) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    pdl_launch_dependents();
     const int row0 = blockIdx.x * R;
     const int n_in = w.n_in, ng = n_in / 32;
     float acc[R][NT];
@@ -166,74 +246,74 @@ __global__ void __launch_bounds__(MM_WARPS_MAX * 32) matmul_q8_kernel(float *__r
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    const int n_warps = blockDim.x >> 5;
-    for (int g = warp * 32 + lane; g < ng; g += n_warps * 32) {
-        /* weights of R rows first (16 or 32 bytes each), so R loads are in flight */
-        uint4 wq[R][F == WFMT_Q8_0 ? 2 : 1];
-        float d[R], m[R];
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const int64_t row = min(row0 + r, w.n_out - 1);
-            if (F == WFMT_Q8_0) {
-                const uint4 *wp = (const uint4 *)((const int8_t *)w.q + row * n_in + g * 32);
-                wq[r][0] = __ldg(wp);
-                wq[r][F == WFMT_Q8_0 ? 1 : 0] = __ldg(wp + 1);
-                d[r] = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * ng + g)), m[r] = 0.0f;
-            } else {
-                wq[r][0] = __ldg((const uint4 *)((const uint8_t *)w.q + row * (n_in / 2) + g * 16));
-                if (F == WFMT_Q4_0) {
-                    d[r] = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * ng + g));
-                    m[r] = -8.0f * d[r];
-                } else {
-                    float2 dm = __ldg((const float2 *)w.s + row * ng + g);
-                    d[r] = dm.x, m[r] = dm.y;
-                }
-            }
-        }
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (t < n_tok) {
-                const int4 *xp = (const int4 *)(xq + (size_t)t * n_in + g * 32);
-                const int4 xa = __ldg(xp), xb = __ldg(xp + 1); /* elements 0..15, 16..31 */
-                const float2 ds = __ldg(xds + (size_t)t * ng + g);
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    int sumi;
-                    if (F == WFMT_Q8_0) {
-                        sumi = __dp4a((int)wq[r][0].x, xa.x, __dp4a((int)wq[r][0].y, xa.y, 0));
-                        sumi = __dp4a((int)wq[r][0].z, xa.z, __dp4a((int)wq[r][0].w, xa.w, sumi));
-                        sumi = __dp4a((int)wq[r][F == WFMT_Q8_0 ? 1 : 0].x, xb.x, __dp4a((int)wq[r][F == WFMT_Q8_0 ? 1 : 0].y, xb.y, sumi));
-                        sumi = __dp4a((int)wq[r][F == WFMT_Q8_0 ? 1 : 0].z, xb.z, __dp4a((int)wq[r][F == WFMT_Q8_0 ? 1 : 0].w, xb.w, sumi));
-                    } else { /* byte j: element j low, j+16 high */
-                        const uint32_t u[4] = {wq[r][0].x, wq[r][0].y, wq[r][0].z, wq[r][0].w};
-                        const int xl[4] = {xa.x, xa.y, xa.z, xa.w}, xh[4] = {xb.x, xb.y, xb.z, xb.w};
-                        sumi = 0;
-#pragma unroll
-                        for (int k = 0; k < 4; k++) {
-                            sumi = __dp4a((int)(u[k] & 0x0f0f0f0fu), xl[k], sumi);
-                            sumi = __dp4a((int)((u[k] >> 4) & 0x0f0f0f0fu), xh[k], sumi);
-                        }
-                    }
-                    acc[r][t] = fmaf(d[r] * ds.x, (float)sumi, fmaf(m[r], ds.y, acc[r][t]));
-                }
-            }
-        }
+    int g = threadIdx.x;
+    wgroup<F, R> cur;
+    if (g < ng) wgroup_load<F, R>(cur, w, row0, g, n_in);
+    pdl_wait();
+    while (g < ng) {
+        const int gn = g + (int)blockDim.x;
+        wgroup<F, R> nxt;
+        if (gn < ng) wgroup_load<F, R>(nxt, w, row0, gn, n_in);
+        wgroup_dot<F, NT, R>(acc, cur, xq, xds, g, n_in, n_tok);
+        cur = nxt;
+        g = gn;
     }
     block_store<NT, R>(acc, y, row0, w.n_out, n_tok, ldy, accumulate);
 }
 
+static int q8_tune_r, q8_tune_warps; /* matmul_q8_tune: 0 = the built-in choice */
+
+extern "C" void matmul_q8_tune(int rows, int warps) {
+    q8_tune_r = rows == 1 || rows == 2 || rows == 4 || rows == 8 ? rows : 0;
+    q8_tune_warps = warps >= 1 && warps <= MM_WARPS_MAX ? warps : 0;
+}
+
+/* warps per block: the count in lo..MM_WARPS_MAX that leaves the fewest idle lanes over ng groups */
+static int q8_warps(int ng, int lo) {
+    int nw = lo, best = 1 << 30;
+    for (int k = MM_WARPS_MAX; k >= lo; k--) {
+        const int waste = (ng + 32 * k - 1) / (32 * k) * 32 * k - ng;
+        if (waste < best) best = waste, nw = k;
+    }
+    return nw;
+}
+
+template <int F, int NT, int R>
+static void q8_launch_r(float *y, const cuda_weight &w, const int8_t *xq, const float2 *xds, int n_tok, int ldy,
+                        int acc, int nw, cudaStream_t st) {
+    kernel_launch(matmul_q8_kernel<F, NT, R>, dim3((w.n_out + R - 1) / R), dim3(nw * 32), 0, st, y, w, xq, xds, n_tok,
+                  ldy, acc);
+}
+
+/* 1..4 tokens: small blocks, many steps per lane. From bench_cuda_matmul --dp4a-sweep on an H200
+ * (one token, Q4_0, us per launch): rows of 5120 (160 groups) run best with one warp a block
+ * (5 steps a lane) and R 2..4 (Qwen3-32B q|k|v 10.3 against 10.6 for 4 rows x 5 warps); longer
+ * rows with two warps and R 2 (o 8192 x 5120: 8.5 against 9.5; down 25600 x 5120: 21.5 against
+ * 22.0; 27B down 17408 x 5120: 16.0 against 18.2); the many-row matrices (gate|up, lm_head) are
+ * at 86-100% of the copy bandwidth with any of these. One row a block halves the lm_head's speed
+ * (block dispatch: 152K blocks). Few rows (5120 x 1024): 4..8 warps a row, 2.6 us against 6.0 with
+ * one warp of 4 rows (256 warps in all). 8..16 tokens (the int8 tensor-core kernel's fallback below sm_80):
+ * 8 rows a block (Q8_0: 4, registers), 4..8 warps over n_in. */
 template <int F, int NT>
 static void q8_launch_nt(float *y, const cuda_weight &w, const int8_t *xq, const float2 *xds, int n_tok, int ldy,
                          int acc, cudaStream_t st) {
-    constexpr int R = NT >= 8 ? 8 : 4;
-    /* warps per block: the count in 4..8 that leaves the fewest idle lanes over n_in/32 groups */
     const int ng = w.n_in / 32;
-    int nw = 4, best = 1 << 30;
-    for (int k = MM_WARPS_MAX; k >= 4; k--) {
-        int waste = (ng + 32 * k - 1) / (32 * k) * 32 * k - ng;
-        if (waste < best) best = waste, nw = k;
+    if constexpr (NT >= 8) {
+        q8_launch_r<F, NT, F == WFMT_Q8_0 ? 4 : 8>(y, w, xq, xds, n_tok, ldy, acc, q8_warps(ng, 4), st);
+    } else {
+        int R = w.n_out <= 12288 && w.n_in <= 5120 ? 4 : 2, nw = ng <= 160 ? 1 : 2;
+        if (w.n_out <= 2048) R = 2, nw = q8_warps(ng, 4); /* few rows: more warps a row, or too few in all */
+        if (q8_tune_r) R = q8_tune_r;
+        if (q8_tune_warps) nw = q8_tune_warps;
+        switch (R) {
+        case 1: q8_launch_r<F, NT, 1>(y, w, xq, xds, n_tok, ldy, acc, nw, st); break;
+        case 2: q8_launch_r<F, NT, 2>(y, w, xq, xds, n_tok, ldy, acc, nw, st); break;
+        case 8: /* Q8_0: two 16-byte codes per row and step, 4 rows at most (registers) */
+            q8_launch_r<F, NT, F == WFMT_Q8_0 ? 4 : 8>(y, w, xq, xds, n_tok, ldy, acc, nw, st);
+            break;
+        default: q8_launch_r<F, NT, 4>(y, w, xq, xds, n_tok, ldy, acc, nw, st); break;
+        }
     }
-    matmul_q8_kernel<F, NT, R><<<(w.n_out + R - 1) / R, nw * 32, 0, st>>>(y, w, xq, xds, n_tok, ldy, acc);
 }
 
 template <int F>
@@ -267,6 +347,8 @@ extern "C" void matmul_q8_cuda(float *y, const struct cuda_weight *w, const int8
 template <int F, typename T>
 __global__ void dequant_rows_kernel(T *__restrict__ out, const cuda_weight w, const int32_t *__restrict__ rows,
                                     int64_t r0) {
+    pdl_launch_dependents();
+    pdl_wait();
     const int64_t row = rows ? (int64_t)rows[blockIdx.x] : r0 + blockIdx.x;
     const int n_in = w.n_in;
     const int n_vec = n_in % 8 == 0 ? n_in : 0;
@@ -304,13 +386,13 @@ template <typename T>
 static void dequant_launch(T *out, const cuda_weight &w, const int32_t *rows, int64_t r0, int n_rows, cudaStream_t st) {
     dim3 grid(n_rows), block(128);
     switch (w.fmt) {
-    case WFMT_F32: dequant_rows_kernel<WFMT_F32, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
-    case WFMT_F16: dequant_rows_kernel<WFMT_F16, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
-    case WFMT_BF16: dequant_rows_kernel<WFMT_BF16, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
-    case WFMT_Q4_0: dequant_rows_kernel<WFMT_Q4_0, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
-    case WFMT_Q8_0: dequant_rows_kernel<WFMT_Q8_0, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
-    case WFMT_Q4M: dequant_rows_kernel<WFMT_Q4M, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
-    case WFMT_Q8M: dequant_rows_kernel<WFMT_Q8M, T><<<grid, block, 0, st>>>(out, w, rows, r0); break;
+    case WFMT_F32: kernel_launch(dequant_rows_kernel<WFMT_F32, T>, grid, block, 0, st, out, w, rows, r0); break;
+    case WFMT_F16: kernel_launch(dequant_rows_kernel<WFMT_F16, T>, grid, block, 0, st, out, w, rows, r0); break;
+    case WFMT_BF16: kernel_launch(dequant_rows_kernel<WFMT_BF16, T>, grid, block, 0, st, out, w, rows, r0); break;
+    case WFMT_Q4_0: kernel_launch(dequant_rows_kernel<WFMT_Q4_0, T>, grid, block, 0, st, out, w, rows, r0); break;
+    case WFMT_Q8_0: kernel_launch(dequant_rows_kernel<WFMT_Q8_0, T>, grid, block, 0, st, out, w, rows, r0); break;
+    case WFMT_Q4M: kernel_launch(dequant_rows_kernel<WFMT_Q4M, T>, grid, block, 0, st, out, w, rows, r0); break;
+    case WFMT_Q8M: kernel_launch(dequant_rows_kernel<WFMT_Q8M, T>, grid, block, 0, st, out, w, rows, r0); break;
     }
 }
 

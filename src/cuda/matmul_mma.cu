@@ -46,6 +46,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda/common.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/ops_cuda.h"
 
 #define MMA_MAX_WARPS 8
@@ -277,6 +278,8 @@ __global__ void __launch_bounds__(MMA_MAX_WARPS * 32, MR * NTI >= 4 ? 1 : 2) /* 
     matmul_q8_mma_kernel(float *__restrict__ y, const cuda_weight w, const int8_t *__restrict__ xq,
                          const float2 *__restrict__ xds, int n_tok, int ldy, int accumulate) {
 #ifdef MMA_ARCH_OK
+    pdl_launch_dependents();
+    pdl_wait();
     using C = mma_cfg<F, NTI, MR, ONE>;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kp = blockDim.x >> 5;
     const int row0 = blockIdx.x * C::ROWS;
@@ -436,8 +439,8 @@ static void mma_launch_cfg(float *y, const cuda_weight &w, const int8_t *xq, con
     mma_plan<F, NTI, MR, ONE>(w.n_in, w.n_out, d, &kp);
     while (kp > 1 && (size_t)kp * C::S * C::STAGE > d->smem_optin) kp--;
     const int bands = ((w.n_out + 15) / 16 + MR - 1) / MR;
-    matmul_q8_mma_kernel<F, NTI, MR, ONE><<<bands, kp * 32, (size_t)kp * C::S * C::STAGE, st>>>(y, w, xq, xds, n_tok,
-                                                                                                 ldy, acc);
+    kernel_launch(matmul_q8_mma_kernel<F, NTI, MR, ONE>, dim3(bands), dim3(kp * 32), (size_t)kp * C::S * C::STAGE, st, y,
+                  w, xq, xds, n_tok, ldy, acc);
 }
 
 /* m-tiles per warp: 1, or 2 for several tokens (each activation fragment then serves 32 rows) when

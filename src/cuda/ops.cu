@@ -11,6 +11,10 @@
 #include "cuda/ops_cuda.h"
 
 #include "cuda/common.cuh"
+#include "cuda/launch.cuh"
+
+extern "C" int cuda_pdl = 0; /* cuda/launch.cuh */
+
 
 /* ---- small ops ---- */
 
@@ -24,6 +28,8 @@ template <int V>
 __global__ void rmsnorm_kernel(float *out, int8_t *xq, float2 *xds, __half *x16, const float *x, const float *w, int n,
                                float eps, const int32_t *rows) {
     __shared__ float red[32];
+    pdl_launch_dependents();
+    pdl_wait();
     const float *xr = x + (size_t)(rows ? rows[blockIdx.x] : blockIdx.x) * n;
     float v[V > 0 ? V : 1], ss = 0.0f;
     if (V > 0) {
@@ -69,15 +75,69 @@ __global__ void rmsnorm_kernel(float *out, int8_t *xq, float2 *xds, __half *x16,
     }
 }
 
+/* Decode rows (at most 16 rows of n >= 1024, n % 256 == 0): grid (rows, n / 256), block 256. Every block sums the
+ * squares of its whole row (float4 loads, from L2: the row was just written) and normalises its
+ * own 256 elements, one per thread; a row's work spreads over n / 256 SMs instead of one block's
+ * serial steps. The float32 sum of squares runs in another order than rmsnorm_kernel's: the two
+ * differ by rounding only. */
+#define RMS_SLICE 256
+__global__ void __launch_bounds__(RMS_SLICE) rmsnorm_slice_kernel(float *out, int8_t *xq, float2 *xds, __half *x16,
+                                                                 const float *x, const float *w, int n, float eps,
+                                                                 const int32_t *rows) {
+    __shared__ float red[RMS_SLICE / 32];
+    pdl_launch_dependents();
+    const float wi = w[blockIdx.y * RMS_SLICE + threadIdx.x]; /* a weight: before the wait */
+    pdl_wait();
+    const float4 *xr = (const float4 *)(x + (size_t)(rows ? rows[blockIdx.x] : blockIdx.x) * n);
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n / 4; i += RMS_SLICE) {
+        const float4 v = xr[i];
+        ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
+    }
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    float t = 0.0f;
+#pragma unroll
+    for (int k = 0; k < RMS_SLICE / 32; k++) t += red[k];
+    const float scale = 1.0f / sqrtf(t / (float)n + eps);
+    const int i = blockIdx.y * RMS_SLICE + threadIdx.x;
+    const size_t o = (size_t)blockIdx.x * n + i;
+    const float y = ((const float *)xr)[i] * scale * wi;
+    if (out) out[o] = y;
+    if (x16) x16[o] = __float2half_rn(y);
+    if (xq) warp_q8(y, xq, xds, (int64_t)o);
+}
+
 static void rmsnorm_launch(float *out, int8_t *xq, float2 *xds, __half *x16, const float *x, const float *w, int n,
                            int n_rows, float eps, const int32_t *rows, cudaStream_t st) {
     if (n_rows <= 0) return;
+    if (n_rows <= 16 && n >= 1024 && n % RMS_SLICE == 0) { /* decode: a row over n / 256 blocks */
+        kernel_launch(rmsnorm_slice_kernel, dim3(n_rows, n / RMS_SLICE), dim3(RMS_SLICE), 0, st, out, xq, xds, x16, x, w,
+                      n, eps, rows);
+        return;
+    }
     const int threads = n >= 4096 ? 1024 : n >= 1024 ? 256 : n >= 256 ? 128 : 32; /* latency-bound: wide blocks */
     const int per = (n + threads - 1) / threads;
-    if (per <= 2) rmsnorm_kernel<2><<<n_rows, threads, 0, st>>>(out, xq, xds, x16, x, w, n, eps, rows);
-    else if (per <= 4) rmsnorm_kernel<4><<<n_rows, threads, 0, st>>>(out, xq, xds, x16, x, w, n, eps, rows);
-    else if (per <= 8) rmsnorm_kernel<8><<<n_rows, threads, 0, st>>>(out, xq, xds, x16, x, w, n, eps, rows);
-    else rmsnorm_kernel<0><<<n_rows, threads, 0, st>>>(out, xq, xds, x16, x, w, n, eps, rows);
+    if (per <= 2) kernel_launch(rmsnorm_kernel<2>, dim3(n_rows), dim3(threads), 0, st, out, xq, xds, x16, x, w, n, eps, rows);
+    else if (per <= 4) kernel_launch(rmsnorm_kernel<4>, dim3(n_rows), dim3(threads), 0, st, out, xq, xds, x16, x, w, n, eps, rows);
+    else if (per <= 8) kernel_launch(rmsnorm_kernel<8>, dim3(n_rows), dim3(threads), 0, st, out, xq, xds, x16, x, w, n, eps, rows);
+    else kernel_launch(rmsnorm_kernel<0>, dim3(n_rows), dim3(threads), 0, st, out, xq, xds, x16, x, w, n, eps, rows);
+}
+
+extern "C" int cuda_pdl_supported(void) {
+#if CUDART_VERSION >= 12000
+    int dev = 0, major = 0;
+    cudaFuncAttributes fa;
+    const int ok = cudaGetDevice(&dev) == cudaSuccess &&
+                   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 &&
+                   cudaFuncGetAttributes(&fa, rmsnorm_kernel<2>) == cudaSuccess && fa.binaryVersion >= 90 &&
+                   fa.ptxVersion >= 90;
+    (void)cudaGetLastError();
+    return ok;
+#else
+    return 0;
+#endif
 }
 
 extern "C" void rmsnorm_cuda(float *out, const float *x, const float *w, int n, int n_rows, float eps,
@@ -122,6 +182,8 @@ extern "C" void rope_cuda(float *x, int n_heads, int head_dim, int n_rot, const 
  * they are separate buffers, 2 ff when they are the halves of one stacked gate|up matmul). */
 __global__ void swiglu_kernel(float *out, int8_t *xq, float2 *xds, __half *x16, const float *gate, const float *up,
                               int64_t n, int ff, int ld) {
+    pdl_launch_dependents();
+    pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = i / ff, k = t * ld + (i - t * ff);
         float g = gate[k];
@@ -142,7 +204,8 @@ extern "C" void swiglu_q8_cuda(float *out, int8_t *xq, float *xds, const float *
                                int ff, int ld, cudaStream_t st) {
     const int64_t n = (int64_t)n_tokens * ff;
     if (n <= 0) return;
-    swiglu_kernel<<<grid_for(n, 256), 256, 0, st>>>(out, xq, (float2 *)xds, NULL, gate, up, n, ff, ld);
+    kernel_launch(swiglu_kernel, dim3(grid_for(n, 256)), dim3(256), 0, st, out, xq, (float2 *)xds, (__half *)NULL, gate, up,
+                  n, ff, ld);
 }
 
 extern "C" void swiglu_f16_cuda(void *x16, const float *gate, const float *up, int n_tokens, int ff, int ld,
@@ -209,6 +272,8 @@ __global__ void __launch_bounds__(QKR_WARPS * 32)
                               const int32_t *pos, const float *inv_freq, int neox, const cuda_kv kv, int l,
                               const int32_t *seq_id) {
     __shared__ float hvs[QKR_WARPS][256];
+    pdl_launch_dependents();
+    pdl_wait();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int t = blockIdx.x, hh = blockIdx.y * QKR_WARPS + warp, hd = kv.head_dim, is_k = hh >= n_head;
     if (hh >= n_head + kv.n_head_kv) return;
@@ -262,8 +327,8 @@ extern "C" void qk_norm_rope_store_cuda(float *q_out, const float *q, float *k, 
                                         int l, const int32_t *seq_id, int n_tokens, cudaStream_t st) {
     if (n_tokens <= 0) return;
     dim3 grid(n_tokens, (n_head + kv->n_head_kv + QKR_WARPS - 1) / QKR_WARPS);
-    qk_norm_rope_store_kernel<<<grid, QKR_WARPS * 32, 0, st>>>(q_out, q, k, v, ld_q, ld_kv, q_norm, k_norm, eps, n_head,
-                                                              n_rot, pos, inv_freq, neox, *kv, l, seq_id);
+    kernel_launch(qk_norm_rope_store_kernel, grid, dim3(QKR_WARPS * 32), 0, st, q_out, q, k, v, ld_q, ld_kv, q_norm,
+                  k_norm, eps, n_head, n_rot, pos, inv_freq, neox, *kv, l, seq_id);
 }
 
 /* ---- attention: split-K flash-decoding over the paged cache ---- */
@@ -389,8 +454,10 @@ __global__ void attention_kernel(float *__restrict__ out, float *__restrict__ pa
 }
 
 /* grid (n_tokens, n_head), block head_dim: out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M). */
-__global__ void attention_combine_kernel(float *out, const float *part_o, const float *part_ml, int n_head, int hd,
-                                         int n_split) {
+__global__ void attention_combine_kernel(float *out, int8_t *xq, float2 *xds, const float *part_o, const float *part_ml,
+                                         int n_head, int hd, int n_split) {
+    pdl_launch_dependents();
+    pdl_wait();
     const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
     const size_t base = ((size_t)t * n_head + h) * n_split;
     float M = -INFINITY;
@@ -405,13 +472,16 @@ __global__ void attention_combine_kernel(float *out, const float *part_o, const 
             acc = fmaf(part_o[(base + s) * hd + d], w, acc);
         }
     }
-    out[((size_t)t * n_head + h) * hd + d] = acc / L;
+    const size_t i = ((size_t)t * n_head + h) * hd + d;
+    out[i] = acc / L;
+    if (xq) warp_q8(acc / L, xq, xds, (int64_t)i); /* hd % 32 == 0: a warp is one aligned group */
 }
 
-extern "C" void attention_combine_cuda(float *out, const float *part_o, const float *part_ml, int n_tokens, int n_head,
-                                       int head_dim, int n_split, cudaStream_t st) {
+extern "C" void attention_combine_cuda(float *out, int8_t *xq, float *xds, const float *part_o, const float *part_ml,
+                                       int n_tokens, int n_head, int head_dim, int n_split, cudaStream_t st) {
     if (n_tokens <= 0) return;
-    attention_combine_kernel<<<dim3(n_tokens, n_head), head_dim, 0, st>>>(out, part_o, part_ml, n_head, head_dim, n_split);
+    kernel_launch(attention_combine_kernel, dim3(n_tokens, n_head), dim3(head_dim), 0, st, out, xq, (float2 *)xds, part_o,
+                  part_ml, n_head, head_dim, n_split);
 }
 
 extern "C" int attention_cuda_prepare(int head_dim, int group) {
@@ -438,5 +508,5 @@ extern "C" void attention_cuda(float *out, const float *q, const struct cuda_kv 
         attention_kernel<__half><<<grid, block, smem, st>>>(direct, part_o, part_ml, q, *kv, l, pos, seq_id, n_head,
                                                             n_split, split_len, scale);
     }
-    if (n_split > 1) attention_combine_cuda(out, part_o, part_ml, n_tokens, n_head, hd, n_split, st);
+    if (n_split > 1) attention_combine_cuda(out, NULL, NULL, part_o, part_ml, n_tokens, n_head, hd, n_split, st);
 }

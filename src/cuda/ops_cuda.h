@@ -32,6 +32,13 @@ struct cuda_weight {
  * those rows alone (row r0 at offset 0). Returns 0, or -1 for an unsupported type. */
 int  cuda_weight_repack(const struct pxq_tensor *t, int64_t r0, int64_t r1, void *hq, void *hs);
 
+/* Programmatic dependent launch (cuda/launch.cuh): when cuda_pdl is set, the ops' kernels launch so
+ * that each may start while the one before it in the stream finishes (sm_90+). The backend sets it
+ * around its decode steps when cuda_pdl_supported(); tests may set it. cuda_pdl_supported: 1 if the
+ * device is sm_90+ and this build's kernels are an sm_90+ image (their PDL waits compiled in). */
+extern int cuda_pdl;
+int  cuda_pdl_supported(void);
+
 /* ---- ops (device pointers) ---- */
 
 /* y[t][o] (+)= sum_i W[o][i] x[t][i], t < n_tokens, fp32 accumulation; y has row stride ldy and
@@ -46,6 +53,9 @@ void matmul_gemv_cuda(float *y, const struct cuda_weight *w, const float *x, int
 int  matmul_q8_supported(int fmt);
 void matmul_q8_cuda(float *y, const struct cuda_weight *w, const int8_t *xq, const float *xds, int n_tokens, int ldy,
                     int accumulate, cudaStream_t st);
+/* Benchmarks and tests only: force the one-to-four-token dp4a mat-vec's rows per block (1, 2, 4, 8)
+ * and warps per block (1..8) instead of the built-in choice; 0 restores it. Process-wide. */
+void matmul_q8_tune(int rows, int warps);
 /* x[n] (n a multiple of 32) -> xq, xds: per group of 32, d = max|x|/127, q = round(x/d). */
 void quantize_q8_cuda(int8_t *xq, float *xds, const float *x, int64_t n, cudaStream_t st);
 
@@ -148,9 +158,11 @@ size_t attention_smem_bytes(int head_dim, int group);
 int attention_cuda_prepare(int head_dim, int group);
 
 /* out[t][h] = sum_s part_o[t][h][s] e^(m_s - M) / sum_s l_s e^(m_s - M) over the splits s with
- * l_s > 0 (part_ml[..][s] = (m_s, l_s), M their max): the last step of split-K flash-decoding. */
-void attention_combine_cuda(float *out, const float *part_o, const float *part_ml, int n_tokens, int n_head,
-                            int head_dim, int n_split, cudaStream_t st);
+ * l_s > 0 (part_ml[..][s] = (m_s, l_s), M their max): the last step of split-K flash-decoding.
+ * xq != NULL: also out's q8 form (xq, xds as quantize_q8_cuda over the whole out; head_dim % 32
+ * == 0), so the o projection's int8 mat-vec needs no quantize launch. */
+void attention_combine_cuda(float *out, int8_t *xq, float *xds, const float *part_o, const float *part_ml,
+                            int n_tokens, int n_head, int head_dim, int n_split, cudaStream_t st);
 
 /* ---- decode attention on the tensor cores (attention_decode.cu) ---- */
 
@@ -162,10 +174,11 @@ int attention_decode_supported(const struct cuda_kv *kv, int n_head);
 size_t attention_decode_smem_bytes(int head_dim);
 /* attention_cuda's semantics and arguments (split-K over n_split chunks of split_len positions, the
  * same part_o / part_ml layout and combine), on the tensor cores: f16 q and P, fp32 accumulation
- * (error about 1e-3 of the output's norm). Only where attention_decode_supported. */
-void attention_decode_cuda(float *out, const float *q, const struct cuda_kv *kv, int l, const int32_t *pos,
-                           const int32_t *seq_id, int n_tokens, int n_head, int n_split, int split_len, float *part_o,
-                           float *part_ml, cudaStream_t st);
+ * (error about 1e-3 of the output's norm). Only where attention_decode_supported. xq != NULL: also
+ * out's q8 form, as attention_combine_cuda. */
+void attention_decode_cuda(float *out, int8_t *xq, float *xds, const float *q, const struct cuda_kv *kv, int l,
+                           const int32_t *pos, const int32_t *seq_id, int n_tokens, int n_head, int n_split,
+                           int split_len, float *part_o, float *part_ml, cudaStream_t st);
 
 /* ---- prefill attention: tensor-core flash attention (attention_prefill.cu) ---- */
 
