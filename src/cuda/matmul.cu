@@ -231,8 +231,10 @@ static __device__ __forceinline__ void wgroup_dot(float (&acc)[R][NT], const wgr
  * (Tried and dropped, on an H200: a persistent grid of a few blocks per SM, each warp streaming
  * whole rows: slower on long rows, where one warp's steps wait on each other (Qwen3-32B down 27 us
  * against 21), and it lost its one wave under PDL, whose next kernels take SM slots early: 32B
- * decode 107 t/s against 143; and blocks of several warps each on its own rows, for fewer blocks
- * to dispatch: no end-to-end gain, 32B decode 136-138 t/s against 146.) */
+ * decode 107 t/s against 143; blocks of several warps each on its own rows, for fewer blocks to
+ * dispatch: no end-to-end gain, 32B decode 136-138 t/s against 146; the SwiGLU fused into the
+ * gate|up launch, done by the block that completes each group of 32 columns (a fence and an atomic
+ * count per block): bit-equal, but 32B decode 137.5 t/s against 145.8, 27B 159.4 against 167.1.) */
 template <int F, int NT, int R>
 __global__ void __launch_bounds__(MM_WARPS_MAX * 32) matmul_q8_kernel(float *__restrict__ y, const cuda_weight w,
                                                                 const int8_t *__restrict__ xq,
