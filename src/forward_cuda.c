@@ -150,7 +150,10 @@ void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *
         bf->moe_y = pairs * d;
     }
     bf->logits = (nb < CUDA_LOGITS_ROWS ? nb : CUDA_LOGITS_ROWS) * (size_t)hp->n_vocab;
-    if (hp->attn_output_gate) bf->qg = nb * 2 * q_dim;
+    if (hp->attn_output_gate) { /* q_proj's [query | gate] rows; a decode token's stacked [q_proj | k | v] */
+        bf->qg = nb * 2 * q_dim;
+        if (bf->qg < 2 * q_dim + 2 * kv_dim) bf->qg = 2 * q_dim + 2 * kv_dim;
+    }
     int n_dn = 0;
     for (int il = 0; il < hp->n_layer; il++) n_dn += hp->layer_kind[il] == LAYER_DELTANET;
     if (n_dn) {

@@ -47,8 +47,9 @@ struct cuda_layer {
     float *v[CV_COUNT];        /* float32 vectors, NULL where absent */
     /* stacked weights (fmt -1 if not): q|k|v (plain attention), gate|up (FFN), beta|alpha (DeltaNet);
      * dn_in: a DeltaNet layer's four in-projections qkv|z|beta|alpha, whose rows w[CM_SSM_QKV],
-     * w[CM_SSM_Z] and ba are then views (weight_rows) */
-    cuda_weight qkv, gu, ba, dn_in;
+     * w[CM_SSM_Z] and ba are then views (weight_rows); qgkv: a gated attention layer's q_proj|k|v,
+     * whose rows w[CM_Q], w[CM_K], w[CM_V] are views. Both for a one-token step's single launch. */
+    cuda_weight qkv, gu, ba, dn_in, qgkv;
     float *bqkv;               /* the q|k|v biases side by side (zeros where one is absent), or NULL */
     /* MoE (fmt -1 if not): the router, and each role's experts stacked (upload_moe): gate|up, or gate
      * and up apart (cuda_moe_gu_fused), and down */
@@ -367,7 +368,16 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
         int stacked[CM_COUNT] = {0};
         cl->router.fmt = cl->moe_gu.fmt = cl->moe_gate.fmt = cl->moe_up.fmt = cl->moe_down.fmt = -1;
         if (hp->n_expert) upload_moe(e, b, &u, L, cl);
-        cl->dn_in.fmt = -1;
+        cl->dn_in.fmt = cl->qgkv.fmt = -1;
+        const struct pxq_tensor *qgkv[3] = {mats[CM_Q], mats[CM_K], mats[CM_V]};
+        if (!dn && hp->attn_output_gate && stackable(qgkv, 3) && !env_is("PXQ_CUDA_STACK", "0")) {
+            upload_stacked(e, b, &u, qgkv, 3, &cl->qgkv);
+            const int r_q = (int)qgkv[0]->ne[1], r_k = (int)qgkv[1]->ne[1];
+            cl->w[CM_Q] = weight_rows(cl->qgkv, 0, r_q);
+            cl->w[CM_K] = weight_rows(cl->qgkv, r_q, r_k);
+            cl->w[CM_V] = weight_rows(cl->qgkv, r_q + r_k, cl->qgkv.n_out - r_q - r_k);
+            for (int i = CM_Q; i <= CM_V; i++) stacked[i] = 1;
+        }
         const struct pxq_tensor *dn_in[4] = {mats[CM_SSM_QKV], mats[CM_SSM_Z], mats[CM_SSM_BETA], mats[CM_SSM_ALPHA]};
         if (dn && stackable(dn_in, 4) && !env_is("PXQ_CUDA_STACK", "0")) { /* a decode token's one launch */
             upload_stacked(e, b, &u, dn_in, 4, &cl->dn_in);
@@ -386,7 +396,8 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
             for (int i = 0; i < st[k].n; i++) stacked[st[k].first + i] = 1;
         }
         for (int i = 0; i < CM_COUNT; i++) {
-            const int view = cl->dn_in.fmt >= 0 && (i == CM_SSM_QKV || i == CM_SSM_Z); /* set above */
+            const int view = (cl->dn_in.fmt >= 0 && (i == CM_SSM_QKV || i == CM_SSM_Z)) ||
+                             (cl->qgkv.fmt >= 0 && i >= CM_Q && i <= CM_V); /* set above */
             if (!view) cl->w[i].fmt = -1;
             if (!mats[i] || (i < CM_GATE || i > CM_DOWN ? (i >= CM_SSM_QKV) != dn : 0)) continue;
             if ((size_t)mats[i]->ne[0] > max_in) max_in = (size_t)mats[i]->ne[0];
@@ -664,19 +675,26 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
                                 &b->kv, l, b->di.seq, n, st);
         attention(b, q_out, l, hp->n_head, s, xq_att);
     } else {
-        if (gated) {
-            matmul_cuda(b, b->qg, &L->w[CM_Q], b->xb, n, s.q8, 0);
+        float *k = b->k, *v = b->v;
+        if (gated && n == 1 && L->qgkv.fmt >= 0) { /* one launch: the token's [q_proj | k | v] (qg has room) */
+            matmul_cuda(b, b->qg, &L->qgkv, b->xb, 1, s.q8, 0);
+            k = b->qg + 2 * (size_t)q_dim, v = k + kv_dim;
             split_q_gate_cuda(b->q, b->xb2, b->qg, n, hp->n_head, hd, st);
         } else {
-            matmul_cuda(b, b->q, &L->w[CM_Q], b->xb, n, s.q8, 0);
+            if (gated) {
+                matmul_cuda(b, b->qg, &L->w[CM_Q], b->xb, n, s.q8, 0);
+                split_q_gate_cuda(b->q, b->xb2, b->qg, n, hp->n_head, hd, st);
+            } else {
+                matmul_cuda(b, b->q, &L->w[CM_Q], b->xb, n, s.q8, 0);
+            }
+            matmul_cuda(b, k, &L->w[CM_K], b->xb, n, s.q8, 0);
+            matmul_cuda(b, v, &L->w[CM_V], b->xb, n, s.q8, 0);
         }
-        matmul_cuda(b, b->k, &L->w[CM_K], b->xb, n, s.q8, 0);
-        matmul_cuda(b, b->v, &L->w[CM_V], b->xb, n, s.q8, 0);
         if (L->v[CV_BQ]) add_bias_cuda(b->q, L->v[CV_BQ], n, q_dim, st);
-        if (L->v[CV_BK]) add_bias_cuda(b->k, L->v[CV_BK], n, kv_dim, st);
-        if (L->v[CV_BV]) add_bias_cuda(b->v, L->v[CV_BV], n, kv_dim, st);
+        if (L->v[CV_BK]) add_bias_cuda(k, L->v[CV_BK], n, kv_dim, st);
+        if (L->v[CV_BV]) add_bias_cuda(v, L->v[CV_BV], n, kv_dim, st);
         /* q/k norm (before RoPE), RoPE, and the KV store: one kernel */
-        qk_norm_rope_store_cuda(b->q, b->q, b->k, b->v, q_dim, kv_dim, L->v[CV_Q_NORM], L->v[CV_K_NORM], hp->rms_eps,
+        qk_norm_rope_store_cuda(b->q, b->q, k, v, q_dim, kv_dim, L->v[CV_Q_NORM], L->v[CV_K_NORM], hp->rms_eps,
                                 hp->n_head, hp->n_rot, b->di.pos, b->inv_freq, neox, &b->kv, l, b->di.seq, n, st);
         attention(b, b->q, l, hp->n_head, s, xq_att);
     }
