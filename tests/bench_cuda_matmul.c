@@ -212,7 +212,7 @@ int main(int argc, char **argv) {
         free(hx);
         cudaFree(dx);
 
-        if (dp4a_sweep) { /* rows per warp x warps per block x blocks per SM, for 1, 2, 4 tokens */
+        if (dp4a_sweep) { /* rows per block x warps per block, for 1, 2, 4 tokens */
             static const int rs[] = {1, 2, 4, 8}, ws[] = {1, 2, 4, 8};
             for (int n = 1; n <= 4; n *= 2) {
                 const double t0 = time_kernel(&b, 0, n);

@@ -291,6 +291,22 @@ static void test_rmsnorm_widths(void) {
         double e2 = norm_err(got, ref, (size_t)rows * n);
         CHECK(e1 <= 1e-6 && e2 <= 1e-2, "rmsnorm q8 n %d rows %d: float %.3g, int8 %.3g", n, rows, e1, e2);
         printf("rmsnorm q8 n %5d rows %2d: float %.2e, int8 groups %.2e\n", n, rows, e1, e2);
+        /* gathered rows (the lm_head's output rows) into a short buffer, and in place */
+        int32_t sel[3] = {rows - 1, 0, rows / 2};
+        int32_t *dsel = dev_put(sel, sizeof sel);
+        CK(cudaMemset(dy, 0xff, (size_t)rows * n * 4));
+        rmsnorm_cuda(dy, dx, dw, n, 3, 1e-6f, dsel, 0);
+        dev_get(got, dy, (size_t)3 * n * 4);
+        double e3 = 0.0;
+        for (int r = 0; r < 3; r++) {
+            const double e = norm_err(got + (size_t)r * n, ref + (size_t)sel[r] * n, (size_t)n);
+            e3 = e > e3 ? e : e3;
+        }
+        rmsnorm_cuda(dx, dx, dw, n, rows, 1e-6f, NULL, 0);
+        dev_get(got, dx, (size_t)rows * n * 4);
+        const double e4 = norm_err(got, ref, (size_t)rows * n);
+        CHECK(e3 <= 1e-6 && e4 <= 1e-6, "rmsnorm n %d rows %d: gathered %.3g, in place %.3g", n, rows, e3, e4);
+        cudaFree(dsel);
         cudaFree(dx), cudaFree(dw), cudaFree(dy), cudaFree(dxds), cudaFree(dxq);
         free(x), free(w), free(ref), free(got), free(hds), free(hq);
     }

@@ -50,8 +50,9 @@ int parse_size(const char *s, size_t *out) {
     errno = 0;
     double v = strtod(s, &end);
     if (errno || end == s || !isfinite(v) || v < 0) return -1;
+    /* a unit is required: "--gpu-mem 16" is far likelier to mean 16 GiB than 16 bytes */
     static const struct { const char *suf; double mul; } u[] = {
-        {"", 1},          {"B", 1},           {"K", 1024},      {"KiB", 1024},     {"KB", 1e3},
+        {"B", 1},         {"K", 1024},      {"KiB", 1024},     {"KB", 1e3},
         {"M", 1048576.0}, {"MiB", 1048576.0}, {"MB", 1e6},      {"G", 1073741824.0}, {"GiB", 1073741824.0},
         {"GB", 1e9},      {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12},
     };
@@ -92,7 +93,7 @@ int common_parse(struct args *a, struct common_opts *o) {
         else fail(a, 2, "--device expects cpu or cuda, got '%s'", d);
     } else if (!strcmp(f, "--gpu-mem")) {
         const char *s = arg_str(a);
-        if (parse_size(s, &o->ep.gpu_mem) != 0) fail(a, 2, "--gpu-mem expects a size like 16GiB, got '%s'", s);
+        if (parse_size(s, &o->ep.gpu_mem) != 0) fail(a, 2, "--gpu-mem expects a size with a unit, like 16GiB or 512MiB, got '%s'", s);
     } else
         return 0;
     return 1;

@@ -40,7 +40,8 @@ const char *default_model_path(void);
 /* Open the model (or exit 1 with the loader's message). */
 struct pxq_model *open_model_or_fail(const struct args *a, const char *path);
 
-/* Parse sizes like "16GiB", "512MiB", "24GB", "1e9". Returns 0 or -1. */
+/* Parse sizes with a unit: "16GiB", "512MiB", "24GB", "1e9B" (B, K/KiB, KB, M/MiB, MB, G/GiB, GB, T/TiB,
+ * TB). A bare number is an error (-1), as are negative or non-finite values. Returns 0 or -1. */
 int parse_size(const char *s, size_t *out);
 
 #endif

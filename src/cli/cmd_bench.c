@@ -285,7 +285,7 @@ int cmd_bench(int argc, char **argv) {
             else fail(&a, 2, "--device expects cpu or cuda, got '%s'", d);
         } else if (!strcmp(f, "--gpu-mem")) {
             const char *s = arg_str(&a);
-            if (parse_size(s, &o.ep.gpu_mem) != 0) fail(&a, 2, "--gpu-mem expects a size like 16GiB, got '%s'", s);
+            if (parse_size(s, &o.ep.gpu_mem) != 0) fail(&a, 2, "--gpu-mem expects a size with a unit, like 16GiB or 512MiB, got '%s'", s);
         } else if (!strcmp(f, "--no-warmup")) o.warmup = 0;
         else if (!strcmp(f, "--json")) o.json = 1;
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
@@ -308,7 +308,7 @@ int cmd_bench(int argc, char **argv) {
     /* roofline first, before the model takes the memory */
     struct roofline rl;
     if (dev == PXQ_DEVICE_CUDA) {
-        if (roofline_measure_cuda(&rl, err, sizeof err) != 0) fail(&a, 1, "%s (no usable CUDA device? use --device cpu)", err);
+        if (roofline_measure_cuda(&rl, err, sizeof err) != 0) fail(&a, 1, "%s; use --device cpu", err);
     } else {
         roofline_measure_cpu(&rl, o.ep.n_threads);
     }

@@ -36,7 +36,7 @@ static enum pxq_type parse_kv_type(const struct args *a, const char *s) {
 static size_t size_arg(struct args *a) {
     const char *flag = a->argv[a->i], *s = arg_str(a);
     size_t v;
-    if (parse_size(s, &v) != 0) fail(a, 2, "%s expects a size like 512MiB, got '%s'", flag, s);
+    if (parse_size(s, &v) != 0) fail(a, 2, "%s expects a size with a unit, like 16GiB or 512MiB, got '%s'", flag, s);
     return v;
 }
 

@@ -34,6 +34,13 @@ extern "C" int pxq_cuda_roofline(double *copy_gbs, double *gemm_tflops, char *na
     float ms, best;
     const float alpha = 1.0f, beta = 0.0f;
     cudaDeviceProp prop;
+    int n_dev = 0;
+    const cudaError_t ce = cudaGetDeviceCount(&n_dev);
+    if (ce != cudaSuccess || n_dev == 0) { /* as the engine words it (cuda_backend_new) */
+        if (err && errlen)
+            snprintf(err, errlen, "no CUDA device (%s)", ce != cudaSuccess ? cudaGetErrorString(ce) : "count 0");
+        return -1;
+    }
     RF_CHECK(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     if (name && name_len) snprintf(name, name_len, "%s (sm_%d%d, %.1f GiB)", prop.name, prop.major, prop.minor,
                                    prop.totalGlobalMem / 1073741824.0);

@@ -162,7 +162,11 @@ __global__ void __launch_bounds__(256) gated_delta_rule_kernel(
     float s[R];
 #pragma unroll
     for (int i = 0; i < R; i++) s[i] = col && r0 + i < dk ? S[(size_t)(r0 + i) * dv + j] : 0.0f;
-    pdl_wait(); /* the state is this kernel's own from the previous step: loaded before the wait */
+    /* S and run_seq before the wait: S is written only by this layer's launch of this kernel (in an
+     * earlier step, which the per-step stream sync ended; the state clears and the step inputs are
+     * copies before the step's first kernel). A kernel that writes S inside a step would have to
+     * move this load after the wait. */
+    pdl_wait();
     const int p0 = run_off[run], p1 = run_off[run + 1];
     if (p0 < p1) {
         const float *row = qkv + (size_t)run_tok[p0] * conv_dim + (size_t)kh * dk;

@@ -13,10 +13,13 @@
 #include <cuda_runtime.h>
 
 /* Set by the backend for its decode steps (the device is sm_90+ and the kernels' image is sm_90+,
- * so pdl_wait is compiled in); 0 otherwise, and in the op tests unless they set it. Process-wide. */
-extern "C" int cuda_pdl;
+ * so pdl_wait is compiled in); 0 otherwise, and in the op tests unless they set it. Per thread. */
+extern "C" thread_local int cuda_pdl;
 
-#if CUDART_VERSION >= 12000
+/* CUDA 12.3: programmatic launches inside stream capture (the decode graphs) */
+#define PXQ_PDL_RUNTIME (CUDART_VERSION >= 12030)
+
+#if PXQ_PDL_RUNTIME
 static inline cudaLaunchConfig_t pdl_config(dim3 grid, dim3 block, size_t smem, cudaStream_t st,
                                             cudaLaunchAttribute *attr) {
     attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -28,17 +31,17 @@ static inline cudaLaunchConfig_t pdl_config(dim3 grid, dim3 block, size_t smem, 
 }
 #endif
 
-/* kernel<<<grid, block, smem, st>>>(args...), with PDL when cuda_pdl is set. Errors as a launch's:
- * cudaGetLastError. */
+/* kernel<<<grid, block, smem, st>>>(args...), with PDL when cuda_pdl is set (a launch the runtime
+ * refuses with the attribute goes out plain). Errors as a launch's: cudaGetLastError. */
 template <typename... KArgs, typename... Args>
 static inline void kernel_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
                                  Args &&...args) {
-#if CUDART_VERSION >= 12000
+#if PXQ_PDL_RUNTIME
     if (cuda_pdl) {
         cudaLaunchAttribute attr;
         const cudaLaunchConfig_t cfg = pdl_config(grid, block, smem, st, &attr);
-        (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-        return;
+        if (cudaLaunchKernelEx(&cfg, kernel, args...) == cudaSuccess) return;
+        (void)cudaGetLastError();
     }
 #endif
     kernel<<<grid, block, smem, st>>>(std::forward<Args>(args)...);
@@ -46,12 +49,12 @@ static inline void kernel_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block
 
 /* The same for a kernel known by its address and an argument array (cudaLaunchKernel's form). */
 static inline void kernel_launch_fn(const void *fn, dim3 grid, dim3 block, void **args, size_t smem, cudaStream_t st) {
-#if CUDART_VERSION >= 12000
+#if PXQ_PDL_RUNTIME
     if (cuda_pdl) {
         cudaLaunchAttribute attr;
         const cudaLaunchConfig_t cfg = pdl_config(grid, block, smem, st, &attr);
-        (void)cudaLaunchKernelExC(&cfg, fn, args);
-        return;
+        if (cudaLaunchKernelExC(&cfg, fn, args) == cudaSuccess) return;
+        (void)cudaGetLastError();
     }
 #endif
     (void)cudaLaunchKernel(fn, grid, block, args, smem, st);

@@ -7,8 +7,8 @@
  *                     s = d * sum q), integer dot products with __dp4a (sm_61+), fp32 scale per
  *                     group; Q4_0, Q8_0, Q4M. w.x = d_w (d_x sum (nib q) - 8 s_x) for Q4_0.
  *                     Lane = one whole group (16-byte loads).
- * Both use blocks of 4 warps over R rows; the warps split n_in (coalesced loads: consecutive lanes
- * read consecutive bytes) and meet in shared memory.
+ * Both use blocks of warps over R rows (the fp32 one 4; the q8 one 1..8, by shape); the warps split
+ * n_in (coalesced loads: consecutive lanes read consecutive bytes) and meet in shared memory.
  * Everything here compiles for sm_70 (V100) and up. */
 #include <math.h>
 #include <stdint.h>
@@ -21,7 +21,7 @@
 #include "cuda/wload.cuh"
 
 #define MM_WARPS 4       /* warps per block of the fp32 mat-vec */
-#define MM_WARPS_MAX 8   /* the q8 mat-vec picks 4..8 warps to split n_in evenly */
+#define MM_WARPS_MAX 8   /* the q8 mat-vec's most warps per block */
 
 /* Sum acc[R][NT] over the block (lanes by shuffles, warps through shared memory) and store rows
  * row0.. of y (adding to y if accumulate). */

@@ -13,7 +13,7 @@
 #include "cuda/common.cuh"
 #include "cuda/launch.cuh"
 
-extern "C" int cuda_pdl = 0; /* cuda/launch.cuh */
+extern "C" thread_local int cuda_pdl = 0; /* cuda/launch.cuh */
 
 
 /* ---- small ops ---- */
@@ -79,7 +79,7 @@ __global__ void rmsnorm_kernel(float *out, int8_t *xq, float2 *xds, __half *x16,
  * squares of its whole row (float4 loads, from L2: the row was just written) and normalises its
  * own 256 elements, one per thread; a row's work spreads over n / 256 SMs instead of one block's
  * serial steps. The float32 sum of squares runs in another order than rmsnorm_kernel's: the two
- * differ by rounding only. */
+ * differ by rounding only. out must not alias x (other blocks still read the row). */
 #define RMS_SLICE 256
 __global__ void __launch_bounds__(RMS_SLICE) rmsnorm_slice_kernel(float *out, int8_t *xq, float2 *xds, __half *x16,
                                                                  const float *x, const float *w, int n, float eps,
@@ -112,7 +112,8 @@ __global__ void __launch_bounds__(RMS_SLICE) rmsnorm_slice_kernel(float *out, in
 static void rmsnorm_launch(float *out, int8_t *xq, float2 *xds, __half *x16, const float *x, const float *w, int n,
                            int n_rows, float eps, const int32_t *rows, cudaStream_t st) {
     if (n_rows <= 0) return;
-    if (n_rows <= 16 && n >= 1024 && n % RMS_SLICE == 0) { /* decode: a row over n / 256 blocks */
+    if (n_rows <= 16 && n >= 1024 && n % RMS_SLICE == 0 && out != x) { /* decode: a row over n / 256 blocks
+                                                                           * (each reads the whole row: not in place) */
         kernel_launch(rmsnorm_slice_kernel, dim3(n_rows, n / RMS_SLICE), dim3(RMS_SLICE), 0, st, out, xq, xds, x16, x, w,
                       n, eps, rows);
         return;
@@ -126,7 +127,7 @@ static void rmsnorm_launch(float *out, int8_t *xq, float2 *xds, __half *x16, con
 }
 
 extern "C" int cuda_pdl_supported(void) {
-#if CUDART_VERSION >= 12000
+#if PXQ_PDL_RUNTIME
     int dev = 0, major = 0;
     cudaFuncAttributes fa;
     const int ok = cudaGetDevice(&dev) == cudaSuccess &&

@@ -34,9 +34,14 @@ int  cuda_weight_repack(const struct pxq_tensor *t, int64_t r0, int64_t r1, void
 
 /* Programmatic dependent launch (cuda/launch.cuh): when cuda_pdl is set, the ops' kernels launch so
  * that each may start while the one before it in the stream finishes (sm_90+). The backend sets it
- * around its decode steps when cuda_pdl_supported(); tests may set it. cuda_pdl_supported: 1 if the
- * device is sm_90+ and this build's kernels are an sm_90+ image (their PDL waits compiled in). */
-extern int cuda_pdl;
+ * around its decode steps when cuda_pdl_supported(); tests may set it. Per thread (an engine's
+ * steps run on the thread that calls it). cuda_pdl_supported: 1 if the device is sm_90+ and this
+ * build's kernels are an sm_90+ image (their PDL waits compiled in). */
+#ifdef __cplusplus
+extern thread_local int cuda_pdl;
+#else
+extern _Thread_local int cuda_pdl;
+#endif
 int  cuda_pdl_supported(void);
 
 /* ---- ops (device pointers) ---- */
@@ -53,8 +58,9 @@ void matmul_gemv_cuda(float *y, const struct cuda_weight *w, const float *x, int
 int  matmul_q8_supported(int fmt);
 void matmul_q8_cuda(float *y, const struct cuda_weight *w, const int8_t *xq, const float *xds, int n_tokens, int ldy,
                     int accumulate, cudaStream_t st);
-/* Benchmarks and tests only: force the one-to-four-token dp4a mat-vec's rows per block (1, 2, 4, 8)
- * and warps per block (1..8) instead of the built-in choice; 0 restores it. Process-wide. */
+/* Benchmarks and tests only: force the one-to-four-token dp4a mat-vec's rows per block (1, 2, 4, 8;
+ * Q8_0 runs 4 for 8, registers) and warps per block (1..8) instead of the built-in choice; 0
+ * restores it. Process-wide. */
 void matmul_q8_tune(int rows, int warps);
 /* x[n] (n a multiple of 32) -> xq, xds: per group of 32, d = max|x|/127, q = round(x/d). */
 void quantize_q8_cuda(int8_t *xq, float *xds, const float *x, int64_t n, cudaStream_t st);

@@ -34,5 +34,16 @@ void emu_launch(F f, dim3 grid, dim3 block, size_t smem, A... args) {
     emu_run(grid, block, [](void *p) { B *b = (B *)p; std::apply(b->f, *b->t); }, &b);
 }
 #include <tuple>
+/* launch.cuh's launchers as emulated launches (no programmatic dependent launch here; the kernels'
+ * pdl_wait / pdl_launch_dependents compile to nothing without __CUDA_ARCH__) */
+#define PXQ_CUDA_LAUNCH_CUH
+extern "C" {
+inline thread_local int cuda_pdl = 0;
+}
+template <typename... KArgs, typename... Args>
+static inline void kernel_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t,
+                                 Args &&...args) {
+    emu_launch(kernel, grid, block, smem, KArgs(std::forward<Args>(args))...);
+}
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 template <class T> cudaError_t cudaFuncSetAttribute(T *f, enum cudaFuncAttribute a, int v) { return cudaFuncSetAttribute((const void *)f, a, v); }
