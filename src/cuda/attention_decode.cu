@@ -21,11 +21,13 @@
  * and V [BN][D + 8]; after the loop the stages hold the warps' m, l [4][16] and O [4][16][D] floats.
  * Configurations (attention_decode_smem_bytes), tried in order until one fits the device's opt-in
  * shared memory (PXQ_CUDA_DECODE_CFG=k forces the k-th, for timing):
- *   D 64: (BN 32, NS 3) 113 KiB, (64, 3) 223 KiB, (32, 2);  D 128: (16, 3) 109 KiB, (32, 3) 213 KiB,
- *   (16, 2) 74 KiB;  D 256: (16, 3) 211 KiB, (16, 2) 144 KiB.
+ *   D 64: (BN 32, NS 3) 113 KiB, (64, 3) 223 KiB, (32, 2);  D 128: (16, 2) 74 KiB, (16, 3) 109 KiB,
+ *   (32, 3) 213 KiB;  D 256: (16, 3) 211 KiB, (16, 2) 144 KiB.
  * Two blocks (8 warps) per SM beat one with twice the tile: Qwen3-32B at 32K positions on an H200,
  * 87.4 t/s with (16, 3) against 73.9 with (32, 3), both with splits sized to <= 4 blocks per SM
- * ((32, 3) at <= 2 per SM: 80.1). Nsight Compute (docs/PERF.md): (32, 3) read the KV at 1.7 TB/s
+ * ((32, 3) at <= 2 per SM: 80.1). With programmatic dependent launch (launch.cuh), (16, 2): three
+ * blocks per SM, 98.1 t/s against 95.7 for (16, 3) (twice each; the same at a short context,
+ * 145.4 against 145.7), so it comes first. Nsight Compute (docs/PERF.md): (32, 3) read the KV at 1.7 TB/s
  * with 4 warps per SM; (16, 3) at 2.4 TB/s with 8, latency- and issue-bound, not bandwidth-bound.
  * Needs sm_80 (cp.async, mma m16n8k16): below that the body is empty and attention_decode_supported
  * returns 0 (callers keep attention_cuda, the Volta path). */
@@ -221,8 +223,8 @@ struct ad_config {
 
 #define AD_CFG(D, BN, NS) {D, BN, NS, (const void *)attention_decode_kernel<D, BN, NS>}
 static const ad_config ad_configs[] = {
-    AD_CFG(64, 32, 3),  AD_CFG(64, 64, 3),  AD_CFG(64, 32, 2),  AD_CFG(128, 16, 3),
-    AD_CFG(128, 32, 3), AD_CFG(128, 16, 2), AD_CFG(256, 16, 3), AD_CFG(256, 16, 2),
+    AD_CFG(64, 32, 3),  AD_CFG(64, 64, 3),  AD_CFG(64, 32, 2),  AD_CFG(128, 16, 2),
+    AD_CFG(128, 16, 3), AD_CFG(128, 32, 3), AD_CFG(256, 16, 3), AD_CFG(256, 16, 2),
 };
 #define AD_N_CFG ((int)(sizeof ad_configs / sizeof *ad_configs))
 
