@@ -138,30 +138,8 @@ __global__ void __launch_bounds__(AD_THREADS)
                 for (int e = 0; e < 4; e++)
                     if (j0 + nb * 8 + 2 * (lane & 3) + (e & 1) >= p1) s[nb][e] = -INFINITY;
         }
-        float ms[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = m[r];
-#pragma unroll
-            for (int nb = 0; nb < BN / 8; nb++) mx = fmaxf(mx, fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
-            ms[r] = mx * sl2; /* finite: every tile has at least one position < p1 */
-            const float corr = exp2f(m[r] * sl2 - ms[r]);
-            const bool grew = mx != m[r];
-            m[r] = mx;
-            lsum[r] *= corr;
-            if (__any_sync(FULL_MASK, grew)) /* the running max is mostly settled after a few tiles */
-#pragma unroll
-                for (int nd = 0; nd < D / 8; nd++) o[nd][2 * r] *= corr, o[nd][2 * r + 1] *= corr;
-        }
-#pragma unroll
-        for (int nb = 0; nb < BN / 8; nb++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                s[nb][e] = exp2f(fmaf(s[nb][e], sl2, -ms[e >> 1]));
-                lsum[e >> 1] += s[nb][e];
-            }
+        /* every tile has a position < p1 in each row: no masked rows; o rescaled only when a max grows */
+        online_softmax_step<D, BN, false, true>(s, o, m, lsum, sl2);
         mma_pv<D, BN, SD>(o, s, Vs + v_off);
         __syncwarp(); /* stage i % NS is refilled by the next iteration's load */
     }

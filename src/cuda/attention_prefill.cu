@@ -159,29 +159,8 @@ __global__ void __launch_bounds__(PF_THREADS)
                     if (j0 + nb * 8 + 2 * (lane & 3) + (e & 1) > rowpos[e >> 1]) s[nb][e] = -INFINITY;
         }
 
-        /* online softmax: the row max over the quad that shares a row, rescale, p = 2^(s sl2 - m sl2) */
-        float ms[2];
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            float mx = m[i];
-#pragma unroll
-            for (int nb = 0; nb < BN / 8; nb++) mx = fmaxf(mx, fmaxf(s[nb][2 * i], s[nb][2 * i + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
-            ms[i] = mx == -INFINITY ? 0.0f : mx * sl2; /* a row with nothing unmasked yet stays at 0 */
-            const float corr = exp2f(m[i] * sl2 - ms[i]);
-            m[i] = mx;
-            lsum[i] *= corr;
-#pragma unroll
-            for (int nd = 0; nd < D / 8; nd++) o[nd][2 * i] *= corr, o[nd][2 * i + 1] *= corr;
-        }
-#pragma unroll
-        for (int nb = 0; nb < BN / 8; nb++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                s[nb][e] = exp2f(fmaf(s[nb][e], sl2, -ms[e >> 1]));
-                lsum[e >> 1] += s[nb][e];
-            }
+        /* online softmax; a causal tile can leave a row with nothing unmasked yet (its exponent stays 0) */
+        online_softmax_step<D, BN, true, false>(s, o, m, lsum, sl2);
 
         /* O += P V: the S accumulator of two n-blocks is the A fragment of one k16 step */
         mma_pv<D, BN, SD>(o, s, Vs + v_off);

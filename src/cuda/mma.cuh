@@ -1,12 +1,16 @@
 /* mma.cuh - sm_80+ building blocks of the f16 tensor-core attention kernels (attention_prefill.cu,
  * attention_decode.cu): cp.async copies, ldmatrix loads and mma.sync m16n8k16 (PTX ISA 8.x,
- * "Warp Level Matrix Multiply-Accumulate Instructions"). Defined only when compiling for sm_80 and
- * up; the kernels that use them have empty bodies below that. */
+ * "Warp Level Matrix Multiply-Accumulate Instructions"), and a tile's online-softmax step.
+ * Defined only when compiling for sm_80 and up; the kernels that use them have empty bodies below
+ * that. */
 #pragma once
 
+#include <math.h>
 #include <stdint.h>
 
 #include <cuda_fp16.h>
+
+#include "cuda/common.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 
@@ -87,6 +91,42 @@ static __device__ __forceinline__ void mma_pv(float (&o)[D / 8][4], const float 
             mma16816(o[2 * nd + 1], a, b[2], b[3]);
         }
     }
+}
+
+/* One tile's step of the online softmax (Milakov & Gimelshein 2018) on the score accumulator s of
+ * mma_qkt: the thread's rows are lane/4 and lane/4 + 8 (r = 0, 1), each shared by a quad. The row
+ * max over the quad updates the running max m (raw score units), the running sum lsum and the
+ * output o are rescaled by 2^((m_old - m) sl2), and s becomes p = 2^(s sl2 - m sl2) with its sum
+ * added to lsum. MASKED_ROWS: a row with nothing unmasked yet (max -inf) keeps its exponent at 0
+ * (the prefill's causal tiles); without it every tile has a finite score in each row. LAZY: o is
+ * rescaled only when some row's max grew (the decode kernel: the max settles after a few tiles). */
+template <int D, int BN, bool MASKED_ROWS, bool LAZY>
+static __device__ __forceinline__ void online_softmax_step(float (&s)[BN / 8][4], float (&o)[D / 8][4], float (&m)[2],
+                                                           float (&lsum)[2], float sl2) {
+    float ms[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mx = m[r];
+#pragma unroll
+        for (int nb = 0; nb < BN / 8; nb++) mx = fmaxf(mx, fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+        ms[r] = MASKED_ROWS && mx == -INFINITY ? 0.0f : mx * sl2;
+        const float corr = exp2f(m[r] * sl2 - ms[r]);
+        const bool grew = mx != m[r];
+        m[r] = mx;
+        lsum[r] *= corr;
+        if (!LAZY || __any_sync(FULL_MASK, grew))
+#pragma unroll
+            for (int nd = 0; nd < D / 8; nd++) o[nd][2 * r] *= corr, o[nd][2 * r + 1] *= corr;
+    }
+#pragma unroll
+    for (int nb = 0; nb < BN / 8; nb++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            s[nb][e] = exp2f(fmaf(s[nb][e], sl2, -ms[e >> 1]));
+            lsum[e >> 1] += s[nb][e];
+        }
 }
 
 #endif
