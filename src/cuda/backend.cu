@@ -637,22 +637,20 @@ struct step {
 };
 
 /* Causal attention of q over KV layer l into b->att: the tensor-core flash attention for prefill
- * steps where the device and shapes allow it, else split-K flash-decoding. */
-static void attention(cuda_backend *b, const float *q, int l, int n_head, const step &s, int8_t *xq) {
-    if (s.n_tiles > 0)
+ * steps where the device and shapes allow it, else split-K flash-decoding. Returns 1 if it also
+ * wrote xq (b->xds), the q8 form of b->att (xq != NULL and the tensor-core decode kernel ran). */
+static int attention(cuda_backend *b, const float *q, int l, int n_head, const step &s, int8_t *xq) {
+    if (s.n_tiles > 0) {
         attention_prefill_cuda(b->att, q, &b->kv, l, b->di.pos, b->di.seq, b->di.tiles, s.n_tiles, n_head, b->st);
-    else if (b->decode_attn && s.n <= CUDA_DECODE_MAX)
+    } else if (b->decode_attn && s.n <= CUDA_DECODE_MAX) { /* the q8 form too: no quantize launch */
         attention_decode_cuda(b->att, xq, b->xds, q, &b->kv, l, b->di.pos, b->di.seq, s.n, n_head, s.n_split,
                               s.split_len, b->part_o, b->part_ml, b->st);
-    else
+        return xq != NULL;
+    } else {
         attention_cuda(b->att, q, &b->kv, l, b->di.pos, b->di.seq, s.n, n_head, s.n_split, s.split_len, b->part_o,
                        b->part_ml, b->st);
-}
-
-/* The attention writes the q8 form of its output itself (the tensor-core decode kernel), so the o
- * projection's int8 mat-vec needs no quantize launch. */
-static int attention_writes_q8(const cuda_backend *b, const step &s) {
-    return s.n_tiles == 0 && b->decode_attn && s.n <= CUDA_DECODE_MAX;
+    }
+    return 0;
 }
 
 /* Llama / Qwen2 / Qwen3 attention, and Qwen3.5's gated attention (q_proj gives [query | gate] per
@@ -664,7 +662,8 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
     const int neox = gated || hp->rope_style == ROPE_NEOX;
     cudaStream_t st = b->st;
     int8_t *xq = q8_for(b, s.q8, &L->w[CM_O]);
-    int8_t *xq_att = !gated && xq && attention_writes_q8(b, s) ? xq : NULL; /* gated: the gate comes first */
+    int8_t *xq_att = gated ? NULL : xq; /* gated: the q8 form is of att times the gate */
+    int att_q8;
     if (L->qkv.fmt >= 0) { /* one launch: token row = [q | k | v]; normed, roped q goes to xb2 */
         const int ld = q_dim + 2 * kv_dim;
         float *qkv = b->q, *q_out = b->xb2;
@@ -673,33 +672,28 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
         qk_norm_rope_store_cuda(q_out, qkv, qkv + q_dim, qkv + q_dim + kv_dim, ld, ld, L->v[CV_Q_NORM],
                                 L->v[CV_K_NORM], hp->rms_eps, hp->n_head, hp->n_rot, b->di.pos, b->inv_freq, neox,
                                 &b->kv, l, b->di.seq, n, st);
-        attention(b, q_out, l, hp->n_head, s, xq_att);
+        att_q8 = attention(b, q_out, l, hp->n_head, s, xq_att);
     } else {
         float *k = b->k, *v = b->v;
         if (gated && n == 1 && L->qgkv.fmt >= 0) { /* one launch: the token's [q_proj | k | v] (qg has room) */
             matmul_cuda(b, b->qg, &L->qgkv, b->xb, 1, s.q8, 0);
             k = b->qg + 2 * (size_t)q_dim, v = k + kv_dim;
-            split_q_gate_cuda(b->q, b->xb2, b->qg, n, hp->n_head, hd, st);
         } else {
-            if (gated) {
-                matmul_cuda(b, b->qg, &L->w[CM_Q], b->xb, n, s.q8, 0);
-                split_q_gate_cuda(b->q, b->xb2, b->qg, n, hp->n_head, hd, st);
-            } else {
-                matmul_cuda(b, b->q, &L->w[CM_Q], b->xb, n, s.q8, 0);
-            }
+            matmul_cuda(b, gated ? b->qg : b->q, &L->w[CM_Q], b->xb, n, s.q8, 0);
             matmul_cuda(b, k, &L->w[CM_K], b->xb, n, s.q8, 0);
             matmul_cuda(b, v, &L->w[CM_V], b->xb, n, s.q8, 0);
         }
+        if (gated) split_q_gate_cuda(b->q, b->xb2, b->qg, n, hp->n_head, hd, st);
         if (L->v[CV_BQ]) add_bias_cuda(b->q, L->v[CV_BQ], n, q_dim, st);
         if (L->v[CV_BK]) add_bias_cuda(k, L->v[CV_BK], n, kv_dim, st);
         if (L->v[CV_BV]) add_bias_cuda(v, L->v[CV_BV], n, kv_dim, st);
         /* q/k norm (before RoPE), RoPE, and the KV store: one kernel */
         qk_norm_rope_store_cuda(b->q, b->q, k, v, q_dim, kv_dim, L->v[CV_Q_NORM], L->v[CV_K_NORM], hp->rms_eps,
                                 hp->n_head, hp->n_rot, b->di.pos, b->inv_freq, neox, &b->kv, l, b->di.seq, n, st);
-        attention(b, b->q, l, hp->n_head, s, xq_att);
+        att_q8 = attention(b, b->q, l, hp->n_head, s, xq_att);
     }
     if (gated) sigmoid_gate_cuda(b->att, xq, b->xds, b->xb2, (int64_t)n * q_dim, st);
-    else if (xq && !xq_att) quantize_q8_cuda(b->xq, b->xds, b->att, (int64_t)n * q_dim, st);
+    else if (xq && !att_q8) quantize_q8_cuda(b->xq, b->xds, b->att, (int64_t)n * q_dim, st);
     matmul_cuda(b, b->x, &L->w[CM_O], b->att, n, s.q8, 1); /* x += o_proj(att) */
 }
 

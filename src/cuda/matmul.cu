@@ -300,8 +300,9 @@ template <int F, int NT>
 static void q8_launch_nt(float *y, const cuda_weight &w, const int8_t *xq, const float2 *xds, int n_tok, int ldy,
                          int acc, cudaStream_t st) {
     const int ng = w.n_in / 32;
+    constexpr int R8 = F == WFMT_Q8_0 ? 4 : 8; /* 8 rows; Q8_0 4: two 16-byte codes a row and step (registers) */
     if constexpr (NT >= 8) {
-        q8_launch_r<F, NT, F == WFMT_Q8_0 ? 4 : 8>(y, w, xq, xds, n_tok, ldy, acc, q8_warps(ng, 4), st);
+        q8_launch_r<F, NT, R8>(y, w, xq, xds, n_tok, ldy, acc, q8_warps(ng, 4), st);
     } else {
         int R = w.n_out <= 12288 && w.n_in <= 5120 ? 4 : 2, nw = ng <= 160 ? 1 : 2;
         if (w.n_out <= 2048) R = 2, nw = q8_warps(ng, 4); /* few rows: more warps a row, or too few in all */
@@ -310,9 +311,7 @@ static void q8_launch_nt(float *y, const cuda_weight &w, const int8_t *xq, const
         switch (R) {
         case 1: q8_launch_r<F, NT, 1>(y, w, xq, xds, n_tok, ldy, acc, nw, st); break;
         case 2: q8_launch_r<F, NT, 2>(y, w, xq, xds, n_tok, ldy, acc, nw, st); break;
-        case 8: /* Q8_0: two 16-byte codes per row and step, 4 rows at most (registers) */
-            q8_launch_r<F, NT, F == WFMT_Q8_0 ? 4 : 8>(y, w, xq, xds, n_tok, ldy, acc, nw, st);
-            break;
+        case 8: q8_launch_r<F, NT, R8>(y, w, xq, xds, n_tok, ldy, acc, nw, st); break;
         default: q8_launch_r<F, NT, 4>(y, w, xq, xds, n_tok, ldy, acc, nw, st); break;
         }
     }
