@@ -243,6 +243,52 @@ static void bench(int n_tok) {
     free(pos), free(seq), free(tiles), free(tab), free(k16), free(v16), free(q), free(a), free(b);
 }
 
+/* us per call of the decode attention kernels at Qwen3-32B's shape, one token at position n_kv - 1,
+ * one split: 200 launches back to back on the stream, the mean. */
+static void bench_decode(int n_kv) {
+    const int hd = 128, n_head = 64, n_head_kv = 8, bs = 16, l = 0, kv_dim = n_head_kv * hd, q_dim = n_head * hd;
+    const int n_blocks = (n_kv + bs - 1) / bs;
+    int32_t *tab = xmalloc((size_t)n_blocks * 4);
+    rnd_perm(tab, n_blocks);
+    const size_t kv_elems = (size_t)n_blocks * bs * kv_dim;
+    uint16_t *k16 = xmalloc(kv_elems * 2);
+    for (size_t i = 0; i < kv_elems; i++) k16[i] = f32_to_fp16(rnd_f());
+    float *q = xmalloc((size_t)q_dim * 4);
+    fill(q, (size_t)q_dim, 1.0f);
+    struct cuda_kv kv = {0};
+    kv.k = dev_put(k16, kv_elems * 2), kv.v = dev_put(k16, kv_elems * 2);
+    kv.n_layer_kv = 1, kv.block_size = bs, kv.n_head_kv = n_head_kv, kv.head_dim = hd, kv.kv_dim = kv_dim;
+    kv.block_tab = dev_put(tab, (size_t)n_blocks * 4), kv.max_blocks = n_blocks;
+    const int32_t pos = n_kv - 1, seq = 0;
+    int32_t *dpos = dev_put(&pos, 4), *dseq = dev_put(&seq, 4);
+    float *dq = dev_put(q, (size_t)q_dim * 4), *dout = dev_poison((size_t)q_dim);
+    float *po = dev_poison((size_t)n_head * hd * 64), *pml = dev_poison((size_t)n_head * 2 * 64);
+    CHECK(attention_cuda_prepare(hd, n_head / n_head_kv) == 0, "prepare");
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int which = 0; which < 2; which++) {
+        float ms = 0;
+        for (int rep = 0; rep < 2; rep++) {
+            CK(cudaEventRecord(e0, 0));
+            for (int i = 0; i < 200; i++) {
+                if (which == 0) attention_decode_cuda(dout, NULL, NULL, dq, &kv, l, dpos, dseq, 1, n_head, 1, 256 > n_kv ? 256 : n_kv, po, pml, 0);
+                else attention_cuda(dout, dq, &kv, l, dpos, dseq, 1, n_head, 1, 256 > n_kv ? 256 : n_kv, po, pml, 0);
+            }
+            CK(cudaEventRecord(e1, 0));
+            CK(cudaEventSynchronize(e1));
+            CK(cudaGetLastError());
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+        }
+        printf("decode n_kv %5d heads 64/8 hd 128: %s %7.2f us/call\n", n_kv,
+               which == 0 ? "attention_decode_cuda (mma)" : "attention_cuda (CUDA cores)", ms * 1e3 / 200);
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    cudaFree(kv.k), cudaFree(kv.v), cudaFree((void *)kv.block_tab), cudaFree(dq), cudaFree(dout), cudaFree(po);
+    cudaFree(pml), cudaFree(dpos), cudaFree(dseq);
+    free(tab), free(k16), free(q);
+}
+
 int main(int argc, char **argv) {
     test_tiles(); /* host only */
     int gate = cuda_test_gate("test_cuda_attention_prefill");
@@ -265,6 +311,8 @@ int main(int argc, char **argv) {
         return test_summary("test_cuda_attention_prefill");
     }
     if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
+        bench_decode(128);
+        bench_decode(1024);
         bench(512);
         bench(2048);
         return test_summary("test_cuda_attention_prefill");

@@ -115,13 +115,16 @@ static void test_matmul(struct threadpool *tp) {
 }
 
 /* The dp4a mat-vec under every tuning (rows per block x warps per block), against the CPU and the
- * built-in choice: n_in of 128 and 65 groups (several steps per lane, a partial last step), odd
+ * built-in choice, and bit-equal with an L2 prefetch riding on it (matmul_q8_pf_cuda): n_in of 128 and 65 groups (several steps per lane, a partial last step), odd
  * n_out (a partial last block), 1..4 tokens. pdl: the quantize and mat-vec kernels launch back to
  * back with programmatic dependent launch, no synchronisation between them. */
 static void test_matmul_q8_tunings(struct threadpool *tp, int pdl) {
     const enum pxq_type types[] = {PXQ_TYPE_Q4_0, PXQ_TYPE_Q8_0, PXQ_TYPE_Q4_K};
     const int n_ins[] = {4096, 2080}, rs[] = {1, 2, 4, 8}, ws[] = {1, 3, 8};
     const int n_out = 37;
+    enum { PF_BYTES = 1 << 20 };
+    char *dpf;
+    CK(cudaMalloc((void **)&dpf, PF_BYTES));
     cuda_pdl = pdl;
     int n_cfg = 0;
     double worst = 0.0;
@@ -135,6 +138,7 @@ static void test_matmul_q8_tunings(struct threadpool *tp, int pdl) {
             for (int n = 1; n <= 4; n++) {
                 float *x = xmalloc((size_t)n * n_in * sizeof(float)), *ref = xmalloc((size_t)n * n_out * sizeof(float));
                 float *base = xmalloc((size_t)n * n_out * sizeof(float)), *got = xmalloc((size_t)n * n_out * sizeof(float));
+                float *got_pf = xmalloc((size_t)n * n_out * sizeof(float));
                 fill(x, (size_t)n * n_in, 1.0f);
                 matmul_cpu(tp, ref, &t, x, n);
                 float *dx = dev_put(x, (size_t)n * n_in * sizeof(float)), *dy = dev_poison((size_t)n * n_out);
@@ -160,15 +164,24 @@ static void test_matmul_q8_tunings(struct threadpool *tp, int pdl) {
                               type_name(types[ti]), n_in, n, rs[ri], ws[wi], pdl, err);
                         if (err > worst) worst = err;
                         n_cfg++;
+                        /* with an L2 prefetch of spans not 16-byte aligned, by 1..all blocks: the same bits */
+                        const struct cuda_l2_prefetch pf = {{dpf + 5, dpf + 3 * ri}, {PF_BYTES - 21, 4099}, 1 + 29 * wi};
+                        CK(cudaMemset(dy, 0xff, (size_t)n * n_out * 4));
+                        matmul_q8_pf_cuda(dy, &w, dxq, dxds, n, n_out, 0, &pf, 0);
+                        dev_get(got_pf, dy, (size_t)n * n_out * sizeof(float));
+                        CHECK(memcmp(got_pf, got, (size_t)n * n_out * sizeof(float)) == 0,
+                              "matmul q8 %s n_in %d tokens %d rows %d warps %d (pdl %d) with an L2 prefetch differs",
+                              type_name(types[ti]), n_in, n, rs[ri], ws[wi], pdl);
                     }
                 matmul_q8_tune(0, 0);
                 cudaFree(dxq), cudaFree(dxds), cudaFree(dx), cudaFree(dy);
-                free(x), free(ref), free(base), free(got);
+                free(x), free(ref), free(base), free(got), free(got_pf);
             }
             weight_free(&w);
             free(data);
         }
     cuda_pdl = 0;
+    cudaFree(dpf);
     printf("matmul q8 tunings (pdl %d): %d runs, worst normalised difference from the built-in %.2e\n", pdl, n_cfg,
            worst);
 }

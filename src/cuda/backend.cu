@@ -112,6 +112,11 @@ struct cuda_backend {
     int pdl;                /* decode steps of up to pdl_tokens tokens launch with programmatic dependent
                              * launch (PXQ_CUDA_PDL=0: off; PXQ_CUDA_PDL_TOKENS, default 4: the dp4a steps) */
     int pdl_tokens;
+    size_t l2_pf_bytes;     /* one-to-four-token steps: each mat-vec pulls up to this many bytes of the next
+                             * weight into L2 as it finishes (0: off; PXQ_CUDA_L2_PREFETCH "MiB[,blocks]") */
+    int l2_pf_blocks;       /* ... asked for by this many of its last blocks */
+    int l2_pf_step;         /* the step being recorded prefetches (set around decode steps) */
+    size_t l2_size;         /* the device's L2 cache, bytes */
     graph_entry g[MAX_GRAPHS];
     int n_graphs, next_evict;
     char path[96];
@@ -309,6 +314,17 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
         b->decode_attn = !env_is("PXQ_CUDA_DECODE_MMA", "0") && attention_decode_supported(&probe, hp->n_head);
     }
     b->n_sm = prop.multiProcessorCount;
+    b->l2_size = (size_t)prop.l2CacheSize;
+    if (cuda_pdl_supported()) { /* the bulk prefetch is sm_90+, as PDL: the same gate. 4 MiB from a sweep
+                                 * (H200, decode b1, t/s at 0/4/8/12 MiB): Qwen3-32B 154.5/155.8/155.7/152.2,
+                                 * Qwen3.5-27B 177.0/179.9/179.0/172.7; 16 MiB and more is slower (the
+                                 * prefetch then competes with the mat-vec it rides on) */
+        double mib = 4;
+        int blocks = 4 * b->n_sm;
+        if (getenv("PXQ_CUDA_L2_PREFETCH")) sscanf(getenv("PXQ_CUDA_L2_PREFETCH"), "%lf,%d", &mib, &blocks);
+        b->l2_pf_bytes = mib > 0 ? (size_t)(mib * 1048576.0) : 0;
+        b->l2_pf_blocks = blocks > 0 ? blocks : 1;
+    }
     b->split_blocks = getenv("PXQ_CUDA_SPLIT_BLOCKS") ? atoi(getenv("PXQ_CUDA_SPLIT_BLOCKS")) : 4;
     if (b->split_blocks < 1) b->split_blocks = 1;
     b->arena_size = arena_size;
@@ -568,17 +584,39 @@ extern "C" const char *cuda_backend_path(const struct pxq_engine *e) { return B(
 
 /* ---- the forward ---- */
 
+/* The first rows of w, up to b->l2_pf_bytes of codes and scales, as spans to prefetch into L2 (none
+ * if w is NULL or absent, or the prefetch is off). */
+static cuda_l2_prefetch l2_span(const cuda_backend *b, const cuda_weight *w) {
+    cuda_l2_prefetch pf = {{NULL, NULL}, {0, 0}, 0};
+    if (!w || w->fmt < 0 || !b->l2_pf_bytes || !b->l2_pf_step) return pf;
+    size_t qb, sb;
+    cuda_weight_sizes(w->fmt, w->n_in, w->n_out, &qb, &sb);
+    if (qb + sb > b->l2_pf_bytes) {
+        const int64_t rows = (int64_t)((double)w->n_out * (double)b->l2_pf_bytes / (double)(qb + sb));
+        cuda_weight_sizes(w->fmt, w->n_in, rows, &qb, &sb);
+    }
+    pf.p[0] = w->q, pf.bytes[0] = qb;
+    pf.p[1] = w->s, pf.bytes[1] = w->s ? sb : 0;
+    pf.n_blocks = b->l2_pf_blocks;
+    return pf;
+}
+
 /* matmul_cpu's twin, y (+)= W x, output rows of stride ldy: for decode the q8 mat-vec (b->xq holds
  * x quantized, q8 != 0) or the fp32 mat-vec (exact mode, formats without a q8 kernel); for prefill,
  * weight rows dequantized to f16 in tiles and cublasGemmEx (f16 in, fp32 accumulate and out).
  * accumulate fuses the residual. */
 static void matmul_ld(cuda_backend *b, float *y, const cuda_weight *w, const float *x, int n, int q8, int accumulate,
-                      int ldy) {
+                      int ldy, const cuda_weight *next = NULL) {
     if (n <= CUDA_DECODE_MAX || b->exact) {
-        if (q8 && b->mma && n >= CUDA_MMA_MIN_TOKENS && matmul_q8_mma_supported(w->fmt))
+        if (q8 && b->mma && n >= CUDA_MMA_MIN_TOKENS && matmul_q8_mma_supported(w->fmt)) {
             matmul_q8_mma_cuda(y, w, b->xq, b->xds, n, ldy, accumulate, b->st);
-        else if (q8 && matmul_q8_supported(w->fmt)) matmul_q8_cuda(y, w, b->xq, b->xds, n, ldy, accumulate, b->st);
-        else matmul_gemv_cuda(y, w, x, n, ldy, accumulate, b->st);
+        } else if (q8 && matmul_q8_supported(w->fmt)) {
+            const cuda_l2_prefetch pf = l2_span(b, next);
+            matmul_q8_pf_cuda(y, w, b->xq, b->xds, n, ldy, accumulate, pf.n_blocks ? &pf : NULL, b->st);
+        }
+        else {
+            matmul_gemv_cuda(y, w, x, n, ldy, accumulate, b->st);
+        }
         return;
     }
     const int n_in = w->n_in, n_out = w->n_out;
@@ -623,8 +661,10 @@ static void matmul_ld(cuda_backend *b, float *y, const cuda_weight *w, const flo
     }
 }
 
-static void matmul_cuda(cuda_backend *b, float *y, const cuda_weight *w, const float *x, int n, int q8, int accumulate) {
-    matmul_ld(b, y, w, x, n, q8, accumulate, w->n_out);
+/* matmul_ld with rows of n_out; next: the weight the step's next mat-vec reads (L2 prefetch), or NULL */
+static void matmul_cuda(cuda_backend *b, float *y, const cuda_weight *w, const float *x, int n, int q8, int accumulate,
+                        const cuda_weight *next = NULL) {
+    matmul_ld(b, y, w, x, n, q8, accumulate, w->n_out, next);
 }
 
 /* q8 form of x for the next mat-vec when it has a q8 kernel (xq NULL otherwise) */
@@ -653,6 +693,21 @@ static int attention(cuda_backend *b, const float *q, int l, int n_head, const s
     return 0;
 }
 
+/* The weight of layer il's first mat-vec in an n-token step (the output head past the last layer),
+ * and of its feed-forward's first (NULL for MoE): what the mat-vec before each prefetches. */
+static const cuda_weight *first_weight(const struct pxq_engine *e, const cuda_backend *b, int il, int n) {
+    if (il >= e->hp->n_layer) return &b->output;
+    const cuda_layer *L = &b->L[il];
+    if (e->hp->layer_kind[il] == LAYER_DELTANET)
+        return n == 1 && L->dn_in.fmt >= 0 ? &L->dn_in : &L->w[CM_SSM_QKV];
+    if (L->qkv.fmt >= 0) return &L->qkv;
+    return e->hp->attn_output_gate && n == 1 && L->qgkv.fmt >= 0 ? &L->qgkv : &L->w[CM_Q];
+}
+static const cuda_weight *ffn_weight(const struct pxq_engine *e, const cuda_layer *L) {
+    if (e->hp->n_expert) return NULL;
+    return L->gu.fmt >= 0 ? &L->gu : &L->w[CM_GATE];
+}
+
 /* Llama / Qwen2 / Qwen3 attention, and Qwen3.5's gated attention (q_proj gives [query | gate] per
  * head; partial NeoX RoPE; output times sigmoid(gate); forward_qwen35.c), x += o_proj(...). */
 static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_layer *L, int il, const step &s) {
@@ -664,10 +719,13 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
     int8_t *xq = q8_for(b, s.q8, &L->w[CM_O]);
     int8_t *xq_att = gated ? NULL : xq; /* gated: the q8 form is of att times the gate */
     int att_q8;
+    /* o_proj's weights into L2 during the attention, unless its KV stream would evict them */
+    const size_t kv_bytes = (size_t)s.n_split * s.split_len * kv_dim * 2 * (b->kv.kv_f32 ? 4 : 2);
+    const cuda_weight *o_next = kv_bytes <= b->l2_size / 4 ? &L->w[CM_O] : NULL;
     if (L->qkv.fmt >= 0) { /* one launch: token row = [q | k | v]; normed, roped q goes to xb2 */
         const int ld = q_dim + 2 * kv_dim;
         float *qkv = b->q, *q_out = b->xb2;
-        matmul_cuda(b, qkv, &L->qkv, b->xb, n, s.q8, 0);
+        matmul_cuda(b, qkv, &L->qkv, b->xb, n, s.q8, 0, o_next);
         if (L->bqkv) add_bias_cuda(qkv, L->bqkv, n, ld, st);
         qk_norm_rope_store_cuda(q_out, qkv, qkv + q_dim, qkv + q_dim + kv_dim, ld, ld, L->v[CV_Q_NORM],
                                 L->v[CV_K_NORM], hp->rms_eps, hp->n_head, hp->n_rot, b->di.pos, b->inv_freq, neox,
@@ -676,12 +734,12 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
     } else {
         float *k = b->k, *v = b->v;
         if (gated && n == 1 && L->qgkv.fmt >= 0) { /* one launch: the token's [q_proj | k | v] (qg has room) */
-            matmul_cuda(b, b->qg, &L->qgkv, b->xb, 1, s.q8, 0);
+            matmul_cuda(b, b->qg, &L->qgkv, b->xb, 1, s.q8, 0, o_next);
             k = b->qg + 2 * (size_t)q_dim, v = k + kv_dim;
         } else {
             matmul_cuda(b, gated ? b->qg : b->q, &L->w[CM_Q], b->xb, n, s.q8, 0);
             matmul_cuda(b, k, &L->w[CM_K], b->xb, n, s.q8, 0);
-            matmul_cuda(b, v, &L->w[CM_V], b->xb, n, s.q8, 0);
+            matmul_cuda(b, v, &L->w[CM_V], b->xb, n, s.q8, 0, o_next);
         }
         if (gated) split_q_gate_cuda(b->q, b->xb2, b->qg, n, hp->n_head, hd, st);
         if (L->v[CV_BQ]) add_bias_cuda(b->q, L->v[CV_BQ], n, q_dim, st);
@@ -694,7 +752,7 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
     }
     if (gated) sigmoid_gate_cuda(b->att, xq, b->xds, b->xb2, (int64_t)n * q_dim, st);
     else if (xq && !att_q8) quantize_q8_cuda(b->xq, b->xds, b->att, (int64_t)n * q_dim, st);
-    matmul_cuda(b, b->x, &L->w[CM_O], b->att, n, s.q8, 1); /* x += o_proj(att) */
+    matmul_cuda(b, b->x, &L->w[CM_O], b->att, n, s.q8, 1, ffn_weight(e, L)); /* x += o_proj(att) */
 }
 
 /* Qwen3.5 Gated DeltaNet (forward_qwen35.c's deltanet_layer_cpu, step for step), x += out_proj(...).
@@ -708,16 +766,16 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
     const step_inputs &di = b->di;
     float *z = b->ssm_z, *ba = b->ssm_ba;
     if (n == 1 && L->dn_in.fmt >= 0) { /* one launch: the token's [qkv | z | b | a] (ssm_qkv has room) */
-        matmul_cuda(b, b->ssm_qkv, &L->dn_in, b->xb, 1, s.q8, 0);
+        matmul_cuda(b, b->ssm_qkv, &L->dn_in, b->xb, 1, s.q8, 0, &L->w[CM_SSM_OUT]);
         z = b->ssm_qkv + conv_dim, ba = z + (size_t)nv * dv;
     } else {
         matmul_cuda(b, b->ssm_qkv, &L->w[CM_SSM_QKV], b->xb, n, s.q8, 0);
         matmul_cuda(b, b->ssm_z, &L->w[CM_SSM_Z], b->xb, n, s.q8, 0);
         if (L->ba.fmt >= 0) { /* one launch: token row = [b | a] */
-            matmul_cuda(b, b->ssm_ba, &L->ba, b->xb, n, s.q8, 0);
+            matmul_cuda(b, b->ssm_ba, &L->ba, b->xb, n, s.q8, 0, &L->w[CM_SSM_OUT]);
         } else {
             matmul_ld(b, b->ssm_ba, &L->w[CM_SSM_BETA], b->xb, n, s.q8, 0, 2 * nv);
-            matmul_ld(b, b->ssm_ba + nv, &L->w[CM_SSM_ALPHA], b->xb, n, s.q8, 0, 2 * nv);
+            matmul_ld(b, b->ssm_ba + nv, &L->w[CM_SSM_ALPHA], b->xb, n, s.q8, 0, 2 * nv, &L->w[CM_SSM_OUT]);
         }
     }
     ssm_conv_cuda(b->ssm_conv, state, b->rstate_floats, b->ssm_qkv, L->v[CV_SSM_CONV], conv_dim, K, di.run_seq,
@@ -739,7 +797,7 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
         gated_rmsnorm_silu_cuda(b->ssm_o, NULL, NULL, z, L->v[CV_SSM_NORM], n * nv, dv, hp->rms_eps, st);
         if (xq) quantize_q8_cuda(b->xq, b->xds, b->ssm_o, (int64_t)n * nv * dv, st);
     }
-    matmul_cuda(b, b->x, &L->w[CM_SSM_OUT], b->ssm_o, n, s.q8, 1); /* x += out_proj(o) */
+    matmul_cuda(b, b->x, &L->w[CM_SSM_OUT], b->ssm_o, n, s.q8, 1, ffn_weight(e, L)); /* x += out_proj(o) */
 }
 
 /* An expert mat-vec over the step's n_pairs (token, slot) pairs (cuda/ops_moe_cuda.h): for prefill
@@ -835,20 +893,20 @@ static void run_layers(struct pxq_engine *e, cuda_backend *b, const step &s) {
         const int ff = hp->n_ff;
         int8_t *xq_down = q8_for(b, q8, &L->w[CM_DOWN]);
         if (L->gu.fmt >= 0) { /* one launch: token row = [gate | up], into hb; silu(gate) * up into hb2 */
-            matmul_cuda(b, b->hb, &L->gu, b->xb, n, q8, 0);
+            matmul_cuda(b, b->hb, &L->gu, b->xb, n, q8, 0, &L->w[CM_DOWN]);
             if (gemm) { /* straight to the down GEMM's half operand */
                 swiglu_f16_cuda(b->x16, b->hb, b->hb + ff, n, ff, 2 * ff, st);
                 b->x16_src = b->hb2; /* hb2 itself is not written */
             } else {
                 swiglu_q8_cuda(b->hb2, xq_down, b->xds, b->hb, b->hb + ff, n, ff, 2 * ff, st);
             }
-            matmul_cuda(b, b->x, &L->w[CM_DOWN], b->hb2, n, q8, 1); /* x += down(...) */
+            matmul_cuda(b, b->x, &L->w[CM_DOWN], b->hb2, n, q8, 1, first_weight(e, b, il + 1, n)); /* x += down(...) */
             continue;
         }
         matmul_cuda(b, b->hb, &L->w[CM_GATE], b->xb, n, q8, 0);
-        matmul_cuda(b, b->hb2, &L->w[CM_UP], b->xb, n, q8, 0);
+        matmul_cuda(b, b->hb2, &L->w[CM_UP], b->xb, n, q8, 0, &L->w[CM_DOWN]);
         swiglu_q8_cuda(b->hb, xq_down, b->xds, b->hb, b->hb2, n, ff, ff, st);
-        matmul_cuda(b, b->x, &L->w[CM_DOWN], b->hb, n, q8, 1); /* x += down(...) */
+        matmul_cuda(b, b->x, &L->w[CM_DOWN], b->hb, n, q8, 1, first_weight(e, b, il + 1, n)); /* x += down(...) */
     }
 }
 
@@ -860,7 +918,7 @@ static void lm_head(struct pxq_engine *e, cuda_backend *b, const step &s, int r0
     rmsnorm_q8_cuda(b->xb, q8 ? b->xq : NULL, b->xds, b->x, b->output_norm, hp->n_embd, rc, hp->rms_eps,
                     b->di.rows + r0, b->st);
     b->x16_src = NULL;
-    matmul_cuda(b, b->logits, &b->output, b->xb, rc, q8, 0);
+    matmul_cuda(b, b->logits, &b->output, b->xb, rc, q8, 0, first_weight(e, b, 0, s.n)); /* layer 0: the next step's */
 }
 
 static cudaGraphExec_t graph_get(struct pxq_engine *e, cuda_backend *b, const step &s) {
@@ -962,6 +1020,7 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
     if (s.n <= CUDA_DECODE_MAX) { /* decode: layers and lm_head in one graph (n_out <= CUDA_LOGITS_ROWS) */
         decode_splits(b, hp, s.n, max_pos + 1, &s);
         cuda_pdl = b->pdl && s.n <= b->pdl_tokens; /* each kernel's launch and first loads overlap the one before */
+        b->l2_pf_step = s.n < CUDA_MMA_MIN_TOKENS; /* the steps of the dp4a mat-vec */
         if (b->graphs) {
             CK(cudaGraphLaunch(graph_get(e, b, s), b->st));
             snprintf(b->path, sizeof b->path, "cuda %s %s graph%s", mv, fmt, cuda_pdl ? " pdl" : "");
@@ -971,6 +1030,7 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
             snprintf(b->path, sizeof b->path, "cuda %s %s%s", mv, fmt, cuda_pdl ? " pdl" : "");
         }
         cuda_pdl = 0;
+        b->l2_pf_step = 0;
         if (s.n_out)
             CK(cudaMemcpyAsync(e->logits + (size_t)first * hp->n_vocab, b->logits, (size_t)s.n_out * row_bytes,
                                cudaMemcpyDeviceToHost, b->st));

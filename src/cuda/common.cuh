@@ -63,6 +63,30 @@ static __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+/* Warm the L2 cache with the weight the next mat-vec reads (cuda_l2_prefetch, ops_cuda.h): block k
+ * of the last pf.n_blocks blocks of the grid asks for its share of each span with bulk prefetches
+ * (cp.async.bulk.prefetch.L2, sm_90+: fire and forget, no registers or shared memory held). Called
+ * once a block's own loads are issued, so the bytes stream in while the small kernels between two
+ * mat-vecs leave the DRAM idle. Spans are rounded inward to 16 bytes. A no-op below sm_90. */
+static __device__ __forceinline__ void l2_prefetch_share(const cuda_l2_prefetch &pf) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const int k = (int)blockIdx.x - ((int)gridDim.x - pf.n_blocks);
+    if (k < 0 || threadIdx.x != 0) return;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const uint64_t lo = ((uint64_t)pf.p[r] + 15) & ~(uint64_t)15, hi = ((uint64_t)pf.p[r] + pf.bytes[r]) & ~(uint64_t)15;
+        if (!pf.p[r] || hi <= lo) continue;
+        const uint64_t chunk = ((hi - lo + pf.n_blocks - 1) / pf.n_blocks + 15) & ~(uint64_t)15;
+        for (uint64_t a = lo + (uint64_t)k * chunk, end = a + chunk < hi ? a + chunk : hi; a < end; a += 32768) {
+            const uint32_t n = (uint32_t)(end - a < 32768 ? end - a : 32768);
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(n) : "memory");
+        }
+    }
+#else
+    (void)pf;
+#endif
+}
+
 /* Blocks of `threads` for a grid-stride loop over n items (at least 1, at most 65536). */
 static inline unsigned grid_for(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;

@@ -58,6 +58,18 @@ void matmul_gemv_cuda(float *y, const struct cuda_weight *w, const float *x, int
 int  matmul_q8_supported(int fmt);
 void matmul_q8_cuda(float *y, const struct cuda_weight *w, const int8_t *xq, const float *xds, int n_tokens, int ldy,
                     int accumulate, cudaStream_t st);
+/* A weight to pull into the L2 cache while a mat-vec finishes: up to two spans of device memory (a
+ * weight's codes and scales), asked for by the last n_blocks blocks of the mat-vec's grid once their
+ * own loads are issued (0: none). sm_90+ (bulk prefetch); ignored below. */
+struct cuda_l2_prefetch {
+    const void *p[2];
+    uint64_t bytes[2];
+    int n_blocks;
+};
+/* matmul_q8_cuda that also prefetches pf (NULL: none) for the mat-vec after it, where the one-to-
+ * four-token dp4a kernel runs (the kernel that serves batch-1 decode). */
+void matmul_q8_pf_cuda(float *y, const struct cuda_weight *w, const int8_t *xq, const float *xds, int n_tokens,
+                       int ldy, int accumulate, const struct cuda_l2_prefetch *pf, cudaStream_t st);
 /* Benchmarks and tests only: force the one-to-four-token dp4a mat-vec's rows per block (1, 2, 4, 8;
  * Q8_0 runs 4 for 8, registers) and warps per block (1..8) instead of the built-in choice; 0
  * restores it. Process-wide. */
