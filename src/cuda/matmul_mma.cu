@@ -278,8 +278,7 @@ __global__ void __launch_bounds__(MMA_MAX_WARPS * 32, MR * NTI >= 4 ? 1 : 2) /* 
     matmul_q8_mma_kernel(float *__restrict__ y, const cuda_weight w, const int8_t *__restrict__ xq,
                          const float2 *__restrict__ xds, int n_tok, int ldy, int accumulate) {
 #ifdef MMA_ARCH_OK
-    pdl_launch_dependents();
-    pdl_wait();
+    pdl_wait(); /* no early pdl_launch_dependents(): see matmul_q8_kernel (matmul.cu) */
     using C = mma_cfg<F, NTI, MR, ONE>;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kp = blockDim.x >> 5;
     const int row0 = blockIdx.x * C::ROWS;
