@@ -16,6 +16,8 @@
  *     the tensor-core decode kernel (f16 KV, sm_80+; q and P also rounded to f16) <= 2e-3, with
  *     splits that leave warps and whole splits empty, GQA groups of 1 to 16
  *   the half forms of rmsnorm and swiglu (prefill GEMM operands)  <= 1e-3 (f16 rounding)
+ *   the dp4a mat-vec with an L2 prefetch riding on it: bit-equal to without; the prefetch's shares
+ *     (cuda_l2_share) tile their span, checked on the host (also without a GPU)
  * Every output buffer is poisoned with NaN first, so an unwritten element fails. */
 #include "test_cuda_common.h"
 #include "testutil.h"
@@ -590,9 +592,38 @@ static void test_qk_norm_rope_store(int neox, int kv_f32) {
     free(q), free(k), free(v), free(got);
 }
 
+/* Host only: cuda_l2_share's shares of random spans (unaligned, 0..64 MiB, 1..2000 shares) are
+ * 16-byte aligned multiples of 16 inside the span, and tile it rounded inward, in order. */
+static void test_l2_share(void) {
+    uint64_t seed = 88172645463325252ull;
+    int bad = 0, n_cases = 0;
+    for (int it = 0; it < 20000 && !bad; it++, n_cases++) {
+        seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+        const uint64_t p = 0x7f0000000000ull + (seed & 0xffff), bytes = it % 7 == 0 ? seed >> 60 : (seed >> 16) % (64u << 20);
+        const int n = 1 + (int)((seed >> 40) % 2000);
+        const uint64_t a = (p + 15) & ~(uint64_t)15, b = (p + bytes) & ~(uint64_t)15;
+        uint64_t next = a;
+        for (int k = 0; k < n; k++) {
+            uint64_t lo, len;
+            cuda_l2_share(p, bytes, k, n, &lo, &len);
+            if (!len) continue;
+            if (lo % 16 || len % 16 || lo != next || lo < p || lo + len > p + bytes) bad = 1;
+            next = lo + len;
+        }
+        if (next != (b > a ? b : a)) bad = 1;
+        if (bad) printf("l2 share: span %#llx + %llu in %d shares: not a tiling\n", (unsigned long long)p,
+                        (unsigned long long)bytes, n);
+    }
+    uint64_t lo, len;
+    cuda_l2_share(0, 1 << 20, 0, 1, &lo, &len);
+    CHECK(!bad && len == 0, "cuda_l2_share tiles every span (and none for a NULL span)");
+    printf("l2 share: %d random spans tiled\n", n_cases);
+}
+
 int main(void) {
+    test_l2_share(); /* host only */
     int gate = cuda_test_gate("test_cuda_ops");
-    if (gate >= 0) return gate;
+    if (gate >= 0) return gate ? gate : test_summary("test_cuda_ops");
     matmul_cpu_set_exact(1); /* CPU twins in float32: the bounds below are against exact products */
     struct threadpool *tp = threadpool_new(2);
     test_matmul(tp);

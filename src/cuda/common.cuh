@@ -69,15 +69,15 @@ static __device__ __forceinline__ void pdl_launch_dependents() {
  * once a block's own loads are issued, so the bytes stream in while the small kernels between two
  * mat-vecs leave the DRAM idle. Spans are rounded inward to 16 bytes. A no-op below sm_90. */
 static __device__ __forceinline__ void l2_prefetch_share(const cuda_l2_prefetch &pf) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && __CUDACC_VER_MAJOR__ >= 12 /* PTX ISA 8.0 */
     const int k = (int)blockIdx.x - ((int)gridDim.x - pf.n_blocks);
     if (k < 0 || threadIdx.x != 0) return;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        const uint64_t lo = ((uint64_t)pf.p[r] + 15) & ~(uint64_t)15, hi = ((uint64_t)pf.p[r] + pf.bytes[r]) & ~(uint64_t)15;
-        if (!pf.p[r] || hi <= lo) continue;
-        const uint64_t chunk = ((hi - lo + pf.n_blocks - 1) / pf.n_blocks + 15) & ~(uint64_t)15;
-        for (uint64_t a = lo + (uint64_t)k * chunk, end = a + chunk < hi ? a + chunk : hi; a < end; a += 32768) {
+        uint64_t lo, len;
+        if (!pf.p[r]) continue;
+        cuda_l2_share((uint64_t)__cvta_generic_to_global(pf.p[r]), pf.bytes[r], k, pf.n_blocks, &lo, &len);
+        for (uint64_t a = lo, end = lo + len; a < end; a += 32768) {
             const uint32_t n = (uint32_t)(end - a < 32768 ? end - a : 32768);
             asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(n) : "memory");
         }

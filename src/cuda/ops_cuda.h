@@ -66,6 +66,22 @@ struct cuda_l2_prefetch {
     uint64_t bytes[2];
     int n_blocks;
 };
+/* Share k of n (0 <= k < n) of the span [p, p + bytes) rounded inward to 16 bytes: *lo and *len
+ * (16-byte aligned, len a multiple of 16; len 0: nothing for this k). The n shares tile the rounded
+ * span in order, without overlap. The device side (l2_prefetch_share, common.cuh) issues each share
+ * as bulk prefetches; the tests check the tiling on the host. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline void cuda_l2_share(uint64_t p, uint64_t bytes, int k, int n, uint64_t *lo, uint64_t *len) {
+    const uint64_t a = (p + 15) & ~(uint64_t)15, b = (p + bytes) & ~(uint64_t)15;
+    *lo = a, *len = 0;
+    if (!p || n <= 0 || k < 0 || k >= n || b <= a) return;
+    const uint64_t chunk = ((b - a + (uint64_t)n - 1) / (uint64_t)n + 15) & ~(uint64_t)15;
+    const uint64_t s = a + (uint64_t)k * chunk;
+    if (s >= b) return;
+    *lo = s, *len = b - s < chunk ? b - s : chunk;
+}
 /* matmul_q8_cuda that also prefetches pf (NULL: none) for the mat-vec after it, where the one-to-
  * four-token dp4a kernel runs (the kernel that serves batch-1 decode). */
 void matmul_q8_pf_cuda(float *y, const struct cuda_weight *w, const int8_t *xq, const float *xds, int n_tokens,
