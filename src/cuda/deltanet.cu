@@ -134,6 +134,111 @@ extern "C" void deltanet_prep_cuda(float *qkv, float *ba, const float *A, const 
                   conv_dim, 1.0f / sqrtf((float)dk));
 }
 
+/* ---- conv + prep in one launch (decode steps) ---- */
+
+/* grid (channel blocks + 1, run), block T = dk rounded up to 32 threads, T + 1 floats of dynamic
+ * shared memory (a head's values, then their sum of squares). Block b < 2 nk is q/k head b (thread = channel, dk of them), the blocks after it cover
+ * the v channels T at a time, the last computes beta and g of the run's tokens. A thread owns its
+ * channel for the whole run: the conv of each token in order (ssm_conv_kernel's arithmetic), then
+ * its conv state rewritten (read and written by that thread alone, so no block waits on another);
+ * a q/k head's conv outputs meet in shared memory, where warp 0 sums their squares as
+ * deltanet_prep_kernel does (same order: the result is bit-equal to the two launches). */
+template <int KT>
+__global__ void ssm_conv_prep_kernel(float *__restrict__ y, float *__restrict__ ba, float *__restrict__ state,
+                                     size_t seq_stride, const float *__restrict__ x, const float *__restrict__ w,
+                                     const float *__restrict__ A, const float *__restrict__ dt_bias, int nk, int nv,
+                                     int dk, int conv_dim, int K_rt, float qscale, const int32_t *__restrict__ run_seq,
+                                     const int32_t *__restrict__ run_off, const int32_t *__restrict__ run_tok) {
+    extern __shared__ float sm[];
+    constexpr int KM = KT > 0 ? KT : 16;
+    const int K = KT > 0 ? KT : K_rt;
+    pdl_launch_dependents();
+    pdl_wait();
+    const int tid = threadIdx.x, run = blockIdx.y, b = blockIdx.x, T = blockDim.x;
+    const int32_t *tok = run_tok + run_off[run];
+    const int m = run_off[run + 1] - run_off[run];
+    if (b == (int)gridDim.x - 1) { /* beta = sigmoid(b), g = A softplus(a + dt_bias) */
+        for (int i = 0; i < m; i++) {
+            float *bt = ba + (size_t)tok[i] * 2 * nv;
+            for (int h = tid; h < nv; h += T) {
+                bt[h] = sigmoid_f(bt[h]);
+                const float a = bt[nv + h] + dt_bias[h];
+                bt[nv + h] = A[h] * (a > 20.0f ? a : log1pf(expf(a)));
+            }
+        }
+        return;
+    }
+    const bool head = b < 2 * nk; /* uniform per block */
+    const int c = head ? b * dk + tid : 2 * nk * dk + (b - 2 * nk) * T + tid;
+    const bool ok = head ? tid < dk : c < conv_dim;
+    float *cs = state + (size_t)run_seq[run] * seq_stride + (ok ? c : 0);
+    float wc[KM];
+#pragma unroll
+    for (int j = 0; j < KM; j++) wc[j] = ok && j < K ? w[(size_t)c * K + j] : 0.0f;
+    for (int i = 0; i < m; i++) {
+        float v = 0.0f;
+        if (ok) {
+            float acc = wc[K - 1] * x[(size_t)tok[i] * conv_dim + c]; /* the CPU's order: newest tap first */
+#pragma unroll
+            for (int j = 0; j < KM - 1; j++) {
+                if (j < K - 1) {
+                    const int q = i - (K - 1) + j; /* input position in the run; < 0: the conv state */
+                    const float u = q >= 0 ? x[(size_t)tok[q] * conv_dim + c] : cs[(size_t)(K - 1 + q) * conv_dim];
+                    acc = fmaf(wc[j], u, acc);
+                }
+            }
+            v = silu_f(acc);
+        }
+        if (head) { /* l2norm of the head (q also times 1/sqrt(dk)) */
+            sm[tid] = v;
+            __syncthreads();
+            if (tid < 32) {
+                float ss = 0.0f;
+                for (int e = tid; e < dk; e += 32) ss = fmaf(sm[e], sm[e], ss);
+                ss = warp_sum(ss);
+                if (tid == 0) sm[T] = ss;
+            }
+            __syncthreads();
+            const float ss = sm[T];
+            __syncthreads(); /* sm is rewritten by the next token */
+            v = v * (1.0f / sqrtf(ss + 1e-6f)) * (b < nk ? qscale : 1.0f);
+        }
+        if (ok) y[(size_t)tok[i] * conv_dim + c] = v;
+    }
+    if (ok) { /* new state j = the (K-1-j)-th newest input: all read before any is written */
+        float ns[KM];
+#pragma unroll
+        for (int j = 0; j < KM - 1; j++) {
+            if (j < K - 1) {
+                const int q = m - (K - 1) + j;
+                ns[j] = q >= 0 ? x[(size_t)tok[q] * conv_dim + c] : cs[(size_t)(m + j) * conv_dim];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < KM - 1; j++)
+            if (j < K - 1) cs[(size_t)j * conv_dim] = ns[j];
+    }
+}
+
+extern "C" int ssm_conv_prep_supported(int dk, int K) { return dk >= 1 && dk <= 256 && K >= 1 && K <= 16; }
+
+extern "C" void ssm_conv_prep_cuda(float *y, float *ba, float *state, size_t seq_stride, const float *x, const float *w,
+                                   const float *A, const float *dt_bias, int nk, int nv, int dk, int dv, int K,
+                                   const int32_t *run_seq, const int32_t *run_off, const int32_t *run_tok, int n_runs,
+                                   cudaStream_t st) {
+    if (n_runs <= 0 || !ssm_conv_prep_supported(dk, K)) return;
+    const int T = (dk + 31) / 32 * 32, conv_dim = 2 * nk * dk + nv * dv;
+    const int v_blocks = (nv * dv + T - 1) / T;
+    const dim3 grid(2 * nk + v_blocks + 1, n_runs);
+    const float qscale = 1.0f / sqrtf((float)dk);
+    if (K == 4)
+        kernel_launch(ssm_conv_prep_kernel<4>, grid, dim3(T), (T + 1) * sizeof(float), st, y, ba, state, seq_stride, x, w, A,
+                      dt_bias, nk, nv, dk, conv_dim, K, qscale, run_seq, run_off, run_tok);
+    else
+        kernel_launch(ssm_conv_prep_kernel<0>, grid, dim3(T), (T + 1) * sizeof(float), st, y, ba, state, seq_stride, x, w, A,
+                      dt_bias, nk, nv, dk, conv_dim, K, qscale, run_seq, run_off, run_tok);
+}
+
 /* ---- the gated delta rule, recurrent ---- */
 
 /* grid (column tiles of 32, value head, run), block nw <= 8 warps, nw * R >= dk. Columns j of S are
