@@ -112,7 +112,6 @@ struct cuda_backend {
     int pdl;                /* decode steps of up to pdl_tokens tokens launch with programmatic dependent
                              * launch (PXQ_CUDA_PDL=0: off; PXQ_CUDA_PDL_TOKENS, default 4: the dp4a steps) */
     int pdl_tokens;
-    int conv_prep;          /* decode steps: DeltaNet conv and prep in one launch (PXQ_CUDA_CONV_PREP=0: two) */
     size_t l2_pf_bytes;     /* one-to-four-token steps: each mat-vec pulls up to this many bytes of the next
                              * weight into L2 as it finishes (0: off; PXQ_CUDA_L2_PREFETCH "MiB[,blocks]") */
     int l2_pf_blocks;       /* ... asked for by this many of its last blocks */
@@ -302,8 +301,6 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     b->graphs = !env_is("PXQ_CUDA_GRAPHS", "0");
     b->mma = !env_is("PXQ_CUDA_MMA", "0");
     b->pdl = !env_is("PXQ_CUDA_PDL", "0") && cuda_pdl_supported();
-    b->conv_prep = !env_is("PXQ_CUDA_CONV_PREP", "0") && (hp->arch != ARCH_QWEN35 ||
-                   ssm_conv_prep_supported(hp->ssm_head_k_dim, hp->ssm_conv_kernel));
     b->pdl_tokens = getenv("PXQ_CUDA_PDL_TOKENS") ? atoi(getenv("PXQ_CUDA_PDL_TOKENS")) : CUDA_MMA_MIN_TOKENS - 1;
     if (getenv("PXQ_CUDA_MV")) { /* tuning knob: "rows,warps" of the 1..4-token dp4a mat-vec (matmul_q8_tune) */
         int r = 0, w = 0;
@@ -781,14 +778,9 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
             matmul_ld(b, b->ssm_ba + nv, &L->w[CM_SSM_ALPHA], b->xb, n, s.q8, 0, 2 * nv, &L->w[CM_SSM_OUT]);
         }
     }
-    if (n <= CUDA_DECODE_MAX && b->conv_prep) { /* one launch, a thread per channel over the run's few tokens */
-        ssm_conv_prep_cuda(b->ssm_conv, ba, state, b->rstate_floats, b->ssm_qkv, L->v[CV_SSM_CONV], L->v[CV_SSM_A],
-                           L->v[CV_SSM_DT], nk, nv, dk, dv, K, di.run_seq, di.run_off, di.run_tok, s.n_runs, st);
-    } else {
-        ssm_conv_cuda(b->ssm_conv, state, b->rstate_floats, b->ssm_qkv, L->v[CV_SSM_CONV], conv_dim, K, di.run_seq,
-                      di.run_off, di.run_tok, s.n_runs, n, st);
-        deltanet_prep_cuda(b->ssm_conv, ba, L->v[CV_SSM_A], L->v[CV_SSM_DT], nk, nv, dk, conv_dim, n, st);
-    }
+    ssm_conv_cuda(b->ssm_conv, state, b->rstate_floats, b->ssm_qkv, L->v[CV_SSM_CONV], conv_dim, K, di.run_seq,
+                  di.run_off, di.run_tok, s.n_runs, n, st);
+    deltanet_prep_cuda(b->ssm_conv, ba, L->v[CV_SSM_A], L->v[CV_SSM_DT], nk, nv, dk, conv_dim, n, st);
     if (n > CUDA_DECODE_MAX) { /* prefill: the chunked (UT transform) form; its scratch is the FFN's buffer,
                                 * free while the token mixer runs (recurrent if too small) */
         const int dense = b->hb_floats > 0;

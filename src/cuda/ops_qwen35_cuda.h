@@ -54,17 +54,6 @@ void ssm_conv_cuda(float *y, float *state, size_t seq_stride, const float *x, co
 void deltanet_prep_cuda(float *qkv, float *ba, const float *A, const float *dt_bias, int nk, int nv, int dk,
                         int conv_dim, int n, cudaStream_t st);
 
-/* ssm_conv_cuda then deltanet_prep_cuda in one launch, bit-equal to the two: y [n][conv_dim] the
- * conv output with the q/k heads l2-normed (q times 1/sqrt(dk)), ba [n][2 nv] in place to
- * [beta | g], the conv state updated (layouts as above, conv_dim = 2 nk dk + nv dv). A thread per
- * channel walks the run's tokens in order: for decode steps (a few tokens a run; the prefill keeps
- * the token-tiled conv). ssm_conv_prep_supported: 1 <= dk <= 256, 1 <= K <= 16. */
-int  ssm_conv_prep_supported(int dk, int K);
-void ssm_conv_prep_cuda(float *y, float *ba, float *state, size_t seq_stride, const float *x, const float *w,
-                        const float *A, const float *dt_bias, int nk, int nv, int dk, int dv, int K,
-                        const int32_t *run_seq, const int32_t *run_off, const int32_t *run_tok, int n_runs,
-                        cudaStream_t st);
-
 /* The gated delta rule, recurrent form (forward_qwen35.h; Yang et al. 2025; HF
  * torch_recurrent_gated_delta_rule), for every run and value head h < nv, per token in order:
  *   S = S * exp(g);  S += k^T (beta * (v - k S));  o = q S
