@@ -613,8 +613,7 @@ static void matmul_ld(cuda_backend *b, float *y, const cuda_weight *w, const flo
         } else if (q8 && matmul_q8_supported(w->fmt)) {
             const cuda_l2_prefetch pf = l2_span(b, next);
             matmul_q8_pf_cuda(y, w, b->xq, b->xds, n, ldy, accumulate, pf.n_blocks ? &pf : NULL, b->st);
-        }
-        else {
+        } else {
             matmul_gemv_cuda(y, w, x, n, ldy, accumulate, b->st);
         }
         return;
@@ -694,7 +693,8 @@ static int attention(cuda_backend *b, const float *q, int l, int n_head, const s
 }
 
 /* The weight of layer il's first mat-vec in an n-token step (the output head past the last layer),
- * and of its feed-forward's first (NULL for MoE): what the mat-vec before each prefetches. */
+ * and of its feed-forward's first (NULL for MoE): what the mat-vec before each prefetches. The
+ * layers pick their stacked one-launch path by it, so the choice is made here alone. */
 static const cuda_weight *first_weight(const struct pxq_engine *e, const cuda_backend *b, int il, int n) {
     if (il >= e->hp->n_layer) return &b->output;
     const cuda_layer *L = &b->L[il];
@@ -733,7 +733,7 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
         att_q8 = attention(b, q_out, l, hp->n_head, s, xq_att);
     } else {
         float *k = b->k, *v = b->v;
-        if (gated && n == 1 && L->qgkv.fmt >= 0) { /* one launch: the token's [q_proj | k | v] (qg has room) */
+        if (first_weight(e, b, il, n) == &L->qgkv) { /* one launch: the token's [q_proj | k | v] (qg has room) */
             matmul_cuda(b, b->qg, &L->qgkv, b->xb, 1, s.q8, 0, o_next);
             k = b->qg + 2 * (size_t)q_dim, v = k + kv_dim;
         } else {
@@ -765,7 +765,7 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
     float *state = b->rstate + (size_t)e->dn_layer[il] * ((size_t)(K - 1) * conv_dim + (size_t)nv * dk * dv);
     const step_inputs &di = b->di;
     float *z = b->ssm_z, *ba = b->ssm_ba;
-    if (n == 1 && L->dn_in.fmt >= 0) { /* one launch: the token's [qkv | z | b | a] (ssm_qkv has room) */
+    if (first_weight(e, b, il, n) == &L->dn_in) { /* one launch: the token's [qkv | z | b | a] (ssm_qkv has room) */
         matmul_cuda(b, b->ssm_qkv, &L->dn_in, b->xb, 1, s.q8, 0, &L->w[CM_SSM_OUT]);
         z = b->ssm_qkv + conv_dim, ba = z + (size_t)nv * dv;
     } else {
