@@ -3,9 +3,10 @@
  * 1..16 tokens, as GB/s of weight bytes (nibbles + f16 scales) and % of the measured device copy
  * bandwidth (cudaMemcpy device to device, read + write bytes).
  *
- * Usage: build/tests/bench_cuda_matmul [--sweep] [--dp4a-sweep] [--pdl] [--samples N]
- *   --sweep       also time every mma tuning (m-tiles per warp 1, 2, 4 x warps per block 1, 2, 4, 6, 8)
+ * Usage: build/tests/bench_cuda_matmul [--sweep] [--sweep-all] [--dp4a-sweep] [--pdl] [--samples N]
+ *   --sweep       also time every mma tuning (m-tiles per warp 1, 2, 4 x warps per block 1-6, 8)
  *                 and print the best beside the built-in choice
+ *   --sweep-all   the same, and every tuning's time on stderr: "n_in n_out tokens mr kp us"
  *   --dp4a-sweep  instead of the table: time every dp4a tuning (rows per block 1, 2, 4, 8 x warps
  *                 per block 1, 2, 4, 8) for 1, 2 and 4 tokens, against the built-in choice
  *                 (rows/warps: us)
@@ -122,11 +123,12 @@ int main(int argc, char **argv) {
     int sweep = 0, dp4a_sweep = 0, pdl = 0, samples = 50;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--sweep")) sweep = 1;
+        else if (!strcmp(argv[i], "--sweep-all")) sweep = 2;
         else if (!strcmp(argv[i], "--dp4a-sweep")) dp4a_sweep = 1;
         else if (!strcmp(argv[i], "--pdl")) pdl = 1;
         else if (!strcmp(argv[i], "--samples") && i + 1 < argc) samples = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--sweep] [--dp4a-sweep] [--pdl] [--samples N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--sweep] [--sweep-all] [--dp4a-sweep] [--pdl] [--samples N]\n", argv[0]);
             return 2;
         }
     }
@@ -239,16 +241,17 @@ int main(int argc, char **argv) {
             printf("%-11s %6d %7d %3d | %9.2f %7.0f %4.0f%% | %9.2f %7.0f %4.0f%% | %6.2fx", shapes[si].model, n_in, n_out,
                    n, t_dp, g_dp, 100 * g_dp / copy_gbs, t_mma, g_mma, 100 * g_mma / copy_gbs, t_dp / t_mma);
             if (sweep) {
-                static const int mrs[] = {1, 2, 4}, kps[] = {1, 2, 4, 6, 8};
+                static const int mrs[] = {1, 2, 4}, kps[] = {1, 2, 3, 4, 5, 6, 8};
                 double best = 1e30;
                 int bm = 0, bk = 0;
                 const int keep = b.samples;
                 b.samples = samples < 20 ? samples : 20;
                 for (int mi = 0; mi < (n == 1 ? 2 : 3); mi++) /* one token runs at most 2 m-tiles per warp */
-                    for (int ki = 0; ki < 5; ki++) {
+                    for (int ki = 0; ki < 7; ki++) {
                         matmul_q8_mma_tune(mrs[mi], kps[ki]);
                         const double t = time_kernel(&b, 1, n);
                         if (t < best) best = t, bm = mrs[mi], bk = kps[ki];
+                        if (sweep > 1) fprintf(stderr, "%d %d %d %d %d %.2f\n", n_in, n_out, n, mrs[mi], kps[ki], t);
                     }
                 matmul_q8_mma_tune(0, 0);
                 b.samples = keep;

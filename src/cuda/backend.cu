@@ -37,9 +37,12 @@ extern "C" {
 
 #define MAX_GRAPHS 64
 /* Decode steps of at least this many tokens use the int8 tensor-core mat-vec, fewer the dp4a one
- * (tests/bench_cuda_matmul on the H200, Qwen3-32B / Qwen3.5-27B shapes: mma 0.5-0.8x dp4a at 1-2
- * tokens, 0.8-1.1x at 4, 2-3.4x at 8, 2.5-4.8x at 16). */
-#define CUDA_MMA_MIN_TOKENS 5
+ * (tests/bench_cuda_matmul --sweep-all on the H200, Qwen3-32B / Qwen3.5-27B shapes, with the
+ * tilings of mma_choose: the mma kernel's time over the dp4a one's, summed over a Qwen3-32B
+ * layer, 0.95 at 2 tokens (by shape 0.75-1.73: 9 of the 15 shapes lose, q|k|v and o_proj by 12-13%), 0.63
+ * at 4 (0.44-1.36: only 5120 x 1024 loses), 0.25 at 8, 0.20 at 16; at one token dp4a is 1.1-1.9x
+ * faster). */
+#define CUDA_MMA_MIN_TOKENS 3
 #define STAGE_BYTES ((size_t)64 << 20)
 
 struct cuda_layer {
@@ -302,9 +305,13 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     b->mma = !env_is("PXQ_CUDA_MMA", "0");
     b->pdl = !env_is("PXQ_CUDA_PDL", "0") && cuda_pdl_supported();
     b->pdl_tokens = getenv("PXQ_CUDA_PDL_TOKENS") ? atoi(getenv("PXQ_CUDA_PDL_TOKENS")) : CUDA_MMA_MIN_TOKENS - 1;
-    if (getenv("PXQ_CUDA_MV")) { /* tuning knob: "rows,warps" of the 1..4-token dp4a mat-vec (matmul_q8_tune) */
+    if (getenv("PXQ_CUDA_MV")) { /* tuning knob: "rows,warps" of the 1..2-token dp4a mat-vec (matmul_q8_tune) */
         int r = 0, w = 0;
         if (sscanf(getenv("PXQ_CUDA_MV"), "%d,%d", &r, &w) == 2) matmul_q8_tune(r, w);
+    }
+    if (getenv("PXQ_CUDA_MMA_TUNE")) { /* tuning knob: "m-tiles,warps" of the 3..16-token int8 tensor-core mat-vec */
+        int mr = 0, kp = 0;
+        if (sscanf(getenv("PXQ_CUDA_MMA_TUNE"), "%d,%d", &mr, &kp) == 2) matmul_q8_mma_tune(mr, kp);
     }
     {
         cuda_kv probe = {};

@@ -34,9 +34,10 @@
  * Work split: a block = KP warps on one band of 16*MR rows; warp w takes steps w, w+KP, ... of
  * n_in; the warps meet in shared memory at the end (fixed order: deterministic). MR m-tiles per
  * warp share each activation fragment (activation bytes per weight byte ~ 2.2 / MR at 16 tokens).
- * The launcher (mma_plan) picks KP, and MR for several tokens, from the kernel's occupancy: a full
- * last wave of blocks and about 12 streaming warps per SM. 1 token: 52-84 registers, 9.1-13.2 KiB
- * of shared memory per warp; 16 tokens, MR 2: 168-194 registers (ptxas, sm_90, no spills).
+ * The launcher picks MR and KP by shape and the kernel's occupancy: mma_plan for one token,
+ * mma_choose (rules read off a full sweep on an H200) for several. 1 token: 52-84 registers,
+ * 9.1-13.2 KiB of shared memory per warp; 16 tokens: MR 2 168-194 registers, MR 4 254 (Q4_0;
+ * ptxas, sm_90, no spills).
  *
  * Rows whose length is not a multiple of 128, unaligned pointers, devices below sm_80 and builds
  * without an sm_80+ image take the dp4a kernel (matmul_q8_cuda) instead. */
@@ -392,13 +393,11 @@ extern "C" void matmul_q8_mma_tune(int mr, int kp) {
     g_mma_force_kp = kp >= 1 && kp <= MMA_MAX_WARPS ? kp : 0;
 }
 
-/* Plan for one kernel: the warps per block (kp) for a grid of `bands` blocks and a score in [0, 1]
- * of how well it keeps the device streaming. Blocks of equal work run in waves of res * n_sm; the
- * score is the fill of the last wave (1 for a single wave) times the warps per SM, up to 12 (each
- * with S - 1 steps in flight: about 40 KB per SM at one token). Each warp gets at least 4 steps.
- * Occupancy (res) is read once per kernel and kp, on the first device that asks. */
+/* Blocks of kp warps that one SM holds at once (registers and shared memory: the occupancy API),
+ * kp = 1..MMA_MAX_WARPS; 0 where a block does not fit. Read once per kernel, on the first device
+ * that asks. */
 template <int F, int NTI, int MR, bool ONE>
-static double mma_plan(int n_in, int n_out, const mma_device *d, int *kp_out) {
+static int mma_occupancy(const mma_device *d, int kp) {
     using C = mma_cfg<F, NTI, MR, ONE>;
     static int res[MMA_MAX_WARPS + 1], init;
     if (!init) {
@@ -414,13 +413,24 @@ static double mma_plan(int n_in, int n_out, const mma_device *d, int *kp_out) {
         (void)cudaGetLastError();
         init = 1;
     }
+    return kp >= 1 && kp <= MMA_MAX_WARPS ? res[kp] : 0;
+}
+
+/* One token: the warps per block (kp) for a grid of `bands` blocks, by a score in [0, 1] of how well
+ * it keeps the device streaming. Blocks of equal work run in waves of res * n_sm; the score is the
+ * fill of the last wave (1 for a single wave) times the warps per SM, up to 12 (each with S - 1
+ * steps in flight). Each warp gets at least 4 steps. */
+template <int F, int NTI, int MR, bool ONE>
+static double mma_plan(int n_in, int n_out, const mma_device *d, int *kp_out) {
+    using C = mma_cfg<F, NTI, MR, ONE>;
     const int n_mt = (n_out + 15) / 16, bands = (n_mt + MR - 1) / MR, n_steps = n_in / (32 * C::G);
     const int cap = n_steps / 4 > 1 ? n_steps / 4 : 1;
     double best = -1.0;
     int kp = 1;
     for (int k = 1; k <= MMA_MAX_WARPS; k++) {
-        if (!res[k] || (k > cap && !g_mma_force_kp)) continue;
-        const double slots = (double)res[k] * d->n_sm, waves = bands / slots;
+        const int res = mma_occupancy<F, NTI, MR, ONE>(d, k);
+        if (!res || (k > cap && !g_mma_force_kp)) continue;
+        const double slots = (double)res * d->n_sm, waves = bands / slots;
         const double fill = waves <= 1.0 ? 1.0 : waves / ceil(waves);
         const double warps = (bands < slots ? bands : slots) * k / d->n_sm;
         const double score = fill * (warps < 12.0 ? warps / 12.0 : 1.0);
@@ -432,33 +442,88 @@ static double mma_plan(int n_in, int n_out, const mma_device *d, int *kp_out) {
 
 template <int F, int NTI, int MR, bool ONE>
 static void mma_launch_cfg(float *y, const cuda_weight &w, const int8_t *xq, const float2 *xds, int n_tok, int ldy,
-                           int acc, const mma_device *d, cudaStream_t st) {
+                           int acc, int kp, const mma_device *d, cudaStream_t st) {
     using C = mma_cfg<F, NTI, MR, ONE>;
-    int kp;
-    mma_plan<F, NTI, MR, ONE>(w.n_in, w.n_out, d, &kp);
-    while (kp > 1 && (size_t)kp * C::S * C::STAGE > d->smem_optin) kp--;
+    if (kp < 1) kp = 1;
+    while (kp > 1 && ((size_t)kp * C::S * C::STAGE > d->smem_optin || !mma_occupancy<F, NTI, MR, ONE>(d, kp))) kp--;
     const int bands = ((w.n_out + 15) / 16 + MR - 1) / MR;
     kernel_launch(matmul_q8_mma_kernel<F, NTI, MR, ONE>, dim3(bands), dim3(kp * 32), (size_t)kp * C::S * C::STAGE, st, y,
                   w, xq, xds, n_tok, ldy, acc);
 }
 
-/* m-tiles per warp: 1, or 2 for several tokens (each activation fragment then serves 32 rows) when
- * that plans within 0.05 of 1. Four (64 rows, 185..254 registers) only when forced
- * (matmul_q8_mma_tune; bench_cuda_matmul --sweep shows whether it pays). */
+/* Blocks per SM (res), bands and warps per SM of m-tiles mr x kp warps; res 0 if it does not fit. */
+struct mma_fit {
+    int res, bands;
+    double waves, warps;
+};
+template <int F, int NTI>
+static mma_fit mma_fit_of(int n_out, int mr, int kp, const mma_device *d) {
+    mma_fit f;
+    f.res = mr == 4 ? mma_occupancy<F, NTI, 4, false>(d, kp)
+            : mr == 2 ? mma_occupancy<F, NTI, 2, false>(d, kp)
+                      : mma_occupancy<F, NTI, 1, false>(d, kp);
+    f.bands = ((n_out + 15) / 16 + mr - 1) / mr;
+    const double slots = (double)f.res * d->n_sm;
+    f.waves = f.res ? f.bands / slots : 1e30;
+    f.warps = (f.bands < slots ? f.bands : slots) * kp / d->n_sm;
+    return f;
+}
+
+/* 2..16 tokens: m-tiles per warp (mr) and warps per block (kp). Rules read off the full sweep on an
+ * H200 (bench_cuda_matmul --sweep-all: m-tiles 1, 2, 4 x warps 1-6, 8 on the Qwen3-32B and Qwen3.5-27B
+ * shapes at 2, 4, 8 and 16 tokens; their sum within 1% of the best tuning of each shape, against
+ * 45% above it for the one-token plan above, which favoured one or two m-tiles and many small blocks):
+ *  - four m-tiles (each activation fragment serves 64 rows: half the activation traffic and
+ *    instructions of two per weight byte), except few rows (n_out <= 2048: one m-tile, 8 warps over
+ *    n_in, or too few warps in all);
+ *  - long rows (>= 48 steps of 128 weights): 8 warps a block;
+ *  - shorter rows: 8 warps where the blocks fit in one wave, else 4, or 2 where 4 would leave a
+ *    last wave between one and two (17408 and 25600 rows: 1.03 and 1.52 waves);
+ *  - 9..16 tokens (254 registers at four m-tiles: at most 8 warps an SM): two m-tiles where four
+ *    leave fewer than 6 warps per SM and two fill one wave with 1.5x the warps (5120 x 17408).
+ * Each warp keeps at least 4 steps; a block that does not fit (shared memory of smaller GPUs) has
+ * its warps halved. */
+template <int F, int NTI>
+static void mma_choose(int n_in, int n_out, const mma_device *d, int *mr_out, int *kp_out) {
+    using C = mma_cfg<F, NTI, 4, false>;
+    const int n_steps = n_in / (32 * C::G), cap = n_steps / 4 > 1 ? n_steps / 4 : 1;
+    int mr = 4, kp = 4;
+    if (n_out <= 2048) mr = 1, kp = 8;
+    else if (n_steps >= 48) kp = 8;
+    else {
+        const mma_fit f8 = mma_fit_of<F, NTI>(n_out, 4, 8, d), f4 = mma_fit_of<F, NTI>(n_out, 4, 4, d);
+        if (f8.res && f8.waves <= 1.0) kp = 8;
+        else if (f4.waves > 1.0 && f4.waves < 2.0) kp = 2;
+        const mma_fit f = mma_fit_of<F, NTI>(n_out, 4, kp, d);
+        if (NTI == 2 && f.warps < 6.0) {
+            const mma_fit m = mma_fit_of<F, NTI>(n_out, 2, kp, d);
+            if (m.res && m.waves <= 1.0 && m.warps >= 1.5 * f.warps) mr = 2;
+        }
+    }
+    if (kp > cap) kp = cap;
+    while (kp > 1 && !mma_fit_of<F, NTI>(n_out, mr, kp, d).res) kp /= 2;
+    *mr_out = mr, *kp_out = kp;
+}
+
+/* One token: one m-tile (two when forced; the activations are a small stream) and mma_plan's warps.
+ * Several tokens: mma_choose. matmul_q8_mma_tune overrides both (bench_cuda_matmul --sweep). */
 template <int F, int NTI, bool ONE>
 static void mma_launch_nt(float *y, const cuda_weight &w, const int8_t *xq, const float2 *xds, int n_tok, int ldy,
                           int acc, const mma_device *d, cudaStream_t st) {
-    constexpr int MR_MAX = ONE ? 2 : 4; /* one token: activations are a small stream, no 64-row bands */
-    int mr = g_mma_force_mr;
-    if (!mr) {
-        int kp;
-        mr = 1;
-        if (!ONE && mma_plan<F, NTI, 2, ONE>(w.n_in, w.n_out, d, &kp) >= mma_plan<F, NTI, 1, ONE>(w.n_in, w.n_out, d, &kp) - 0.05)
-            mr = 2;
+    constexpr int MR_MAX = ONE ? 2 : 4; /* one token: no 64-row bands */
+    int mr, kp;
+    if (ONE) {
+        mr = g_mma_force_mr > 1 ? 2 : 1;
+        if (mr == 2) mma_plan<F, NTI, 2, ONE>(w.n_in, w.n_out, d, &kp);
+        else mma_plan<F, NTI, 1, ONE>(w.n_in, w.n_out, d, &kp);
+    } else {
+        mma_choose<F, NTI>(w.n_in, w.n_out, d, &mr, &kp);
+        if (g_mma_force_mr) mr = g_mma_force_mr;
+        if (g_mma_force_kp) kp = g_mma_force_kp;
     }
-    if (mr >= 4) mma_launch_cfg<F, NTI, MR_MAX, ONE>(y, w, xq, xds, n_tok, ldy, acc, d, st);
-    else if (mr == 2) mma_launch_cfg<F, NTI, 2, ONE>(y, w, xq, xds, n_tok, ldy, acc, d, st);
-    else mma_launch_cfg<F, NTI, 1, ONE>(y, w, xq, xds, n_tok, ldy, acc, d, st);
+    if (mr >= 4) mma_launch_cfg<F, NTI, MR_MAX, ONE>(y, w, xq, xds, n_tok, ldy, acc, kp, d, st);
+    else if (mr == 2) mma_launch_cfg<F, NTI, 2, ONE>(y, w, xq, xds, n_tok, ldy, acc, kp, d, st);
+    else mma_launch_cfg<F, NTI, 1, ONE>(y, w, xq, xds, n_tok, ldy, acc, kp, d, st);
 }
 
 template <int F>
