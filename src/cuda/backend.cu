@@ -113,9 +113,9 @@ struct cuda_backend {
     int split_blocks;       /* decode attention: at most this many blocks per SM (PXQ_CUDA_SPLIT_BLOCKS, 4) */
     int mma;                /* decode mat-vecs on int8 tensor cores where supported (PXQ_CUDA_MMA=0: dp4a) */
     int pdl;                /* decode steps of up to pdl_tokens tokens launch with programmatic dependent
-                             * launch (PXQ_CUDA_PDL=0: off; PXQ_CUDA_PDL_TOKENS, default 4: the dp4a steps) */
+                             * launch (PXQ_CUDA_PDL=0: off; PXQ_CUDA_PDL_TOKENS, default 2: the dp4a steps) */
     int pdl_tokens;
-    size_t l2_pf_bytes;     /* one-to-four-token steps: each mat-vec pulls up to this many bytes of the next
+    size_t l2_pf_bytes;     /* the dp4a steps: each mat-vec pulls up to this many bytes of the next
                              * weight into L2 as it finishes (0: off; PXQ_CUDA_L2_PREFETCH "MiB[,blocks]") */
     int l2_pf_blocks;       /* ... asked for by this many of its last blocks */
     int l2_pf_step;         /* the step being recorded prefetches (set around decode steps) */
