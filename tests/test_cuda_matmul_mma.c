@@ -9,9 +9,10 @@
  *                                      fp32 scaling and summation order differ
  *   accumulate (y += W x) vs y0 + dp4a <= 1e-5
  *   n_in % 128 != 0 (dp4a fallback)  == 0 (the same kernel), and two runs of the mma are identical.
- * Tokens 1, 2, 7, 8, 9, 16, 21 (21: a second pass of 16), odd n_out (a partial last band), y with a
- * row stride past n_out whose gaps must keep their NaN poison. Every tuning (m-tiles per warp 1, 2, 4
- * x warps per block 1, 3, 8, including warps with no step) against dp4a on a small shape.
+ * Tokens 1, 2, 3, 7, 8, 9, 16, 21 (21: a second pass of 16), odd n_out (a partial last band), y with
+ * a row stride past n_out whose gaps must keep their NaN poison; shapes whose built-in tiling (on an
+ * H200) is one, two or four m-tiles a warp. Every tuning (m-tiles per warp 1, 2, 4 x warps per block 1, 2, 3, 4, 8,
+ * including warps with no step) against dp4a on small shapes, 1, 3, 5 and 16 tokens.
  * Outputs are poisoned with NaN first, so an unwritten element fails. */
 #define TEST_RNG_SEED 0x2545f4914f6cdd1dull
 #include "test_cuda_common.h"
@@ -75,7 +76,7 @@ static int y_get(float *out, const float *d, int n, int n_out, int ldy) {
 }
 
 static void test_shape(struct threadpool *tp, enum pxq_type type, int n_in, int n_out) {
-    const int toks[] = {1, 2, 7, 8, 9, 16, 21};
+    const int toks[] = {1, 2, 3, 7, 8, 9, 16, 21};
     const int mma_path = n_in % 128 == 0;
     struct pxq_tensor t;
     void *data = make_tensor(&t, type, n_in, n_out);
@@ -134,14 +135,14 @@ static void test_shape(struct threadpool *tp, enum pxq_type type, int n_in, int 
  * gives Q4 2 steps (8 warps: 6 without work), n_out 200 a partial band of 64 rows. */
 static void test_tunings(void) {
     const enum pxq_type types[] = {PXQ_TYPE_Q4_0, PXQ_TYPE_Q8_0, PXQ_TYPE_Q4_1};
-    const int shapes[][2] = {{1024, 200}, {256, 40}}, toks[] = {1, 5, 16}, mrs[] = {1, 2, 4}, kps[] = {1, 3, 8};
+    const int shapes[][2] = {{1024, 200}, {256, 40}}, toks[] = {1, 3, 5, 16}, mrs[] = {1, 2, 4}, kps[] = {1, 2, 3, 4, 8};
     for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
         for (size_t si = 0; si < 2; si++) {
             const int n_in = shapes[si][0], n_out = shapes[si][1];
             struct pxq_tensor t;
             void *data = make_tensor(&t, types[ti], n_in, n_out);
             struct cuda_weight w = upload(&t);
-            for (size_t k = 0; k < 3; k++) {
+            for (size_t k = 0; k < 4; k++) {
                 const int n = toks[k];
                 const size_t ny = (size_t)n * n_out;
                 float *x = xmalloc((size_t)n * n_in * sizeof(float)), *dp = xmalloc(ny * 4), *got = xmalloc(ny * 4);
@@ -152,7 +153,7 @@ static void test_tunings(void) {
                 y_get(dp, d_dp, n, n_out, n_out);
                 double worst = 0;
                 for (int mi = 0; mi < 3; mi++)
-                    for (int ki = 0; ki < 3; ki++) {
+                    for (int ki = 0; ki < 5; ki++) {
                         float *d_y = y_dev(n, n_out, n_out, NULL);
                         matmul_q8_mma_tune(mrs[mi], kps[ki]);
                         matmul_q8_mma_cuda(d_y, &w, a.q, a.ds, n, n_out, 0, 0);
@@ -191,6 +192,10 @@ int main(void) {
     for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
         test_shape(tp, types[ti], 512, 97);
         test_shape(tp, types[ti], 4096, 1000);
+        /* built-in tilings of several tokens beyond one m-tile (on an H200): two m-tiles, 2 warps
+         * (four would leave too few bands); four, 8 warps, and a partial last band (long rows) */
+        test_shape(tp, types[ti], 1024, 4100);
+        test_shape(tp, types[ti], 6144, 5130);
         if (types[ti] != PXQ_TYPE_Q4_K) test_shape(tp, types[ti], 160, 33); /* n_in % 128 != 0: dp4a */
     }
     test_tunings();

@@ -145,7 +145,7 @@ static void check_model(const char *path, const char *ref_dir, int cpu_ref, int 
 }
 
 /* 8 sequences of different lengths: prefill interleaved in one ragged batch, then 8 decode steps of
- * 8 tokens (the tensor-core mat-vec's path from 5 tokens), against each sequence alone. Exact mode:
+ * 8 tokens (the tensor-core mat-vec's path from 3 tokens), against each sequence alone. Exact mode:
  * logits within 1e-4; default: same tokens. */
 static void check_batching(const char *path, int exact) {
     char err[512] = "";

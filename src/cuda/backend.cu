@@ -113,8 +113,9 @@ struct cuda_backend {
     int split_blocks;       /* decode attention: at most this many blocks per SM (PXQ_CUDA_SPLIT_BLOCKS, 4) */
     int mma;                /* decode mat-vecs on int8 tensor cores where supported (PXQ_CUDA_MMA=0: dp4a) */
     int pdl;                /* decode steps of up to pdl_tokens tokens launch with programmatic dependent
-                             * launch (PXQ_CUDA_PDL=0: off; PXQ_CUDA_PDL_TOKENS, default 2: the dp4a steps) */
+                             * launch (PXQ_CUDA_PDL=0: off; PXQ_CUDA_PDL_TOKENS, default dp4a_tokens) */
     int pdl_tokens;
+    int dp4a_tokens;        /* decode steps of up to this many tokens run the dp4a mat-vec (2; 4 without mma) */
     size_t l2_pf_bytes;     /* the dp4a steps: each mat-vec pulls up to this many bytes of the next
                              * weight into L2 as it finishes (0: off; PXQ_CUDA_L2_PREFETCH "MiB[,blocks]") */
     int l2_pf_blocks;       /* ... asked for by this many of its last blocks */
@@ -304,7 +305,10 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     b->graphs = !env_is("PXQ_CUDA_GRAPHS", "0");
     b->mma = !env_is("PXQ_CUDA_MMA", "0");
     b->pdl = !env_is("PXQ_CUDA_PDL", "0") && cuda_pdl_supported();
-    b->pdl_tokens = getenv("PXQ_CUDA_PDL_TOKENS") ? atoi(getenv("PXQ_CUDA_PDL_TOKENS")) : CUDA_MMA_MIN_TOKENS - 1;
+    /* the dp4a steps: 1-2 tokens, or 1-4 (the kernel's measured range, before the tensor cores took
+     * 5-16) with PXQ_CUDA_MMA=0 */
+    b->dp4a_tokens = b->mma ? CUDA_MMA_MIN_TOKENS - 1 : 4;
+    b->pdl_tokens = getenv("PXQ_CUDA_PDL_TOKENS") ? atoi(getenv("PXQ_CUDA_PDL_TOKENS")) : b->dp4a_tokens;
     if (getenv("PXQ_CUDA_MV")) { /* tuning knob: "rows,warps" of the 1..2-token dp4a mat-vec (matmul_q8_tune) */
         int r = 0, w = 0;
         if (sscanf(getenv("PXQ_CUDA_MV"), "%d,%d", &r, &w) == 2) matmul_q8_tune(r, w);
@@ -1027,7 +1031,7 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
     if (s.n <= CUDA_DECODE_MAX) { /* decode: layers and lm_head in one graph (n_out <= CUDA_LOGITS_ROWS) */
         decode_splits(b, hp, s.n, max_pos + 1, &s);
         cuda_pdl = b->pdl && s.n <= b->pdl_tokens; /* each kernel's launch and first loads overlap the one before */
-        b->l2_pf_step = s.n < CUDA_MMA_MIN_TOKENS; /* the steps of the dp4a mat-vec */
+        b->l2_pf_step = s.n <= b->dp4a_tokens; /* the steps of the dp4a mat-vec */
         if (b->graphs) {
             CK(cudaGraphLaunch(graph_get(e, b, s), b->st));
             snprintf(b->path, sizeof b->path, "cuda %s %s graph%s", mv, fmt, cuda_pdl ? " pdl" : "");

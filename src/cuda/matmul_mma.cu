@@ -36,8 +36,8 @@
  * warp share each activation fragment (activation bytes per weight byte ~ 2.2 / MR at 16 tokens).
  * The launcher picks MR and KP by shape and the kernel's occupancy: mma_plan for one token,
  * mma_choose (rules read off a full sweep on an H200) for several. 1 token: 52-84 registers,
- * 9.1-13.2 KiB of shared memory per warp; 16 tokens: MR 2 168-194 registers, MR 4 254 (Q4_0;
- * ptxas, sm_90, no spills).
+ * 9.1-13.2 KiB of shared memory per warp; 16 tokens: MR 2 168-194 registers, MR 4 254 (Q4_0, Q4M;
+ * Q8_0 185; ptxas, sm_90, no spills).
  *
  * Rows whose length is not a multiple of 128, unaligned pointers, devices below sm_80 and builds
  * without an sm_80+ image take the dp4a kernel (matmul_q8_cuda) instead. */
@@ -476,20 +476,24 @@ static mma_fit mma_fit_of(int n_out, int mr, int kp, const mma_device *d) {
  *  - four m-tiles (each activation fragment serves 64 rows: half the activation traffic and
  *    instructions of two per weight byte), except few rows (n_out <= 2048: one m-tile, 8 warps over
  *    n_in, or too few warps in all);
- *  - long rows (>= 48 steps of 128 weights): 8 warps a block;
+ *  - long rows (n_in >= 6144 weights): 8 warps a block;
  *  - shorter rows: 8 warps where the blocks fit in one wave, else 4, or 2 where 4 would leave a
  *    last wave between one and two (17408 and 25600 rows: 1.03 and 1.52 waves);
- *  - 9..16 tokens (254 registers at four m-tiles: at most 8 warps an SM): two m-tiles where four
- *    leave fewer than 6 warps per SM and two fill one wave with 1.5x the warps (5120 x 17408).
- * Each warp keeps at least 4 steps; a block that does not fit (shared memory of smaller GPUs) has
- * its warps halved. */
+ *  - 9..16 tokens (Q4_0 and Q4M: 254 registers at four m-tiles, at most 8 warps an SM): two
+ *    m-tiles where four leave fewer than 6 warps per SM and two fill one wave with 1.5x the warps
+ *    (5120 x 17408).
+ * Outside what the sweep covered (Q4_0 only; its fewest blocks were 80 bands of 64 rows on 132
+ * SMs), two guards: rows counted in weights, not steps (a Q8_0 step is 64 weights); and fewer m-tiles
+ * where four would give fewer bands than 0.6 x SMs (4096 x 4096: 64 bands -> 128 of two m-tiles).
+ * Each warp keeps at least 4 steps; a block that does not fit (the shared memory of smaller GPUs)
+ * has its warps halved, to the 4 or 2 the sweep favours rather than the 6, 5 or 3 it does not. */
 template <int F, int NTI>
 static void mma_choose(int n_in, int n_out, const mma_device *d, int *mr_out, int *kp_out) {
     using C = mma_cfg<F, NTI, 4, false>;
     const int n_steps = n_in / (32 * C::G), cap = n_steps / 4 > 1 ? n_steps / 4 : 1;
     int mr = 4, kp = 4;
     if (n_out <= 2048) mr = 1, kp = 8;
-    else if (n_steps >= 48) kp = 8;
+    else if (n_in >= 6144) kp = 8;
     else {
         const mma_fit f8 = mma_fit_of<F, NTI>(n_out, 4, 8, d), f4 = mma_fit_of<F, NTI>(n_out, 4, 4, d);
         if (f8.res && f8.waves <= 1.0) kp = 8;
@@ -500,6 +504,7 @@ static void mma_choose(int n_in, int n_out, const mma_device *d, int *mr_out, in
             if (m.res && m.waves <= 1.0 && m.warps >= 1.5 * f.warps) mr = 2;
         }
     }
+    while (mr > 1 && mma_fit_of<F, NTI>(n_out, mr, kp, d).bands < 0.6 * d->n_sm) mr /= 2;
     if (kp > cap) kp = cap;
     while (kp > 1 && !mma_fit_of<F, NTI>(n_out, mr, kp, d).res) kp /= 2;
     *mr_out = mr, *kp_out = kp;
