@@ -11,8 +11,9 @@
  *   n_in % 128 != 0 (dp4a fallback)  == 0 (the same kernel), and two runs of the mma are identical.
  * Tokens 1, 2, 3, 7, 8, 9, 16, 21 (21: a second pass of 16), odd n_out (a partial last band), y with
  * a row stride past n_out whose gaps must keep their NaN poison; shapes whose built-in tiling (on an
- * H200) is one, two or four m-tiles a warp. Every tuning (m-tiles per warp 1, 2, 4 x warps per block 1, 2, 3, 4, 8,
- * including warps with no step) against dp4a on small shapes, 1, 3, 5 and 16 tokens.
+ * H200) is one, two or four m-tiles a warp. Every tuning (m-tiles per warp 1, 2, 4 x warps per
+ * block 1, 2, 3, 4, 8, including warps with no step) against dp4a on small shapes, 1, 3, 5 and 16
+ * tokens.
  * Outputs are poisoned with NaN first, so an unwritten element fails. */
 #define TEST_RNG_SEED 0x2545f4914f6cdd1dull
 #include "test_cuda_common.h"

@@ -445,7 +445,8 @@ static void mma_launch_cfg(float *y, const cuda_weight &w, const int8_t *xq, con
                            int acc, int kp, const mma_device *d, cudaStream_t st) {
     using C = mma_cfg<F, NTI, MR, ONE>;
     if (kp < 1) kp = 1;
-    while (kp > 1 && ((size_t)kp * C::S * C::STAGE > d->smem_optin || !mma_occupancy<F, NTI, MR, ONE>(d, kp))) kp--;
+    while (kp > 1 && ((size_t)kp * C::S * C::STAGE > d->smem_optin || !mma_occupancy<F, NTI, MR, ONE>(d, kp)))
+        kp--;
     const int bands = ((w.n_out + 15) / 16 + MR - 1) / MR;
     kernel_launch(matmul_q8_mma_kernel<F, NTI, MR, ONE>, dim3(bands), dim3(kp * 32), (size_t)kp * C::S * C::STAGE, st, y,
                   w, xq, xds, n_tok, ldy, acc);
