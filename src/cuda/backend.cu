@@ -612,6 +612,12 @@ static cuda_l2_prefetch l2_span(const cuda_backend *b, const cuda_weight *w) {
     return pf;
 }
 
+/* Whether an n-token decode step's q8 mat-vec of format fmt runs on the int8 tensor cores (else dp4a):
+ * steps past dp4a_tokens, where the device and format allow it. */
+static int mma_step(const cuda_backend *b, int n, int fmt) {
+    return b->mma && n > b->dp4a_tokens && matmul_q8_mma_supported(fmt);
+}
+
 /* matmul_cpu's twin, y (+)= W x, output rows of stride ldy: for decode the q8 mat-vec (b->xq holds
  * x quantized, q8 != 0) or the fp32 mat-vec (exact mode, formats without a q8 kernel); for prefill,
  * weight rows dequantized to f16 in tiles and cublasGemmEx (f16 in, fp32 accumulate and out).
@@ -619,7 +625,7 @@ static cuda_l2_prefetch l2_span(const cuda_backend *b, const cuda_weight *w) {
 static void matmul_ld(cuda_backend *b, float *y, const cuda_weight *w, const float *x, int n, int q8, int accumulate,
                       int ldy, const cuda_weight *next = NULL) {
     if (n <= CUDA_DECODE_MAX || b->exact) {
-        if (q8 && b->mma && n >= CUDA_MMA_MIN_TOKENS && matmul_q8_mma_supported(w->fmt)) {
+        if (q8 && mma_step(b, n, w->fmt)) {
             matmul_q8_mma_cuda(y, w, b->xq, b->xds, n, ldy, accumulate, b->st);
         } else if (q8 && matmul_q8_supported(w->fmt)) {
             const cuda_l2_prefetch pf = l2_span(b, next);
@@ -1021,7 +1027,7 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
                                             : L0.moe_gate.fmt;
     const char *fmt = cuda_wfmt_name(f0);
     const char *mv = b->exact || !matmul_q8_supported(f0)                                       ? "gemv"
-                     : b->mma && s.n >= CUDA_MMA_MIN_TOKENS && matmul_q8_mma_supported(f0) ? "q8-mma"
+                     : mma_step(b, s.n, f0)                                             ? "q8-mma"
                                                                                             : "q8-dp4a";
     const struct pxq_hparams *hp = e->hp;
     /* int8 activations for the q8 mat-vec: decode, default mode, rows in whole groups of 32 */

@@ -416,6 +416,24 @@ static int mma_occupancy(const mma_device *d, int kp) {
     return kp >= 1 && kp <= MMA_MAX_WARPS ? res[kp] : 0;
 }
 
+/* A grid of kp-warp blocks over n_out rows: blocks per SM (res, 0 if a block does not fit), bands
+ * (blocks) of 16 * MR rows, waves of res * n_sm blocks (1e30 if none fits), and the warps each SM
+ * holds in the first wave. */
+struct mma_fit {
+    int res, bands;
+    double waves, warps;
+};
+template <int F, int NTI, int MR, bool ONE>
+static mma_fit mma_fit_cfg(int n_out, int kp, const mma_device *d) {
+    mma_fit f;
+    f.res = mma_occupancy<F, NTI, MR, ONE>(d, kp);
+    f.bands = ((n_out + 15) / 16 + MR - 1) / MR;
+    const double slots = (double)f.res * d->n_sm;
+    f.waves = f.res ? f.bands / slots : 1e30;
+    f.warps = (f.bands < slots ? f.bands : slots) * kp / d->n_sm;
+    return f;
+}
+
 /* One token: the warps per block (kp) for a grid of `bands` blocks, by a score in [0, 1] of how well
  * it keeps the device streaming. Blocks of equal work run in waves of res * n_sm; the score is the
  * fill of the last wave (1 for a single wave) times the warps per SM, up to 12 (each with S - 1
@@ -423,17 +441,14 @@ static int mma_occupancy(const mma_device *d, int kp) {
 template <int F, int NTI, int MR, bool ONE>
 static double mma_plan(int n_in, int n_out, const mma_device *d, int *kp_out) {
     using C = mma_cfg<F, NTI, MR, ONE>;
-    const int n_mt = (n_out + 15) / 16, bands = (n_mt + MR - 1) / MR, n_steps = n_in / (32 * C::G);
-    const int cap = n_steps / 4 > 1 ? n_steps / 4 : 1;
+    const int n_steps = n_in / (32 * C::G), cap = n_steps / 4 > 1 ? n_steps / 4 : 1;
     double best = -1.0;
     int kp = 1;
     for (int k = 1; k <= MMA_MAX_WARPS; k++) {
-        const int res = mma_occupancy<F, NTI, MR, ONE>(d, k);
-        if (!res || (k > cap && !g_mma_force_kp)) continue;
-        const double slots = (double)res * d->n_sm, waves = bands / slots;
-        const double fill = waves <= 1.0 ? 1.0 : waves / ceil(waves);
-        const double warps = (bands < slots ? bands : slots) * k / d->n_sm;
-        const double score = fill * (warps < 12.0 ? warps / 12.0 : 1.0);
+        const mma_fit f = mma_fit_cfg<F, NTI, MR, ONE>(n_out, k, d);
+        if (!f.res || (k > cap && !g_mma_force_kp)) continue;
+        const double fill = f.waves <= 1.0 ? 1.0 : f.waves / ceil(f.waves);
+        const double score = fill * (f.warps < 12.0 ? f.warps / 12.0 : 1.0);
         if (g_mma_force_kp ? k == g_mma_force_kp : score > best + 1e-3) best = score, kp = k;
     }
     *kp_out = kp;
@@ -452,22 +467,12 @@ static void mma_launch_cfg(float *y, const cuda_weight &w, const int8_t *xq, con
                   w, xq, xds, n_tok, ldy, acc);
 }
 
-/* Blocks per SM (res), bands and warps per SM of m-tiles mr x kp warps; res 0 if it does not fit. */
-struct mma_fit {
-    int res, bands;
-    double waves, warps;
-};
+/* mma_fit_cfg for m-tiles mr (1, 2, 4) known at run time, several tokens. */
 template <int F, int NTI>
 static mma_fit mma_fit_of(int n_out, int mr, int kp, const mma_device *d) {
-    mma_fit f;
-    f.res = mr == 4 ? mma_occupancy<F, NTI, 4, false>(d, kp)
-            : mr == 2 ? mma_occupancy<F, NTI, 2, false>(d, kp)
-                      : mma_occupancy<F, NTI, 1, false>(d, kp);
-    f.bands = ((n_out + 15) / 16 + mr - 1) / mr;
-    const double slots = (double)f.res * d->n_sm;
-    f.waves = f.res ? f.bands / slots : 1e30;
-    f.warps = (f.bands < slots ? f.bands : slots) * kp / d->n_sm;
-    return f;
+    return mr == 4   ? mma_fit_cfg<F, NTI, 4, false>(n_out, kp, d)
+           : mr == 2 ? mma_fit_cfg<F, NTI, 2, false>(n_out, kp, d)
+                     : mma_fit_cfg<F, NTI, 1, false>(n_out, kp, d);
 }
 
 /* 2..16 tokens: m-tiles per warp (mr) and warps per block (kp). Rules read off the full sweep on an

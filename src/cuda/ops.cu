@@ -120,10 +120,11 @@ static void rmsnorm_launch(float *out, int8_t *xq, float2 *xds, __half *x16, con
     }
     const int threads = n >= 4096 ? 1024 : n >= 1024 ? 256 : n >= 256 ? 128 : 32; /* latency-bound: wide blocks */
     const int per = (n + threads - 1) / threads;
-    if (per <= 2) kernel_launch(rmsnorm_kernel<2>, dim3(n_rows), dim3(threads), 0, st, out, xq, xds, x16, x, w, n, eps, rows);
-    else if (per <= 4) kernel_launch(rmsnorm_kernel<4>, dim3(n_rows), dim3(threads), 0, st, out, xq, xds, x16, x, w, n, eps, rows);
-    else if (per <= 8) kernel_launch(rmsnorm_kernel<8>, dim3(n_rows), dim3(threads), 0, st, out, xq, xds, x16, x, w, n, eps, rows);
-    else kernel_launch(rmsnorm_kernel<0>, dim3(n_rows), dim3(threads), 0, st, out, xq, xds, x16, x, w, n, eps, rows);
+    auto *kern = per <= 2   ? rmsnorm_kernel<2>
+                 : per <= 4 ? rmsnorm_kernel<4>
+                 : per <= 8 ? rmsnorm_kernel<8>
+                            : rmsnorm_kernel<0>;
+    kernel_launch(kern, dim3(n_rows), dim3(threads), 0, st, out, xq, xds, x16, x, w, n, eps, rows);
 }
 
 extern "C" int cuda_pdl_supported(void) {
