@@ -67,36 +67,30 @@ __global__ void __launch_bounds__(AD_THREADS)
     static_assert(BN % 16 == 0 && BN * (D / 8) % 32 == 0, "whole k16 steps and whole rounds of 16-byte copies");
     extern __shared__ uint4 ad_sm[];
     pdl_launch_dependents();
-    pdl_wait();
     __half *Qs = (__half *)ad_sm;
     const int split = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int group = n_head / kv.n_head_kv;
     __half *ring = Qs + AD_ROWS * SD + (size_t)warp * NS * 2 * BN * SD; /* stage s: K, then V */
+    /* pos, seq_id and the block tables are step inputs (copied before the step's first kernel), so
+     * they and the first tiles' addresses are read before pdl_wait (common.cuh); q and this step's
+     * K/V come from the kernel before. */
     const int p0 = split * split_len, p1 = min(pos[t] + 1, p0 + split_len);
     const int32_t *tab = kv.block_tab + (size_t)seq_id[t] * kv.max_blocks;
     const size_t ld = (size_t)n_head * D;
-
-    for (int i = tid; i < AD_ROWS * (D / 4); i += AD_THREADS) {
-        const int r = i / (D / 4), c = (i - r * (D / 4)) * 4;
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (r < group) v = *(const float4 *)(q + (size_t)t * ld + (size_t)(kvh * group + r) * D + c);
-        __half2 *dst = (__half2 *)(Qs + r * SD + c);
-        dst[0] = __floats2half2_rn(v.x, v.y);
-        dst[1] = __floats2half2_rn(v.z, v.w);
-    }
-    __syncthreads();
 
     const int n_tiles = p1 > p0 ? (p1 - p0 + BN - 1) / BN : 0;
     const int my_n = n_tiles > warp ? (n_tiles - warp + AD_WARPS - 1) / AD_WARPS : 0;
     auto tile_p0 = [&](int i) { return p0 + (warp + i * AD_WARPS) * BN; };
     /* a tile inside one KV block (block_size a multiple of BN; tiles start at multiples of BN): one
-     * block-table lookup per tile, rows at kv_dim strides from it */
+     * block-table lookup per tile (tile_base, one tile ahead of its copies), rows at kv_dim strides */
     const bool one_block = kv.block_size % BN == 0;
-    auto load = [&](int i, int s) { /* this warp's i-th tile into stage s; positions >= p1 zero-filled */
+    auto tile_base = [&](int i) -> size_t {
+        return one_block && i < my_n ? kv_off(kv, l, tab, tile_p0(i)) + (size_t)kvh * D : 0;
+    };
+    auto load = [&](int i, int s, size_t base) { /* this warp's i-th tile into stage s; positions >= p1 zero-filled */
         __half *Kd = ring + s * 2 * BN * SD, *Vd = Kd + BN * SD;
         const int j0 = tile_p0(i);
-        const size_t base = (one_block ? kv_off(kv, l, tab, j0) : 0) + (size_t)kvh * D;
 #pragma unroll
         for (int it = 0; it < BN * (D / 8) / 32; it++) {
             const int idx = lane + it * 32, r = idx / (D / 8), c = (idx - r * (D / 8)) * 8, p = j0 + r, ok = p < p1;
@@ -105,6 +99,33 @@ __global__ void __launch_bounds__(AD_THREADS)
             cp_async16(Vd + r * SD + c, (const __half *)kv.v + off, ok);
         }
     };
+    size_t base[NS];
+#pragma unroll
+    for (int i = 0; i < NS; i++) base[i] = tile_base(i);
+    pdl_wait();
+
+    /* Q: every load issued, then the first tiles' copies, then the conversion into shared memory */
+    constexpr int QV = AD_ROWS * (D / 4) / AD_THREADS;
+    float4 qv[QV];
+#pragma unroll
+    for (int k = 0; k < QV; k++) {
+        const int i = tid + k * AD_THREADS, r = i / (D / 4), c = (i - r * (D / 4)) * 4;
+        qv[k] = r < group ? *(const float4 *)(q + (size_t)t * ld + (size_t)(kvh * group + r) * D + c)
+                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int i = 0; i < NS - 1; i++) {
+        if (i < my_n) load(i, i, base[i]);
+        cp_async_commit();
+    }
+#pragma unroll
+    for (int k = 0; k < QV; k++) {
+        const int i = tid + k * AD_THREADS, r = i / (D / 4), c = (i - r * (D / 4)) * 4;
+        __half2 *dst = (__half2 *)(Qs + r * SD + c);
+        dst[0] = __floats2half2_rn(qv[k].x, qv[k].y);
+        dst[1] = __floats2half2_rn(qv[k].z, qv[k].w);
+    }
+    __syncthreads();
 
     /* ldmatrix row addresses (halves), as attention_prefill.cu: Q as A, K as column-major B, V^T as B */
     const int a_off = ((lane & 7) + ((lane >> 3) & 1) * 8) * SD + (lane >> 4) * 8;
@@ -116,13 +137,10 @@ __global__ void __launch_bounds__(AD_THREADS)
     for (int nd = 0; nd < D / 8; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f}; /* m in raw score units */
 
-#pragma unroll
-    for (int i = 0; i < NS - 1; i++) {
-        if (i < my_n) load(i, i);
-        cp_async_commit();
-    }
+    size_t next_base = base[NS - 1];
     for (int i = 0; i < my_n; i++) {
-        if (i + NS - 1 < my_n) load(i + NS - 1, (i + NS - 1) % NS);
+        if (i + NS - 1 < my_n) load(i + NS - 1, (i + NS - 1) % NS, next_base);
+        next_base = tile_base(i + NS);
         cp_async_commit(); /* possibly empty: wait_group NS-1 then always means "tile i has landed" */
         cp_async_wait<NS - 1>();
         __syncwarp();

@@ -5,6 +5,7 @@
  * tensor cores (the prefill GEMM goes through cuBLAS, backend.cu). */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <cuda_fp16.h>
 
@@ -90,6 +91,7 @@ __global__ void __launch_bounds__(RMS_SLICE) rmsnorm_slice_kernel(float *out, in
     pdl_wait();
     const float4 *xr = (const float4 *)(x + (size_t)(rows ? rows[blockIdx.x] : blockIdx.x) * n);
     float ss = 0.0f;
+#pragma unroll 8 /* the row's loads issued together (L2 latency), the sum in order */
     for (int i = threadIdx.x; i < n / 4; i += RMS_SLICE) {
         const float4 v = xr[i];
         ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
@@ -266,8 +268,12 @@ extern "C" void kv_store_cuda(const struct cuda_kv *kv, int l, const float *k, c
  * k heads the store of k and v into the cache. One launch for rmsnorm_cuda(q), rmsnorm_cuda(k),
  * rope_cuda(q), rope_cuda(k) and kv_store_cuda, the same arithmetic in the same order. The head
  * goes through the warp's own shared-memory row (RoPE pairs elements of different lanes); no
- * block barrier. head_dim <= 256. */
+ * block barrier. head_dim <= 256. Under programmatic dependent launch the norm weights, the
+ * rotation (pos, inv_freq, cosf/sinf) and the cache offset are computed before pdl_wait, and every
+ * load of the head is issued before its first use: after the wait the kernel is one L2 round trip
+ * and the arithmetic. */
 #define QKR_WARPS 4
+#define QKR_PER 8 /* elements of a head per lane: head_dim <= 256 */
 __global__ void __launch_bounds__(QKR_WARPS * 32)
     qk_norm_rope_store_kernel(float *q_out, const float *q, float *k, const float *v, int ld_q, int ld_kv,
                               const float *q_norm, const float *k_norm, float eps, int n_head, int n_rot,
@@ -275,49 +281,82 @@ __global__ void __launch_bounds__(QKR_WARPS * 32)
                               const int32_t *seq_id) {
     __shared__ float hvs[QKR_WARPS][256];
     pdl_launch_dependents();
-    pdl_wait();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int t = blockIdx.x, hh = blockIdx.y * QKR_WARPS + warp, hd = kv.head_dim, is_k = hh >= n_head;
-    if (hh >= n_head + kv.n_head_kv) return;
+    const bool live = hh < n_head + kv.n_head_kv;
     float *hv = hvs[warp];
     const int h = is_k ? hh - n_head : hh;
+    const float *w = is_k ? k_norm : q_norm;
+    /* Before pdl_wait: what no kernel of the step writes (common.cuh): the norm weights, the
+     * rotation of this lane's pairs at pos[t] (a step input), and the cache offset of the token. */
+    const int half = n_rot / 2;
+    float wv[QKR_PER], cs[QKR_PER / 2], sn[QKR_PER / 2];
+    size_t off = 0;
+    if (live) {
+#pragma unroll
+        for (int k2 = 0; k2 < QKR_PER; k2++) {
+            const int i = lane + 32 * k2;
+            wv[k2] = w && i < hd ? w[i] : 1.0f;
+        }
+        const float p = (float)pos[t];
+#pragma unroll
+        for (int k2 = 0; k2 < QKR_PER / 2; k2++) {
+            const int i = lane + 32 * k2;
+            const float ang = i < half ? p * inv_freq[i] : 0.0f;
+            cs[k2] = cosf(ang), sn[k2] = sinf(ang);
+        }
+        if (is_k) {
+            const int32_t *tab = kv.block_tab + (size_t)seq_id[t] * kv.max_blocks;
+            off = kv_off(kv, l, tab, pos[t]) + (size_t)h * hd;
+        }
+    }
+    pdl_wait();
+    if (!live) return;
     const float *x = is_k ? k + (size_t)t * ld_kv + (size_t)h * hd : q + (size_t)t * ld_q + (size_t)h * hd;
     float *y = is_k ? k + (size_t)t * ld_kv + (size_t)h * hd : q_out + ((size_t)t * n_head + h) * hd;
-    const float *w = is_k ? k_norm : q_norm;
+    const float *vh = v + (size_t)t * ld_kv + (size_t)h * hd;
+    float xv[QKR_PER], vv[QKR_PER];
+#pragma unroll
+    for (int k2 = 0; k2 < QKR_PER; k2++) { /* every load issued before the first use */
+        const int i = lane + 32 * k2;
+        xv[k2] = i < hd ? x[i] : 0.0f;
+        vv[k2] = is_k && i < hd ? vh[i] : 0.0f;
+    }
     float ss = 0.0f;
-    for (int i = lane; i < hd; i += 32) {
-        const float a = x[i];
-        hv[i] = a;
-        ss = fmaf(a, a, ss);
-    }
-    if (w) {
-        const float scale = 1.0f / sqrtf(warp_sum(ss) / (float)hd + eps);
-        for (int i = lane; i < hd; i += 32) hv[i] = hv[i] * scale * w[i];
-    }
-    __syncwarp();
-    const int half = n_rot / 2;
-    const float p = (float)pos[t];
-    for (int i = lane; i < half; i += 32) {
-        float ang = p * inv_freq[i];
-        float c = cosf(ang), s = sinf(ang);
-        int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-        float a = hv[i0], b = hv[i1];
-        hv[i0] = a * c - b * s;
-        hv[i1] = b * c + a * s;
+#pragma unroll
+    for (int k2 = 0; k2 < QKR_PER; k2++)
+        if (lane + 32 * k2 < hd) ss = fmaf(xv[k2], xv[k2], ss);
+    const float scale = w ? 1.0f / sqrtf(warp_sum(ss) / (float)hd + eps) : 1.0f;
+#pragma unroll
+    for (int k2 = 0; k2 < QKR_PER; k2++) {
+        const int i = lane + 32 * k2;
+        if (i < hd) hv[i] = w ? xv[k2] * scale * wv[k2] : xv[k2];
     }
     __syncwarp();
-    for (int i = lane; i < hd; i += 32) y[i] = hv[i];
-    if (is_k) {
-        const int32_t *tab = kv.block_tab + (size_t)seq_id[t] * kv.max_blocks;
-        const size_t off = kv_off(kv, l, tab, pos[t]) + (size_t)h * hd;
-        const float *vh = v + (size_t)t * ld_kv + (size_t)h * hd;
-        for (int i = lane; i < hd; i += 32) {
+#pragma unroll
+    for (int k2 = 0; k2 < QKR_PER / 2; k2++) {
+        const int i = lane + 32 * k2;
+        if (i < half) {
+            const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+            const float a = hv[i0], b = hv[i1];
+            hv[i0] = a * cs[k2] - b * sn[k2];
+            hv[i1] = b * cs[k2] + a * sn[k2];
+        }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int k2 = 0; k2 < QKR_PER; k2++) {
+        const int i = lane + 32 * k2;
+        if (i >= hd) continue;
+        const float o = hv[i];
+        y[i] = o;
+        if (is_k) {
             if (kv.kv_f32) {
-                ((float *)kv.k)[off + i] = hv[i];
-                ((float *)kv.v)[off + i] = vh[i];
+                ((float *)kv.k)[off + i] = o;
+                ((float *)kv.v)[off + i] = vv[k2];
             } else {
-                ((__half *)kv.k)[off + i] = __float2half(hv[i]);
-                ((__half *)kv.v)[off + i] = __float2half(vh[i]);
+                ((__half *)kv.k)[off + i] = __float2half(o);
+                ((__half *)kv.v)[off + i] = __float2half(vv[k2]);
             }
         }
     }
