@@ -110,7 +110,8 @@ struct cuda_backend {
     int prefill_attn;       /* attention_prefill_cuda (tensor-core flash attention) for prefill steps */
     int decode_attn;        /* attention_decode_cuda (tensor-core flash-decoding) for decode steps */
     int n_sm;               /* the device's multiprocessors: decode attention splits are sized by them */
-    int split_blocks;       /* decode attention: at most this many blocks per SM (PXQ_CUDA_SPLIT_BLOCKS, 4) */
+    int split_blocks;       /* decode attention: splits for one wave of this many blocks per SM
+                             * (PXQ_CUDA_SPLIT_BLOCKS; default 2, fewer if the kernel's occupancy is) */
     int mma;                /* decode mat-vecs on int8 tensor cores where supported (PXQ_CUDA_MMA=0: dp4a) */
     int pdl;                /* decode steps of up to pdl_tokens tokens launch with programmatic dependent
                              * launch (PXQ_CUDA_PDL=0: off; PXQ_CUDA_PDL_TOKENS, default dp4a_tokens) */
@@ -336,7 +337,11 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
         b->l2_pf_bytes = mib > 0 ? (size_t)(mib * 1048576.0) : 0;
         b->l2_pf_blocks = blocks > 0 ? blocks : 1;
     }
-    b->split_blocks = getenv("PXQ_CUDA_SPLIT_BLOCKS") ? atoi(getenv("PXQ_CUDA_SPLIT_BLOCKS")) : 4;
+    /* decode attention splits: one wave of two blocks per SM, or of what one holds if fewer (Qwen3-32B
+     * at 32K on an H200, t/s with 1/2/3/6 blocks per SM: 99.3/104.9-105.2/103.4-104.2/85.6; three is
+     * the (16, 2) configuration's occupancy) */
+    const int ad_occ = b->decode_attn ? attention_decode_blocks_per_sm(hd) : 1;
+    b->split_blocks = getenv("PXQ_CUDA_SPLIT_BLOCKS") ? atoi(getenv("PXQ_CUDA_SPLIT_BLOCKS")) : ad_occ < 2 ? ad_occ : 2;
     if (b->split_blocks < 1) b->split_blocks = 1;
     b->arena_size = arena_size;
     if (cudaMalloc((void **)&b->arena, arena_size) != cudaSuccess) {
@@ -868,24 +873,32 @@ static void gemm_in_norm(cuda_backend *b, const float *w, int d, int n, float ep
     }
 }
 
-/* Split-K of a decode step's attention over n_kv positions (the longest context in the step):
- * n_split a power of two covering n_kv in chunks of split_len. attention_cuda: chunks of
- * CUDA_SPLIT_LEN. attention_decode_cuda (four warps per block each streaming their own tiles):
- * chunks of CUDA_SPLIT_LEN x 2^k, the smallest whose blocks (splits x KV heads x tokens) are at
- * most b->split_blocks per SM, so each warp has several tiles to pipeline (Qwen3-32B at 32K on an
- * H200: 87.4 t/s at 4 per SM, 78.4 at 2). Both are powers of two, so a
- * context's graph is reused until its length crosses the next one. */
+/* Split-K of a decode step's attention over n_kv positions (the longest context in the step).
+ * attention_cuda (CUDA cores): chunks of CUDA_SPLIT_LEN, n_split the power of two covering n_kv.
+ * attention_decode_cuda (four warps per block, each streaming its own tiles): as many splits as
+ * make one wave of b->split_blocks blocks per SM over the KV heads and tokens, each a multiple of
+ * CUDA_SPLIT_ALIGN positions and at least CUDA_SPLIT_LEN, so every block runs at once and they end
+ * together. Qwen3-32B at 32K on an H200: 32 splits of 1024 (256 blocks) 104.9-105.2 t/s, against
+ * 101.9 for the earlier powers of two (split_len 256 x 2^k with at most 4 blocks per SM: 64 of 512,
+ * 512 blocks, a second wave of the 396 slots). A (n_split, split_len) keys its graph, so a context
+ * reuses it until its length crosses the next multiple of n_split x CUDA_SPLIT_ALIGN. */
 static void decode_splits(const cuda_backend *b, const struct pxq_hparams *hp, int n_tok, int n_kv, step *s) {
     s->split_len = CUDA_SPLIT_LEN;
-    for (;;) {
-        const int need = (n_kv + s->split_len - 1) / s->split_len;
-        s->n_split = 1;
-        while (s->n_split < need) s->n_split *= 2;
-        if (!b->decode_attn || s->n_split == 1 || (int64_t)s->n_split * hp->n_head_kv * n_tok <= b->split_blocks * (int64_t)b->n_sm)
-            break;
-        s->split_len *= 2;
+    s->n_split = (n_kv + CUDA_SPLIT_LEN - 1) / CUDA_SPLIT_LEN;
+    if (!b->decode_attn) {
+        int p = 1;
+        while (p < s->n_split) p *= 2;
+        s->n_split = p < b->max_splits ? p : b->max_splits; /* n_ctx covered by max_splits chunks of 256 */
+        return;
     }
-    if (s->n_split > b->max_splits) s->n_split = b->max_splits; /* n_ctx covered by max_splits chunks of 256 */
+    if (s->n_split <= 1) return;
+    int64_t target = (int64_t)b->split_blocks * b->n_sm / ((int64_t)hp->n_head_kv * n_tok);
+    if (target < 1) target = 1;
+    int64_t len = (n_kv + target - 1) / target;
+    len = (len + CUDA_SPLIT_ALIGN - 1) / CUDA_SPLIT_ALIGN * CUDA_SPLIT_ALIGN;
+    if (len < CUDA_SPLIT_LEN) len = CUDA_SPLIT_LEN;
+    s->split_len = (int)len;
+    s->n_split = (int)((n_kv + len - 1) / len); /* <= max_splits: len >= CUDA_SPLIT_LEN */
 }
 
 /* forward_cpu, step for step; inputs already in b->in_d. */
