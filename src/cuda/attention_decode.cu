@@ -59,7 +59,7 @@ template <int D, int BN, int NS>
 __global__ void __launch_bounds__(AD_THREADS)
     attention_decode_kernel(float *__restrict__ out, int8_t *__restrict__ xq, float2 *__restrict__ xds,
                             float *__restrict__ part_o, float *__restrict__ part_ml,
-                            const float *__restrict__ q, const cuda_kv kv, int l, const int32_t *__restrict__ pos,
+                            const float *q, const cuda_kv kv, int l, const int32_t *__restrict__ pos,
                             const int32_t *__restrict__ seq_id, int n_head, int n_split, int split_len, float sl2,
                             float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

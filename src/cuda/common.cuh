@@ -50,11 +50,14 @@ static __device__ __forceinline__ size_t kv_off(const cuda_kv &kv, int l, const 
  * step (gated_delta_rule_kernel). Nothing before it may write. pdl_launch_dependents() lets the next kernel
  * start launching once every block of this one has called it or exited. Every kernel launched
  * through kernel_launch must call pdl_wait() on every path before it reads or writes activations
- * (and before it exits: completion then implies the completion of the kernels before it). Call
- * pdl_wait() unconditionally, at one place: a build that chose between two places for it by a
- * kernel argument gave wrong decode results under PDL on an H200 (test_cuda_model: graph replay
- * against eager launches, greedy tokens), while either place alone was right. Both are no-ops
- * below sm_90 and without the launch attribute. */
+ * (and before it exits: completion then implies the completion of the kernels before it). What
+ * the kernel before writes must be read with coherent loads, never ld.global.nc (__ldg, or a
+ * `const __restrict__` pointer, which nvcc turns into it): .nc promises the data is constant for
+ * the kernel's life, so ptxas may hoist those loads above griddepcontrol.wait. It did, in a build
+ * of the decode attention whose wait came after its block-table reads (q was `const __restrict__`):
+ * wrong decode results under PDL on an H200 (test_cuda_model: graph replay against eager launches).
+ * Weights, read-only for good, keep __ldg. Both are no-ops below sm_90 and without the launch
+ * attribute. */
 static __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

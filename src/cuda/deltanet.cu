@@ -33,7 +33,7 @@ extern "C" int deltanet_cuda_supported(int dk, int dv) { return dk >= 1 && dk <=
 #define CONV_TOK 32
 template <int KT>
 __global__ void ssm_conv_kernel(float *__restrict__ y, float *__restrict__ state, size_t seq_stride,
-                                const float *__restrict__ x, const float *__restrict__ w, int conv_dim, int K_rt,
+                                const float *x, const float *__restrict__ w, int conv_dim, int K_rt,
                                 const int32_t *__restrict__ run_seq, const int32_t *__restrict__ run_off,
                                 const int32_t *__restrict__ run_tok) {
     constexpr int KM = KT > 0 ? KT : 16;
@@ -146,8 +146,8 @@ extern "C" void deltanet_prep_cuda(float *qkv, float *ba, const float *A, const 
  * block), and threads of columns >= dv compute on zeros instead of leaving. */
 template <int R>
 __global__ void __launch_bounds__(256) gated_delta_rule_kernel(
-    float *__restrict__ o, float *__restrict__ state, size_t seq_stride, const float *__restrict__ qkv,
-    const float *__restrict__ ba, int nk, int nv, int dk, int dv, int K, int conv_dim, int v_tiled,
+    float *__restrict__ o, float *__restrict__ state, size_t seq_stride, const float *qkv,
+    const float *ba, int nk, int nv, int dk, int dv, int K, int conv_dim, int v_tiled,
     const int32_t *__restrict__ run_seq, const int32_t *__restrict__ run_off, const int32_t *__restrict__ run_tok) {
     extern __shared__ float sm[];
     pdl_launch_dependents();
@@ -257,7 +257,7 @@ extern "C" void gated_delta_rule_cuda(float *o, float *state, size_t seq_stride,
 /* Warp per row of dv; the sum of squares in float32 (HF Qwen3_5RMSNormGated upcasts to float32).
  * With xq the warp steps over aligned groups of 32 (dv % 32 == 0), one group per step. */
 __global__ void gated_rmsnorm_silu_kernel(float *__restrict__ o, int8_t *__restrict__ xq, float2 *__restrict__ xds,
-                                          const float *__restrict__ z, const float *__restrict__ w, int n_rows, int dv,
+                                          const float *z, const float *__restrict__ w, int n_rows, int dv,
                                           float eps) {
     pdl_launch_dependents();
     pdl_wait();
@@ -289,7 +289,7 @@ extern "C" void gated_rmsnorm_silu_cuda(float *o, int8_t *xq, float *xds, const 
 
 /* ---- gated attention: q/gate split and output gate ---- */
 
-__global__ void split_q_gate_kernel(float *__restrict__ q, float *__restrict__ gate, const float *__restrict__ qg,
+__global__ void split_q_gate_kernel(float *__restrict__ q, float *__restrict__ gate, const float *qg,
                                     int head_dim, int64_t total) {
     pdl_launch_dependents();
     pdl_wait();
@@ -310,7 +310,7 @@ extern "C" void split_q_gate_cuda(float *q, float *gate, const float *qg, int n,
 }
 
 __global__ void sigmoid_gate_kernel(float *__restrict__ att, int8_t *__restrict__ xq, float2 *__restrict__ xds,
-                                    const float *__restrict__ gate, int64_t n) {
+                                    const float *gate, int64_t n) {
     pdl_launch_dependents();
     pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {

@@ -189,15 +189,14 @@ static __device__ __forceinline__ void wgroup_load(wgroup<F, R> &o, const cuda_w
 /* acc[r][t] += w_r . x_t over group g, for the n_tok token rows of xq / xds. */
 template <int F, int NT, int R>
 static __device__ __forceinline__ void wgroup_dot(float (&acc)[R][NT], const wgroup<F, R> &a,
-                                                  const int8_t *__restrict__ xq, const float2 *__restrict__ xds,
-                                                  int g, int n_in, int n_tok) {
+                                                  const int8_t *xq, const float2 *xds, int g, int n_in, int n_tok) {
     const int ng = n_in / 32;
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         if (t < n_tok) {
             const int4 *xp = (const int4 *)(xq + (size_t)t * n_in + g * 32);
-            const int4 xa = __ldg(xp), xb = __ldg(xp + 1); /* elements 0..15, 16..31 */
-            const float2 ds = __ldg(xds + (size_t)t * ng + g);
+            const int4 xa = xp[0], xb = xp[1]; /* elements 0..15, 16..31 (coherent loads: common.cuh) */
+            const float2 ds = xds[(size_t)t * ng + g];
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 int sumi;
@@ -243,8 +242,7 @@ static __device__ __forceinline__ void wgroup_dot(float (&acc)[R][NT], const wgr
  * count per block): bit-equal, but 32B decode 137.5 t/s against 145.8, 27B 159.4 against 167.1.) */
 template <int F, int NT, int R>
 __global__ void __launch_bounds__(MM_WARPS_MAX * 32) matmul_q8_kernel(float *__restrict__ y, const cuda_weight w,
-                                                                const int8_t *__restrict__ xq,
-                                                                const float2 *__restrict__ xds, int n_tok, int ldy,
+                                                                const int8_t *xq, const float2 *xds, int n_tok, int ldy,
                                                                 int accumulate, const cuda_l2_prefetch pf) {
     const int row0 = blockIdx.x * R;
     const int n_in = w.n_in, ng = n_in / 32;
