@@ -3,8 +3,8 @@
  *
  * Per ubatch: the token ids, positions, compacted sequence ids, output rows and the block tables of
  * the ubatch's sequences travel in one host-to-device copy into fixed device buffers; decode steps
- * (at most CUDA_DECODE_MAX tokens) are captured once per (n_tokens, n_outputs, n_split) as a CUDA
- * graph and replayed; the requested logits rows come back in one copy.
+ * (at most CUDA_DECODE_MAX tokens) are captured once per (n_tokens, n_outputs, n_split, split_len,
+ * n_runs) as a CUDA graph and replayed; the requested logits rows come back in one copy.
  *
  * Precision: float32 activations, fp32-accumulating mat-vecs; by default KV in f16 and prefill
  * matmuls (ubatches over CUDA_DECODE_MAX tokens) in f16 through cuBLAS with fp32 accumulation.
@@ -291,6 +291,8 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
         return set_err(err, errlen, "device arena of %.2f GiB exceeds the %.2f GiB free on the GPU (plan: %s)",
                        arena_size / gib, free_b / gib, ps);
     const int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+    if (hd > CUDA_HEAD_DIM_MAX) /* the q/k norm + RoPE kernel holds a head in a warp's 8 values a lane */
+        return set_err(err, errlen, "CUDA backend: head_dim %d has no kernel (at most %d)", hd, CUDA_HEAD_DIM_MAX);
     if (hp->arch == ARCH_QWEN35 && !deltanet_cuda_supported(hp->ssm_head_k_dim, hp->ssm_head_v_dim))
         return set_err(err, errlen, "CUDA backend: DeltaNet heads of %d x %d have no kernel", hp->ssm_head_k_dim,
                        hp->ssm_head_v_dim);
