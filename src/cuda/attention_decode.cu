@@ -266,18 +266,6 @@ extern "C" size_t attention_decode_smem_bytes(int head_dim) {
     return k < 0 ? 0 : ad_smem(ad_configs[k].D, ad_configs[k].BN, ad_configs[k].NS);
 }
 
-extern "C" int attention_decode_blocks_per_sm(int head_dim) {
-    const int k = ad_pick(head_dim);
-    int n = 0;
-    if (k < 0 || cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                     &n, ad_configs[k].fn, AD_THREADS, ad_smem(ad_configs[k].D, ad_configs[k].BN, ad_configs[k].NS)) !=
-                     cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    return n;
-}
-
 extern "C" void attention_decode_cuda(float *out, int8_t *xq, float *xds, const float *q, const struct cuda_kv *kv, int l,
                                       const int32_t *pos, const int32_t *seq_id, int n_tokens, int n_head, int n_split,
                                       int split_len, float *part_o, float *part_ml, cudaStream_t st) {

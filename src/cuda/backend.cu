@@ -111,7 +111,7 @@ struct cuda_backend {
     int decode_attn;        /* attention_decode_cuda (tensor-core flash-decoding) for decode steps */
     int n_sm;               /* the device's multiprocessors: decode attention splits are sized by them */
     int split_blocks;       /* decode attention: splits for one wave of this many blocks per SM
-                             * (PXQ_CUDA_SPLIT_BLOCKS; default 2, fewer if the kernel's occupancy is) */
+                             * (PXQ_CUDA_SPLIT_BLOCKS, default 2) */
     int mma;                /* decode mat-vecs on int8 tensor cores where supported (PXQ_CUDA_MMA=0: dp4a) */
     int pdl;                /* decode steps of up to pdl_tokens tokens launch with programmatic dependent
                              * launch (PXQ_CUDA_PDL=0: off; PXQ_CUDA_PDL_TOKENS, default dp4a_tokens) */
@@ -339,11 +339,10 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
         b->l2_pf_bytes = mib > 0 ? (size_t)(mib * 1048576.0) : 0;
         b->l2_pf_blocks = blocks > 0 ? blocks : 1;
     }
-    /* decode attention splits: one wave of two blocks per SM, or of what one holds if fewer (Qwen3-32B
-     * at 32K on an H200, t/s with 1/2/3/6 blocks per SM: 99.3/104.9-105.2/103.4-104.2/85.6; three is
-     * the (16, 2) configuration's occupancy) */
-    const int ad_occ = b->decode_attn ? attention_decode_blocks_per_sm(hd) : 1;
-    b->split_blocks = getenv("PXQ_CUDA_SPLIT_BLOCKS") ? atoi(getenv("PXQ_CUDA_SPLIT_BLOCKS")) : ad_occ < 2 ? ad_occ : 2;
+    /* decode attention splits: at most one wave of two blocks per SM (Qwen3-32B at 32K on an H200, t/s
+     * with 1/2/3/6 blocks per SM: 99.3/104.9-105.2/103.4-104.2/85.6; three is the (16, 2)
+     * configuration's occupancy; Qwen3.5-27B at 16K keeps its 64 splits of 256) */
+    b->split_blocks = getenv("PXQ_CUDA_SPLIT_BLOCKS") ? atoi(getenv("PXQ_CUDA_SPLIT_BLOCKS")) : 2;
     if (b->split_blocks < 1) b->split_blocks = 1;
     b->arena_size = arena_size;
     if (cudaMalloc((void **)&b->arena, arena_size) != cudaSuccess) {
