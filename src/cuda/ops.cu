@@ -5,7 +5,6 @@
  * tensor cores (the prefill GEMM goes through cuBLAS, backend.cu). */
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 #include <cuda_fp16.h>
 
