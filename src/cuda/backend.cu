@@ -291,8 +291,6 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
         return set_err(err, errlen, "device arena of %.2f GiB exceeds the %.2f GiB free on the GPU (plan: %s)",
                        arena_size / gib, free_b / gib, ps);
     const int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
-    if (hd > CUDA_HEAD_DIM_MAX) /* the q/k norm + RoPE kernel holds a head in a warp's 8 values a lane */
-        return set_err(err, errlen, "CUDA backend: head_dim %d has no kernel (at most %d)", hd, CUDA_HEAD_DIM_MAX);
     if (hp->arch == ARCH_QWEN35 && !deltanet_cuda_supported(hp->ssm_head_k_dim, hp->ssm_head_v_dim))
         return set_err(err, errlen, "CUDA backend: DeltaNet heads of %d x %d have no kernel", hp->ssm_head_k_dim,
                        hp->ssm_head_v_dim);

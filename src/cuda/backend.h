@@ -47,7 +47,6 @@ void cuda_weight_sizes(int fmt, int64_t n_in, int64_t n_out, size_t *q_bytes, si
 #define CUDA_CUBLAS_WS ((size_t)32 << 20)
 /* Attention: positions per split of split-K flash-decoding. */
 #define CUDA_SPLIT_LEN 256
-#define CUDA_HEAD_DIM_MAX 256 /* qk_norm_rope_store_cuda, the decode attention configurations */
 #define CUDA_SPLIT_ALIGN 64 /* decode attention splits: whole tiles of every attention_decode configuration */
 /* lm_head runs over at most this many rows at a time (the device logits buffer; more outputs are
  * computed and copied back in chunks). */

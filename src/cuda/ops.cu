@@ -272,7 +272,7 @@ extern "C" void kv_store_cuda(const struct cuda_kv *kv, int l, const float *k, c
  * load of the head is issued before its first use: after the wait the kernel is one L2 round trip
  * and the arithmetic. */
 #define QKR_WARPS 4
-#define QKR_PER 8 /* elements of a head per lane: head_dim <= 256 */
+#define QKR_PER 8 /* elements of a head per lane: head_dim <= 256 (cuda_mem_plan refuses more) */
 __global__ void __launch_bounds__(QKR_WARPS * 32)
     qk_norm_rope_store_kernel(float *q_out, const float *q, float *k, const float *v, int ld_q, int ld_kv,
                               const float *q_norm, const float *k_norm, float eps, int n_head, int n_rot,
