@@ -872,33 +872,15 @@ static void gemm_in_norm(cuda_backend *b, const float *w, int d, int n, float ep
     }
 }
 
-/* Split-K of a decode step's attention over n_kv positions (the longest context in the step).
- * attention_cuda (CUDA cores): chunks of CUDA_SPLIT_LEN, n_split the power of two covering n_kv.
- * attention_decode_cuda (four warps per block, each streaming its own tiles): at most T splits,
- * T = b->split_blocks blocks per SM over the KV heads and tokens (one wave): the power of two of
- * chunks of CUDA_SPLIT_LEN where it is at most T, else T splits of split_len = n_kv / T rounded up
- * to an eighth of its octave (and to CUDA_SPLIT_ALIGN), so every block runs at once and they end
- * together. Qwen3-32B at 32K on an H200 (33 splits of 1024 positions, 264 blocks): 104.9-105.2
- * t/s, against 101.9 for the earlier rule (split_len 256 x 2^k, at most 4 blocks per SM: 64 of
- * 512, 512 blocks, a second wave of the 396 slots). (n_split, split_len) keys the step's graph: a
- * growing context changes it at each power of two, then eight times an octave. */
+/* Split-K of a decode step's attention (cuda_decode_splits, backend.h). The tensor-core decode
+ * attention's splits fill one wave of b->split_blocks blocks per SM, so every block runs at once and
+ * they end together: Qwen3-32B at 32K on an H200 (33 splits of 1024 positions, 264 blocks)
+ * 104.9-105.2 t/s, against 101.9 for the earlier rule (split_len 256 x 2^k, at most 4 blocks per
+ * SM: 64 of 512, 512 blocks, a second wave of the 396 slots). (n_split, split_len) keys the step's
+ * graph: a growing context changes it at each power of two, then eight times an octave. */
 static void decode_splits(const cuda_backend *b, const struct pxq_hparams *hp, int n_tok, int n_kv, step *s) {
-    const int need = (n_kv + CUDA_SPLIT_LEN - 1) / CUDA_SPLIT_LEN;
-    int p = 1;
-    while (p < need) p *= 2;
-    s->split_len = CUDA_SPLIT_LEN;
-    s->n_split = p < b->max_splits ? p : b->max_splits; /* n_ctx covered by max_splits chunks of 256 */
-    if (!b->decode_attn || s->n_split == 1) return;
-    int64_t t = (int64_t)b->split_blocks * b->n_sm / ((int64_t)hp->n_head_kv * n_tok);
-    if (t < 1) t = 1;
-    if (t > b->max_splits) t = b->max_splits;
-    if (s->n_split <= t) return;
-    int64_t len = (n_kv + t - 1) / t, g = CUDA_SPLIT_ALIGN;
-    while (g * 16 <= len) g *= 2; /* an eighth of len's octave: len in [8g, 16g) */
-    len = (len + g - 1) / g * g;
-    if (len < CUDA_SPLIT_LEN) len = CUDA_SPLIT_LEN;
-    s->split_len = (int)len;
-    s->n_split = (int)t; /* t x len >= n_kv; trailing splits past it are empty (l = 0, skipped) */
+    cuda_decode_splits(n_kv, n_tok, hp->n_head_kv, b->decode_attn, b->split_blocks, b->n_sm, b->max_splits, &s->n_split,
+                       &s->split_len);
 }
 
 /* forward_cpu, step for step; inputs already in b->in_d. */

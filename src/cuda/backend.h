@@ -48,6 +48,34 @@ void cuda_weight_sizes(int fmt, int64_t n_in, int64_t n_out, size_t *q_bytes, si
 /* Attention: positions per split of split-K flash-decoding. */
 #define CUDA_SPLIT_LEN 256
 #define CUDA_SPLIT_ALIGN 64 /* decode attention splits: whole tiles of every attention_decode configuration */
+
+/* The split-K of a decode step's attention over n_kv positions (the step's longest context; backend.cu
+ * decode_splits, which also has the measurements): *n_split chunks of *split_len positions.
+ * attention_cuda (decode_attn 0): chunks of CUDA_SPLIT_LEN, n_split the power of two covering n_kv.
+ * attention_decode_cuda (decode_attn 1): at most T = split_blocks x n_sm / (n_head_kv x n_tok)
+ * splits (one wave of split_blocks blocks per SM): the power of two of chunks of CUDA_SPLIT_LEN
+ * while it is at most T, else T splits of n_kv / T rounded up to an eighth of its octave (a
+ * multiple of CUDA_SPLIT_ALIGN). Always n_split <= max_splits (the partials' buffers: max_splits
+ * chunks of CUDA_SPLIT_LEN cover n_ctx >= n_kv) and n_split x split_len >= n_kv. */
+static inline void cuda_decode_splits(int n_kv, int n_tok, int n_head_kv, int decode_attn, int split_blocks, int n_sm,
+                                      int max_splits, int *n_split, int *split_len) {
+    const int need = (n_kv + CUDA_SPLIT_LEN - 1) / CUDA_SPLIT_LEN;
+    int p = 1;
+    while (p < need) p *= 2;
+    *split_len = CUDA_SPLIT_LEN;
+    *n_split = p < max_splits ? p : max_splits;
+    if (!decode_attn || *n_split == 1) return;
+    int64_t t = (int64_t)split_blocks * n_sm / ((int64_t)n_head_kv * n_tok);
+    if (t < 1) t = 1;
+    if (t > max_splits) t = max_splits;
+    if (*n_split <= t) return;
+    int64_t len = (n_kv + t - 1) / t, g = CUDA_SPLIT_ALIGN;
+    while (g * 16 <= len) g *= 2; /* an eighth of len's octave: len in [8g, 16g) */
+    len = (len + g - 1) / g * g;
+    if (len < CUDA_SPLIT_LEN) len = CUDA_SPLIT_LEN;
+    *split_len = (int)len;
+    *n_split = (int)t; /* t x len >= n_kv; trailing splits past it are empty (l = 0, skipped) */
+}
 /* lm_head runs over at most this many rows at a time (the device logits buffer; more outputs are
  * computed and copied back in chunks). */
 #define CUDA_LOGITS_ROWS 64
