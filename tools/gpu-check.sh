@@ -4,11 +4,13 @@
 # $OUT (default /tmp/pxq-gpu). Each step has its own time limit so one slow step cannot eat the
 # others. If the machine lacks the -dev libraries, put their headers and .so files in .devlibs/
 # (include/, lib/) and carry it: they are used when present.
-#   usage: tools/gpu-check.sh [build] [tests] [serve] [bench] [sanitize] [qwen35] [bench35] [ptx75]
+#   usage: tools/gpu-check.sh [build] [tests] [serve] [bench] [sanitize] [qwen35] [bench35] [ptx75] [timeline]
 #   (default: build tests serve bench; qwen35 = the hybrid's CUDA tests and perplexities, bench35 =
 #   the Qwen3.5-27B preset's plan and bench at 16 GiB; ptx75 = the build as sm_75 PTX only, which
 #   the driver JIT-compiles for this GPU: the kernels see __CUDA_ARCH__ 750, so the tensor-core
-#   paths select themselves off and the Volta/Turing fallbacks run, checked by the CUDA tests)
+#   paths select themselves off and the Volta/Turing fallbacks run, checked by the CUDA tests; timeline =
+#   tools/cuda_timeline/run.sh on the Qwen3-32B and Qwen3.5-27B presets, b1 decode: each kernel's
+#   share of a decode step)
 # The tracked fixtures (about 115 MB) exceed what a lent GPU machine receives of the working tree
 # (64 MiB): move what the run does not need out of the tree for the call and back after it (e.g.
 # tests/data/qwen35 and tests/data/gguf/tiny-qwen3-bf16.gguf; test_cuda_model then reports the
@@ -77,6 +79,13 @@ for s in $steps; do
         timeout 200 $PXQ bench --load-format dummy --config $C --dtype q4_0 --device cuda --gpu-mem 16GiB \
             -p 0 -n 128 -d 16255 -b 1 -r 1 >"$OUT/bench35ctx.log" 2>&1
         echo "bench 27B depth 16255 (context 16384): rc $?"; tail -n 1 "$OUT/bench35ctx.log" ;;
+    timeline)
+        for C in presets/qwen3-32b.json presets/qwen3.5-27b.json; do
+            G=24GiB; [ "$C" = presets/qwen3.5-27b.json ] && G=16GiB
+            echo "timeline $C:"
+            OUT="$OUT/timeline-$(basename "$C" .json)" timeout 200 sh tools/cuda_timeline/run.sh --load-format dummy \
+                --config "$C" --dtype q4_0 --device cuda --gpu-mem "$G" -p 0 -n 32 -b 1 -r 1
+        done ;;
     ptx75)
         timeout 200 make -j"$(nproc)" BUILD=build-ptx75 \
             NVFLAGS="-O3 -std=c++17 -Isrc --threads 0 -gencode arch=compute_75,code=compute_75" all tests \
