@@ -6,7 +6,8 @@
  * when its first block starts). Each record becomes one CSV line in $PXQ_TIMELINE_OUT (default
  * timeline.csv): start_ns,end_ns,correlation,graph_id,stream,blocks,threads,dyn_smem,smem_executed,name
  * (correlation: the launch API call's id, shared by every kernel of one cudaGraphLaunch). Buffers
- * are flushed when a context is destroyed and at exit. Errors go to stderr; the program runs on. */
+ * are flushed every 200 ms, when a context is destroyed and at exit. Errors go to stderr; the
+ * program runs on. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,6 +72,7 @@ int InitializeInjection(void) {
     fprintf(tl_out, "start_ns,end_ns,correlation,graph_id,stream,blocks,threads,dyn_smem,smem_executed,name\n");
     tl_check(cuptiActivityRegisterCallbacks(tl_buffer_requested, tl_buffer_completed), "register buffers");
     tl_check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernel records");
+    tl_check(cuptiActivityFlushPeriod(200), "flush period"); /* full buffers also reach the file during the run */
     tl_check(cuptiSubscribe(&tl_sub, tl_callback, NULL), "subscribe");
     tl_check(cuptiEnableCallback(1, tl_sub, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING),
              "context destroy callback");
