@@ -18,7 +18,7 @@ done
 [ -n "$L" ] || { echo "run.sh: no libcupti.so under $CUDA_HOME" >&2; exit 1; }
 I=$CUDA_HOME/include
 [ -e "$CUDA_HOME/extras/CUPTI/include/cupti.h" ] && I=$CUDA_HOME/extras/CUPTI/include
-gcc -std=c11 -O2 -Wall -Wextra -fPIC -shared -I"$I" -I"$CUDA_HOME/include" -o "$OUT/libtimeline.so" \
+gcc -std=c11 -O2 -Wall -Wextra -fPIC -shared -pthread -I"$I" -I"$CUDA_HOME/include" -o "$OUT/libtimeline.so" \
     "$R/tools/cuda_timeline/timeline.c" -L"$L" -lcupti -Wl,-rpath,"$L"
 [ $# -gt 0 ] || set -- --load-format dummy --config "$R/presets/qwen3-32b.json" --dtype q4_0 --device cuda \
     --gpu-mem 24GiB -p 0 -n 32 -b 1 -r 1

@@ -8,6 +8,7 @@
  * (correlation: the launch API call's id, shared by every kernel of one cudaGraphLaunch). Buffers
  * are flushed every 200 ms, when a context is destroyed and at exit. Errors go to stderr; the
  * program runs on. */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,7 +17,8 @@
 
 #define TL_BUF (8u << 20)
 
-static FILE *tl_out;
+static FILE *tl_out; /* under tl_lock: CUPTI completes buffers on its own thread */
+static pthread_mutex_t tl_lock = PTHREAD_MUTEX_INITIALIZER;
 static CUpti_SubscriberHandle tl_sub;
 
 static void tl_check(CUptiResult r, const char *what) {
@@ -36,6 +38,7 @@ static void CUPTIAPI tl_buffer_requested(uint8_t **buf, size_t *size, size_t *ma
 static void CUPTIAPI tl_buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buf, size_t size, size_t valid) {
     (void)ctx, (void)stream, (void)size;
     CUpti_Activity *rec = NULL;
+    pthread_mutex_lock(&tl_lock);
     while (tl_out && cuptiActivityGetNextRecord(buf, valid, &rec) == CUPTI_SUCCESS) {
         if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && rec->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
         const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)rec;
@@ -44,6 +47,7 @@ static void CUPTIAPI tl_buffer_completed(CUcontext ctx, uint32_t stream, uint8_t
                 (long long)k->gridX * k->gridY * k->gridZ, k->blockX * k->blockY * k->blockZ, k->dynamicSharedMemory,
                 k->sharedMemoryExecuted, k->name ? k->name : "?");
     }
+    pthread_mutex_unlock(&tl_lock);
     size_t dropped = 0;
     if (cuptiActivityGetNumDroppedRecords(ctx, stream, &dropped) == CUPTI_SUCCESS && dropped)
         fprintf(stderr, "cuda_timeline: %zu records dropped\n", dropped);
@@ -58,8 +62,10 @@ static void CUPTIAPI tl_callback(void *user, CUpti_CallbackDomain domain, CUpti_
 
 static void tl_exit(void) {
     cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    pthread_mutex_lock(&tl_lock);
     if (tl_out) fclose(tl_out);
     tl_out = NULL;
+    pthread_mutex_unlock(&tl_lock);
 }
 
 int InitializeInjection(void) {
