@@ -8,6 +8,7 @@ added to the step, with programmatic dependent launch's overlap taken off), and 
 (its start minus the previous end: negative where it started early). Kernels are grouped by name and
 grid size (the four mat-vecs of a layer differ by grid), in order of first appearance.
 usage: summary.py timeline.csv [--steps N]"""
+import argparse
 import csv
 import re
 import subprocess
@@ -42,15 +43,21 @@ def short_names(names):
     return out
 
 
+def positive(text):
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return n
+
+
 def main(argv):
-    if len(argv) < 2:
-        sys.exit(__doc__)
-    steps_wanted = 16
-    if "--steps" in argv:
-        steps_wanted = int(argv[argv.index("--steps") + 1])
+    ap = argparse.ArgumentParser(description="Where a decode step's time goes, from timeline.c's CSV.")
+    ap.add_argument("csv", help="timeline.c's output (PXQ_TIMELINE_OUT)")
+    ap.add_argument("--steps", type=positive, default=16, help="the last N decode steps (default 16)")
+    args = ap.parse_args(argv[1:])
     rows = []
     try:
-        f = open(argv[1], newline="")
+        f = open(args.csv, newline="")
     except OSError as e:
         sys.exit("summary.py: %s" % e)
     with f:
@@ -58,20 +65,20 @@ def main(argv):
             try:
                 rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["correlation"]), int(r["graph_id"]),
                              int(r["blocks"]), r["name"]))
-            except (KeyError, ValueError):
+            except (KeyError, TypeError, ValueError):
                 continue
     launches = defaultdict(list)
     for r in rows:
         if r[3]:
             launches[(r[3], r[2])].append(r)
     if not launches:
-        sys.exit("summary.py: no kernels launched from a CUDA graph in " + argv[1])
+        sys.exit("summary.py: no kernels launched from a CUDA graph in " + args.csv)
     size = defaultdict(int)
     for (g, _), ks in launches.items():
         size[(g, len(ks))] += 1
     g, n = max(size, key=size.get)
     steps = sorted((ks for (gid, _), ks in launches.items() if gid == g and len(ks) == n), key=lambda ks: min(k[0] for k in ks))
-    steps = steps[-steps_wanted:]
+    steps = steps[-args.steps:]
     names = short_names(sorted({k[5] for ks in steps for k in ks}))
     agg = OrderedDict()
     spans = []
@@ -87,7 +94,7 @@ def main(argv):
             a[1] += k[1] - k[0]
             a[2] += k[1] - prev_end
             a[3] += k[0] - prev_end
-            prev_end = max(prev_end, k[1])
+            prev_end = k[1]  # the kernels are in order of their ends
     ns = len(steps)
     span = sum(spans) / ns
     print("graph %d: %d steps of %d kernels, span %.1f us a step (%.2f steps/s)" % (g, ns, n, span / 1e3, 1e9 / span))
