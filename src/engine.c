@@ -100,6 +100,27 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
     return e;
 }
 
+static void logits_free(struct pxq_engine *e) {
+#ifdef PXQ_CUDA
+    if (e->logits_pinned) cuda_host_free(e->logits);
+    else
+#endif
+        free(e->logits);
+    e->logits = NULL, e->logits_pinned = 0;
+}
+
+/* n floats of logits: pinned host memory when the CUDA backend runs (its step's device-to-host copy
+ * then goes straight over the bus), else the heap */
+static void logits_alloc(struct pxq_engine *e, size_t n) {
+#ifdef PXQ_CUDA
+    if (e->backend && (e->logits = cuda_host_floats(n)) != NULL) {
+        e->logits_pinned = 1;
+        return;
+    }
+#endif
+    e->logits = xmalloc(n * sizeof(float));
+}
+
 void pxq_engine_free(struct pxq_engine *e) {
     if (!e) return;
 #ifdef PXQ_CUDA
@@ -119,7 +140,8 @@ void pxq_engine_free(struct pxq_engine *e) {
     free(e->output_norm);
     free(e->inv_freq);
     free(e->x), free(e->xb), free(e->xb2), free(e->q), free(e->k), free(e->v), free(e->att);
-    free(e->hb), free(e->hb2), free(e->router), free(e->logits);
+    free(e->hb), free(e->hb2), free(e->router);
+    logits_free(e);
     kv_cache_free(&e->kv);
     threadpool_free(e->tp);
     free(e);
@@ -223,8 +245,8 @@ int pxq_decode(struct pxq_engine *e, const struct pxq_batch *b, char *err, size_
     int n_out = 0;
     for (int i = 0; i < n; i++) out_idx[i] = (b->logits ? b->logits[i] != 0 : i == n - 1) ? n_out++ : -1;
     if (n_out > e->logits_cap) {
-        free(e->logits);
-        e->logits = xmalloc((size_t)n_out * (size_t)e->hp->n_vocab * sizeof(float));
+        logits_free(e);
+        logits_alloc(e, (size_t)n_out * (size_t)e->hp->n_vocab);
         e->logits_cap = n_out;
     }
     e->n_outputs = n_out;

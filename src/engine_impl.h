@@ -46,6 +46,7 @@ struct pxq_engine {
     /* outputs */
     float *logits;                  /* [n_outputs][n_vocab] */
     int n_outputs, logits_cap;
+    int logits_pinned;              /* logits from cuda_host_floats (the CUDA backend's steps) */
     void *backend;                  /* device backend state (CUDA) */
     /* Qwen3.5 hybrid (forward_qwen35.c) */
     int dn_layer[PXQ_MAX_LAYERS];   /* layer -> index among DeltaNet layers, or -1 */

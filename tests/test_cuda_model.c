@@ -361,6 +361,9 @@ int main(void) {
             check_model(q4, ref3, 1, exact, 0);
             check_model(q4km, ref3, 1, exact, 0);
             check_batching(hf, exact);
+            /* dense FFN on quantized weights: one-token decode takes the fused gate|up + SwiGLU launch */
+            check_dummy("dummy-tiny.json", PXQ_TYPE_Q4_0, exact);
+            check_dummy("dummy-tiny.json", PXQ_TYPE_Q4_K, exact);
         }
         if (do_moe) { /* Qwen3-MoE: sparse FFN, routing on the device; quantized experts from dummy weights */
             check_model(moe, refmoe, 0, exact, 0);

@@ -593,6 +593,19 @@ extern "C" void cuda_backend_free(struct pxq_engine *e) {
     e->backend = NULL;
 }
 
+extern "C" float *cuda_host_floats(size_t n) {
+    void *p = NULL;
+    if (cudaMallocHost(&p, n * sizeof(float)) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return (float *)p;
+}
+
+extern "C" void cuda_host_free(void *p) {
+    if (p) (void)cudaFreeHost(p);
+}
+
 extern "C" size_t cuda_backend_peak(const struct pxq_engine *e) { return B(e)->peak; }
 extern "C" const char *cuda_backend_device(const struct pxq_engine *e) { return B(e)->name; }
 extern "C" const char *cuda_backend_path(const struct pxq_engine *e) { return B(e)->path; }

@@ -150,6 +150,12 @@ struct ubatch;
  * Returns 0, or -1 with a message (no device, model too large for --gpu-mem with the plan, ...). */
 int  cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen);
 void cuda_backend_free(struct pxq_engine *e);
+/* n floats of pinned (page-locked) host memory, or NULL if the runtime refuses; cuda_host_free
+ * releases it. The engine keeps its logits there when the backend runs, so the device-to-host copy
+ * of each step's logits goes straight over the bus instead of through the runtime's staging
+ * buffer. */
+float *cuda_host_floats(size_t n);
+void cuda_host_free(void *p);
 /* forward_cpu's twin: runs ub on the device and writes the requested rows of e->logits. */
 void forward_cuda(struct pxq_engine *e, const struct ubatch *ub);
 size_t cuda_backend_peak(const struct pxq_engine *e);
