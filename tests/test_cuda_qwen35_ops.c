@@ -50,6 +50,7 @@ int main(void) { return cuda_test_gate("test_cuda_qwen35_ops"); }
 #include <stdint.h>
 
 #include "cuda/ops_qwen35_cuda.h"
+#include "cuda/ops_cuda.h"
 
 
 static void *xmalloc_t(size_t bytes) {
@@ -448,6 +449,84 @@ static void test_gated_attention(int n, int n_head, int head_dim) {
 }
 
 
+/* ---- decode: prep + delta rule + gated norm in one launch ---- */
+
+/* deltanet_decode_cuda against the three launches it replaces (deltanet_prep_cuda,
+ * gated_delta_rule_cuda, gated_rmsnorm_silu_cuda) on the same raw inputs, a token per run: o, the
+ * int8 form and the whole state buffer bit-equal, its inputs (qkv, ba) untouched. Shapes with dv not
+ * a multiple of 32 or over 256 must be declined, with nothing written. pdl: launched under
+ * programmatic dependent launch. */
+static void test_decode_fused(const struct shape *s, const struct runs *r, int v_tiled, int with_q8, int pdl) {
+    const int C = s->conv_dim, nv = s->nv, n = r->n, vd = nv * s->dv;
+    const size_t sn = (size_t)r->n_slots * seq_stride(s), ne = (size_t)n * vd;
+    float *qkv = ALLOC(float, (size_t)n * C), *ba = ALLOC(float, (size_t)n * 2 * nv), *st = ALLOC(float, sn);
+    float *z = ALLOC(float, ne), *A = ALLOC(float, nv), *dtb = ALLOC(float, nv), *w = ALLOC(float, s->dv);
+    fill(qkv, (size_t)n * C, 2.0f), fill(ba, (size_t)n * 2 * nv, 3.0f), fill(st, sn, 0.5f), fill(z, ne, 4.0f);
+    fill(dtb, nv, 1.0f), fill(w, s->dv, 1.5f);
+    for (int h = 0; h < nv; h++) A[h] = -(0.1f + 1.4f * rnd_u());
+    struct druns d = druns_put(r);
+    float *dz = dev_put(z, ne * 4), *dA = dev_put(A, (size_t)nv * 4), *ddt = dev_put(dtb, (size_t)nv * 4);
+    float *dw = dev_put(w, (size_t)s->dv * 4);
+    float *o[2], *xds[2], *stg[2], *dq[2], *dba[2];
+    int8_t *xq[2];
+    for (int k = 0; k < 2; k++) {
+        dq[k] = dev_put(qkv, (size_t)n * C * 4), dba[k] = dev_put(ba, (size_t)n * 2 * nv * 4), stg[k] = dev_put(st, sn * 4);
+        o[k] = dev_poison_bytes(ne * 4);
+        xq[k] = with_q8 ? dev_poison_i8(ne) : NULL, xds[k] = with_q8 ? dev_poison_bytes(ne / 32 * 8) : NULL;
+    }
+    const float eps = 1e-6f;
+    float *S = stg[0] + (size_t)DL * s->layer_floats, *S2 = stg[1] + (size_t)DL * s->layer_floats;
+    cuda_pdl = pdl;
+    const int ran = deltanet_decode_cuda(o[1], xq[1], xds[1], S2, seq_stride(s), dq[1], dba[1], dz, dA, ddt, dw, s->nk, nv,
+                                         s->dk, s->dv, s->K, C, v_tiled, eps, d.seq, d.off, d.tok, r->n_runs, 0) == 0;
+    deltanet_prep_cuda(dq[0], dba[0], dA, ddt, s->nk, nv, s->dk, C, n, 0);
+    gated_delta_rule_cuda(o[0], S, seq_stride(s), dq[0], dba[0], s->nk, nv, s->dk, s->dv, s->K, C, v_tiled, d.seq, d.off,
+                          d.tok, r->n_runs, 0);
+    gated_rmsnorm_silu_cuda(o[0], xq[0], xds[0], dz, dw, n * nv, s->dv, eps, 0);
+    cuda_pdl = 0;
+    CK(cudaDeviceSynchronize());
+    const int should = s->dv % 32 == 0 && s->dv <= 256 && deltanet_decode_cuda_supported(s->dk, s->dv);
+    float *a = ALLOC(float, sn > ne ? sn : ne), *b = ALLOC(float, sn > ne ? sn : ne);
+    int same = 1;
+    if (ran) {
+        dev_get(a, o[0], ne * 4), dev_get(b, o[1], ne * 4);
+        same &= memcmp(a, b, ne * 4) == 0;
+        dev_get(a, stg[0], sn * 4), dev_get(b, stg[1], sn * 4);
+        same &= memcmp(a, b, sn * 4) == 0;
+        if (with_q8) {
+            int8_t *qa = ALLOC(int8_t, ne), *qb = ALLOC(int8_t, ne);
+            dev_get(qa, xq[0], ne), dev_get(qb, xq[1], ne);
+            same &= memcmp(qa, qb, ne) == 0;
+            dev_get(a, xds[0], ne / 32 * 8), dev_get(b, xds[1], ne / 32 * 8);
+            same &= memcmp(a, b, ne / 32 * 8) == 0;
+            free(qa), free(qb);
+        }
+        dev_get(a, dq[1], (size_t)n * C * 4); /* its inputs as given */
+        same &= memcmp(a, qkv, (size_t)n * C * 4) == 0;
+        dev_get(a, dba[1], (size_t)n * 2 * nv * 4);
+        same &= memcmp(a, ba, (size_t)n * 2 * nv * 4) == 0;
+    } else { /* declined: o and the state untouched */
+        dev_get(a, stg[1], sn * 4);
+        same &= memcmp(a, st, sn * 4) == 0;
+        uint32_t *u = (uint32_t *)b;
+        dev_get(u, o[1], ne * 4);
+        for (size_t i = 0; i < ne; i++) same &= u[i] == 0xffffffffu;
+    }
+    CHECK(ran == should && same, "deltanet decode nk %d nv %d dk %d dv %d v_tiled %d runs %d q8 %d pdl %d: ran %d (expected %d), %s",
+          s->nk, nv, s->dk, s->dv, v_tiled, r->n_runs, with_q8, pdl, ran, should,
+          same ? "equal" : ran ? "NOT bit-equal to the three launches" : "wrote while declining");
+    printf("deltanet decode (one launch) nk %2d nv %2d dk %3d dv %3d v_tiled %d runs %2d%s%s: %s\n", s->nk, nv, s->dk,
+           s->dv, v_tiled, r->n_runs, with_q8 ? " +int8" : "", pdl ? " pdl" : "",
+           !ran ? "declined" : same ? "bit-equal to the three launches" : "DIFFERS");
+    druns_free(&d);
+    for (int k = 0; k < 2; k++) {
+        cudaFree(dq[k]), cudaFree(dba[k]), cudaFree(stg[k]), cudaFree(o[k]);
+        if (with_q8) cudaFree(xq[k]), cudaFree(xds[k]);
+    }
+    cudaFree(dz), cudaFree(dA), cudaFree(ddt), cudaFree(dw);
+    free(qkv), free(ba), free(st), free(z), free(A), free(dtb), free(w), free(a), free(b);
+}
+
 /* The delta rule's forms under test: chunk size and tile width forced (0: automatic). */
 static const struct {
     const char *name;
@@ -568,6 +647,16 @@ int main(void) {
         deltanet_chunked_cuda_force_tile(0);
         for (int scr = SCR_SHORT; scr <= SCR_EXACT; scr++) test_rule(s, &r, 0, 1, "chunked32", scr, 32);
         deltanet_chunked_cuda_force_chunk(0);
+        { /* decode in one launch: 16 sequences and one */
+            const int one = 1, slot = 5;
+            struct runs b1 = runs_make(1, &one, &slot, 8);
+            for (int pdl = 0; pdl < 2; pdl++) {
+                if (pdl && !cuda_pdl_supported()) break;
+                test_decode_fused(s, &dec, si % 2, 1, pdl);
+                test_decode_fused(s, &b1, 0, pdl, pdl);
+            }
+            free(b1.tok);
+        }
         free(r.tok), free(dec.tok);
     }
     { /* a ragged conv: K 2 and K 6 take the run-time-K kernel */

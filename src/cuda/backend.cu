@@ -116,6 +116,8 @@ struct cuda_backend {
     int pdl;                /* decode steps of up to pdl_tokens tokens launch with programmatic dependent
                              * launch (PXQ_CUDA_PDL=0: off; PXQ_CUDA_PDL_TOKENS, default dp4a_tokens) */
     int pdl_tokens;
+    int fuse_dn;            /* decode DeltaNet: prep, delta rule and gated norm in one launch where it runs
+                             * (deltanet_decode_cuda; PXQ_CUDA_FUSE_DN=0: three launches) */
     int dp4a_tokens;        /* decode steps of up to this many tokens run the dp4a mat-vec (2; 4 without mma) */
     size_t l2_pf_bytes;     /* the dp4a steps: each mat-vec pulls up to this many bytes of the next
                              * weight into L2 as it finishes (0: off; PXQ_CUDA_L2_PREFETCH "MiB[,blocks]") */
@@ -314,6 +316,7 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
         int r = 0, w = 0;
         if (sscanf(getenv("PXQ_CUDA_MV"), "%d,%d", &r, &w) == 2) matmul_q8_tune(r, w);
     }
+    b->fuse_dn = !env_is("PXQ_CUDA_FUSE_DN", "0");
     if (getenv("PXQ_CUDA_MMA_TUNE")) { /* tuning knob: "m-tiles,warps" of the 3..16-token int8 tensor-core mat-vec */
         int mr = 0, kp = 0;
         if (sscanf(getenv("PXQ_CUDA_MMA_TUNE"), "%d,%d", &mr, &kp) == 2) matmul_q8_mma_tune(mr, kp);
@@ -814,6 +817,15 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
     }
     ssm_conv_cuda(b->ssm_conv, state, b->rstate_floats, b->ssm_qkv, L->v[CV_SSM_CONV], conv_dim, K, di.run_seq,
                   di.run_off, di.run_tok, s.n_runs, n, st);
+    int8_t *xq = q8_for(b, s.q8, &L->w[CM_SSM_OUT]);
+    /* decode, a token per sequence: prep, the delta rule and the gated norm in one launch */
+    if (b->fuse_dn && n <= CUDA_DECODE_MAX && s.n_runs == n && (!xq || dv % 32 == 0) &&
+        deltanet_decode_cuda(b->ssm_o, xq, b->xds, state, b->rstate_floats, b->ssm_conv, ba, z, L->v[CV_SSM_A],
+                             L->v[CV_SSM_DT], L->v[CV_SSM_NORM], nk, nv, dk, dv, K, conv_dim, hp->ssm_v_tiled,
+                             hp->rms_eps, di.run_seq, di.run_off, di.run_tok, s.n_runs, st) == 0) {
+        matmul_cuda(b, b->x, &L->w[CM_SSM_OUT], b->ssm_o, n, s.q8, 1, ffn_weight(e, L)); /* x += out_proj(o) */
+        return;
+    }
     deltanet_prep_cuda(b->ssm_conv, ba, L->v[CV_SSM_A], L->v[CV_SSM_DT], nk, nv, dk, conv_dim, n, st);
     if (n > CUDA_DECODE_MAX) { /* prefill: the chunked (UT transform) form; its scratch is the FFN's buffer,
                                 * free while the token mixer runs (recurrent if too small) */
@@ -824,7 +836,6 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
     } else
         gated_delta_rule_cuda(b->ssm_o, state, b->rstate_floats, b->ssm_conv, ba, nk, nv, dk, dv, K, conv_dim,
                               hp->ssm_v_tiled, di.run_seq, di.run_off, di.run_tok, s.n_runs, st);
-    int8_t *xq = q8_for(b, s.q8, &L->w[CM_SSM_OUT]);
     if (xq && dv % 32 == 0) {
         gated_rmsnorm_silu_cuda(b->ssm_o, xq, b->xds, z, L->v[CV_SSM_NORM], n * nv, dv, hp->rms_eps, st);
     } else {

@@ -8,7 +8,10 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <cooperative_groups.h>
+
 #include "cuda/ops_qwen35_cuda.h"
+#include "cuda/ops_cuda.h"
 
 #include "cuda/common.cuh"
 #include "cuda/launch.cuh"
@@ -249,6 +252,162 @@ extern "C" void gated_delta_rule_cuda(float *o, float *state, size_t seq_stride,
     case 8: gdr_launch<8>(grid, nw, st, o, state, seq_stride, qkv, ba, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok); break;
     case 16: gdr_launch<16>(grid, nw, st, o, state, seq_stride, qkv, ba, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok); break;
     default: gdr_launch<32>(grid, nw, st, o, state, seq_stride, qkv, ba, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok); break;
+    }
+}
+
+/* ---- decode: prep, the delta rule and the gated RMSNorm in one launch ---- */
+
+/* One token per run (decode): deltanet_prep_kernel + gated_delta_rule_kernel<R> +
+ * gated_rmsnorm_silu_kernel for that token, in one launch, each step's arithmetic in the same order
+ * (the results are bit-equal to the three launches). grid (dv / 32, nv, n_runs), block nw warps
+ * (gated_delta_rule_kernel's layout: lane = column j of the tile, warp w rows w*R..); the dv / 32
+ * column tiles of a value head form a thread block cluster (sm_90). Every block l2-normalises its key
+ * head's q and k in shared memory (warp 0 q, warp 1 k: prep's loop and warp_sum) and computes beta
+ * and the decay of its value head, runs the step, then puts its 32 outputs into every block of the
+ * cluster (distributed shared memory); after the cluster barrier each block has the whole head for
+ * the norm's sum of squares and writes its own 32 columns: o, and their int8 group (xq, xds). The
+ * prep's in-place writes (normalised q, k; beta, g in ba) are not made: only this launch reads them.
+ * Saves two launches a DeltaNet layer (their waits and latencies). */
+template <int R>
+__global__ void __launch_bounds__(256) deltanet_decode_kernel(
+    float *__restrict__ o, int8_t *__restrict__ xq, float2 *__restrict__ xds, float *__restrict__ state,
+    size_t seq_stride, const float *qkv, const float *ba, const float *z, const float *__restrict__ A,
+    const float *__restrict__ dt_bias, const float *__restrict__ norm_w, int nk, int nv, int dk, int dv, int K,
+    int conv_dim, int v_tiled, float qscale, float eps, const int32_t *__restrict__ run_seq,
+    const int32_t *__restrict__ run_off, const int32_t *__restrict__ run_tok) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    extern __shared__ float sm[];
+    __shared__ float head[256]; /* the value head's outputs, from every block of the cluster (dv <= 256) */
+    pdl_launch_dependents();
+    const int nw = blockDim.x >> 5, rows = nw * R;
+    float *qs = sm, *ks = qs + rows, *red1 = ks + rows, *red2 = red1 + nw * 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r0 = warp * R;
+    const int h = blockIdx.y, run = blockIdx.z, j = blockIdx.x * 32 + lane;
+    const bool col = j < dv;
+    const int kh = v_tiled ? h % nk : h / (nv / nk), key_dim = nk * dk;
+    float *S = state + (size_t)run_seq[run] * seq_stride + (size_t)(K - 1) * conv_dim + (size_t)h * dk * dv;
+    float s[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) s[i] = col && r0 + i < dk ? S[(size_t)(r0 + i) * dv + j] : 0.0f;
+    const float gA = A[h], gdt = dt_bias[h], wn = col ? norm_w[j] : 0.0f; /* weights: before the wait */
+    pdl_wait();
+    const size_t t = (size_t)run_tok[run_off[run]];
+    const float *row = qkv + t * conv_dim + (size_t)kh * dk;
+    for (int i = threadIdx.x; i < rows; i += blockDim.x) {
+        qs[i] = i < dk ? row[i] : 0.0f;
+        ks[i] = i < dk ? row[key_dim + i] : 0.0f;
+    }
+    const float vj = col ? qkv[t * conv_dim + 2 * key_dim + (size_t)h * dv + j] : 0.0f;
+    const float zj = col ? z[(t * nv + h) * dv + j] : 0.0f;
+    const float beta = sigmoid_f(ba[t * 2 * nv + h]), a = ba[t * 2 * nv + nv + h] + gdt;
+    const float decay = expf(gA * (a > 20.0f ? a : log1pf(expf(a))));
+    __syncthreads();
+    if (warp < 2) { /* prep: l2norm of q (warp 0, times qscale) or k (warp 1) */
+        float *x = warp == 0 ? qs : ks;
+        float ss = 0.0f;
+        for (int i = lane; i < dk; i += 32) ss = fmaf(x[i], x[i], ss);
+        ss = warp_sum(ss);
+        const float inv = 1.0f / sqrtf(ss + 1e-6f), scale = warp == 0 ? qscale : 1.0f;
+        for (int i = lane; i < dk; i += 32) x[i] = x[i] * inv * scale;
+    }
+    __syncthreads();
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        s[i] *= decay;
+        acc = fmaf(ks[r0 + i], s[i], acc);
+    }
+    red1[warp * 32 + lane] = acc;
+    __syncthreads();
+    float kv = 0.0f;
+    for (int w = 0; w < nw; w++) kv += red1[w * 32 + lane];
+    const float delta = (vj - kv) * beta;
+    acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        s[i] = fmaf(ks[r0 + i], delta, s[i]);
+        acc = fmaf(qs[r0 + i], s[i], acc);
+    }
+    red2[warp * 32 + lane] = acc;
+    __syncthreads();
+    cg::cluster_group cluster = cg::this_cluster();
+    const int n_tiles = (int)cluster.num_blocks();
+    float out = 0.0f;
+    if (warp == 0) {
+        for (int w = 0; w < nw; w++) out += red2[w * 32 + lane];
+        for (int b = 0; b < n_tiles; b++) cluster.map_shared_rank(head, b)[blockIdx.x * 32 + lane] = out;
+    }
+    if (col) {
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            if (r0 + i < dk) S[(size_t)(r0 + i) * dv + j] = s[i];
+    }
+    cluster.sync(); /* head[] complete in every block */
+    if (warp == 0) { /* gated_rmsnorm_silu_kernel's row, this block's 32 columns */
+        float ss = 0.0f;
+        for (int i = lane; i < dv; i += 32) ss = fmaf(head[i], head[i], ss);
+        ss = warp_sum(ss);
+        const float scale = 1.0f / sqrtf(ss / (float)dv + eps);
+        const float v = col ? wn * (out * scale) * silu_f(zj) : 0.0f;
+        const size_t oi = (t * nv + h) * dv + j;
+        if (col) o[oi] = v;
+        if (xq) warp_q8(v, xq, xds, (int64_t)oi);
+    }
+#else
+    (void)o, (void)xq, (void)xds, (void)state, (void)seq_stride, (void)qkv, (void)ba, (void)z, (void)A, (void)dt_bias;
+    (void)norm_w, (void)nk, (void)nv, (void)dk, (void)dv, (void)K, (void)conv_dim, (void)v_tiled, (void)qscale;
+    (void)eps, (void)run_seq, (void)run_off, (void)run_tok;
+#endif
+}
+
+extern "C" int deltanet_decode_cuda_supported(int dk, int dv) {
+    static int sm90 = -1;
+    if (sm90 < 0) sm90 = cuda_pdl_supported(); /* an sm_90 device and image: thread block clusters */
+    return sm90 && deltanet_cuda_supported(dk, dv) && dv % 32 == 0 && dv <= 256;
+}
+
+template <int R>
+static int dd_launch(dim3 grid, int nw, cudaStream_t st, float *o, int8_t *xq, float2 *xds, float *state,
+                     size_t seq_stride, const float *qkv, const float *ba, const float *z, const float *A,
+                     const float *dt_bias, const float *norm_w, int nk, int nv, int dk, int dv, int K, int conv_dim,
+                     int v_tiled, float eps, const int32_t *run_seq, const int32_t *run_off, const int32_t *run_tok) {
+#if PXQ_PDL_RUNTIME
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = grid.x, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = dim3(nw * 32), cfg.stream = st;
+    cfg.dynamicSmemBytes = (size_t)(2 * nw * R + 2 * nw * 32) * sizeof(float);
+    cfg.attrs = attr, cfg.numAttrs = cuda_pdl ? 2 : 1;
+    const float qscale = 1.0f / sqrtf((float)dk);
+    for (int tries = 0; tries < 2; tries++, cfg.numAttrs = 1) /* then without PDL */
+        if (cudaLaunchKernelEx(&cfg, deltanet_decode_kernel<R>, o, xq, xds, state, seq_stride, qkv, ba, z, A, dt_bias,
+                               norm_w, nk, nv, dk, dv, K, conv_dim, v_tiled, qscale, eps, run_seq, run_off,
+                               run_tok) == cudaSuccess)
+            return 0;
+    (void)cudaGetLastError();
+#endif
+    return -1;
+}
+
+extern "C" int deltanet_decode_cuda(float *o, int8_t *xq, float *xds, float *state, size_t seq_stride, const float *qkv,
+                                    const float *ba, const float *z, const float *A, const float *dt_bias,
+                                    const float *norm_w, int nk, int nv, int dk, int dv, int K, int conv_dim,
+                                    int v_tiled, float eps, const int32_t *run_seq, const int32_t *run_off,
+                                    const int32_t *run_tok, int n_runs, cudaStream_t st) {
+    if (n_runs <= 0 || !deltanet_decode_cuda_supported(dk, dv)) return -1;
+    const int R = dk <= 32 ? 4 : dk <= 64 ? 8 : dk <= 128 ? 16 : 32; /* as gated_delta_rule_cuda */
+    const int nw = (dk + R - 1) / R;
+    const dim3 grid(dv / 32, nv, n_runs);
+    float2 *d2 = (float2 *)xds;
+    switch (R) {
+    case 4: return dd_launch<4>(grid, nw, st, o, xq, d2, state, seq_stride, qkv, ba, z, A, dt_bias, norm_w, nk, nv, dk, dv, K, conv_dim, v_tiled, eps, run_seq, run_off, run_tok);
+    case 8: return dd_launch<8>(grid, nw, st, o, xq, d2, state, seq_stride, qkv, ba, z, A, dt_bias, norm_w, nk, nv, dk, dv, K, conv_dim, v_tiled, eps, run_seq, run_off, run_tok);
+    case 16: return dd_launch<16>(grid, nw, st, o, xq, d2, state, seq_stride, qkv, ba, z, A, dt_bias, norm_w, nk, nv, dk, dv, K, conv_dim, v_tiled, eps, run_seq, run_off, run_tok);
+    default: return dd_launch<32>(grid, nw, st, o, xq, d2, state, seq_stride, qkv, ba, z, A, dt_bias, norm_w, nk, nv, dk, dv, K, conv_dim, v_tiled, eps, run_seq, run_off, run_tok);
     }
 }
 
