@@ -264,6 +264,12 @@ static int env_is(const char *name, const char *val) {
     return v && strcmp(v, val) == 0;
 }
 
+/* A tuning knob "a,b" of two integers: 1 with *a, *b set, 0 if name is unset or not that form. */
+static int env_pair(const char *name, int *a, int *b) {
+    const char *v = getenv(name);
+    return v && sscanf(v, "%d,%d", a, b) == 2;
+}
+
 extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) {
     const struct pxq_hparams *hp = e->hp;
     int n_dev = 0;
@@ -312,15 +318,12 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
      * 5-16) with PXQ_CUDA_MMA=0 */
     b->dp4a_tokens = b->mma ? CUDA_MMA_MIN_TOKENS - 1 : 4;
     b->pdl_tokens = getenv("PXQ_CUDA_PDL_TOKENS") ? atoi(getenv("PXQ_CUDA_PDL_TOKENS")) : b->dp4a_tokens;
-    if (getenv("PXQ_CUDA_MV")) { /* tuning knob: "rows,warps" of the 1..2-token dp4a mat-vec (matmul_q8_tune) */
-        int r = 0, w = 0;
-        if (sscanf(getenv("PXQ_CUDA_MV"), "%d,%d", &r, &w) == 2) matmul_q8_tune(r, w);
-    }
+    int tune_a, tune_b;
+    if (env_pair("PXQ_CUDA_MV", &tune_a, &tune_b)) /* "rows,warps" of the 1..2-token dp4a mat-vec */
+        matmul_q8_tune(tune_a, tune_b);
     b->fuse_dn = !env_is("PXQ_CUDA_FUSE_DN", "0");
-    if (getenv("PXQ_CUDA_MMA_TUNE")) { /* tuning knob: "m-tiles,warps" of the 3..16-token int8 tensor-core mat-vec */
-        int mr = 0, kp = 0;
-        if (sscanf(getenv("PXQ_CUDA_MMA_TUNE"), "%d,%d", &mr, &kp) == 2) matmul_q8_mma_tune(mr, kp);
-    }
+    if (env_pair("PXQ_CUDA_MMA_TUNE", &tune_a, &tune_b)) /* "m-tiles,warps" of the 3..16-token int8 mma mat-vec */
+        matmul_q8_mma_tune(tune_a, tune_b);
     {
         cuda_kv probe = {};
         probe.kv_f32 = exact, probe.n_head_kv = hp->n_head_kv, probe.head_dim = hd, probe.kv_dim = hp->n_head_kv * hd;
