@@ -110,10 +110,12 @@ static void logits_free(struct pxq_engine *e) {
 }
 
 /* n floats of logits: pinned host memory when the CUDA backend runs (its step's device-to-host copy
- * then goes straight over the bus), else the heap */
+ * then goes straight over the bus) and they are at most 256 MiB (decode steps' few rows; not the
+ * every-row logits of a long perplexity chunk, which would lock gigabytes of host memory), else
+ * the heap */
 static void logits_alloc(struct pxq_engine *e, size_t n) {
 #ifdef PXQ_CUDA
-    if (e->backend && (e->logits = cuda_host_floats(n)) != NULL) {
+    if (e->backend && n <= ((size_t)256 << 20) / sizeof(float) && (e->logits = cuda_host_floats(n)) != NULL) {
         e->logits_pinned = 1;
         return;
     }

@@ -665,6 +665,12 @@ int main(void) {
         test_conv(&k2, &r);
         test_conv(&k6, &r);
         free(r.tok);
+        /* one warp a block (dk 4): the decode launch's q and k norms both by warp 0 */
+        const struct shape tiny = shape_of(2, 4, 4, 32, 4);
+        const int one[3] = {1, 1, 1}, slots[3] = {4, 0, 7};
+        struct runs dr = runs_make(3, one, slots, 8);
+        test_decode_fused(&tiny, &dr, 1, 1, 0);
+        free(dr.tok);
     }
     test_gated_norm(10 * 48, 128, 1);
     test_gated_norm(10 * 8, 48, 0);

@@ -280,6 +280,8 @@ __global__ void __launch_bounds__(256) deltanet_decode_kernel(
     extern __shared__ float sm[];
     __shared__ float head[256]; /* the value head's outputs, from every block of the cluster (dv <= 256) */
     pdl_launch_dependents();
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.barrier_arrive(); /* waited on before the first DSMEM store: every block of the cluster has started */
     const int nw = blockDim.x >> 5, rows = nw * R;
     float *qs = sm, *ks = qs + rows, *red1 = ks + rows, *red2 = red1 + nw * 32;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r0 = warp * R;
@@ -303,12 +305,12 @@ __global__ void __launch_bounds__(256) deltanet_decode_kernel(
     const float beta = sigmoid_f(ba[t * 2 * nv + h]), a = ba[t * 2 * nv + nv + h] + gdt;
     const float decay = expf(gA * (a > 20.0f ? a : log1pf(expf(a))));
     __syncthreads();
-    if (warp < 2) { /* prep: l2norm of q (warp 0, times qscale) or k (warp 1) */
-        float *x = warp == 0 ? qs : ks;
+    for (int hh = warp; hh < 2; hh += nw) { /* prep: l2norm of q (hh 0, times qscale) or k (hh 1); nw may be 1 */
+        float *x = hh == 0 ? qs : ks;
         float ss = 0.0f;
         for (int i = lane; i < dk; i += 32) ss = fmaf(x[i], x[i], ss);
         ss = warp_sum(ss);
-        const float inv = 1.0f / sqrtf(ss + 1e-6f), scale = warp == 0 ? qscale : 1.0f;
+        const float inv = 1.0f / sqrtf(ss + 1e-6f), scale = hh == 0 ? qscale : 1.0f;
         for (int i = lane; i < dk; i += 32) x[i] = x[i] * inv * scale;
     }
     __syncthreads();
@@ -331,9 +333,9 @@ __global__ void __launch_bounds__(256) deltanet_decode_kernel(
     }
     red2[warp * 32 + lane] = acc;
     __syncthreads();
-    cg::cluster_group cluster = cg::this_cluster();
     const int n_tiles = (int)cluster.num_blocks();
     float out = 0.0f;
+    cluster.barrier_wait();
     if (warp == 0) {
         for (int w = 0; w < nw; w++) out += red2[w * 32 + lane];
         for (int b = 0; b < n_tiles; b++) cluster.map_shared_rank(head, b)[blockIdx.x * 32 + lane] = out;
@@ -388,7 +390,8 @@ static int dd_launch(dim3 grid, int nw, cudaStream_t st, float *o, int8_t *xq, f
                                norm_w, nk, nv, dk, dv, K, conv_dim, v_tiled, qscale, eps, run_seq, run_off,
                                run_tok) == cudaSuccess)
             return 0;
-    (void)cudaGetLastError();
+        else
+            (void)cudaGetLastError(); /* a refused try leaves no error behind (forward_cuda's CK(cudaGetLastError())) */
 #endif
     return -1;
 }
