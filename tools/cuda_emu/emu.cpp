@@ -123,6 +123,8 @@ cudaError_t cudaFuncSetAttribute(const void *, enum cudaFuncAttribute, int v) {
 }
 }
 extern "C" {
+thread_local int cuda_pdl = 0;
+int cuda_pdl_supported(void) { return 0; }
 cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = (cudaEvent_t)malloc(8); return cudaSuccess; }
 cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }

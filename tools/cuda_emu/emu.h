@@ -38,7 +38,8 @@ void emu_launch(F f, dim3 grid, dim3 block, size_t smem, A... args) {
  * pdl_wait / pdl_launch_dependents compile to nothing without __CUDA_ARCH__) */
 #define PXQ_CUDA_LAUNCH_CUH
 extern "C" {
-inline thread_local int cuda_pdl = 0;
+extern thread_local int cuda_pdl; /* emu.cpp: always 0 */
+int cuda_pdl_supported(void);     /* emu.cpp: 0, so sm_90-only launches (thread block clusters) decline */
 }
 template <typename... KArgs, typename... Args>
 static inline void kernel_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t,
