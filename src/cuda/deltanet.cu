@@ -139,6 +139,40 @@ extern "C" void deltanet_prep_cuda(float *qkv, float *ba, const float *A, const 
 
 /* ---- the gated delta rule, recurrent ---- */
 
+/* One token's step of the gated delta rule for this thread's column j of S and its rows r0..r0+R-1
+ * (s, in registers): S *= decay; kv_j = (k S)_j (a block reduction through red1 [nw][32]);
+ * S += k^T (beta (v_j - kv_j)); this thread's part of o_j = (q S)_j into red2 [nw][32], which the
+ * caller sums over the warps after a barrier. q, k in shared memory; one __syncthreads inside, so
+ * every thread of the block calls it. Shared by gated_delta_rule_kernel and deltanet_decode_kernel
+ * (their bit-equality rests on this one sequence of operations). */
+template <int R>
+static __device__ __forceinline__ void delta_step(float (&s)[R], const float *qb, const float *kb, float vj, float beta,
+                                                  float decay, float *red1, float *red2, int nw, int warp, int lane,
+                                                  int r0) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        s[i] *= decay;
+        acc = fmaf(kb[r0 + i], s[i], acc);
+    }
+    red1[warp * 32 + lane] = acc;
+    __syncthreads(); /* red1 complete */
+    float kv = 0.0f;
+    for (int w = 0; w < nw; w++) kv += red1[w * 32 + lane];
+    const float delta = (vj - kv) * beta;
+    acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        s[i] = fmaf(kb[r0 + i], delta, s[i]);
+        acc = fmaf(qb[r0 + i], s[i], acc);
+    }
+    red2[warp * 32 + lane] = acc;
+}
+
+/* Rows of S per thread in the delta rule's kernels: the fewest of 4, 8, 16, 32 that keep the block at
+ * 8 warps or fewer (dk 32: 4 x 8, 48: 8 x 6, 64: 8 x 8, 128: 16 x 8, 256: 32 x 8). */
+static int delta_rows(int dk) { return dk <= 32 ? 4 : dk <= 64 ? 8 : dk <= 128 ? 16 : 32; }
+
 /* grid (column tiles of 32, value head, run), block nw <= 8 warps, nw * R >= dk. Columns j of S are
  * independent (kv_mem_j and out_j read column j only): lane = column j of the tile, warp w holds
  * rows w*R .. w*R+R-1 of that column in registers (rows >= dk are zero and never stored). Per token
@@ -186,24 +220,7 @@ __global__ void __launch_bounds__(256) gated_delta_rule_kernel(
         const float *xr = qkv + t * conv_dim;
         const float vj = col ? xr[2 * key_dim + (size_t)h * dv + j] : 0.0f;
         const float beta = ba[t * 2 * nv + h], decay = expf(ba[t * 2 * nv + nv + h]);
-        float acc = 0.0f;
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            s[i] *= decay;
-            acc = fmaf(kb[r0 + i], s[i], acc);
-        }
-        red1[warp * 32 + lane] = acc;
-        __syncthreads(); /* red1 complete */
-        float kv = 0.0f;
-        for (int w = 0; w < nw; w++) kv += red1[w * 32 + lane];
-        const float delta = (vj - kv) * beta;
-        acc = 0.0f;
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            s[i] = fmaf(kb[r0 + i], delta, s[i]);
-            acc = fmaf(qb[r0 + i], s[i], acc);
-        }
-        red2[warp * 32 + lane] = acc;
+        delta_step<R>(s, qb, kb, vj, beta, decay, red1, red2, nw, warp, lane, r0);
         if (p + 1 < p1) { /* the next token's q, k into the other buffer (its last readers passed the barrier above) */
             const float *row = qkv + (size_t)run_tok[p + 1] * conv_dim + (size_t)kh * dk;
             float *qn = qs + (b ^ 1) * rows, *kn = ks + (b ^ 1) * rows;
@@ -242,9 +259,7 @@ extern "C" void gated_delta_rule_cuda(float *o, float *state, size_t seq_stride,
                                       const int32_t *run_seq, const int32_t *run_off, const int32_t *run_tok, int n_runs,
                                       cudaStream_t st) {
     if (n_runs <= 0 || !deltanet_cuda_supported(dk, dv)) return;
-    /* rows per thread: the fewest of 4, 8, 16, 32 that keep the block at 8 warps or fewer (dk 32: 4 x 8,
-     * 48: 8 x 6, 64: 8 x 8, 128: 16 x 8, 256: 32 x 8) */
-    const int R = dk <= 32 ? 4 : dk <= 64 ? 8 : dk <= 128 ? 16 : 32;
+    const int R = delta_rows(dk);
     const int nw = (dk + R - 1) / R;
     dim3 grid((dv + 31) / 32, nv, n_runs);
     switch (R) {
@@ -314,24 +329,7 @@ __global__ void __launch_bounds__(256) deltanet_decode_kernel(
         for (int i = lane; i < dk; i += 32) x[i] = x[i] * inv * scale;
     }
     __syncthreads();
-    float acc = 0.0f;
-#pragma unroll
-    for (int i = 0; i < R; i++) {
-        s[i] *= decay;
-        acc = fmaf(ks[r0 + i], s[i], acc);
-    }
-    red1[warp * 32 + lane] = acc;
-    __syncthreads();
-    float kv = 0.0f;
-    for (int w = 0; w < nw; w++) kv += red1[w * 32 + lane];
-    const float delta = (vj - kv) * beta;
-    acc = 0.0f;
-#pragma unroll
-    for (int i = 0; i < R; i++) {
-        s[i] = fmaf(ks[r0 + i], delta, s[i]);
-        acc = fmaf(qs[r0 + i], s[i], acc);
-    }
-    red2[warp * 32 + lane] = acc;
+    delta_step<R>(s, qs, ks, vj, beta, decay, red1, red2, nw, warp, lane, r0);
     __syncthreads();
     const int n_tiles = (int)cluster.num_blocks();
     float out = 0.0f;
@@ -402,7 +400,7 @@ extern "C" int deltanet_decode_cuda(float *o, int8_t *xq, float *xds, float *sta
                                     int v_tiled, float eps, const int32_t *run_seq, const int32_t *run_off,
                                     const int32_t *run_tok, int n_runs, cudaStream_t st) {
     if (n_runs <= 0 || !deltanet_decode_cuda_supported(dk, dv)) return -1;
-    const int R = dk <= 32 ? 4 : dk <= 64 ? 8 : dk <= 128 ? 16 : 32; /* as gated_delta_rule_cuda */
+    const int R = delta_rows(dk);
     const int nw = (dk + R - 1) / R;
     const dim3 grid(dv / 32, nv, n_runs);
     float2 *d2 = (float2 *)xds;
