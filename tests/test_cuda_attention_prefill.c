@@ -20,7 +20,10 @@
  * heads, 8 KV heads, head_dim 128), one sequence, positions 0..n-1, n = 512 and 2048, block_size
  * 16: attention_cuda (n_split 1, split_len n) against attention_prefill_cuda; CUDA events, median
  * of 20 calls after 3 warm-ups; FLOPs counted as 4 n_head head_dim sum_t (pos_t + 1). Measured on
- * an H200: pp512 (4.3 GFLOP) 711.8 us -> 58.4 us (74 TFLOP/s); pp2048 9812 us -> 472 us (146 TFLOP/s). */
+ * an H200: pp512 (4.3 GFLOP) 711.8 us -> 58.4 us (74 TFLOP/s); pp2048 9812 us -> 472 us (146 TFLOP/s).
+ * Before them, the decode kernels at the same shape, one token at the last position: one split at
+ * n = 128 and 1024 (both kernels), and the engine's split-K (cuda_decode_splits) at 4096 and 32768
+ * (the tensor-core kernel and the combine), with the KV read rate. */
 #define TEST_RNG_SEED 0x2545f4914f6cdd1dull
 #include "test_cuda_common.h"
 #include "testutil.h"
@@ -31,6 +34,7 @@ int main(void) { return cuda_test_gate("test_cuda_attention_prefill"); }
 
 #include <stdint.h>
 
+#include "cuda/backend.h"
 #include "cuda/ops_cuda.h"
 #include "quant.h"
 #include "util.h"
@@ -243,10 +247,12 @@ static void bench(int n_tok) {
     free(pos), free(seq), free(tiles), free(tab), free(k16), free(v16), free(q), free(a), free(b);
 }
 
-/* us per call of the decode attention kernels at Qwen3-32B's shape, one token at position n_kv - 1,
- * one split: 200 launches back to back on the stream, the mean. */
-static void bench_decode(int n_kv) {
-    const int hd = 128, n_head = 64, n_head_kv = 8, bs = 16, l = 0, kv_dim = n_head_kv * hd, q_dim = n_head * hd;
+/* us per call of the decode attention kernels at Qwen3-32B's shape, one token at position n_kv - 1:
+ * 200 launches back to back on the stream, the mean. splits 0: one split; else the engine's split-K
+ * of a decode step (cuda_decode_splits, two blocks per SM) and only the tensor-core kernel, with the
+ * KV read rate (K and V bytes of the n_kv positions over the time per call, combine included). */
+static void bench_decode(int n_kv, int splits, int n_head, int n_head_kv) {
+    const int hd = 128, bs = 16, l = 0, kv_dim = n_head_kv * hd, q_dim = n_head * hd;
     const int n_blocks = (n_kv + bs - 1) / bs;
     int32_t *tab = xmalloc((size_t)n_blocks * 4);
     rnd_perm(tab, n_blocks);
@@ -262,26 +268,31 @@ static void bench_decode(int n_kv) {
     const int32_t pos = n_kv - 1, seq = 0;
     int32_t *dpos = dev_put(&pos, 4), *dseq = dev_put(&seq, 4);
     float *dq = dev_put(q, (size_t)q_dim * 4), *dout = dev_poison((size_t)q_dim);
-    float *po = dev_poison((size_t)n_head * hd * 64), *pml = dev_poison((size_t)n_head * 2 * 64);
+    int n_split = 1, split_len = 256 > n_kv ? 256 : n_kv, n_sm = 0;
+    CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
+    if (splits) cuda_decode_splits(n_kv, 1, n_head_kv, 1, 2, n_sm, (n_kv + 255) / 256, &n_split, &split_len);
+    const int n_part = n_split > 64 ? n_split : 64;
+    float *po = dev_poison((size_t)n_head * hd * n_part), *pml = dev_poison((size_t)n_head * 2 * n_part);
     CHECK(attention_cuda_prepare(hd, n_head / n_head_kv) == 0, "prepare");
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    for (int which = 0; which < 2; which++) {
+    for (int which = 0; which < (splits ? 1 : 2); which++) {
         float ms = 0;
         for (int rep = 0; rep < 2; rep++) {
             CK(cudaEventRecord(e0, 0));
             for (int i = 0; i < 200; i++) {
-                if (which == 0) attention_decode_cuda(dout, NULL, NULL, dq, &kv, l, dpos, dseq, 1, n_head, 1, 256 > n_kv ? 256 : n_kv, po, pml, 0);
-                else attention_cuda(dout, dq, &kv, l, dpos, dseq, 1, n_head, 1, 256 > n_kv ? 256 : n_kv, po, pml, 0);
+                if (which == 0) attention_decode_cuda(dout, NULL, NULL, dq, &kv, l, dpos, dseq, 1, n_head, n_split, split_len, po, pml, 0);
+                else attention_cuda(dout, dq, &kv, l, dpos, dseq, 1, n_head, 1, split_len, po, pml, 0);
             }
             CK(cudaEventRecord(e1, 0));
             CK(cudaEventSynchronize(e1));
             CK(cudaGetLastError());
             CK(cudaEventElapsedTime(&ms, e0, e1));
         }
-        printf("decode n_kv %5d heads 64/8 hd 128: %s %7.2f us/call\n", n_kv,
-               which == 0 ? "attention_decode_cuda (mma)" : "attention_cuda (CUDA cores)", ms * 1e3 / 200);
+        const double us = ms * 1e3 / 200, gbs = (double)n_kv * kv_dim * 2 * 2 / (us * 1e3);
+        printf("decode n_kv %6d heads %d/%d hd 128, %3d split(s) of %5d: %s %8.2f us/call, KV %.1f GB/s\n", n_kv,
+               n_head, n_head_kv, n_split, split_len, which == 0 ? "attention_decode_cuda (mma)" : "attention_cuda (CUDA cores)", us, gbs);
     }
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     cudaFree(kv.k), cudaFree(kv.v), cudaFree((void *)kv.block_tab), cudaFree(dq), cudaFree(dout), cudaFree(po);
@@ -311,8 +322,11 @@ int main(int argc, char **argv) {
         return test_summary("test_cuda_attention_prefill");
     }
     if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
-        bench_decode(128);
-        bench_decode(1024);
+        bench_decode(128, 0, 64, 8);
+        bench_decode(1024, 0, 64, 8);
+        bench_decode(4096, 1, 64, 8);
+        bench_decode(32768, 1, 64, 8);
+        if (getenv("PXQ_BENCH_DECODE_ONLY")) return test_summary("test_cuda_attention_prefill");
         bench(512);
         bench(2048);
         return test_summary("test_cuda_attention_prefill");

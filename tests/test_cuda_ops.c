@@ -15,6 +15,7 @@
  *     (f16 rounds K and V to 11 bits: 2^-12 relative each), split into 1 or several chunks;
  *     the tensor-core decode kernel (f16 KV, sm_80+; q and P also rounded to f16) <= 2e-3, with
  *     splits that leave warps and whole splits empty, GQA groups of 1 to 16
+ *   the split-K combine alone vs float64, 3 to 5000 splits, empty splits skipped   <= 1e-5
  *   the half forms of rmsnorm and swiglu (prefill GEMM operands)  <= 1e-3 (f16 rounding)
  *   the dp4a mat-vec with an L2 prefetch riding on it: bit-equal to without; the prefetch's shares
  *     (cuda_l2_share) tile their span, checked on the host (also without a GPU)
@@ -668,6 +669,49 @@ static void test_decode_splits(void) {
     printf("decode splits: %d random shapes, %d graph keys over 1..262144 positions\n", n_cases, keys);
 }
 
+/* The split-K combine alone, against float64, at split counts either side of its shared-memory
+ * form's limit (4096); every fifth split empty (l = 0) with NaN partial outputs, which must be
+ * skipped. Bound 1e-5 (float32 sums of n_split terms in the same order). */
+static void test_attention_combine(int n_split) {
+    const int n_tok = 2, n_head = 3, hd = 64, n = n_tok * n_head;
+    float *po = xmalloc((size_t)n * n_split * hd * 4), *pml = xmalloc((size_t)n * n_split * 2 * 4);
+    float *ref = xmalloc((size_t)n * hd * 4), *got = xmalloc((size_t)n * hd * 4);
+    fill(po, (size_t)n * n_split * hd, 1.0f);
+    for (int i = 0; i < n * n_split; i++) {
+        const int empty = i % 5 == 3;
+        pml[2 * i] = 4.0f * rnd_f(), pml[2 * i + 1] = empty ? 0.0f : 1.5f + rnd_f();
+        if (empty)
+            for (int d = 0; d < hd; d++) po[(size_t)i * hd + d] = NAN;
+    }
+    for (int r = 0; r < n; r++) {
+        double M = -1e300, L = 0;
+        for (int s = 0; s < n_split; s++)
+            if (pml[2 * (r * n_split + s) + 1] > 0) M = fmax(M, pml[2 * (r * n_split + s)]);
+        for (int s = 0; s < n_split; s++) {
+            const int i = r * n_split + s;
+            if (pml[2 * i + 1] > 0) L += pml[2 * i + 1] * exp(pml[2 * i] - M);
+        }
+        for (int d = 0; d < hd; d++) {
+            double o = 0;
+            for (int s = 0; s < n_split; s++) {
+                const int i = r * n_split + s;
+                if (pml[2 * i + 1] > 0) o += po[(size_t)i * hd + d] * exp(pml[2 * i] - M);
+            }
+            ref[(size_t)r * hd + d] = (float)(o / L);
+        }
+    }
+    float *dpo = dev_put(po, (size_t)n * n_split * hd * 4), *dpml = dev_put(pml, (size_t)n * n_split * 2 * 4);
+    float *dout = dev_poison((size_t)n * hd);
+    attention_combine_cuda(dout, NULL, NULL, dpo, dpml, n_tok, n_head, hd, n_split, 0);
+    CK(cudaGetLastError());
+    dev_get(got, dout, (size_t)n * hd * 4);
+    const double err = norm_err(got, ref, (size_t)n * hd);
+    CHECK(err <= 1e-5, "attention_combine %d splits: %.3g > 1e-5", n_split, err);
+    printf("attention_combine %4d splits: %.2e\n", n_split, err);
+    cudaFree(dpo), cudaFree(dpml), cudaFree(dout);
+    free(po), free(pml), free(ref), free(got);
+}
+
 int main(void) {
     test_l2_share();      /* host only */
     test_decode_splits(); /* host only */
@@ -693,6 +737,9 @@ int main(void) {
     test_attention(0, 256, 8, 1, 16);
     test_attention(0, 256, 24, 4, 16); /* Qwen3.5-27B's gated attention: groups of 6 */
     test_attention(0, 128, 16, 1, 16); /* a group of 16: every MMA row a head */
+    test_attention_combine(3);
+    test_attention_combine(33);
+    test_attention_combine(5000); /* past the shared-memory form */
     threadpool_free(tp);
     return test_summary("test_cuda_ops");
 }

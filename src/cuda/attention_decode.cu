@@ -5,32 +5,35 @@
  * the positions 0..pos[t] of a query token are cut into n_split chunks of split_len positions, each
  * reduced with the online softmax (Milakov & Gimelshein 2018) into an unnormalised output and its
  * (max, sum), then combined (attention_combine_cuda; one split: normalised here). A block takes one
- * (split, KV head, token): its 16 MMA rows are the GQA group's query heads (group <= 16; rows past
- * the group are zero and never stored), so every K/V element read serves the whole group.
+ * (split, KV head, token), and every K/V element it reads serves the whole GQA group.
+ *
+ * The products are transposed so that the positions are the MMA rows and the group's query heads
+ * the 8 columns (HB blocks of 8 heads: groups up to 8, or 16): S^T = K Q^T with K the row-major A
+ * operand (16 positions x 16 dims, ldmatrix) and Q^T the column-major B operand, kept in registers
+ * for the whole split; then O^T += V^T P^T with V^T the A operand (ldmatrix .trans of the V tile)
+ * and P^T the B operand, which is S^T's accumulator fragment rounded to f16 and transposed in
+ * registers (movmatrix, one per 8x8). A tile of 16 positions and head_dim 128 is 8 + 8 MMAs and 16
+ * ldmatrix for a group of up to 8, where the query heads as the 16 MMA rows (the layout before)
+ * took 32 and 32, half of them on padding rows at a group of 8 (Nsight Compute on that kernel, H200,
+ * 32K positions: 2.75 TB/s, 7.9 warps per SM, an instruction every 6.3 cycles per warp, the
+ * fixed-latency dependency the largest stall; 127 registers a thread against 93 now). Qwen3-32B
+ * decode at 32K positions on an H200: 105.4-105.5 t/s -> 108.0 (`pxq bench -d 32768`, alternated);
+ * the KV is still read at about 3.1 TB/s of the 4.2 a copy reaches (tools/cuda_timeline).
  *
  * Inside a block the four warps do not share tiles: warp w takes the split's tiles of BN positions
  * w, w + 4, w + 8, ..., each through its own ring of NS shared-memory stages filled by cp.async
- * (NS - 1 tiles in flight while one is computed; no block barrier in the loop, __syncwarp only),
- * S = Q K^T and O += P V with mma.sync m16n8k16 (f16 operands, fp32 accumulation) as in
- * attention_prefill.cu. At the end the warps' (m, l, O) meet in shared memory and are combined.
- * Decode reads each K/V byte once and does 2 x group MACs per f16 element: the tensor cores keep
- * the arithmetic off the critical path, and the per-warp rings keep enough bytes in flight for the
- * HBM roofline (split-K CUDA-core kernel attention_cuda: ~0.7 TB/s at 32K positions on an H200).
+ * (NS - 1 tiles in flight while one is computed; no block barrier in the loop, __syncwarp only). A
+ * whole tile inside one KV block is copied with per-lane offsets fixed for the split. At the end
+ * the warps' (m, l, O) meet in shared memory and are combined.
  *
- * Shared memory (halves, rows padded by 8): Q [16][D + 8], then per warp NS stages of K [BN][D + 8]
- * and V [BN][D + 8]; after the loop the stages hold the warps' m, l [4][16] and O [4][16][D] floats.
+ * Shared memory (halves, rows padded by 8): per warp NS stages of K [BN][D + 8] and V [BN][D + 8];
+ * after the loop they hold the warps' m, l [4][8 HB] and O [4][8 HB][D + 4] floats.
  * Configurations (attention_decode_smem_bytes), tried in order until one fits the device's opt-in
  * shared memory (PXQ_CUDA_DECODE_CFG=k forces the k-th, for timing):
- *   D 64: (BN 32, NS 3) 113 KiB, (64, 3) 223 KiB, (32, 2);  D 128: (16, 2) 74 KiB, (16, 3) 109 KiB,
- *   (32, 3) 213 KiB;  D 256: (16, 3) 211 KiB, (16, 2) 144 KiB.
- * Two blocks (8 warps) per SM beat one with twice the tile: Qwen3-32B at 32K positions on an H200,
- * 87.4 t/s with (16, 3) against 73.9 with (32, 3), both with splits sized to <= 4 blocks per SM
- * ((32, 3) at <= 2 per SM: 80.1). With programmatic dependent launch (launch.cuh), (16, 2): three
- * blocks per SM, 98.1 t/s against 95.7 for (16, 3) (twice each; the same at a short context,
- * 145.4 against 145.7), so it comes first. Nsight Compute (docs/PERF.md): (32, 3) read the KV at 1.7 TB/s
- * with 4 warps per SM; (16, 3) at 2.4 TB/s with 8, latency- and issue-bound, not bandwidth-bound.
- * Needs sm_80 (cp.async, mma m16n8k16): below that the body is empty and attention_decode_supported
- * returns 0 (callers keep attention_cuda, the Volta path). */
+ *   D 64: (BN 32, NS 3) 108 KiB, (64, 3) 216 KiB, (32, 2);  D 128: (16, 2) 68 KiB, (16, 3) 102 KiB,
+ *   (32, 3) 204 KiB;  D 256: (16, 3) 198 KiB, (16, 2) 132 KiB.
+ * Needs sm_80 (cp.async, mma m16n8k16, movmatrix): below that the body is empty and
+ * attention_decode_supported returns 0 (callers keep attention_cuda, the Volta path). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -45,17 +48,29 @@
 
 #define AD_WARPS 4
 #define AD_THREADS (AD_WARPS * 32)
-#define AD_ROWS 16 /* MMA rows: the query heads of one GQA group */
+#define AD_HEADS 8  /* MMA columns: query heads of one head block */
+#define AD_HB_MAX 2 /* head blocks: groups up to 16 */
 
 static size_t ad_smem(int D, int BN, int NS) {
-    const size_t stages = (size_t)AD_ROWS * (D + 8) * 2 + (size_t)AD_WARPS * NS * 2 * BN * (D + 8) * 2;
-    const size_t comb = (size_t)AD_ROWS * (D + 8) * 2 + (size_t)AD_WARPS * AD_ROWS * (2 + D + 2) * 4;
-    return stages > comb ? stages : comb;
+    const size_t ring = (size_t)AD_WARPS * NS * 2 * BN * (D + 8) * 2;
+    const size_t comb = (size_t)AD_WARPS * AD_HB_MAX * AD_HEADS * (2 + D + 4) * 4;
+    return ring > comb ? ring : comb;
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+/* The transpose of an 8x8 b16 matrix held as an MMA fragment (thread g*4+c: row g, columns 2c, 2c+1)
+ * in the same fragment form (PTX ISA, movmatrix). */
+static __device__ __forceinline__ uint32_t movmatrix_t(uint32_t x) {
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+#endif
+
 /* grid (n_split, n_head_kv, n_tokens), block AD_THREADS; sl2 = log2(e) / sqrt(D), scale = 1 / sqrt(D).
- * out != NULL (one split): normalised output; else part_o / part_ml as attention_cuda's. */
-template <int D, int BN, int NS>
+ * out != NULL (one split): normalised output; else part_o / part_ml as attention_cuda's. HB: head
+ * blocks of 8 (group <= 8 HB). */
+template <int D, int BN, int NS, int HB>
 __global__ void __launch_bounds__(AD_THREADS)
     attention_decode_kernel(float *__restrict__ out, int8_t *__restrict__ xq, float2 *__restrict__ xds,
                             float *__restrict__ part_o, float *__restrict__ part_ml,
@@ -63,15 +78,15 @@ __global__ void __launch_bounds__(AD_THREADS)
                             const int32_t *__restrict__ seq_id, int n_head, int n_split, int split_len, float sl2,
                             float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    constexpr int SD = D + 8;
-    static_assert(BN % 16 == 0 && BN * (D / 8) % 32 == 0, "whole k16 steps and whole rounds of 16-byte copies");
+    constexpr int SD = D + 8, MB = BN / 16, ND = D / 16, R = HB * AD_HEADS;
+    constexpr int CPR = D / 8, RPI = 32 / CPR; /* 16-byte chunks per row; rows per 32 copies (D <= 256) */
+    static_assert(BN % 16 == 0 && BN * CPR % 32 == 0 && 32 % CPR == 0, "whole k16 steps and rounds of copies");
     extern __shared__ uint4 ad_sm[];
     pdl_launch_dependents();
-    __half *Qs = (__half *)ad_sm;
     const int split = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int group = n_head / kv.n_head_kv;
-    __half *ring = Qs + AD_ROWS * SD + (size_t)warp * NS * 2 * BN * SD; /* stage s: K, then V */
+    __half *ring = (__half *)ad_sm + (size_t)warp * NS * 2 * BN * SD; /* stage s: K, then V */
     /* pos, seq_id and the block tables are step inputs (copied before the step's first kernel), so
      * they and the first tiles' addresses are read before pdl_wait (common.cuh); q and this step's
      * K/V come from the kernel before. */
@@ -88,15 +103,27 @@ __global__ void __launch_bounds__(AD_THREADS)
     auto tile_base = [&](int i) -> size_t {
         return one_block && i < my_n ? kv_off(kv, l, tab, tile_p0(i)) + (size_t)kvh * D : 0;
     };
+    /* copy k of the tile: row lr + k RPI, 16-byte chunk cc of it (the same for every tile) */
+    const int lr = lane / CPR, cc = (lane % CPR) * 8;
+    const size_t lane_g = (size_t)lr * kv.kv_dim + cc, step_g = (size_t)RPI * kv.kv_dim;
     auto load = [&](int i, int s, size_t base) { /* this warp's i-th tile into stage s; positions >= p1 zero-filled */
         __half *Kd = ring + s * 2 * BN * SD, *Vd = Kd + BN * SD;
         const int j0 = tile_p0(i);
+        if (one_block && j0 + BN <= p1) {
+            const __half *kg = (const __half *)kv.k + base + lane_g, *vg = (const __half *)kv.v + base + lane_g;
 #pragma unroll
-        for (int it = 0; it < BN * (D / 8) / 32; it++) {
-            const int idx = lane + it * 32, r = idx / (D / 8), c = (idx - r * (D / 8)) * 8, p = j0 + r, ok = p < p1;
-            const size_t off = !ok ? 0 : one_block ? base + (size_t)r * kv.kv_dim + c : kv_off(kv, l, tab, p) + (size_t)kvh * D + c;
-            cp_async16(Kd + r * SD + c, (const __half *)kv.k + off, ok);
-            cp_async16(Vd + r * SD + c, (const __half *)kv.v + off, ok);
+            for (int k = 0; k < BN / RPI; k++) {
+                cp_async16(Kd + (lr + k * RPI) * SD + cc, kg + k * step_g, 1);
+                cp_async16(Vd + (lr + k * RPI) * SD + cc, vg + k * step_g, 1);
+            }
+            return;
+        }
+#pragma unroll
+        for (int k = 0; k < BN / RPI; k++) {
+            const int r = lr + k * RPI, p = j0 + r, ok = p < p1;
+            const size_t off = !ok ? 0 : one_block ? base + (size_t)r * kv.kv_dim + cc : kv_off(kv, l, tab, p) + (size_t)kvh * D + cc;
+            cp_async16(Kd + r * SD + cc, (const __half *)kv.k + off, ok);
+            cp_async16(Vd + r * SD + cc, (const __half *)kv.v + off, ok);
         }
     };
     size_t base[NS];
@@ -104,38 +131,48 @@ __global__ void __launch_bounds__(AD_THREADS)
     for (int i = 0; i < NS; i++) base[i] = tile_base(i);
     pdl_wait();
 
-    /* Q: every load issued, then the first tiles' copies, then the conversion into shared memory */
-    constexpr int QV = AD_ROWS * (D / 4) / AD_THREADS;
-    float4 qv[QV];
+    /* Q^T as the B operand, in registers: b0 = q[head g][16 kk + 2c, +1], b1 = the same + 8; heads
+     * past the group are zero columns (never stored). Every load issued, then the first tiles'
+     * copies, then the conversion. */
+    float2 qf[HB][ND][2];
 #pragma unroll
-    for (int k = 0; k < QV; k++) {
-        const int i = tid + k * AD_THREADS, r = i / (D / 4), c = (i - r * (D / 4)) * 4;
-        qv[k] = r < group ? *(const float4 *)(q + (size_t)t * ld + (size_t)(kvh * group + r) * D + c)
-                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int hb = 0; hb < HB; hb++) {
+        const int hh = hb * AD_HEADS + g;
+        const float *qr = q + (size_t)t * ld + (size_t)(kvh * group + hh) * D + 2 * c;
+#pragma unroll
+        for (int kk = 0; kk < ND; kk++)
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                qf[hb][kk][j] = hh < group ? *(const float2 *)(qr + kk * 16 + j * 8) : make_float2(0.0f, 0.0f);
     }
 #pragma unroll
     for (int i = 0; i < NS - 1; i++) {
         if (i < my_n) load(i, i, base[i]);
         cp_async_commit();
     }
+    uint32_t qb[HB][ND][2];
 #pragma unroll
-    for (int k = 0; k < QV; k++) {
-        const int i = tid + k * AD_THREADS, r = i / (D / 4), c = (i - r * (D / 4)) * 4;
-        __half2 *dst = (__half2 *)(Qs + r * SD + c);
-        dst[0] = __floats2half2_rn(qv[k].x, qv[k].y);
-        dst[1] = __floats2half2_rn(qv[k].z, qv[k].w);
-    }
-    __syncthreads();
-
-    /* ldmatrix row addresses (halves), as attention_prefill.cu: Q as A, K as column-major B, V^T as B */
-    const int a_off = ((lane & 7) + ((lane >> 3) & 1) * 8) * SD + (lane >> 4) * 8;
-    const int k_off = ((lane & 7) + (lane >> 4) * 8) * SD + ((lane >> 3) & 1) * 8;
-    const int v_off = ((lane & 7) + ((lane >> 3) & 1) * 8) * SD + (lane >> 4) * 8;
-
-    float o[D / 8][4];
+    for (int hb = 0; hb < HB; hb++)
 #pragma unroll
-    for (int nd = 0; nd < D / 8; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f}; /* m in raw score units */
+        for (int kk = 0; kk < ND; kk++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) qb[hb][kk][j] = pack_h2(qf[hb][kk][j].x, qf[hb][kk][j].y);
+
+    /* ldmatrix row addresses (halves): K as the row-major A operand (matrix i: rows 8 (i & 1),
+     * columns 8 (i >> 1)); V^T as the A operand through .trans (matrix i: V rows 8 (i >> 1), columns
+     * 8 (i & 1)) */
+    const int k_off = ((lane & 7) + ((lane >> 3) & 1) * 8) * SD + (lane >> 4) * 8;
+    const int v_off = ((lane & 7) + ((lane >> 4) & 1) * 8) * SD + ((lane >> 3) & 1) * 8;
+
+    /* O^T fragments: o[md][hb]: dims 16 md + g (+ 8 for e >= 2), heads 8 hb + 2c + (e & 1) */
+    float o[ND][HB][4];
+#pragma unroll
+    for (int md = 0; md < ND; md++)
+#pragma unroll
+        for (int hb = 0; hb < HB; hb++) o[md][hb][0] = o[md][hb][1] = o[md][hb][2] = o[md][hb][3] = 0.0f;
+    float m[HB][2], lsum[HB][2]; /* per column 2c + j of each head block; m in raw score units */
+#pragma unroll
+    for (int hb = 0; hb < HB; hb++) m[hb][0] = m[hb][1] = -INFINITY, lsum[hb][0] = lsum[hb][1] = 0.0f;
 
     size_t next_base = base[NS - 1];
     for (int i = 0; i < my_n; i++) {
@@ -146,54 +183,140 @@ __global__ void __launch_bounds__(AD_THREADS)
         __syncwarp();
         const __half *Ks = ring + (i % NS) * 2 * BN * SD, *Vs = Ks + BN * SD;
 
-        float s[BN / 8][4];
-        mma_qkt<D, BN, SD>(s, Qs + a_off, Ks + k_off);
-        const int j0 = tile_p0(i);
-        if (j0 + BN > p1) { /* the split's last tile: positions past p1 are zero rows */
+        /* S^T: s[mb][hb] rows = positions 16 mb + g (+ 8), columns = heads; with one (mb, hb) the
+         * even and odd k16 steps go to two accumulators (two chains of MMAs, not one) */
+        constexpr int NACC = MB * HB == 1 ? 2 : 1;
+        float s[MB][HB][4], s2[NACC > 1 ? MB : 1][NACC > 1 ? HB : 1][4];
 #pragma unroll
-            for (int nb = 0; nb < BN / 8; nb++)
+        for (int mb = 0; mb < MB; mb++)
+#pragma unroll
+            for (int hb = 0; hb < HB; hb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[mb][hb][e] = 0.0f;
+        if (NACC > 1)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s2[0][0][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < ND; kk++)
+#pragma unroll
+            for (int mb = 0; mb < MB; mb++) {
+                uint32_t a[4];
+                ldsm_x4(a, Ks + mb * 16 * SD + k_off + kk * 16);
+#pragma unroll
+                for (int hb = 0; hb < HB; hb++) {
+                    if (NACC > 1 && (kk & 1)) mma16816(s2[0][0], a, qb[hb][kk][0], qb[hb][kk][1]);
+                    else mma16816(s[mb][hb], a, qb[hb][kk][0], qb[hb][kk][1]);
+                }
+            }
+        if (NACC > 1)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[0][0][e] += s2[0][0][e];
+        const int j0 = tile_p0(i);
+        if (j0 + BN > p1) { /* the split's last tile: positions past p1 are -inf rows */
+#pragma unroll
+            for (int mb = 0; mb < MB; mb++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    if (j0 + nb * 8 + 2 * (lane & 3) + (e & 1) >= p1) s[nb][e] = -INFINITY;
+                    if (j0 + mb * 16 + g + (e >> 1) * 8 >= p1)
+#pragma unroll
+                        for (int hb = 0; hb < HB; hb++) s[mb][hb][e] = -INFINITY;
         }
-        /* every tile has a position < p1 in each row: no masked rows; o rescaled only when a max grows */
-        online_softmax_step<D, BN, false, true>(s, o, m, lsum, sl2);
-        mma_pv<D, BN, SD>(o, s, Vs + v_off);
+
+        /* online softmax per column (head): the column max over the thread's rows, then over the 8
+         * lanes of the same c; every tile has a position < p1, so every column max is finite. o is
+         * rescaled only when some max grew (the max settles after a few tiles). */
+        float ms[HB][2], corr[HB][2];
+        bool grew = false;
+#pragma unroll
+        for (int hb = 0; hb < HB; hb++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                float mx = m[hb][j];
+#pragma unroll
+                for (int mb = 0; mb < MB; mb++) mx = fmaxf(mx, fmaxf(s[mb][hb][j], s[mb][hb][2 + j]));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 4));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 8));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 16));
+                ms[hb][j] = mx * sl2;
+                corr[hb][j] = exp2f(m[hb][j] * sl2 - ms[hb][j]);
+                grew |= mx != m[hb][j];
+                m[hb][j] = mx;
+                lsum[hb][j] *= corr[hb][j];
+            }
+        if (__any_sync(FULL_MASK, grew))
+#pragma unroll
+            for (int md = 0; md < ND; md++)
+#pragma unroll
+                for (int hb = 0; hb < HB; hb++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) o[md][hb][e] *= corr[hb][e & 1];
+
+        /* P = 2^(s sl2 - m sl2), its column sums; P^T's B fragments by movmatrix; O^T += V^T P^T */
+#pragma unroll
+        for (int mb = 0; mb < MB; mb++) {
+            uint32_t b[HB][2];
+#pragma unroll
+            for (int hb = 0; hb < HB; hb++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    s[mb][hb][e] = exp2f(fmaf(s[mb][hb][e], sl2, -ms[hb][e & 1]));
+                    lsum[hb][e & 1] += s[mb][hb][e];
+                }
+                b[hb][0] = movmatrix_t(pack_h2(s[mb][hb][0], s[mb][hb][1]));
+                b[hb][1] = movmatrix_t(pack_h2(s[mb][hb][2], s[mb][hb][3]));
+            }
+#pragma unroll
+            for (int md = 0; md < ND; md++) {
+                uint32_t a[4];
+                ldsm_x4_t(a, Vs + mb * 16 * SD + v_off + md * 16);
+#pragma unroll
+                for (int hb = 0; hb < HB; hb++) mma16816(o[md][hb], a, b[hb][0], b[hb][1]);
+            }
+        }
         __syncwarp(); /* stage i % NS is refilled by the next iteration's load */
     }
     cp_async_wait<0>();
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        lsum[r] += __shfl_xor_sync(FULL_MASK, lsum[r], 1);
-        lsum[r] += __shfl_xor_sync(FULL_MASK, lsum[r], 2);
-    }
+    for (int hb = 0; hb < HB; hb++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            lsum[hb][j] += __shfl_xor_sync(FULL_MASK, lsum[hb][j], 4);
+            lsum[hb][j] += __shfl_xor_sync(FULL_MASK, lsum[hb][j], 8);
+            lsum[hb][j] += __shfl_xor_sync(FULL_MASK, lsum[hb][j], 16);
+        }
     __syncthreads(); /* every warp is done with its ring: it becomes the combine scratch */
 
-    float *Wm = (float *)(Qs + AD_ROWS * SD), *Wl = Wm + AD_WARPS * AD_ROWS, *Wo = Wl + AD_WARPS * AD_ROWS;
-    constexpr int LO = D + 2; /* O row stride (floats): float2 stores of a quad land in different banks */
+    float *Wm = (float *)ad_sm, *Wl = Wm + AD_WARPS * R, *Wo = Wl + AD_WARPS * R;
+    constexpr int LO = D + 4; /* O row stride (floats): a store's 32 lanes (g, c) land in 32 banks */
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = (lane >> 2) + 8 * r;
-        if ((lane & 3) == 0) Wm[warp * AD_ROWS + row] = m[r], Wl[warp * AD_ROWS + row] = lsum[r];
-        float *dst = Wo + (size_t)(warp * AD_ROWS + row) * LO + 2 * (lane & 3);
+    for (int hb = 0; hb < HB; hb++) {
+        if (g == 0)
 #pragma unroll
-        for (int nd = 0; nd < D / 8; nd++) *(float2 *)(dst + nd * 8) = make_float2(o[nd][2 * r], o[nd][2 * r + 1]);
+            for (int j = 0; j < 2; j++) {
+                const int r = warp * R + hb * AD_HEADS + 2 * c + j;
+                Wm[r] = m[hb][j], Wl[r] = lsum[hb][j];
+            }
+#pragma unroll
+        for (int md = 0; md < ND; md++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                Wo[(size_t)(warp * R + hb * AD_HEADS + 2 * c + (e & 1)) * LO + md * 16 + g + (e >> 1) * 8] = o[md][hb][e];
     }
     __syncthreads();
-    for (int idx = tid; idx < group * D; idx += AD_THREADS) {
+    for (int idx = threadIdx.x; idx < group * D; idx += AD_THREADS) {
         const int r = idx / D, d = idx - r * D;
         float M = -INFINITY;
 #pragma unroll
         for (int w = 0; w < AD_WARPS; w++)
-            if (Wl[w * AD_ROWS + r] > 0.0f) M = fmaxf(M, Wm[w * AD_ROWS + r]);
+            if (Wl[w * R + r] > 0.0f) M = fmaxf(M, Wm[w * R + r]);
         float L = 0.0f, O = 0.0f;
 #pragma unroll
         for (int w = 0; w < AD_WARPS; w++) {
-            const float lw = Wl[w * AD_ROWS + r];
+            const float lw = Wl[w * R + r];
             if (lw > 0.0f) {
-                const float c = exp2f((Wm[w * AD_ROWS + r] - M) * sl2);
-                L = fmaf(lw, c, L);
-                O = fmaf(Wo[(size_t)(w * AD_ROWS + r) * LO + d], c, O);
+                const float cf = exp2f((Wm[w * R + r] - M) * sl2);
+                L = fmaf(lw, cf, L);
+                O = fmaf(Wo[(size_t)(w * R + r) * LO + d], cf, O);
             }
         }
         const int h = kvh * group + r;
@@ -214,10 +337,11 @@ __global__ void __launch_bounds__(AD_THREADS)
 
 struct ad_config {
     int D, BN, NS;
-    const void *fn;
+    const void *fn[AD_HB_MAX]; /* by head blocks: groups up to 8, up to 16 */
 };
 
-#define AD_CFG(D, BN, NS) {D, BN, NS, (const void *)attention_decode_kernel<D, BN, NS>}
+#define AD_CFG(D, BN, NS) \
+    {D, BN, NS, {(const void *)attention_decode_kernel<D, BN, NS, 1>, (const void *)attention_decode_kernel<D, BN, NS, 2>}}
 static const ad_config ad_configs[] = {
     AD_CFG(64, 32, 3),  AD_CFG(64, 64, 3),  AD_CFG(64, 32, 2),  AD_CFG(128, 16, 2),
     AD_CFG(128, 16, 3), AD_CFG(128, 32, 3), AD_CFG(256, 16, 3), AD_CFG(256, 16, 2),
@@ -240,11 +364,14 @@ static int ad_pick(int D) {
         for (int i = 0, k = 0; i < AD_N_CFG && pick < 0; i++) {
             const ad_config &c = ad_configs[i];
             if (c.D != D) continue;
-            cudaFuncAttributes fa;
             const size_t need = ad_smem(c.D, c.BN, c.NS);
-            const int ok = cudaFuncGetAttributes(&fa, c.fn) == cudaSuccess && fa.binaryVersion >= 80 && fa.ptxVersion >= 80 &&
-                           (size_t)optin >= need + fa.sharedSizeBytes && (fk < 0 || fk == k) &&
-                           cudaFuncSetAttribute(c.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need) == cudaSuccess;
+            int ok = fk < 0 || fk == k;
+            for (int h = 0; h < AD_HB_MAX && ok; h++) {
+                cudaFuncAttributes fa;
+                ok = cudaFuncGetAttributes(&fa, c.fn[h]) == cudaSuccess && fa.binaryVersion >= 80 && fa.ptxVersion >= 80 &&
+                     (size_t)optin >= need + fa.sharedSizeBytes &&
+                     cudaFuncSetAttribute(c.fn[h], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need) == cudaSuccess;
+            }
             if (ok) pick = i;
             k++;
         }
@@ -257,7 +384,7 @@ static int ad_pick(int D) {
 extern "C" int attention_decode_supported(const struct cuda_kv *kv, int n_head) {
     const int hd = kv->head_dim;
     if (kv->kv_f32 || kv->n_head_kv <= 0 || n_head <= 0 || n_head % kv->n_head_kv != 0) return 0;
-    if (n_head / kv->n_head_kv > AD_ROWS || kv->kv_dim % 8 != 0) return 0;
+    if (n_head / kv->n_head_kv > AD_HB_MAX * AD_HEADS || kv->kv_dim % 8 != 0) return 0;
     return ad_pick(hd) >= 0;
 }
 
@@ -282,6 +409,6 @@ extern "C" void attention_decode_cuda(float *out, int8_t *xq, float *xds, const 
     void *args[] = {(void *)&direct, (void *)&xq1,    (void *)&xds1,   (void *)&part_o,    (void *)&part_ml,
                     (void *)&q,      (void *)&kvv,    (void *)&l,      (void *)&pos,       (void *)&seq_id,
                     (void *)&n_head, (void *)&n_split, (void *)&split_len, (void *)&sl2,   (void *)&scale};
-    kernel_launch_fn(c.fn, grid, block, args, smem, st);
+    kernel_launch_fn(c.fn[n_head / kv->n_head_kv > AD_HEADS], grid, block, args, smem, st);
     if (n_split > 1) attention_combine_cuda(out, xq, xds, part_o, part_ml, n_tokens, n_head, c.D, n_split, st);
 }
