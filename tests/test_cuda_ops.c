@@ -14,7 +14,8 @@
  *   attention over a shuffled paged cache vs float64, f32 KV     <= 1e-5; f16 KV <= 2e-3
  *     (f16 rounds K and V to 11 bits: 2^-12 relative each), split into 1 or several chunks;
  *     the tensor-core decode kernel (f16 KV, sm_80+; q and P also rounded to f16) <= 2e-3, with
- *     splits that leave warps and whole splits empty, GQA groups of 1 to 16
+ *     splits that leave warps and whole splits empty, GQA groups of 1 to 16; and at 6001
+ *     positions with up to 94 tiles a warp
  *   the split-K combine alone vs float64, 3 to 5000 splits, empty splits skipped   <= 1e-5
  *   the half forms of rmsnorm and swiglu (prefill GEMM operands)  <= 1e-3 (f16 rounding)
  *   the dp4a mat-vec with an L2 prefetch riding on it: bit-equal to without; the prefetch's shares
@@ -669,6 +670,68 @@ static void test_decode_splits(void) {
     printf("decode splits: %d random shapes, %d graph keys over 1..262144 positions\n", n_cases, keys);
 }
 
+/* The tensor-core decode kernel over a long context: one token at position 6000 of a shuffled
+ * paged cache (block_size 16), against float64, with splits long enough that a warp has more
+ * than 32 and 64 tiles (the chunks of block-table bases it reads ahead), and shorter ones. Bound
+ * 2e-3 as test_attention's. */
+static void test_attention_decode_long(void) {
+    const int hd = 128, n_head = 16, n_head_kv = 2, bs = 16, cap = 6144, n_kv = 6001, l = 0;
+    const int n_blocks = cap / bs, kv_dim = n_head_kv * hd, q_dim = n_head * hd, group = n_head / n_head_kv;
+    int32_t *tab = xmalloc((size_t)n_blocks * 4);
+    rnd_perm(tab, n_blocks);
+    const size_t kv_elems = (size_t)n_blocks * bs * kv_dim;
+    uint16_t *k16 = xmalloc(kv_elems * 2), *v16 = xmalloc(kv_elems * 2);
+    for (size_t i = 0; i < kv_elems; i++) k16[i] = f32_to_fp16(rnd_f()), v16[i] = f32_to_fp16(rnd_f());
+    float *q = xmalloc((size_t)q_dim * 4), *ref = xmalloc((size_t)q_dim * 4), *got = xmalloc((size_t)q_dim * 4);
+    fill(q, (size_t)q_dim, 1.0f);
+    double *sc = xmalloc((size_t)n_kv * sizeof(double));
+    for (int h = 0; h < n_head; h++) {
+        const int kvh = h / group;
+        double mx = -1e300, sum = 0;
+        for (int p = 0; p < n_kv; p++) {
+            const size_t off = ((size_t)tab[p / bs] * bs + p % bs) * kv_dim + (size_t)kvh * hd;
+            double a = 0;
+            for (int d = 0; d < hd; d++) a += (double)q[h * hd + d] * fp16_to_f32(k16[off + d]);
+            sc[p] = a / sqrt((double)hd);
+            mx = sc[p] > mx ? sc[p] : mx;
+        }
+        for (int p = 0; p < n_kv; p++) sum += (sc[p] = exp(sc[p] - mx));
+        for (int d = 0; d < hd; d++) {
+            double o = 0;
+            for (int p = 0; p < n_kv; p++)
+                o += sc[p] * fp16_to_f32(v16[((size_t)tab[p / bs] * bs + p % bs) * kv_dim + (size_t)kvh * hd + d]);
+            ref[h * hd + d] = (float)(o / sum);
+        }
+    }
+    struct cuda_kv kv = {0};
+    kv.k = dev_put(k16, kv_elems * 2), kv.v = dev_put(v16, kv_elems * 2);
+    kv.n_layer_kv = 1, kv.block_size = bs, kv.n_head_kv = n_head_kv, kv.head_dim = hd, kv.kv_dim = kv_dim;
+    kv.block_tab = dev_put(tab, (size_t)n_blocks * 4), kv.max_blocks = n_blocks;
+    const int32_t pos = n_kv - 1, seq = 0;
+    int32_t *dpos = dev_put(&pos, 4), *dseq = dev_put(&seq, 4);
+    float *dq = dev_put(q, (size_t)q_dim * 4), *dout = dev_poison((size_t)q_dim);
+    if (attention_decode_supported(&kv, n_head)) {
+        const int dsplits[3][2] = {{1, 6144}, {2, 3072}, {12, 512}}; /* 94, 47 and 8 tiles a warp */
+        for (int s = 0; s < 3; s++) {
+            const int n_split = dsplits[s][0], split_len = dsplits[s][1];
+            float *po = dev_poison((size_t)n_head * n_split * hd), *pml = dev_poison((size_t)n_head * n_split * 2);
+            CK(cudaMemset(dout, 0xff, (size_t)q_dim * 4));
+            attention_decode_cuda(dout, NULL, NULL, dq, &kv, l, dpos, dseq, 1, n_head, n_split, split_len, po, pml, 0);
+            CK(cudaGetLastError());
+            dev_get(got, dout, (size_t)q_dim * 4);
+            const double err = norm_err(got, ref, (size_t)q_dim);
+            CHECK(err <= 2e-3, "attention_decode at %d positions, splits %d x %d: %.3g > 2e-3", n_kv, n_split, split_len, err);
+            printf("attention_decode (mma) at %d positions, splits %2d x %4d: %.2e\n", n_kv, n_split, split_len, err);
+            cudaFree(po), cudaFree(pml);
+        }
+    } else {
+        printf("attention_decode: not supported here (long context case)\n");
+    }
+    cudaFree(kv.k), cudaFree(kv.v), cudaFree((void *)kv.block_tab), cudaFree(dpos), cudaFree(dseq), cudaFree(dq);
+    cudaFree(dout);
+    free(tab), free(k16), free(v16), free(q), free(ref), free(got), free(sc);
+}
+
 /* The split-K combine alone, against float64, at split counts either side of its shared-memory
  * form's limit (4096); every fifth split empty (l = 0) with NaN partial outputs, which must be
  * skipped. Bound 1e-5 (float32 sums of n_split terms in the same order). */
@@ -737,6 +800,7 @@ int main(void) {
     test_attention(0, 256, 8, 1, 16);
     test_attention(0, 256, 24, 4, 16); /* Qwen3.5-27B's gated attention: groups of 6 */
     test_attention(0, 128, 16, 1, 16); /* a group of 16: every MMA row a head */
+    test_attention_decode_long();
     test_attention_combine(3);
     test_attention_combine(33);
     test_attention_combine(5000); /* past the shared-memory form */
