@@ -261,12 +261,8 @@ static void bench_decode(int n_kv, int splits, int n_head, int n_head_kv) {
     for (size_t i = 0; i < kv_elems; i++) k16[i] = f32_to_fp16(rnd_f());
     float *q = xmalloc((size_t)q_dim * 4);
     fill(q, (size_t)q_dim, 1.0f);
-    struct cuda_kv kv = {0};
-    kv.k = dev_put(k16, kv_elems * 2), kv.v = dev_put(k16, kv_elems * 2);
-    kv.n_layer_kv = 1, kv.block_size = bs, kv.n_head_kv = n_head_kv, kv.head_dim = hd, kv.kv_dim = kv_dim;
-    kv.block_tab = dev_put(tab, (size_t)n_blocks * 4), kv.max_blocks = n_blocks;
-    const int32_t pos = n_kv - 1, seq = 0;
-    int32_t *dpos = dev_put(&pos, 4), *dseq = dev_put(&seq, 4);
+    int32_t *dpos, *dseq;
+    struct cuda_kv kv = dev_kv_one_seq(k16, k16, tab, n_blocks, bs, n_head_kv, hd, n_kv, &dpos, &dseq);
     float *dq = dev_put(q, (size_t)q_dim * 4), *dout = dev_poison((size_t)q_dim);
     int n_split = 1, split_len = 256 > n_kv ? 256 : n_kv, n_sm = 0;
     CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));

@@ -14,6 +14,8 @@
 
 #ifdef PXQ_CUDA
 #include <cuda_runtime_api.h>
+
+#include "cuda/ops_cuda.h"
 #endif
 
 /* -1: a device is there, run; otherwise the exit code to return at once. */
@@ -97,6 +99,21 @@ static inline void dev_get(void *h, const void *d, size_t bytes) {
     CK(cudaDeviceSynchronize());
     CK(cudaGetLastError());
     CK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+}
+
+/* A one-layer f16 paged cache holding one sequence, uploaded: K and V [n_blocks][bs][n_head_kv * hd]
+ * halves, block table tab[n_blocks]; *dpos, *dseq: the decode token at position n_kv - 1 of
+ * sequence 0. Free kv.k, kv.v, kv.block_tab and the two ints with cudaFree. */
+static inline struct cuda_kv dev_kv_one_seq(const uint16_t *k16, const uint16_t *v16, const int32_t *tab, int n_blocks,
+                                            int bs, int n_head_kv, int hd, int n_kv, int32_t **dpos, int32_t **dseq) {
+    const size_t kv_elems = (size_t)n_blocks * bs * n_head_kv * hd;
+    struct cuda_kv kv = {0};
+    kv.k = dev_put(k16, kv_elems * 2), kv.v = dev_put(v16, kv_elems * 2);
+    kv.n_layer_kv = 1, kv.block_size = bs, kv.n_head_kv = n_head_kv, kv.head_dim = hd, kv.kv_dim = n_head_kv * hd;
+    kv.block_tab = dev_put(tab, (size_t)n_blocks * 4), kv.max_blocks = n_blocks;
+    const int32_t pos = n_kv - 1, seq = 0;
+    *dpos = dev_put(&pos, 4), *dseq = dev_put(&seq, 4);
+    return kv;
 }
 #endif
 

@@ -703,12 +703,8 @@ static void test_attention_decode_long(void) {
             ref[h * hd + d] = (float)(o / sum);
         }
     }
-    struct cuda_kv kv = {0};
-    kv.k = dev_put(k16, kv_elems * 2), kv.v = dev_put(v16, kv_elems * 2);
-    kv.n_layer_kv = 1, kv.block_size = bs, kv.n_head_kv = n_head_kv, kv.head_dim = hd, kv.kv_dim = kv_dim;
-    kv.block_tab = dev_put(tab, (size_t)n_blocks * 4), kv.max_blocks = n_blocks;
-    const int32_t pos = n_kv - 1, seq = 0;
-    int32_t *dpos = dev_put(&pos, 4), *dseq = dev_put(&seq, 4);
+    int32_t *dpos, *dseq;
+    struct cuda_kv kv = dev_kv_one_seq(k16, v16, tab, n_blocks, bs, n_head_kv, hd, n_kv, &dpos, &dseq);
     float *dq = dev_put(q, (size_t)q_dim * 4), *dout = dev_poison((size_t)q_dim);
     if (attention_decode_supported(&kv, n_head)) {
         const int dsplits[3][2] = {{1, 6144}, {2, 3072}, {12, 512}}; /* 94, 47 and 8 tiles a warp */
