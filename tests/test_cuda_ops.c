@@ -795,7 +795,9 @@ int main(void) {
     test_attention(0, 128, 64, 8, 8); /* KV blocks smaller than a decode tile: a lookup per row */
     test_attention(0, 256, 8, 1, 16);
     test_attention(0, 256, 24, 4, 16); /* Qwen3.5-27B's gated attention: groups of 6 */
-    test_attention(0, 128, 16, 1, 16); /* a group of 16: every MMA row a head */
+    test_attention(0, 128, 16, 1, 16); /* a group of 16: two head blocks of the decode kernel */
+    test_attention(0, 128, 12, 1, 16); /* a group of 12: the second head block half filled */
+    test_attention(0, 64, 6, 2, 32);   /* head_dim 64 (tiles of 32) with whole-tile copies */
     test_attention_decode_long();
     test_attention_combine(3);
     test_attention_combine(33);

@@ -14,7 +14,8 @@
  * and P^T the B operand, which is S^T's accumulator fragment rounded to f16 and transposed in
  * registers (movmatrix, one per 8x8). A tile of 16 positions and head_dim 128 is 8 + 8 MMAs and 16
  * ldmatrix for a group of up to 8, where the query heads as the 16 MMA rows (the layout before)
- * took 32 and 32, half of them on padding rows at a group of 8 (Nsight Compute on that kernel, H200,
+ * took 32 MMAs, half of them on padding rows at a group of 8, and 24 ldmatrix (groups of 9-16: 32
+ * MMAs either way) (Nsight Compute on that kernel, H200,
  * 32K positions: 2.75 TB/s, 7.9 warps per SM, an instruction every 6.3 cycles per warp, the
  * fixed-latency dependency the largest stall; 127 registers a thread against 93 now). Qwen3-32B
  * decode at 32K positions on an H200: 105.4-105.5 t/s -> 108.0 (`pxq bench -d 32768`, alternated);
@@ -97,9 +98,10 @@ __global__ void __launch_bounds__(AD_THREADS)
     const int n_tiles = p1 > p0 ? (p1 - p0 + BN - 1) / BN : 0;
     const int my_n = n_tiles > warp ? (n_tiles - warp + AD_WARPS - 1) / AD_WARPS : 0;
     auto tile_p0 = [&](int i) { return p0 + (warp + i * AD_WARPS) * BN; };
-    /* a tile inside one KV block (block_size a multiple of BN; tiles start at multiples of BN): one
-     * block-table lookup per tile (tile_base, one tile ahead of its copies), rows at kv_dim strides */
-    const bool one_block = kv.block_size % BN == 0;
+    /* a tile inside one KV block (block_size and split_len multiples of BN, so tiles start at
+     * multiples of BN; otherwise a lookup per row): one block-table lookup per tile (tile_base, one
+     * tile ahead of its copies), rows at kv_dim strides */
+    const bool one_block = kv.block_size % BN == 0 && split_len % BN == 0;
     auto tile_base = [&](int i) -> size_t {
         return one_block && i < my_n ? kv_off(kv, l, tab, tile_p0(i)) + (size_t)kvh * D : 0;
     };
