@@ -1042,7 +1042,13 @@ struct pxq_tokenizer *tokenizer_load_hf(const char *path, char *err, size_t errl
     }
     size_t n;
     char *json = read_file(file, (size_t)1 << 30, &n, err, errlen);
-    if (!json) return NULL;
+    if (!json) {
+        char xz[4100];
+        snprintf(xz, sizeof xz, "%s.xz", file);
+        if (!file_exists(file) && file_exists(xz)) /* a compressed copy (the repo's own fixtures) */
+            set_err(err, errlen, "%s: not found; %s is there: decompress it first (xz -dk %s)", file, xz, xz);
+        return NULL;
+    }
     struct pxq_tokenizer *t = tokenizer_load_hf_buffer(json, n, err, errlen);
     free(json);
     if (t) read_tokenizer_config(t, dir);

@@ -28,6 +28,9 @@ check "--chat runs" 'printf "%s" "$chat" | grep -q "rc=0"'
 
 ids=$($PXQ tokenize -m $D/tiny-qwen3 "Once upon a time, there was a little girl named Lily.")
 check "tokenize matches the HF ids" '[ "$ids" = "[46, 1413, 860, 258, 625, 11, 499, 323, 258, 668, 1068, 295, 3279, 461, 761, 13]" ]'
+xzerr=$($PXQ tokenize -m $D/qwen3-tokenizer "hi" 2>&1; echo "rc=$?")
+check "tokenize on a directory with only tokenizer.json.xz says to decompress it, exit 1" \
+    'printf "%s" "$xzerr" | grep -q "xz -dk" && printf "%s" "$xzerr" | grep -q "rc=1"'
 info=$($PXQ info $D/gguf/tiny-qwen3-Q4_0.gguf)
 check "info names the architecture and types" 'printf "%s" "$info" | grep -q "architecture: qwen3" && printf "%s" "$info" | grep -q "q4_0"'
 

@@ -502,6 +502,8 @@ __global__ void attention_kernel(float *__restrict__ out, float *__restrict__ pa
  * us of each Qwen3-32B layer at 32K positions (33 splits; H200 timeline). */
 #define CB_SMEM_SPLITS 4096
 #define CB_THREADS 1024
+static_assert((CB_SMEM_SPLITS + CB_THREADS) * sizeof(float2) <= 48 * 1024,
+              "the combine's shared memory stays within the default 48 KiB (no opt-in)");
 template <bool SH>
 __global__ void attention_combine_kernel(float *out, int8_t *xq, float2 *xds, const float *part_o, const float *part_ml,
                                          int n_head, int hd, int n_split) {
