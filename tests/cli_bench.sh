@@ -35,6 +35,9 @@ short=$(sed -n 's/^does not fit: short by \([0-9.]*\) GiB/\1/p' $tmp.16)
 check "shortfall $short GiB is weights + KV - 16 GiB plus at most 0.5 GiB" \
     'awk -v s="$short" -v w=$wbytes -v k=$kvtok "BEGIN { lo = (w + k * 4096) / 2^30 - 16; exit !(s >= lo - 0.005 && s <= lo + 0.5) }"'
 
+zero=$($PXQ plan --load-format dummy --config $P -c 4096 --gpu-mem 0GiB 2>&1; echo "rc=$?")
+check "plan --gpu-mem 0GiB: an error naming the flag, exit 2" \
+    'printf "%s" "$zero" | grep -q "gpu-mem must be more than 0" && printf "%s" "$zero" | grep -q "rc=2"'
 $PXQ plan --load-format dummy --config $P -c 4096 --gpu-mem 24GiB > $tmp.24; rc24=$?
 check "plan 32B Q4_0 4K in 24GiB: fits, exit 0" '[ $rc24 = 0 ] && grep -q "^fits:" $tmp.24'
 maxc=$(sed -n 's/^largest context that fits: \([0-9]*\) tokens.*/\1/p' $tmp.24)

@@ -31,6 +31,9 @@ check "tokenize matches the HF ids" '[ "$ids" = "[46, 1413, 860, 258, 625, 11, 4
 xzerr=$($PXQ tokenize -m $D/qwen3-tokenizer "hi" 2>&1; echo "rc=$?")
 check "tokenize on a directory with only tokenizer.json.xz says to decompress it, exit 1" \
     'printf "%s" "$xzerr" | grep -q "xz -dk" && printf "%s" "$xzerr" | grep -q "rc=1"'
+two=$($PXQ info $D/gguf/tiny-qwen3-Q4_0.gguf $D/tiny-qwen3 2>&1; echo "rc=$?")
+check "info with two paths: an error naming both, exit 2" \
+    'printf "%s" "$two" | grep -q "one model at a time" && printf "%s" "$two" | grep -q "rc=2"'
 info=$($PXQ info $D/gguf/tiny-qwen3-Q4_0.gguf)
 check "info names the architecture and types" 'printf "%s" "$info" | grep -q "architecture: qwen3" && printf "%s" "$info" | grep -q "q4_0"'
 

@@ -17,9 +17,11 @@ int cmd_info(int argc, char **argv) {
         if (!strcmp(f, "-m") || !strcmp(f, "--model")) path = arg_str(&a);
         else if (!strcmp(f, "-v") || !strcmp(f, "--verbose")) verbose = 1;
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
-            printf("usage: pxq info [-v] PATH   (GGUF file or HF model directory; -v lists metadata and tensors)\n");
+            printf("usage: pxq info [-v] [PATH]   (GGUF file or HF model directory, default the bundled model;\n"
+                   "                               -v lists metadata and tensors)\n");
             return 0;
         } else if (f[0] == '-') fail(&a, 2, "unknown option '%s'", f);
+        else if (path) fail(&a, 2, "one model at a time: got '%s' and '%s'", path, f);
         else path = f;
     }
     if (!path) path = default_model_path();

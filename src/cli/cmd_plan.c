@@ -16,7 +16,9 @@ static const char *usage =
     "usage: pxq plan (-m PATH | --load-format dummy --config FILE.json [--dtype T]) [-c CTX] [--gpu-mem SIZE] [options]\n"
     "  -m, --model PATH        GGUF file or HF directory (its tensors' own types)\n"
     "  -c, --ctx-size N        context per sequence (default 4096; alias --max-model-len)\n"
-    "  --gpu-mem SIZE          device memory budget, e.g. 16GiB (none: just print the account)\n"
+    "  --gpu-mem SIZE          the CUDA arena's budget, e.g. 16GiB: everything the engine allocates on\n"
+    "                          the device (as pxq run/bench --gpu-mem); the CUDA context comes on top\n"
+    "                          (--cuda-context, the 'device total' line). None: just print the account\n"
     "  --max-num-seqs N        concurrent sequences (default 1)\n"
     "  -b, --batch-size N      max tokens per forward step, sizes the activations (default 512)\n"
     "  --kv-cache-type T       f16 (default) or f32 (the CUDA backend's KV types)\n"
@@ -51,7 +53,10 @@ int cmd_plan(int argc, char **argv) {
         if (load_opts_parse(&a, &lo)) continue;
         if (!strcmp(f, "-m") || !strcmp(f, "--model")) model = arg_str(&a);
         else if (!strcmp(f, "-c") || !strcmp(f, "--ctx-size") || !strcmp(f, "--max-model-len")) p.n_ctx = (int)arg_int(&a, 1, 1 << 30);
-        else if (!strcmp(f, "--gpu-mem")) p.budget = size_arg(&a);
+        else if (!strcmp(f, "--gpu-mem")) {
+            p.budget = size_arg(&a);
+            if (p.budget == 0) fail(&a, 2, "--gpu-mem must be more than 0 (leave it out to print the account alone)");
+        }
         else if (!strcmp(f, "--max-num-seqs")) p.n_seq = (int)arg_int(&a, 1, 1 << 16);
         else if (!strcmp(f, "-b") || !strcmp(f, "--batch-size")) p.n_batch = (int)arg_int(&a, 1, 1 << 20);
         else if (!strcmp(f, "--kv-cache-type")) p.kv_type = parse_kv_type(&a, arg_str(&a));
