@@ -58,16 +58,6 @@ static size_t ad_smem(int D, int BN, int NS) {
     return ring > comb ? ring : comb;
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-/* The transpose of an 8x8 b16 matrix held as an MMA fragment (thread g*4+c: row g, columns 2c, 2c+1)
- * in the same fragment form (PTX ISA, movmatrix). */
-static __device__ __forceinline__ uint32_t movmatrix_t(uint32_t x) {
-    uint32_t y;
-    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
-    return y;
-}
-#endif
-
 /* grid (n_split, n_head_kv, n_tokens), block AD_THREADS; sl2 = log2(e) / sqrt(D), scale = 1 / sqrt(D).
  * out != NULL (one split): normalised output; else part_o / part_ml as attention_cuda's. HB: head
  * blocks of 8 (group <= 8 HB). */
@@ -186,18 +176,15 @@ __global__ void __launch_bounds__(AD_THREADS)
         const __half *Ks = ring + (i % NS) * 2 * BN * SD, *Vs = Ks + BN * SD;
 
         /* S^T: s[mb][hb] rows = positions 16 mb + g (+ 8), columns = heads; with one (mb, hb) the
-         * even and odd k16 steps go to two accumulators (two chains of MMAs, not one) */
-        constexpr int NACC = MB * HB == 1 ? 2 : 1;
-        float s[MB][HB][4], s2[NACC > 1 ? MB : 1][NACC > 1 ? HB : 1][4];
+         * odd k16 steps go to a second accumulator s2 (two chains of MMAs, not one) */
+        constexpr bool SPLIT = MB * HB == 1;
+        float s[MB][HB][4], s2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int mb = 0; mb < MB; mb++)
 #pragma unroll
             for (int hb = 0; hb < HB; hb++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) s[mb][hb][e] = 0.0f;
-        if (NACC > 1)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s2[0][0][e] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < ND; kk++)
 #pragma unroll
@@ -206,13 +193,13 @@ __global__ void __launch_bounds__(AD_THREADS)
                 ldsm_x4(a, Ks + mb * 16 * SD + k_off + kk * 16);
 #pragma unroll
                 for (int hb = 0; hb < HB; hb++) {
-                    if (NACC > 1 && (kk & 1)) mma16816(s2[0][0], a, qb[hb][kk][0], qb[hb][kk][1]);
+                    if (SPLIT && (kk & 1)) mma16816(s2, a, qb[hb][kk][0], qb[hb][kk][1]);
                     else mma16816(s[mb][hb], a, qb[hb][kk][0], qb[hb][kk][1]);
                 }
             }
-        if (NACC > 1)
+        if (SPLIT)
 #pragma unroll
-            for (int e = 0; e < 4; e++) s[0][0][e] += s2[0][0][e];
+            for (int e = 0; e < 4; e++) s[0][0][e] += s2[e];
         const int j0 = tile_p0(i);
         if (j0 + BN > p1) { /* the split's last tile: positions past p1 are -inf rows */
 #pragma unroll

@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(PF_THREADS)
         }
 
         /* online softmax; a causal tile can leave a row with nothing unmasked yet (its exponent stays 0) */
-        online_softmax_step<D, BN, true, false>(s, o, m, lsum, sl2);
+        online_softmax_step<D, BN>(s, o, m, lsum, sl2);
 
         /* O += P V: the S accumulator of two n-blocks is the A fragment of one k16 step */
         mma_pv<D, BN, SD>(o, s, Vs + v_off);

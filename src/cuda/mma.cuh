@@ -1,6 +1,7 @@
 /* mma.cuh - sm_80+ building blocks of the f16 tensor-core attention kernels (attention_prefill.cu,
- * attention_decode.cu): cp.async copies, ldmatrix loads and mma.sync m16n8k16 (PTX ISA 8.x,
- * "Warp Level Matrix Multiply-Accumulate Instructions"), and a tile's online-softmax step.
+ * attention_decode.cu): cp.async copies, ldmatrix loads, mma.sync m16n8k16 and movmatrix (PTX ISA
+ * 8.x, "Warp Level Matrix Multiply-Accumulate Instructions"), and the prefill's products and
+ * online-softmax step over a tile.
  * Defined only when compiling for sm_80 and up; the kernels that use them have empty bodies below
  * that. */
 #pragma once
@@ -47,6 +48,14 @@ static __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uin
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* The transpose of an 8x8 b16 matrix held as an MMA fragment (thread g*4+c: row g, columns 2c, 2c+1)
+ * in the same fragment form (PTX ISA, movmatrix). */
+static __device__ __forceinline__ uint32_t movmatrix_t(uint32_t x) {
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
 }
 
 static __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
@@ -97,10 +106,9 @@ static __device__ __forceinline__ void mma_pv(float (&o)[D / 8][4], const float 
  * mma_qkt: the thread's rows are lane/4 and lane/4 + 8 (r = 0, 1), each shared by a quad. The row
  * max over the quad updates the running max m (raw score units), the running sum lsum and the
  * output o are rescaled by 2^((m_old - m) sl2), and s becomes p = 2^(s sl2 - m sl2) with its sum
- * added to lsum. MASKED_ROWS: a row with nothing unmasked yet (max -inf) keeps its exponent at 0
- * (the prefill's causal tiles); without it every tile has a finite score in each row. LAZY: o is
- * rescaled only when some row's max grew (the decode kernel: the max settles after a few tiles). */
-template <int D, int BN, bool MASKED_ROWS, bool LAZY>
+ * added to lsum. A row with nothing unmasked yet (max -inf: the prefill's causal tiles) keeps its
+ * exponent at 0. */
+template <int D, int BN>
 static __device__ __forceinline__ void online_softmax_step(float (&s)[BN / 8][4], float (&o)[D / 8][4], float (&m)[2],
                                                            float (&lsum)[2], float sl2) {
     float ms[2];
@@ -111,14 +119,12 @@ static __device__ __forceinline__ void online_softmax_step(float (&s)[BN / 8][4]
         for (int nb = 0; nb < BN / 8; nb++) mx = fmaxf(mx, fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
-        ms[r] = MASKED_ROWS && mx == -INFINITY ? 0.0f : mx * sl2;
+        ms[r] = mx == -INFINITY ? 0.0f : mx * sl2;
         const float corr = exp2f(m[r] * sl2 - ms[r]);
-        const bool grew = mx != m[r];
         m[r] = mx;
         lsum[r] *= corr;
-        if (!LAZY || __any_sync(FULL_MASK, grew))
 #pragma unroll
-            for (int nd = 0; nd < D / 8; nd++) o[nd][2 * r] *= corr, o[nd][2 * r + 1] *= corr;
+        for (int nd = 0; nd < D / 8; nd++) o[nd][2 * r] *= corr, o[nd][2 * r + 1] *= corr;
     }
 #pragma unroll
     for (int nb = 0; nb < BN / 8; nb++)
