@@ -121,6 +121,18 @@ __global__ void __launch_bounds__(AD_THREADS)
     size_t base[NS];
 #pragma unroll
     for (int i = 0; i < NS; i++) base[i] = tile_base(i);
+    /* The first tiles wholly below the positions this step writes are copied before pdl_wait: their
+     * K/V came from earlier steps, and the copies stream in while the kernel before (the q/k norm,
+     * RoPE and KV store) runs. A step's tokens of one sequence are consecutive positions, so those it
+     * writes up to pos[t] are >= pos[t] - n_tokens + 1. Tiles i < n_early: one cp.async group each,
+     * as the rest of the first NS - 1. */
+    const int old_end = pos[t] - (int)gridDim.z + 1;
+    int n_early = 0;
+    while (n_early < NS - 1 && n_early < my_n && tile_p0(n_early) + BN <= old_end) {
+        load(n_early, n_early, base[n_early]);
+        cp_async_commit();
+        n_early++;
+    }
     pdl_wait();
 
     /* Q^T as the B operand, in registers: b0 = q[head g][16 kk + 2c, +1], b1 = the same + 8; heads
@@ -137,8 +149,7 @@ __global__ void __launch_bounds__(AD_THREADS)
             for (int j = 0; j < 2; j++)
                 qf[hb][kk][j] = hh < group ? *(const float2 *)(qr + kk * 16 + j * 8) : make_float2(0.0f, 0.0f);
     }
-#pragma unroll
-    for (int i = 0; i < NS - 1; i++) {
+    for (int i = n_early; i < NS - 1; i++) {
         if (i < my_n) load(i, i, base[i]);
         cp_async_commit();
     }
