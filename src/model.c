@@ -364,10 +364,14 @@ out:
     return rc;
 }
 
+/* dir is a directory; one without config.json is not a model (a GGUF model is the .gguf file itself). */
 static int hparams_from_hf(struct pxq_hparams *hp, const char *dir, char *err, size_t errlen) {
     char path[1200];
-    if (path_join(path, sizeof path, dir, "config.json") != 0 || !file_exists(path))
-        return set_err(err, errlen, "%s/config.json: not found", dir);
+    if (path_join(path, sizeof path, dir, "config.json") != 0) return set_err(err, errlen, "%s: path too long", dir);
+    if (!file_exists(path))
+        return set_err(err, errlen,
+                       "%s: not a model directory: it has no config.json (a model is an HF directory with config.json "
+                       "and *.safetensors, or a .gguf file)", dir);
     return hparams_from_config(hp, path, dir, err, errlen);
 }
 
