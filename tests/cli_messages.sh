@@ -2,6 +2,8 @@
 # Messages a user meets on a first try, each checked by exit status and text:
 # - a directory that holds no model (no config.json): run and info exit 1 and say it is not a model
 #   directory and what a model is (config.json with *.safetensors, or a .gguf file);
+# - --gpu-mem (run) and --gpu-memory-utilization (serve) with the CPU backend: one warning line on
+#   stderr, and the command goes on (exit 0); no warning without the flag;
 set -u
 BUILD=${BUILD:-build}
 PXQ=$BUILD/pxq
@@ -24,5 +26,22 @@ not_model() { # name, args...
 not_model "info on an empty directory" info "$tmp/empty"
 not_model "run -m an empty directory" run -m "$tmp/empty" -p hi -n 1
 not_model "info on a directory with a README alone" info "$tmp/other"
+
+# GPU memory flags on the CPU backend
+warned() { [ "$(grep -c -e "$1 has no effect on the CPU backend" "$tmp/err")" = 1 ]; }
+for dev in "" "--device cpu"; do
+    out=$($PXQ run $dev --gpu-mem 1GiB -p "Once upon a time" -n 4 --temp 0 2> "$tmp/err"); rc=$?
+    check "run ${dev:+$dev }--gpu-mem 1GiB: exit 0, text, one warning line" '[ $rc = 0 ] && [ -n "$out" ] && warned --gpu-mem'
+done
+$PXQ run -p "Once upon a time" -n 4 --temp 0 > /dev/null 2> "$tmp/err"
+check "run without --gpu-mem: no warning" '! grep -q "warning" "$tmp/err"'
+$PXQ serve --port 0 --gpu-memory-utilization 0.5 > /dev/null 2> "$tmp/err" &
+pid=$!
+i=0
+while [ $i -lt 300 ] && kill -0 $pid 2>/dev/null && ! grep -q "listening on" "$tmp/err"; do sleep 0.05; i=$((i + 1)); done
+up=0; grep -q "listening on" "$tmp/err" && up=1
+kill -TERM $pid 2>/dev/null; wait $pid; rc=$?
+check "serve --gpu-memory-utilization 0.5 on the CPU: one warning line, serves, exits 0 on SIGTERM" \
+    '[ $up = 1 ] && [ $rc = 0 ] && warned --gpu-memory-utilization'
 
 exit $fail

@@ -22,6 +22,15 @@ void fail(const struct args *a, int status, const char *fmt, ...) {
     exit(status);
 }
 
+void warn_user(const struct args *a, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "pxq %s: warning: ", a ? a->cmd : "");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
 const char *arg_str(struct args *a) {
     if (a->i + 1 >= a->argc) fail(a, 2, "%s needs a value", a->argv[a->i]);
     return a->argv[++a->i];
@@ -97,6 +106,11 @@ int common_parse(struct args *a, struct common_opts *o) {
     } else
         return 0;
     return 1;
+}
+
+void common_warn_unused(const struct args *a, const struct pxq_engine_params *ep) {
+    if (ep->device == PXQ_DEVICE_CPU && ep->gpu_mem)
+        warn_user(a, "--gpu-mem has no effect on the CPU backend (it sizes the CUDA arena; add --device cuda to use it)");
 }
 
 const char *default_model_path(void) {

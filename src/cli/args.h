@@ -22,6 +22,8 @@ double arg_num(struct args *a, double lo, double hi);
 
 /* Exit with "pxq CMD: ..." (status 1 for run-time errors, 2 for usage errors). */
 void fail(const struct args *a, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Print "pxq CMD: warning: ..." (one line on stderr) and go on. */
+void warn_user(const struct args *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Engine flags common to run/perplexity/bench/serve: -m, -t, -c, -b, --device, --gpu-mem.
  * Returns 1 if argv[i] was one of them (consumed), 0 otherwise. */
@@ -31,6 +33,9 @@ struct common_opts {
 };
 void common_init(struct common_opts *o);
 int  common_parse(struct args *a, struct common_opts *o);
+/* After parsing: one warning line when --gpu-mem was given with the CPU backend, where it does nothing
+ * (it sizes the CUDA arena only). */
+void common_warn_unused(const struct args *a, const struct pxq_engine_params *ep);
 const char *common_help(void);
 
 /* The model to use when -m is absent: $PXQ_MODEL, else models/tiny-qwen3-Q4_K_M.gguf beside the

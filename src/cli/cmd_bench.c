@@ -299,6 +299,7 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < o.np; i++) any |= o.p[i] > 0;
     for (int i = 0; i < o.nn; i++) any |= o.n[i] > 0;
     if (!any) fail(&a, 2, "nothing to measure: -p and -n are all 0");
+    common_warn_unused(&a, &o.ep);
     if (o.ep.n_threads <= 0) o.ep.n_threads = n_cpus();
     const enum pxq_device dev = o.ep.device;
     char err[512] = "";

@@ -77,6 +77,7 @@ int cmd_perplexity(int argc, char **argv) {
             fail(&a, 2, "unknown option '%s'", f);
     }
     if (!file) fail(&a, 2, "no text file: give -f FILE");
+    common_warn_unused(&a, &co.ep);
     char err[512] = "";
     size_t len;
     char *text = read_file(file, 1u << 30, &len, err, sizeof err);

@@ -91,6 +91,7 @@ int cmd_run(int argc, char **argv) {
     gp.stop = stops;
     gp.n_stop = n_stop;
     gp.skip_special = 1;
+    common_warn_unused(&a, &co.ep);
 
     struct pxq_model *m = open_model_or_fail(&a, co.model);
     struct pxq_tokenizer *tok = model_tokenizer(m);

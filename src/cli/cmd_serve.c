@@ -91,6 +91,9 @@ int cmd_serve(int argc, char **argv) {
     if (sc.max_num_batched_tokens < sc.max_num_seqs)
         fail(&a, 2, "--max-num-batched-tokens (%d) must be at least --max-num-seqs (%d)", sc.max_num_batched_tokens,
              sc.max_num_seqs);
+    common_warn_unused(&a, &co.ep);
+    if (gpu_util > 0 && co.ep.device == PXQ_DEVICE_CPU)
+        warn_user(&a, "--gpu-memory-utilization has no effect on the CPU backend (add --device cuda to use it)");
 
     struct pxq_model *m = open_model_or_fail(&a, co.model);
     struct pxq_tokenizer *tok = model_tokenizer(m);
