@@ -620,6 +620,15 @@ int quantize_model(const struct quantize_params *p, char *err, size_t errlen) {
         if (calib_load(p->calib_file, model_tokenizer(j.m), p->calib_size, p->calib_seq_len, &tok, &j.calib_n_seq, &j.calib_seq_len,
                        j.calib_sha, err, errlen) != 0)
             goto out;
+        /* The minimum: one full sequence of --calib-seq-len tokens. A text shorter than that is
+         * calibrated on as one short sequence (calib_load), and statistics from so few tokens
+         * (H = X^T X of rank at most the token count) make the AWQ scales and GPTQ updates unreliable.
+         * A warning, not an error: a short text still runs (and tests use one). */
+        if (j.calib_seq_len < p->calib_seq_len)
+            fprintf(stderr,
+                    "pxq quantize: warning: calibration file %s gives only %d tokens, fewer than one sequence of "
+                    "--calib-seq-len %d; %s statistics from so few tokens are unreliable (give a longer text)\n",
+                    p->calib_file, j.calib_seq_len, p->calib_seq_len, method_name(p->method));
         plan_sites(&j);
         double t0 = now_sec();
         int crc = calib_run(&j.cal, j.m, tok, j.calib_n_seq, j.calib_seq_len, p->n_threads, calib_progress, (void *)p, err, errlen);

@@ -4,6 +4,8 @@
 #   directory and what a model is (config.json with *.safetensors, or a .gguf file);
 # - --gpu-mem (run) and --gpu-memory-utilization (serve) with the CPU backend: one warning line on
 #   stderr, and the command goes on (exit 0); no warning without the flag;
+# - pxq quantize on a calibration text shorter than one --calib-seq-len sequence: a warning that
+#   names the token count, and the file is still written; none for a text long enough.
 set -u
 BUILD=${BUILD:-build}
 PXQ=$BUILD/pxq
@@ -43,5 +45,15 @@ up=0; grep -q "listening on" "$tmp/err" && up=1
 kill -TERM $pid 2>/dev/null; wait $pid; rc=$?
 check "serve --gpu-memory-utilization 0.5 on the CPU: one warning line, serves, exits 0 on SIGTERM" \
     '[ $up = 1 ] && [ $rc = 0 ] && warned --gpu-memory-utilization'
+
+# a calibration text shorter than one sequence
+printf 'To be, or not to be, that is the question.\n' > "$tmp/short.txt"
+$PXQ quantize --model $D/tiny-qwen3 --method awq --calib-file "$tmp/short.txt" --output "$tmp/awq.gguf" > /dev/null 2> "$tmp/err"; rc=$?
+check "awq on a 1-line text: exit 0, file written, warning names the tokens and --calib-seq-len 512" \
+    '[ $rc = 0 ] && [ -s "$tmp/awq.gguf" ] &&
+     grep -Eq "warning: calibration file .*short.txt gives only [0-9]+ tokens, fewer than one sequence of --calib-seq-len 512" "$tmp/err"'
+$PXQ quantize --model $D/tiny-qwen3 --method awq --calib-file $D/calib-shakespeare.txt --calib-size 2 --calib-seq-len 64 \
+    --output "$tmp/awq2.gguf" > /dev/null 2> "$tmp/err"; rc=$?
+check "awq on a text longer than a sequence: exit 0, no warning" '[ $rc = 0 ] && ! grep -q "warning" "$tmp/err"'
 
 exit $fail
