@@ -28,11 +28,19 @@
  * the warps' (m, l, O) meet in shared memory and are combined.
  *
  * Shared memory (halves, rows padded by 8): per warp NS stages of K [BN][D + 8] and V [BN][D + 8];
- * after the loop they hold the warps' m, l [4][8 HB] and O [4][8 HB][D + 4] floats.
+ * after the loop they hold the warps' m, l [4][8 HB], O [4][8 HB][D + 4], the warps' factors
+ * [4][8 HB] and each head's (M, L), floats.
  * Configurations (attention_decode_smem_bytes), tried in order until one fits the device's opt-in
- * shared memory (PXQ_CUDA_DECODE_CFG=k forces the k-th, for timing):
- *   D 64: (BN 32, NS 3) 108 KiB, (64, 3) 216 KiB, (32, 2);  D 128: (16, 2) 68 KiB, (16, 3) 102 KiB,
+ * shared memory with two blocks per SM, else one (PXQ_CUDA_DECODE_CFG=k forces the k-th, for timing):
+ *   D 64: (BN 32, NS 3) 108 KiB, (64, 3) 216 KiB, (32, 2);  D 128: (16, 3) 102 KiB, (16, 2) 68 KiB,
  *   (32, 3) 204 KiB;  D 256: (16, 3) 198 KiB, (16, 2) 132 KiB.
+ * All NS stages are filled before the loop, those below the step's new positions before pdl_wait
+ * (while the kernel before runs), and the stage of tile i is refilled right after tile i. Qwen3-32B
+ * at 32K on an H200 (`pxq bench -d 32768`): (16, 3) 115.5-116.0 t/s against 113.5 for (16, 2),
+ * which gained nothing from the early copies of its one stage (113.2-113.5 against 112.1-112.7
+ * without them). The warps' combine at the end takes a thread per head for the factors, then
+ * AD_WARPS products an element (13.9 -> 12.6 us a call at 4096 positions; %globaltimer stamps in a
+ * probe build had put 3.2 us of a 40 us block at 32K into the old form, 4 exp2 an element).
  * Needs sm_80 (cp.async, mma m16n8k16, movmatrix): below that the body is empty and
  * attention_decode_supported returns 0 (callers keep attention_cuda, the Volta path). */
 #include <math.h>
@@ -54,7 +62,7 @@
 
 static size_t ad_smem(int D, int BN, int NS) {
     const size_t ring = (size_t)AD_WARPS * NS * 2 * BN * (D + 8) * 2;
-    const size_t comb = (size_t)AD_WARPS * AD_HB_MAX * AD_HEADS * (2 + D + 4) * 4;
+    const size_t comb = ((size_t)AD_WARPS * AD_HB_MAX * AD_HEADS * (3 + D + 4) + AD_HB_MAX * AD_HEADS * 2) * 4;
     return ring > comb ? ring : comb;
 }
 
@@ -121,14 +129,15 @@ __global__ void __launch_bounds__(AD_THREADS)
     size_t base[NS];
 #pragma unroll
     for (int i = 0; i < NS; i++) base[i] = tile_base(i);
-    /* The first tiles wholly below the positions this step writes are copied before pdl_wait: their
-     * K/V came from earlier steps, and the copies stream in while the kernel before (the q/k norm,
-     * RoPE and KV store) runs. A step's tokens of one sequence are consecutive positions, so those it
-     * writes up to pos[t] are >= pos[t] - n_tokens + 1. Tiles i < n_early: one cp.async group each,
-     * as the rest of the first NS - 1. */
+    size_t next_base = tile_base(NS);
+    /* The ring's NS stages are filled before the loop, tile i as cp.async group i. The first tiles
+     * wholly below the positions this step writes are copied before pdl_wait: their K/V came from
+     * earlier steps, and the copies stream in while the kernel before (the q/k norm, RoPE and KV
+     * store) runs. A step's tokens of one sequence are consecutive positions, so those it writes up
+     * to pos[t] are >= pos[t] - n_tokens + 1. */
     const int old_end = pos[t] - (int)gridDim.z + 1;
     int n_early = 0;
-    while (n_early < NS - 1 && n_early < my_n && tile_p0(n_early) + BN <= old_end) {
+    while (n_early < NS && n_early < my_n && tile_p0(n_early) + BN <= old_end) {
         load(n_early, n_early, base[n_early]);
         cp_async_commit();
         n_early++;
@@ -149,7 +158,7 @@ __global__ void __launch_bounds__(AD_THREADS)
             for (int j = 0; j < 2; j++)
                 qf[hb][kk][j] = hh < group ? *(const float2 *)(qr + kk * 16 + j * 8) : make_float2(0.0f, 0.0f);
     }
-    for (int i = n_early; i < NS - 1; i++) {
+    for (int i = n_early; i < NS; i++) {
         if (i < my_n) load(i, i, base[i]);
         cp_async_commit();
     }
@@ -177,12 +186,8 @@ __global__ void __launch_bounds__(AD_THREADS)
 #pragma unroll
     for (int hb = 0; hb < HB; hb++) m[hb][0] = m[hb][1] = -INFINITY, lsum[hb][0] = lsum[hb][1] = 0.0f;
 
-    size_t next_base = base[NS - 1];
     for (int i = 0; i < my_n; i++) {
-        if (i + NS - 1 < my_n) load(i + NS - 1, (i + NS - 1) % NS, next_base);
-        next_base = tile_base(i + NS);
-        cp_async_commit(); /* possibly empty: wait_group NS-1 then always means "tile i has landed" */
-        cp_async_wait<NS - 1>();
+        cp_async_wait<NS - 1>(); /* NS + i groups committed (some empty): group i, tile i, has landed */
         __syncwarp();
         const __half *Ks = ring + (i % NS) * 2 * BN * SD, *Vs = Ks + BN * SD;
 
@@ -273,7 +278,10 @@ __global__ void __launch_bounds__(AD_THREADS)
                 for (int hb = 0; hb < HB; hb++) mma16816(o[md][hb], a, b[hb][0], b[hb][1]);
             }
         }
-        __syncwarp(); /* stage i % NS is refilled by the next iteration's load */
+        __syncwarp(); /* every lane is done with stage i % NS: refill it with tile i + NS */
+        if (i + NS < my_n) load(i + NS, i % NS, next_base);
+        next_base = tile_base(i + NS + 1);
+        cp_async_commit();
     }
     cp_async_wait<0>();
 #pragma unroll
@@ -287,6 +295,7 @@ __global__ void __launch_bounds__(AD_THREADS)
     __syncthreads(); /* every warp is done with its ring: it becomes the combine scratch */
 
     float *Wm = (float *)ad_sm, *Wl = Wm + AD_WARPS * R, *Wo = Wl + AD_WARPS * R;
+    float *Wc = Wo + (size_t)AD_WARPS * R * (D + 4), *Wr = Wc + AD_WARPS * R; /* after O: factors, (M, L) per row */
     constexpr int LO = D + 4; /* O row stride (floats): a store's 32 lanes (g, c) land in 32 banks */
 #pragma unroll
     for (int hb = 0; hb < HB; hb++) {
@@ -303,22 +312,32 @@ __global__ void __launch_bounds__(AD_THREADS)
                 Wo[(size_t)(warp * R + hb * AD_HEADS + 2 * c + (e & 1)) * LO + md * 16 + g + (e >> 1) * 8] = o[md][hb][e];
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < group * D; idx += AD_THREADS) {
-        const int r = idx / D, d = idx - r * D;
-        float M = -INFINITY;
+    /* a thread per row (query head): the warps' max M, their factors 2^((m_w - M) sl2) (0 for a warp
+     * without tiles, whose O is 0) and L; then every element of O is a sum of AD_WARPS products */
+    if (threadIdx.x < R) {
+        const int r = threadIdx.x;
+        float M = -INFINITY, L = 0.0f;
 #pragma unroll
         for (int w = 0; w < AD_WARPS; w++)
             if (Wl[w * R + r] > 0.0f) M = fmaxf(M, Wm[w * R + r]);
-        float L = 0.0f, O = 0.0f;
 #pragma unroll
         for (int w = 0; w < AD_WARPS; w++) {
-            const float lw = Wl[w * R + r];
-            if (lw > 0.0f) {
-                const float cf = exp2f((Wm[w * R + r] - M) * sl2);
-                L = fmaf(lw, cf, L);
-                O = fmaf(Wo[(size_t)(w * R + r) * LO + d], cf, O);
-            }
+            const float lw = Wl[w * R + r], cf = lw > 0.0f ? exp2f((Wm[w * R + r] - M) * sl2) : 0.0f;
+            L = fmaf(lw, cf, L);
+            Wc[w * R + r] = cf;
         }
+        Wr[2 * r] = M, Wr[2 * r + 1] = L;
+    }
+    __syncthreads();
+    static_assert(R * D % AD_THREADS == 0, "whole rounds of the output");
+#pragma unroll
+    for (int k = 0; k < R * D / AD_THREADS; k++) {
+        const int idx = threadIdx.x + k * AD_THREADS, r = idx / D, d = idx % D;
+        if (r >= group) break; /* rows in order: the rest are past the group too */
+        const float M = Wr[2 * r], L = Wr[2 * r + 1];
+        float O = 0.0f;
+#pragma unroll
+        for (int w = 0; w < AD_WARPS; w++) O = fmaf(Wo[(size_t)(w * R + r) * LO + d], Wc[w * R + r], O);
         const int h = kvh * group + r;
         if (out) { /* a warp's 32 consecutive d: one aligned group of the q8 form (D % 32 == 0) */
             const size_t i = (size_t)t * ld + (size_t)h * D + d;
@@ -343,13 +362,15 @@ struct ad_config {
 #define AD_CFG(D, BN, NS) \
     {D, BN, NS, {(const void *)attention_decode_kernel<D, BN, NS, 1>, (const void *)attention_decode_kernel<D, BN, NS, 2>}}
 static const ad_config ad_configs[] = {
-    AD_CFG(64, 32, 3),  AD_CFG(64, 64, 3),  AD_CFG(64, 32, 2),  AD_CFG(128, 16, 2),
-    AD_CFG(128, 16, 3), AD_CFG(128, 32, 3), AD_CFG(256, 16, 3), AD_CFG(256, 16, 2),
+    AD_CFG(64, 32, 3),  AD_CFG(64, 64, 3),  AD_CFG(64, 32, 2),  AD_CFG(128, 16, 3),
+    AD_CFG(128, 16, 2), AD_CFG(128, 32, 3), AD_CFG(256, 16, 3), AD_CFG(256, 16, 2),
 };
 #define AD_N_CFG ((int)(sizeof ad_configs / sizeof *ad_configs))
 
-/* The configuration for head_dim D on this device: the first of D's list (or the forced k-th) whose
- * shared memory fits the opt-in and whose image is sm_80+; -1 if none. Cached per D. */
+/* The configuration for head_dim D on this device: the first of D's list whose shared memory fits
+ * the opt-in, whose image is sm_80+ and which runs two blocks per SM (the decode splits are sized
+ * for a wave of two, backend.cu); else the first that fits at all; or the forced k-th of D's list;
+ * -1 if none. Cached per D. */
 static int ad_pick(int D) {
     static int cached[3] = {-2, -2, -2};
     const int di = D == 64 ? 0 : D == 128 ? 1 : D == 256 ? 2 : -1;
@@ -361,20 +382,26 @@ static int ad_pick(int D) {
     if (cudaGetDevice(&dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8 &&
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess) {
-        for (int i = 0, k = 0; i < AD_N_CFG && pick < 0; i++) {
-            const ad_config &c = ad_configs[i];
-            if (c.D != D) continue;
-            const size_t need = ad_smem(c.D, c.BN, c.NS);
-            int ok = fk < 0 || fk == k;
-            for (int h = 0; h < AD_HB_MAX && ok; h++) {
-                cudaFuncAttributes fa;
-                ok = cudaFuncGetAttributes(&fa, c.fn[h]) == cudaSuccess && fa.binaryVersion >= 80 && fa.ptxVersion >= 80 &&
-                     (size_t)optin >= need + fa.sharedSizeBytes &&
-                     cudaFuncSetAttribute(c.fn[h], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need) == cudaSuccess;
+        for (int pass = fk < 0 ? 0 : 1; pass < 2 && pick < 0; pass++)
+            for (int i = 0, k = 0; i < AD_N_CFG && pick < 0; i++) {
+                const ad_config &c = ad_configs[i];
+                if (c.D != D) continue;
+                const size_t need = ad_smem(c.D, c.BN, c.NS);
+                int ok = fk < 0 || fk == k;
+                for (int h = 0; h < AD_HB_MAX && ok; h++) {
+                    cudaFuncAttributes fa;
+                    int per_sm = 0;
+                    ok = cudaFuncGetAttributes(&fa, c.fn[h]) == cudaSuccess && fa.binaryVersion >= 80 &&
+                         fa.ptxVersion >= 80 && (size_t)optin >= need + fa.sharedSizeBytes &&
+                         cudaFuncSetAttribute(c.fn[h], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need) ==
+                             cudaSuccess &&
+                         (pass == 1 || (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, c.fn[h], AD_THREADS,
+                                                                                     need) == cudaSuccess &&
+                                        per_sm >= 2));
+                }
+                if (ok) pick = i;
+                k++;
             }
-            if (ok) pick = i;
-            k++;
-        }
     }
     (void)cudaGetLastError(); /* a build without a fitting image reports an error here: not sticky */
     cached[di] = pick;
