@@ -498,9 +498,11 @@ __global__ void attention_kernel(float *__restrict__ out, float *__restrict__ pa
  * partial sums meet in shared memory, added in y order. SH: the splits' (m, l) are first copied
  * into shared memory, one load per thread (dynamic: n_split float2, then the [ny][head_dim]
  * partials); without it (more than CB_SMEM_SPLITS splits) they are read from global memory where
- * used. A thread per d looping over every split, with a dependent global load per split, took 11
+ * used. A thread's first CB_PRE partials are loaded with the (m, l), and each warp finds the maximum
+ * over the splits itself (lanes, then shuffles) where every thread walked all of them. A thread per d looping over every split, with a dependent global load per split, took 11
  * us of each Qwen3-32B layer at 32K positions (33 splits; H200 timeline). */
 #define CB_SMEM_SPLITS 4096
+#define CB_PRE 8 /* partials a thread loads before the splits' maximum is known */
 #define CB_THREADS 1024
 static_assert((CB_SMEM_SPLITS + CB_THREADS) * sizeof(float2) <= 48 * 1024,
               "the combine's shared memory stays within the default 48 KiB (no opt-in)");
@@ -514,19 +516,34 @@ __global__ void attention_combine_kernel(float *out, int8_t *xq, float2 *xds, co
     const size_t base = ((size_t)t * n_head + h) * n_split;
     const float2 *ml = (const float2 *)part_ml + base; /* (m_s, l_s); l_s = 0: an empty split */
     float2 *red = cb_sm + (SH ? n_split : 0);
+    const float *po = part_o + base * hd + d;
+    float pre[CB_PRE]; /* the first CB_PRE partials of this thread, read with the (m, l): one round trip */
+#pragma unroll
+    for (int k = 0; k < CB_PRE; k++) {
+        const int s = y + k * ny;
+        pre[k] = s < n_split ? po[(size_t)s * hd] : 0.0f; /* read even for an empty split (written, unused) */
+    }
     if (SH) {
         for (int s = y * hd + d; s < n_split; s += hd * ny) cb_sm[s] = ml[s];
         __syncthreads();
         ml = cb_sm;
     }
-    float M = -INFINITY;
-#pragma unroll 8
-    for (int s = 0; s < n_split; s++)
+    float M = -INFINITY; /* a warp's lanes take every 32nd split, then meet (hd % 32 == 0: one y a warp) */
+    for (int s = d & 31; s < n_split; s += 32)
         if (ml[s].y > 0.0f) M = fmaxf(M, ml[s].x);
+    M = warp_max(M);
     float L = 0.0f, acc = 0.0f;
-    const float *po = part_o + base * hd + d;
+#pragma unroll
+    for (int k = 0; k < CB_PRE; k++) {
+        const int s = y + k * ny;
+        const float2 v = s < n_split ? ml[s] : make_float2(0.0f, 0.0f);
+        if (v.y > 0.0f) {
+            const float w = expf(v.x - M);
+            L = fmaf(v.y, w, L), acc = fmaf(pre[k], w, acc);
+        }
+    }
 #pragma unroll 4
-    for (int s = y; s < n_split; s += ny) {
+    for (int s = y + CB_PRE * ny; s < n_split; s += ny) {
         const float o = po[(size_t)s * hd]; /* read even for an empty split (written, unused) */
         const float2 v = ml[s];
         if (v.y > 0.0f) {
