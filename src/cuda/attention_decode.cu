@@ -378,7 +378,7 @@ static int ad_pick(int D) {
     if (cached[di] != -2) return cached[di];
     int dev = 0, major = 0, optin = 0, pick = -1;
     const char *force = getenv("PXQ_CUDA_DECODE_CFG");
-    const int fk = force ? atoi(force) : -1;
+    const int fk = force && *force ? atoi(force) : -1;
     if (cudaGetDevice(&dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8 &&
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess) {

@@ -47,8 +47,9 @@ static __device__ __forceinline__ size_t kv_off(const cuda_kv &kv, int l, const 
  * until that kernel has finished and its writes are visible, so everything before it may only read
  * what no earlier kernel of the step writes: weights, the step's inputs (copied before its first
  * kernel), and the DeltaNet state S, which only its own layer's delta-rule kernel writes, once a
- * step (gated_delta_rule_kernel, or deltanet_decode_kernel where that runs instead). Nothing
- * before it may write. pdl_launch_dependents() lets the next kernel
+ * step (gated_delta_rule_kernel, or deltanet_decode_kernel where that runs instead), and the K/V
+ * of positions the step does not store (the decode attention's first tiles: ops_cuda.h
+ * attention_decode_cuda). Nothing before it may write. pdl_launch_dependents() lets the next kernel
  * start launching once every block of this one has called it or exited. Every kernel launched
  * through kernel_launch must call pdl_wait() on every path before it reads or writes activations
  * (and before it exits: completion then implies the completion of the kernels before it). What

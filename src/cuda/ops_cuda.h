@@ -193,8 +193,9 @@ int attention_cuda_prepare(int head_dim, int group);
 
 /* out[t][h] = sum_s part_o[t][h][s] e^(m_s - M) / sum_s l_s e^(m_s - M) over the splits s with
  * l_s > 0 (part_ml[..][s] = (m_s, l_s), M their max): the last step of split-K flash-decoding.
- * xq != NULL: also out's q8 form (xq, xds as quantize_q8_cuda over the whole out; head_dim % 32
- * == 0), so the o projection's int8 mat-vec needs no quantize launch. */
+ * xq != NULL: also out's q8 form (xq, xds as quantize_q8_cuda over the whole out), so the o
+ * projection's int8 mat-vec needs no quantize launch. head_dim a multiple of 32 (a warp's lanes are
+ * 32 dimensions of one row of threads). */
 void attention_combine_cuda(float *out, int8_t *xq, float *xds, const float *part_o, const float *part_ml,
                             int n_tokens, int n_head, int head_dim, int n_split, cudaStream_t st);
 
@@ -210,7 +211,10 @@ size_t attention_decode_smem_bytes(int head_dim);
  * same part_o / part_ml layout and combine), on the tensor cores: f16 q and P, fp32 accumulation
  * (error about 1e-3 of the output's norm). Only where attention_decode_supported. split_len: a
  * multiple of 64 (whole tiles of every configuration). xq != NULL: also out's q8 form, as
- * attention_combine_cuda. */
+ * attention_combine_cuda. Under programmatic dependent launch the kernel copies the K/V of positions
+ * below pos[t] - n_tokens + 1 before waiting for the kernel before it, so no kernel of the step may
+ * write those: a step's tokens of one sequence must be consecutive positions (pxq_decode checks
+ * this), and only this step's positions are stored. */
 void attention_decode_cuda(float *out, int8_t *xq, float *xds, const float *q, const struct cuda_kv *kv, int l,
                            const int32_t *pos, const int32_t *seq_id, int n_tokens, int n_head, int n_split,
                            int split_len, float *part_o, float *part_ml, cudaStream_t st);
