@@ -12,12 +12,17 @@
 
 #include "util.h"
 
+/* "pxq CMD: KIND...message" as one line on stderr */
+static void report(const struct args *a, const char *kind, const char *fmt, va_list ap) {
+    fprintf(stderr, "pxq %s: %s", a ? a->cmd : "", kind);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
 void fail(const struct args *a, int status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "pxq %s: ", a ? a->cmd : "");
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    report(a, "", fmt, ap);
     va_end(ap);
     exit(status);
 }
@@ -25,9 +30,7 @@ void fail(const struct args *a, int status, const char *fmt, ...) {
 void warn_user(const struct args *a, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "pxq %s: warning: ", a ? a->cmd : "");
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    report(a, "warning: ", fmt, ap);
     va_end(ap);
 }
 
