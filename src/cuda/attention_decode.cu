@@ -18,8 +18,9 @@
  * MMAs either way) (Nsight Compute on that kernel, H200,
  * 32K positions: 2.75 TB/s, 7.9 warps per SM, an instruction every 6.3 cycles per warp, the
  * fixed-latency dependency the largest stall; 127 registers a thread against 93 now). Qwen3-32B
- * decode at 32K positions on an H200: 105.4-105.5 t/s -> 108.0 (`pxq bench -d 32768`, alternated);
- * the KV is still read at about 3.1 TB/s of the 4.2 a copy reaches (tools/cuda_timeline).
+ * decode at 32K positions on an H200: 105.4-105.5 t/s -> 108.0 (`pxq bench -d 32768`, alternated),
+ * the KV read at about 3.1 TB/s of the 4.2 a copy reaches (tools/cuda_timeline); 3.5 TB/s with the
+ * prologue and epilogue below.
  *
  * Inside a block the four warps do not share tiles: warp w takes the split's tiles of BN positions
  * w, w + 4, w + 8, ..., each through its own ring of NS shared-memory stages filled by cp.async
