@@ -122,9 +122,12 @@ static void test_matmul(struct threadpool *tp) {
 }
 
 /* The dp4a mat-vec under every tuning (rows per block x warps per block), against the CPU and the
- * built-in choice, and bit-equal with an L2 prefetch riding on it (matmul_q8_pf_cuda): n_in of 128 and 65 groups (several steps per lane, a partial last step), odd
- * n_out (a partial last block), 1..4 tokens. pdl: the quantize and mat-vec kernels launch back to
- * back with programmatic dependent launch, no synchronisation between them. */
+ * built-in choice, and bit-equal with an L2 prefetch riding on it (matmul_q8_pf_cuda): n_in of 128
+ * and 65 groups (several steps per lane, a partial last step), odd n_out (a partial last block),
+ * 1..4 tokens. pdl: the quantize and mat-vec kernels launch back to back with programmatic
+ * dependent launch, no synchronisation between them; the prefetching mat-vec, half the time with
+ * launch_next (its next kernel, an rmsnorm of y, launches at its start), feeds that rmsnorm, whose
+ * output must equal the same rmsnorm run after a synchronisation. */
 static void test_matmul_q8_tunings(struct threadpool *tp, int pdl) {
     const enum pxq_type types[] = {PXQ_TYPE_Q4_0, PXQ_TYPE_Q8_0, PXQ_TYPE_Q4_K};
     const int n_ins[] = {4096, 2080}, rs[] = {1, 2, 4, 8}, ws[] = {1, 3, 8};
@@ -132,6 +135,9 @@ static void test_matmul_q8_tunings(struct threadpool *tp, int pdl) {
     enum { PF_BYTES = 1 << 20 };
     char *dpf;
     CK(cudaMalloc((void **)&dpf, PF_BYTES));
+    float nw[64], *dnw;
+    fill(nw, 64, 1.0f);
+    dnw = dev_put(nw, sizeof nw);
     cuda_pdl = pdl;
     int n_cfg = 0;
     double worst = 0.0;
@@ -146,9 +152,11 @@ static void test_matmul_q8_tunings(struct threadpool *tp, int pdl) {
                 float *x = xmalloc((size_t)n * n_in * sizeof(float)), *ref = xmalloc((size_t)n * n_out * sizeof(float));
                 float *base = xmalloc((size_t)n * n_out * sizeof(float)), *got = xmalloc((size_t)n * n_out * sizeof(float));
                 float *got_pf = xmalloc((size_t)n * n_out * sizeof(float));
+                float *z = xmalloc((size_t)n * n_out * sizeof(float)), *z_ref = xmalloc((size_t)n * n_out * sizeof(float));
                 fill(x, (size_t)n * n_in, 1.0f);
                 matmul_cpu(tp, ref, &t, x, n);
                 float *dx = dev_put(x, (size_t)n * n_in * sizeof(float)), *dy = dev_poison((size_t)n * n_out);
+                float *dz = dev_poison((size_t)n * n_out);
                 int8_t *dxq;
                 float *dxds;
                 CK(cudaMalloc((void **)&dxq, (size_t)n * n_in));
@@ -174,21 +182,32 @@ static void test_matmul_q8_tunings(struct threadpool *tp, int pdl) {
                         /* with an L2 prefetch of spans not 16-byte aligned, by 1..all blocks: the same bits */
                         const struct cuda_l2_prefetch pf = {{dpf + 5, dpf + 3 * ri}, {PF_BYTES - 21, 4099}, 1 + 29 * wi};
                         CK(cudaMemset(dy, 0xff, (size_t)n * n_out * 4));
-                        matmul_q8_pf_cuda(dy, &w, dxq, dxds, n, n_out, 0, &pf, 0);
+                        CK(cudaMemset(dz, 0xff, (size_t)n * n_out * 4));
+                        const int launch_next = (ri + wi) & 1;
+                        matmul_q8_pf_cuda(dy, &w, dxq, dxds, n, n_out, 0, &pf, launch_next, 0);
+                        rmsnorm_cuda(dz, dy, dnw, n_out, n, 1e-6f, NULL, 0);
                         dev_get(got_pf, dy, (size_t)n * n_out * sizeof(float));
+                        dev_get(z, dz, (size_t)n * n_out * sizeof(float));
                         CHECK(memcmp(got_pf, got, (size_t)n * n_out * sizeof(float)) == 0,
                               "matmul q8 %s n_in %d tokens %d rows %d warps %d (pdl %d) with an L2 prefetch differs",
                               type_name(types[ti]), n_in, n, rs[ri], ws[wi], pdl);
+                        CK(cudaMemset(dz, 0xff, (size_t)n * n_out * 4));
+                        rmsnorm_cuda(dz, dy, dnw, n_out, n, 1e-6f, NULL, 0);
+                        dev_get(z_ref, dz, (size_t)n * n_out * sizeof(float));
+                        CHECK(memcmp(z, z_ref, (size_t)n * n_out * sizeof(float)) == 0,
+                              "matmul q8 %s n_in %d tokens %d rows %d warps %d (pdl %d, launch_next %d): the "
+                              "rmsnorm after it read y early", type_name(types[ti]), n_in, n, rs[ri], ws[wi], pdl,
+                              launch_next);
                     }
                 matmul_q8_tune(0, 0);
-                cudaFree(dxq), cudaFree(dxds), cudaFree(dx), cudaFree(dy);
-                free(x), free(ref), free(base), free(got), free(got_pf);
+                cudaFree(dxq), cudaFree(dxds), cudaFree(dx), cudaFree(dy), cudaFree(dz);
+                free(x), free(ref), free(base), free(got), free(got_pf), free(z), free(z_ref);
             }
             weight_free(&w);
             free(data);
         }
     cuda_pdl = 0;
-    cudaFree(dpf);
+    cudaFree(dpf), cudaFree(dnw);
     printf("matmul q8 tunings (pdl %d): %d runs, worst normalised difference from the built-in %.2e\n", pdl, n_cfg,
            worst);
 }

@@ -119,6 +119,9 @@ struct cuda_backend {
     int fuse_dn;            /* decode DeltaNet: prep, delta rule and gated norm in one launch where it runs
                              * (deltanet_decode_cuda; PXQ_CUDA_FUSE_DN=0: three launches) */
     int dp4a_tokens;        /* decode steps of up to this many tokens run the dp4a mat-vec (2; 4 without mma) */
+    int early_trigger;      /* dp4a mat-vecs that let the next kernel launch at their start (launch_next,
+                             * matmul_q8_pf_cuda): bit 1 the attention's q|k|v projection, bit 2 the
+                             * DeltaNet's in-projection (PXQ_CUDA_EARLY_TRIGGER, default 1) */
     size_t l2_pf_bytes;     /* the dp4a steps: each mat-vec pulls up to this many bytes of the next
                              * weight into L2 as it finishes (0: off; PXQ_CUDA_L2_PREFETCH "MiB[,blocks]") */
     int l2_pf_blocks;       /* ... asked for by this many of its last blocks */
@@ -322,6 +325,7 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     if (env_pair("PXQ_CUDA_MV", &tune_a, &tune_b)) /* "rows,warps" of the 1..2-token dp4a mat-vec */
         matmul_q8_tune(tune_a, tune_b);
     b->fuse_dn = !env_is("PXQ_CUDA_FUSE_DN", "0");
+    b->early_trigger = getenv("PXQ_CUDA_EARLY_TRIGGER") ? atoi(getenv("PXQ_CUDA_EARLY_TRIGGER")) : 1;
     if (env_pair("PXQ_CUDA_MMA_TUNE", &tune_a, &tune_b)) /* "m-tiles,warps" of the 3..16-token int8 mma mat-vec */
         matmul_q8_mma_tune(tune_a, tune_b);
     {
@@ -646,13 +650,13 @@ static int mma_step(const cuda_backend *b, int n, int fmt) {
  * weight rows dequantized to f16 in tiles and cublasGemmEx (f16 in, fp32 accumulate and out).
  * accumulate fuses the residual. */
 static void matmul_ld(cuda_backend *b, float *y, const cuda_weight *w, const float *x, int n, int q8, int accumulate,
-                      int ldy, const cuda_weight *next = NULL) {
+                      int ldy, const cuda_weight *next = NULL, int launch_next = 0) {
     if (n <= CUDA_DECODE_MAX || b->exact) {
         if (q8 && mma_step(b, n, w->fmt)) {
             matmul_q8_mma_cuda(y, w, b->xq, b->xds, n, ldy, accumulate, b->st);
         } else if (q8 && matmul_q8_supported(w->fmt)) {
             const cuda_l2_prefetch pf = l2_span(b, next);
-            matmul_q8_pf_cuda(y, w, b->xq, b->xds, n, ldy, accumulate, pf.n_blocks ? &pf : NULL, b->st);
+            matmul_q8_pf_cuda(y, w, b->xq, b->xds, n, ldy, accumulate, pf.n_blocks ? &pf : NULL, launch_next, b->st);
         } else {
             matmul_gemv_cuda(y, w, x, n, ldy, accumulate, b->st);
         }
@@ -700,10 +704,11 @@ static void matmul_ld(cuda_backend *b, float *y, const cuda_weight *w, const flo
     }
 }
 
-/* matmul_ld with rows of n_out; next: the weight the step's next mat-vec reads (L2 prefetch), or NULL */
+/* matmul_ld with rows of n_out; next: the weight the step's next mat-vec reads (L2 prefetch), or NULL;
+ * launch_next: the dp4a kernel lets the next kernel launch at its start (b->early_trigger) */
 static void matmul_cuda(cuda_backend *b, float *y, const cuda_weight *w, const float *x, int n, int q8, int accumulate,
-                        const cuda_weight *next = NULL) {
-    matmul_ld(b, y, w, x, n, q8, accumulate, w->n_out, next);
+                        const cuda_weight *next = NULL, int launch_next = 0) {
+    matmul_ld(b, y, w, x, n, q8, accumulate, w->n_out, next, launch_next);
 }
 
 /* q8 form of x for the next mat-vec when it has a q8 kernel (xq NULL otherwise) */
@@ -762,10 +767,11 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
     /* o_proj's weights into L2 during the attention, unless its KV stream would evict them */
     const size_t kv_bytes = (size_t)s.n_split * s.split_len * kv_dim * 2 * (b->kv.kv_f32 ? 4 : 2);
     const cuda_weight *o_next = kv_bytes <= b->l2_size / 4 ? &L->w[CM_O] : NULL;
+    const int early = b->early_trigger & 1; /* the q/k norm and the attention launch under the projection */
     if (L->qkv.fmt >= 0) { /* one launch: token row = [q | k | v]; normed, roped q goes to xb2 */
         const int ld = q_dim + 2 * kv_dim;
         float *qkv = b->q, *q_out = b->xb2;
-        matmul_cuda(b, qkv, &L->qkv, b->xb, n, s.q8, 0, o_next);
+        matmul_cuda(b, qkv, &L->qkv, b->xb, n, s.q8, 0, o_next, early);
         if (L->bqkv) add_bias_cuda(qkv, L->bqkv, n, ld, st);
         qk_norm_rope_store_cuda(q_out, qkv, qkv + q_dim, qkv + q_dim + kv_dim, ld, ld, L->v[CV_Q_NORM],
                                 L->v[CV_K_NORM], hp->rms_eps, hp->n_head, hp->n_rot, b->di.pos, b->inv_freq, neox,
@@ -774,12 +780,12 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
     } else {
         float *k = b->k, *v = b->v;
         if (first_weight(e, b, il, n) == &L->qgkv) { /* one launch: the token's [q_proj | k | v] (qg has room) */
-            matmul_cuda(b, b->qg, &L->qgkv, b->xb, 1, s.q8, 0, o_next);
+            matmul_cuda(b, b->qg, &L->qgkv, b->xb, 1, s.q8, 0, o_next, early);
             k = b->qg + 2 * (size_t)q_dim, v = k + kv_dim;
         } else {
             matmul_cuda(b, gated ? b->qg : b->q, &L->w[CM_Q], b->xb, n, s.q8, 0);
             matmul_cuda(b, k, &L->w[CM_K], b->xb, n, s.q8, 0);
-            matmul_cuda(b, v, &L->w[CM_V], b->xb, n, s.q8, 0, o_next);
+            matmul_cuda(b, v, &L->w[CM_V], b->xb, n, s.q8, 0, o_next, early);
         }
         if (gated) split_q_gate_cuda(b->q, b->xb2, b->qg, n, hp->n_head, hd, st);
         if (L->v[CV_BQ]) add_bias_cuda(b->q, L->v[CV_BQ], n, q_dim, st);
@@ -805,17 +811,18 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
     float *state = b->rstate + (size_t)e->dn_layer[il] * ((size_t)(K - 1) * conv_dim + (size_t)nv * dk * dv);
     const step_inputs &di = b->di;
     float *z = b->ssm_z, *ba = b->ssm_ba;
+    const int early = (b->early_trigger & 2) != 0; /* the conv launches under the in-projection */
     if (first_weight(e, b, il, n) == &L->dn_in) { /* one launch: the token's [qkv | z | b | a] (ssm_qkv has room) */
-        matmul_cuda(b, b->ssm_qkv, &L->dn_in, b->xb, 1, s.q8, 0, &L->w[CM_SSM_OUT]);
+        matmul_cuda(b, b->ssm_qkv, &L->dn_in, b->xb, 1, s.q8, 0, &L->w[CM_SSM_OUT], early);
         z = b->ssm_qkv + conv_dim, ba = z + (size_t)nv * dv;
     } else {
         matmul_cuda(b, b->ssm_qkv, &L->w[CM_SSM_QKV], b->xb, n, s.q8, 0);
         matmul_cuda(b, b->ssm_z, &L->w[CM_SSM_Z], b->xb, n, s.q8, 0);
         if (L->ba.fmt >= 0) { /* one launch: token row = [b | a] */
-            matmul_cuda(b, b->ssm_ba, &L->ba, b->xb, n, s.q8, 0, &L->w[CM_SSM_OUT]);
+            matmul_cuda(b, b->ssm_ba, &L->ba, b->xb, n, s.q8, 0, &L->w[CM_SSM_OUT], early);
         } else {
             matmul_ld(b, b->ssm_ba, &L->w[CM_SSM_BETA], b->xb, n, s.q8, 0, 2 * nv);
-            matmul_ld(b, b->ssm_ba + nv, &L->w[CM_SSM_ALPHA], b->xb, n, s.q8, 0, 2 * nv, &L->w[CM_SSM_OUT]);
+            matmul_ld(b, b->ssm_ba + nv, &L->w[CM_SSM_ALPHA], b->xb, n, s.q8, 0, 2 * nv, &L->w[CM_SSM_OUT], early);
         }
     }
     ssm_conv_cuda(b->ssm_conv, state, b->rstate_floats, b->ssm_qkv, L->v[CV_SSM_CONV], conv_dim, K, di.run_seq,

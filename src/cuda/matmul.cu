@@ -227,11 +227,15 @@ static __device__ __forceinline__ void wgroup_dot(float (&acc)[R][NT], const wgr
  * the warps meet in shared memory. The next step's weights are loaded before this step's dot
  * products, the first step's before pdl_wait(): under programmatic dependent launch they stream in
  * while the kernel before finishes (weights are constant; activations are read after the wait).
- * This kernel never calls pdl_launch_dependents(): the kernel after it launches when it exits.
- * Every small kernel triggers its dependents at its start, so an early trigger here let the launches
- * run ahead through the small kernels into the next mat-vec, whose blocks then held SM slots and
- * DRAM while the attention or the norms between ran (H200, Qwen3-32B decode 145.1 t/s with the
- * trigger at the start, 150.5-151.4 after the main loop, 154.5 without; Qwen3.5-27B 167.1 / 170.3 / 177.0).
+ * By default this kernel never calls pdl_launch_dependents(): the kernel after it launches when it
+ * exits. Every small kernel triggers its dependents at its start, so an early trigger in every
+ * mat-vec let the launches run ahead through the small kernels into the next mat-vec, whose blocks
+ * then held SM slots and DRAM while the attention or the norms between ran (H200, Qwen3-32B decode
+ * 145.1 t/s with the trigger at the start, 150.5-151.4 after the main loop, 154.5 without;
+ * Qwen3.5-27B 167.1 / 170.3 / 177.0). launch_next asks for the trigger at the start for one mat-vec
+ * of the caller's choosing: the q|k|v projection, whose next kernels (q/k norm, RoPE and KV store,
+ * then the decode attention) are few blocks, and whose attention then copies its first K/V tiles
+ * while the projection streams (backend.cu, PXQ_CUDA_EARLY_TRIGGER).
  * The last pf.n_blocks blocks then ask for the next weight's first bytes in L2 (l2_prefetch_share).
  * (Tried and dropped, on an H200: a persistent grid of a few blocks per SM, each warp streaming
  * whole rows: slower on long rows, where one warp's steps wait on each other (Qwen3-32B down 27 us
@@ -243,7 +247,8 @@ static __device__ __forceinline__ void wgroup_dot(float (&acc)[R][NT], const wgr
 template <int F, int NT, int R>
 __global__ void __launch_bounds__(MM_WARPS_MAX * 32) matmul_q8_kernel(float *__restrict__ y, const cuda_weight w,
                                                                 const int8_t *xq, const float2 *xds, int n_tok, int ldy,
-                                                                int accumulate, const cuda_l2_prefetch pf) {
+                                                                int accumulate, const cuda_l2_prefetch pf,
+                                                                int launch_next) {
     const int row0 = blockIdx.x * R;
     const int n_in = w.n_in, ng = n_in / 32;
     float acc[R][NT];
@@ -253,6 +258,7 @@ __global__ void __launch_bounds__(MM_WARPS_MAX * 32) matmul_q8_kernel(float *__r
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
     int g = threadIdx.x;
     wgroup<F, R> cur;
+    if (launch_next) pdl_launch_dependents();
     if (g < ng) wgroup_load<F, R>(cur, w, row0, g, n_in);
     pdl_wait();
     while (g < ng) {
@@ -286,11 +292,12 @@ static int q8_warps(int ng, int lo) {
 
 template <int F, int NT, int R>
 static void q8_launch_r(float *y, const cuda_weight &w, const int8_t *xq, const float2 *xds, int n_tok, int ldy,
-                        int acc, int nw, const cuda_l2_prefetch &pf, cudaStream_t st) {
+                        int acc, int nw, const cuda_l2_prefetch &pf, int launch_next, cudaStream_t st) {
     const unsigned grid = (unsigned)((w.n_out + R - 1) / R);
     cuda_l2_prefetch p = pf;
     if (p.n_blocks > (int)grid) p.n_blocks = (int)grid;
-    kernel_launch(matmul_q8_kernel<F, NT, R>, dim3(grid), dim3(nw * 32), 0, st, y, w, xq, xds, n_tok, ldy, acc, p);
+    kernel_launch(matmul_q8_kernel<F, NT, R>, dim3(grid), dim3(nw * 32), 0, st, y, w, xq, xds, n_tok, ldy, acc, p,
+                  launch_next);
 }
 
 /* 1..4 tokens: small blocks, many steps per lane. From bench_cuda_matmul --dp4a-sweep on an H200
@@ -304,38 +311,38 @@ static void q8_launch_r(float *y, const cuda_weight &w, const int8_t *xq, const 
  * 8 rows a block (Q8_0: 4, registers), 4..8 warps over n_in. */
 template <int F, int NT>
 static void q8_launch_nt(float *y, const cuda_weight &w, const int8_t *xq, const float2 *xds, int n_tok, int ldy,
-                         int acc, const cuda_l2_prefetch &pf, cudaStream_t st) {
+                         int acc, const cuda_l2_prefetch &pf, int launch_next, cudaStream_t st) {
     const int ng = w.n_in / 32;
     constexpr int R8 = F == WFMT_Q8_0 ? 4 : 8; /* 8 rows; Q8_0 4: two 16-byte codes a row and step (registers) */
     if constexpr (NT >= 8) {
-        q8_launch_r<F, NT, R8>(y, w, xq, xds, n_tok, ldy, acc, q8_warps(ng, 4), pf, st);
+        q8_launch_r<F, NT, R8>(y, w, xq, xds, n_tok, ldy, acc, q8_warps(ng, 4), pf, launch_next, st);
     } else {
         int R = w.n_out <= 12288 && w.n_in <= 5120 ? 4 : 2, nw = ng <= 160 ? 1 : 2;
         if (w.n_out <= 2048) R = 2, nw = q8_warps(ng, 4); /* few rows: more warps a row, or too few in all */
         if (q8_tune_r) R = q8_tune_r;
         if (q8_tune_warps) nw = q8_tune_warps;
         switch (R) {
-        case 1: q8_launch_r<F, NT, 1>(y, w, xq, xds, n_tok, ldy, acc, nw, pf, st); break;
-        case 2: q8_launch_r<F, NT, 2>(y, w, xq, xds, n_tok, ldy, acc, nw, pf, st); break;
-        case 8: q8_launch_r<F, NT, R8>(y, w, xq, xds, n_tok, ldy, acc, nw, pf, st); break;
-        default: q8_launch_r<F, NT, 4>(y, w, xq, xds, n_tok, ldy, acc, nw, pf, st); break;
+        case 1: q8_launch_r<F, NT, 1>(y, w, xq, xds, n_tok, ldy, acc, nw, pf, launch_next, st); break;
+        case 2: q8_launch_r<F, NT, 2>(y, w, xq, xds, n_tok, ldy, acc, nw, pf, launch_next, st); break;
+        case 8: q8_launch_r<F, NT, R8>(y, w, xq, xds, n_tok, ldy, acc, nw, pf, launch_next, st); break;
+        default: q8_launch_r<F, NT, 4>(y, w, xq, xds, n_tok, ldy, acc, nw, pf, launch_next, st); break;
         }
     }
 }
 
 template <int F>
 static void q8_launch(float *y, const cuda_weight &w, const int8_t *xq, const float2 *xds, int n_tok, int ldy, int acc,
-                      const cuda_l2_prefetch &pf, cudaStream_t st) {
-    if (n_tok <= 1) q8_launch_nt<F, 1>(y, w, xq, xds, n_tok, ldy, acc, pf, st);
-    else if (n_tok <= 2) q8_launch_nt<F, 2>(y, w, xq, xds, n_tok, ldy, acc, pf, st);
-    else if (n_tok <= 4) q8_launch_nt<F, 4>(y, w, xq, xds, n_tok, ldy, acc, pf, st);
-    else if (n_tok <= 8) q8_launch_nt<F, 8>(y, w, xq, xds, n_tok, ldy, acc, pf, st);
-    else q8_launch_nt<F, 16>(y, w, xq, xds, n_tok, ldy, acc, pf, st);
+                      const cuda_l2_prefetch &pf, int launch_next, cudaStream_t st) {
+    if (n_tok <= 1) q8_launch_nt<F, 1>(y, w, xq, xds, n_tok, ldy, acc, pf, launch_next, st);
+    else if (n_tok <= 2) q8_launch_nt<F, 2>(y, w, xq, xds, n_tok, ldy, acc, pf, launch_next, st);
+    else if (n_tok <= 4) q8_launch_nt<F, 4>(y, w, xq, xds, n_tok, ldy, acc, pf, launch_next, st);
+    else if (n_tok <= 8) q8_launch_nt<F, 8>(y, w, xq, xds, n_tok, ldy, acc, pf, launch_next, st);
+    else q8_launch_nt<F, 16>(y, w, xq, xds, n_tok, ldy, acc, pf, launch_next, st);
 }
 
 extern "C" void matmul_q8_pf_cuda(float *y, const struct cuda_weight *w, const int8_t *xq, const float *xds,
                                   int n_tokens, int ldy, int accumulate, const struct cuda_l2_prefetch *pf,
-                                  cudaStream_t st) {
+                                  int launch_next, cudaStream_t st) {
     const int ng = w->n_in / 32;
     const cuda_l2_prefetch none = {{NULL, NULL}, {0, 0}, 0};
     for (int t0 = 0; t0 < n_tokens; t0 += 16) {
@@ -344,18 +351,19 @@ extern "C" void matmul_q8_pf_cuda(float *y, const struct cuda_weight *w, const i
         const int8_t *xt = xq + (size_t)t0 * w->n_in;
         const float2 *dt = (const float2 *)xds + (size_t)t0 * ng;
         /* the prefetch rides on the last launch, and only the one-to-four-token kernel's */
-        const cuda_l2_prefetch &p = pf && t0 + 16 >= n_tokens && nt <= 4 ? *pf : none;
+        const int last = t0 + 16 >= n_tokens;
+        const cuda_l2_prefetch &p = pf && last && nt <= 4 ? *pf : none;
         switch (w->fmt) {
-        case WFMT_Q4_0: q8_launch<WFMT_Q4_0>(yt, *w, xt, dt, nt, ldy, accumulate, p, st); break;
-        case WFMT_Q8_0: q8_launch<WFMT_Q8_0>(yt, *w, xt, dt, nt, ldy, accumulate, p, st); break;
-        case WFMT_Q4M: q8_launch<WFMT_Q4M>(yt, *w, xt, dt, nt, ldy, accumulate, p, st); break;
+        case WFMT_Q4_0: q8_launch<WFMT_Q4_0>(yt, *w, xt, dt, nt, ldy, accumulate, p, last && launch_next, st); break;
+        case WFMT_Q8_0: q8_launch<WFMT_Q8_0>(yt, *w, xt, dt, nt, ldy, accumulate, p, last && launch_next, st); break;
+        case WFMT_Q4M: q8_launch<WFMT_Q4M>(yt, *w, xt, dt, nt, ldy, accumulate, p, last && launch_next, st); break;
         }
     }
 }
 
 extern "C" void matmul_q8_cuda(float *y, const struct cuda_weight *w, const int8_t *xq, const float *xds, int n_tokens,
                                int ldy, int accumulate, cudaStream_t st) {
-    matmul_q8_pf_cuda(y, w, xq, xds, n_tokens, ldy, accumulate, NULL, st);
+    matmul_q8_pf_cuda(y, w, xq, xds, n_tokens, ldy, accumulate, NULL, 0, st);
 }
 
 /* ---- dequantized rows (embedding, prefill tiles) ---- */

@@ -83,9 +83,11 @@ static inline void cuda_l2_share(uint64_t p, uint64_t bytes, int k, int n, uint6
     *lo = s, *len = b - s < chunk ? b - s : chunk;
 }
 /* matmul_q8_cuda that also prefetches pf (NULL: none) for the mat-vec after it, where the one-to-
- * four-token dp4a kernel runs (the kernel that serves batch-1 decode). */
+ * four-token dp4a kernel runs (the kernel that serves batch-1 decode). launch_next != 0: the kernel
+ * lets the next one in the stream launch at its start (pdl_launch_dependents, common.cuh) instead of
+ * at its exit; a matter of timing only, for a next kernel of few blocks (matmul.cu). */
 void matmul_q8_pf_cuda(float *y, const struct cuda_weight *w, const int8_t *xq, const float *xds, int n_tokens,
-                       int ldy, int accumulate, const struct cuda_l2_prefetch *pf, cudaStream_t st);
+                       int ldy, int accumulate, const struct cuda_l2_prefetch *pf, int launch_next, cudaStream_t st);
 /* Benchmarks and tests only: force the one-to-four-token dp4a mat-vec's rows per block (1, 2, 4, 8;
  * Q8_0 runs 4 for 8, registers) and warps per block (1..8) instead of the built-in choice; 0
  * restores it. Process-wide. */
