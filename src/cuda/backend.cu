@@ -121,7 +121,8 @@ struct cuda_backend {
     int dp4a_tokens;        /* decode steps of up to this many tokens run the dp4a mat-vec (2; 4 without mma) */
     int early_trigger;      /* dp4a mat-vecs that let the next kernel launch at their start (launch_next,
                              * matmul_q8_pf_cuda): bit 1 the attention's q|k|v projection, bit 2 the
-                             * DeltaNet's in-projection (PXQ_CUDA_EARLY_TRIGGER, default 1) */
+                             * DeltaNet's in-projection, bit 8 the FFN's gate|up (PXQ_CUDA_EARLY_TRIGGER,
+                             * default 9) */
     size_t l2_pf_bytes;     /* the dp4a steps: each mat-vec pulls up to this many bytes of the next
                              * weight into L2 as it finishes (0: off; PXQ_CUDA_L2_PREFETCH "MiB[,blocks]") */
     int l2_pf_blocks;       /* ... asked for by this many of its last blocks */
@@ -325,7 +326,7 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     if (env_pair("PXQ_CUDA_MV", &tune_a, &tune_b)) /* "rows,warps" of the 1..2-token dp4a mat-vec */
         matmul_q8_tune(tune_a, tune_b);
     b->fuse_dn = !env_is("PXQ_CUDA_FUSE_DN", "0");
-    b->early_trigger = getenv("PXQ_CUDA_EARLY_TRIGGER") ? atoi(getenv("PXQ_CUDA_EARLY_TRIGGER")) : 1;
+    b->early_trigger = getenv("PXQ_CUDA_EARLY_TRIGGER") ? atoi(getenv("PXQ_CUDA_EARLY_TRIGGER")) : 9;
     if (env_pair("PXQ_CUDA_MMA_TUNE", &tune_a, &tune_b)) /* "m-tiles,warps" of the 3..16-token int8 mma mat-vec */
         matmul_q8_mma_tune(tune_a, tune_b);
     {
@@ -938,8 +939,9 @@ static void run_layers(struct pxq_engine *e, cuda_backend *b, const step &s) {
         }
         const int ff = hp->n_ff;
         int8_t *xq_down = q8_for(b, q8, &L->w[CM_DOWN]);
+        const int early = (b->early_trigger & 8) != 0; /* the SwiGLU launches under the gate|up mat-vec */
         if (L->gu.fmt >= 0) { /* one launch: token row = [gate | up], into hb; silu(gate) * up into hb2 */
-            matmul_cuda(b, b->hb, &L->gu, b->xb, n, q8, 0, &L->w[CM_DOWN]);
+            matmul_cuda(b, b->hb, &L->gu, b->xb, n, q8, 0, &L->w[CM_DOWN], early);
             if (gemm) { /* straight to the down GEMM's half operand */
                 swiglu_f16_cuda(b->x16, b->hb, b->hb + ff, n, ff, 2 * ff, st);
                 b->x16_src = b->hb2; /* hb2 itself is not written */
@@ -950,7 +952,7 @@ static void run_layers(struct pxq_engine *e, cuda_backend *b, const step &s) {
             continue;
         }
         matmul_cuda(b, b->hb, &L->w[CM_GATE], b->xb, n, q8, 0);
-        matmul_cuda(b, b->hb2, &L->w[CM_UP], b->xb, n, q8, 0, &L->w[CM_DOWN]);
+        matmul_cuda(b, b->hb2, &L->w[CM_UP], b->xb, n, q8, 0, &L->w[CM_DOWN], early);
         swiglu_q8_cuda(b->hb, xq_down, b->xds, b->hb, b->hb2, n, ff, ff, st);
         matmul_cuda(b, b->x, &L->w[CM_DOWN], b->hb, n, q8, 1, first_weight(e, b, il + 1, n)); /* x += down(...) */
     }
