@@ -127,7 +127,10 @@ static void test_matmul(struct threadpool *tp) {
  * 1..4 tokens. pdl: the quantize and mat-vec kernels launch back to back with programmatic
  * dependent launch, no synchronisation between them; the prefetching mat-vec, half the time with
  * launch_next (its next kernel, an rmsnorm of y, launches at its start), feeds that rmsnorm, whose
- * output must equal the same rmsnorm run after a synchronisation. */
+ * output must equal the same rmsnorm run after a synchronisation. That checks the mat-vec's side of
+ * the trigger only (the rmsnorm waits before it reads anything); the decode's own chains, whose
+ * kernels read K/V and weights before their wait, run under launch_next in test_cuda_model (the
+ * quantized GGUFs through the dp4a mat-vec, graphs and PDL, against the CPU engine). */
 static void test_matmul_q8_tunings(struct threadpool *tp, int pdl) {
     const enum pxq_type types[] = {PXQ_TYPE_Q4_0, PXQ_TYPE_Q8_0, PXQ_TYPE_Q4_K};
     const int n_ins[] = {4096, 2080}, rs[] = {1, 2, 4, 8}, ws[] = {1, 3, 8};
@@ -135,9 +138,10 @@ static void test_matmul_q8_tunings(struct threadpool *tp, int pdl) {
     enum { PF_BYTES = 1 << 20 };
     char *dpf;
     CK(cudaMalloc((void **)&dpf, PF_BYTES));
-    float nw[64], *dnw;
-    fill(nw, 64, 1.0f);
-    dnw = dev_put(nw, sizeof nw);
+    float *nw = xmalloc(n_out * sizeof(float)), *dnw;
+    fill(nw, n_out, 1.0f);
+    dnw = dev_put(nw, n_out * sizeof(float));
+    free(nw);
     cuda_pdl = pdl;
     int n_cfg = 0;
     double worst = 0.0;

@@ -133,9 +133,10 @@ __global__ void __launch_bounds__(AD_THREADS)
     size_t next_base = tile_base(NS);
     /* The ring's NS stages are filled before the loop, tile i as cp.async group i. The first tiles
      * wholly below the positions this step writes are copied before pdl_wait: their K/V came from
-     * earlier steps, and the copies stream in while the kernel before (the q/k norm, RoPE and KV
-     * store) runs. A step's tokens of one sequence are consecutive positions, so those it writes up
-     * to pos[t] are >= pos[t] - n_tokens + 1. */
+     * earlier steps, and the copies stream in while the kernels before run (the q/k norm, RoPE and
+     * KV store, and the q|k|v mat-vec, which lets them launch at its start: backend.cu). A step's
+     * tokens of one sequence are consecutive positions, so those it writes up to pos[t] are
+     * >= pos[t] - n_tokens + 1. */
     const int old_end = pos[t] - (int)gridDim.z + 1;
     int n_early = 0;
     while (n_early < NS && n_early < my_n && tile_p0(n_early) + BN <= old_end) {

@@ -120,8 +120,8 @@ struct cuda_backend {
                              * (deltanet_decode_cuda; PXQ_CUDA_FUSE_DN=0: three launches) */
     int dp4a_tokens;        /* decode steps of up to this many tokens run the dp4a mat-vec (2; 4 without mma) */
     int early_trigger;      /* dp4a mat-vecs that let the next kernel launch at their start (launch_next,
-                             * matmul_q8_pf_cuda): bit 1 the attention's q|k|v projection, bit 2 the
-                             * DeltaNet's in-projection, bit 8 the FFN's gate|up (PXQ_CUDA_EARLY_TRIGGER,
+                             * matmul_q8_pf_cuda), a mask: 1 the attention's q|k|v projection, 2 the
+                             * DeltaNet's in-projection, 8 the FFN's gate|up (PXQ_CUDA_EARLY_TRIGGER,
                              * default 9) */
     size_t l2_pf_bytes;     /* the dp4a steps: each mat-vec pulls up to this many bytes of the next
                              * weight into L2 as it finishes (0: off; PXQ_CUDA_L2_PREFETCH "MiB[,blocks]") */
@@ -768,7 +768,7 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
     /* o_proj's weights into L2 during the attention, unless its KV stream would evict them */
     const size_t kv_bytes = (size_t)s.n_split * s.split_len * kv_dim * 2 * (b->kv.kv_f32 ? 4 : 2);
     const cuda_weight *o_next = kv_bytes <= b->l2_size / 4 ? &L->w[CM_O] : NULL;
-    const int early = b->early_trigger & 1; /* the q/k norm and the attention launch under the projection */
+    const int early = (b->early_trigger & 1) != 0; /* the q/k norm and the attention launch under the projection */
     if (L->qkv.fmt >= 0) { /* one launch: token row = [q | k | v]; normed, roped q goes to xb2 */
         const int ld = q_dim + 2 * kv_dim;
         float *qkv = b->q, *q_out = b->xb2;

@@ -227,16 +227,17 @@ static __device__ __forceinline__ void wgroup_dot(float (&acc)[R][NT], const wgr
  * the warps meet in shared memory. The next step's weights are loaded before this step's dot
  * products, the first step's before pdl_wait(): under programmatic dependent launch they stream in
  * while the kernel before finishes (weights are constant; activations are read after the wait).
- * By default this kernel never calls pdl_launch_dependents(): the kernel after it launches when it
- * exits. Every small kernel triggers its dependents at its start, so an early trigger in every
+ * Without launch_next this kernel never calls pdl_launch_dependents(): the kernel after it launches
+ * when it exits. Every small kernel triggers its dependents at its start, so an early trigger in every
  * mat-vec let the launches run ahead through the small kernels into the next mat-vec, whose blocks
  * then held SM slots and DRAM while the attention or the norms between ran (H200, Qwen3-32B decode
  * 145.1 t/s with the trigger at the start, 150.5-151.4 after the main loop, 154.5 without;
  * Qwen3.5-27B 167.1 / 170.3 / 177.0). launch_next asks for the trigger at the start where the caller
  * measured a gain: the q|k|v projection, whose next kernels (q/k norm, RoPE and KV store, then the
  * decode attention) are few blocks, and whose attention then copies its first K/V tiles while the
- * projection streams; the FFN's gate|up, before the SwiGLU (backend.cu, PXQ_CUDA_EARLY_TRIGGER).
- * The last pf.n_blocks blocks then ask for the next weight's first bytes in L2 (l2_prefetch_share).
+ * projection streams; the FFN's gate|up, before the SwiGLU; optionally the DeltaNet in-projection
+ * (backend.cu, PXQ_CUDA_EARLY_TRIGGER).
+ * After the main loop, the last pf.n_blocks blocks ask for the next weight's first bytes in L2 (l2_prefetch_share).
  * (Tried and dropped, on an H200: a persistent grid of a few blocks per SM, each warp streaming
  * whole rows: slower on long rows, where one warp's steps wait on each other (Qwen3-32B down 27 us
  * against 21), and it lost its one wave under PDL, whose next kernels take SM slots early: 32B

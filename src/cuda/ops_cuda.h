@@ -85,7 +85,8 @@ static inline void cuda_l2_share(uint64_t p, uint64_t bytes, int k, int n, uint6
 /* matmul_q8_cuda that also prefetches pf (NULL: none) for the mat-vec after it, where the one-to-
  * four-token dp4a kernel runs (the kernel that serves batch-1 decode). launch_next != 0: the kernel
  * lets the next one in the stream launch at its start (pdl_launch_dependents, common.cuh) instead of
- * at its exit; a matter of timing only, for a next kernel of few blocks (matmul.cu). */
+ * at its exit, so the next kernel's part before its pdl_wait may run during this kernel and the one
+ * before it; results are unchanged as long as that part keeps common.cuh's rule (matmul.cu). */
 void matmul_q8_pf_cuda(float *y, const struct cuda_weight *w, const int8_t *xq, const float *xds, int n_tokens,
                        int ldy, int accumulate, const struct cuda_l2_prefetch *pf, int launch_next, cudaStream_t st);
 /* Benchmarks and tests only: force the one-to-four-token dp4a mat-vec's rows per block (1, 2, 4, 8;

@@ -98,13 +98,14 @@ def main(argv):
     ns = len(steps)
     span = sum(spans) / ns
     print("graph %d: %d steps of %d kernels, span %.1f us a step (%.2f steps/s)" % (g, ns, n, span / 1e3, 1e9 / span))
-    if ns > 1:  # between steps: the host's part of a step (logits copy, sync, next inputs and launch)
+    if ns > 1:  # between two of these steps: the host's part (logits copy, sync, next inputs and launch),
+        # and any kernel of another graph or outside one that ran in between (pxq bench's decode runs none)
         firsts = [min(k[0] for k in ks) for ks in steps]
         lasts = [max(k[1] for k in ks) for ks in steps]
-        idle = [firsts[i + 1] - lasts[i] for i in range(ns - 1)]
+        gaps = [firsts[i + 1] - lasts[i] for i in range(ns - 1)]
         period = (firsts[-1] - firsts[0]) / (ns - 1)
-        print("between steps: %.1f us idle (last kernel's end to the next step's first start), period %.1f us"
-              % (sum(idle) / len(idle) / 1e3, period / 1e3))
+        print("between steps: %.1f us from a step's last kernel end to the next step's first start, period %.1f us"
+              % (sum(gaps) / len(gaps) / 1e3, period / 1e3))
     print("| kernel x blocks | calls/step | mean us | increment us/step | share | mean gap us |")
     print("| --- | -: | -: | -: | -: | -: |")
     for key, (c, dur, inc, gap) in sorted(agg.items(), key=lambda kv: -kv[1][2]):
