@@ -352,12 +352,12 @@ extern "C" void matmul_q8_pf_cuda(float *y, const struct cuda_weight *w, const i
         const int8_t *xt = xq + (size_t)t0 * w->n_in;
         const float2 *dt = (const float2 *)xds + (size_t)t0 * ng;
         /* the prefetch rides on the last launch, and only the one-to-four-token kernel's */
-        const int last = t0 + 16 >= n_tokens;
+        const int last = t0 + 16 >= n_tokens, ln = last && launch_next; /* the trigger too: the last launch's */
         const cuda_l2_prefetch &p = pf && last && nt <= 4 ? *pf : none;
         switch (w->fmt) {
-        case WFMT_Q4_0: q8_launch<WFMT_Q4_0>(yt, *w, xt, dt, nt, ldy, accumulate, p, last && launch_next, st); break;
-        case WFMT_Q8_0: q8_launch<WFMT_Q8_0>(yt, *w, xt, dt, nt, ldy, accumulate, p, last && launch_next, st); break;
-        case WFMT_Q4M: q8_launch<WFMT_Q4M>(yt, *w, xt, dt, nt, ldy, accumulate, p, last && launch_next, st); break;
+        case WFMT_Q4_0: q8_launch<WFMT_Q4_0>(yt, *w, xt, dt, nt, ldy, accumulate, p, ln, st); break;
+        case WFMT_Q8_0: q8_launch<WFMT_Q8_0>(yt, *w, xt, dt, nt, ldy, accumulate, p, ln, st); break;
+        case WFMT_Q4M: q8_launch<WFMT_Q4M>(yt, *w, xt, dt, nt, ldy, accumulate, p, ln, st); break;
         }
     }
 }
