@@ -7,10 +7,6 @@
 # the largest context it reports fits and 16 more tokens do not. Qwen3.5-27B: 64 KiB of KV per token,
 # the DeltaNet state per sequence counted by hand, and 16384 tokens fit in 16 GiB.
 # bench: --json rows for the bundled model and for a dummy tiny config are well-formed.
-set -u
-BUILD=${BUILD:-build}
-PXQ=$BUILD/pxq
-fail=0
 . tests/lib.sh
 tmp=/tmp/pxq-cli-bench.$$
 trap 'rm -f $tmp.*' EXIT

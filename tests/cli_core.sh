@@ -3,11 +3,7 @@
 # info reports the architecture, and perplexity on frankenstein.txt (-c 256 --chunks 64) lands
 # within the acceptance bounds of the HF reference figure 82.253 (BF16 weights, float32 compute):
 # 0.5% for the HF dir and the BF16 GGUF, 3% for the Q8_0, Q4_0 and Q4_K_M GGUFs.
-set -u
-BUILD=${BUILD:-build}
-PXQ=$BUILD/pxq
 D=tests/data
-fail=0
 . tests/lib.sh
 
 out=$($PXQ run -p "Once upon a time" -n 16 --seed 7 -t 2 2>/tmp/pxq-run-err.$$)

@@ -6,11 +6,7 @@
 #   stderr, and the command goes on (exit 0); no warning without the flag;
 # - pxq quantize on a calibration text shorter than one --calib-seq-len sequence: a warning that
 #   names the token count, and the file is still written; none for a text long enough.
-set -u
-BUILD=${BUILD:-build}
-PXQ=$BUILD/pxq
 D=tests/data
-fail=0
 . tests/lib.sh
 tmp=$(mktemp -d /tmp/pxq-cli-messages.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT

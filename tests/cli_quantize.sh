@@ -7,12 +7,8 @@
 # the method, group size and the file's sha256 (as sha256sum computes it), the output loads and
 # runs, and against the BF16 model its KL divergence is below RTN's on the same chunks; the model
 # against itself gives KL 0 and top-1 agreement 1.
-set -u
-BUILD=${BUILD:-build}
-PXQ=$BUILD/pxq
 D=tests/data
 M=$D/tiny-qwen3
-fail=0
 . tests/lib.sh
 tmp=$(mktemp -d /tmp/pxq-cli-quantize.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT

@@ -4,11 +4,7 @@
 # frankenstein.txt (-c 256 --chunks 64) is within 0.5% of HF's 91.447 for the HF dir (BF16 weights,
 # float32 compute) and within 3% of it for llama.cpp's Q8_0, Q4_0 and Q4_K_M GGUFs.
 # Fixtures: tests/data/qwen35/.
-set -u
-BUILD=${BUILD:-build}
-PXQ=$BUILD/pxq
 D=tests/data/qwen35
-fail=0
 . tests/lib.sh
 if [ ! -f $D/tiny-qwen35/config.json ]; then echo "FAIL: no $D/tiny-qwen35"; exit 1; fi
 

@@ -1,8 +1,13 @@
-# tests/lib.sh - helpers sourced by the CLI test scripts (run from the repository root; $PXQ set).
+# tests/lib.sh - sourced first by the CLI test scripts (run from the repository root): set -u,
+# BUILD (default build), PXQ=$BUILD/pxq and fail=0 (the script's exit status), and helpers:
 #   check NAME 'SHELL TEST'   prints "ok   NAME" or "FAIL NAME" (and sets fail=1)
 #   ppl MODEL [FLAGS...]      perplexity of MODEL on tests/data/frankenstein.txt, -c 256 --chunks 64
 #                             (the acceptance protocol), the number alone; FLAGS go to pxq perplexity
 #   within X REF TOL          exit 0 if X > 0 and |X - REF| / REF <= TOL
+set -u
+BUILD=${BUILD:-build}
+PXQ=$BUILD/pxq
+fail=0
 check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1"; fail=1; fi; }
 ppl() {
     _ppl_model=$1

@@ -82,42 +82,6 @@ static const struct run RUNS[] = {
 #define N_SEQ 5
 #define MAX_CTX 512 /* positions per sequence in the cache */
 
-static double ref_attention(float *ref, const float *q, const uint16_t *k16, const uint16_t *v16, const int32_t *tab,
-                            const int32_t *pos, const int32_t *seq, int n_tok, int n_head, int n_head_kv, int hd,
-                            int bs, int n_layer_kv, int l, int max_blocks) {
-    const int group = n_head / n_head_kv, kv_dim = n_head_kv * hd, q_dim = n_head * hd;
-    double *sc = xmalloc(MAX_CTX * sizeof(double)), *o = xmalloc((size_t)hd * sizeof(double));
-    float *kf = xmalloc((size_t)MAX_CTX * hd * 4), *vf = xmalloc((size_t)MAX_CTX * hd * 4);
-    for (int t = 0; t < n_tok; t++)
-        for (int kvh = 0; kvh < n_head_kv; kvh++) {
-            const int n_kv = pos[t] + 1;
-            for (int p = 0; p < n_kv; p++) {
-                size_t off = (((size_t)tab[seq[t] * max_blocks + p / bs] * n_layer_kv + l) * bs + p % bs) * kv_dim + (size_t)kvh * hd;
-                for (int d = 0; d < hd; d++) kf[(size_t)p * hd + d] = fp16_to_f32(k16[off + d]), vf[(size_t)p * hd + d] = fp16_to_f32(v16[off + d]);
-            }
-            for (int g = 0; g < group; g++) {
-                const int h = kvh * group + g;
-                const float *qh = q + (size_t)t * q_dim + (size_t)h * hd;
-                double mx = -1e300, sum = 0;
-                for (int p = 0; p < n_kv; p++) {
-                    double a = 0;
-                    for (int d = 0; d < hd; d++) a += (double)qh[d] * kf[(size_t)p * hd + d];
-                    sc[p] = a / sqrt((double)hd);
-                    mx = sc[p] > mx ? sc[p] : mx;
-                }
-                for (int d = 0; d < hd; d++) o[d] = 0;
-                for (int p = 0; p < n_kv; p++) {
-                    double w = exp(sc[p] - mx);
-                    sum += w;
-                    for (int d = 0; d < hd; d++) o[d] += w * vf[(size_t)p * hd + d];
-                }
-                for (int d = 0; d < hd; d++) ref[(size_t)t * q_dim + (size_t)h * hd + d] = (float)(o[d] / sum);
-            }
-        }
-    free(sc), free(o), free(kf), free(vf);
-    return 0;
-}
-
 /* Largest normalised error of one token's row, and the whole output's. */
 static double max_row_err(const float *got, const float *ref, int n_tok, int q_dim, double *all) {
     double worst = 0;
@@ -147,7 +111,7 @@ static void test_prefill(int hd, int n_head, int n_head_kv, int bs, float q_scal
     for (size_t i = 0; i < kv_elems; i++) k16[i] = f32_to_fp16(rnd_f()), v16[i] = f32_to_fp16(rnd_f());
     float *q = xmalloc((size_t)n_tok * q_dim * 4), *ref = xmalloc((size_t)n_tok * q_dim * 4), *got = xmalloc((size_t)n_tok * q_dim * 4);
     fill(q, (size_t)n_tok * q_dim, q_scale);
-    ref_attention(ref, q, k16, v16, tab, pos, seq, n_tok, n_head, n_head_kv, hd, bs, n_layer_kv, l, max_blocks);
+    ref_attention_f64(ref, q, k16, v16, 0, tab, max_blocks, n_layer_kv, l, bs, pos, seq, n_tok, n_head, n_head_kv, hd);
 
     struct cuda_kv kv = {0};
     kv.k = dev_put(k16, kv_elems * 2), kv.v = dev_put(v16, kv_elems * 2);

@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/ops_cuda.h"
+#include "util.h" /* fp16_to_f32 */
 #endif
 
 /* -1: a device is there, run; otherwise the exit code to return at once. */
@@ -99,6 +100,57 @@ static inline void dev_get(void *h, const void *d, size_t bytes) {
     CK(cudaDeviceSynchronize());
     CK(cudaGetLastError());
     CK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+}
+
+/* Causal attention in float64, the reference of the attention kernels: for each token t and query
+ * head h, softmax over positions 0..pos[t] of q.k / sqrt(hd), times V. The cache is paged as
+ * struct cuda_kv: K and V [n_blocks][n_layer_kv][bs][n_head_kv * hd], f16 bits (kv_f32 0) or
+ * floats, layer l, block table tab[seq][max_blocks]; q and ref [n_tok][n_head * hd]. */
+static inline void ref_attention_f64(float *ref, const float *q, const void *k, const void *v, int kv_f32,
+                                     const int32_t *tab, int max_blocks, int n_layer_kv, int l, int bs,
+                                     const int32_t *pos, const int32_t *seq, int n_tok, int n_head, int n_head_kv,
+                                     int hd) {
+    const int group = n_head / n_head_kv, kv_dim = n_head_kv * hd, q_dim = n_head * hd;
+    int n_max = 1;
+    for (int t = 0; t < n_tok; t++) n_max = pos[t] + 1 > n_max ? pos[t] + 1 : n_max;
+    double *sc = (double *)malloc((size_t)n_max * sizeof(double)), *o = (double *)malloc((size_t)hd * sizeof(double));
+    float *kf = (float *)malloc((size_t)n_max * hd * 4), *vf = (float *)malloc((size_t)n_max * hd * 4);
+    if (!sc || !o || !kf || !vf) {
+        fprintf(stderr, "ref_attention_f64: out of memory\n");
+        exit(1);
+    }
+    for (int t = 0; t < n_tok; t++)
+        for (int kvh = 0; kvh < n_head_kv; kvh++) {
+            const int n_kv = pos[t] + 1;
+            for (int p = 0; p < n_kv; p++) { /* the head's K and V rows as floats */
+                const size_t off = (((size_t)tab[seq[t] * max_blocks + p / bs] * n_layer_kv + l) * bs + p % bs) * kv_dim +
+                                   (size_t)kvh * hd;
+                for (int d = 0; d < hd; d++) {
+                    const size_t i = (size_t)p * hd + d;
+                    kf[i] = kv_f32 ? ((const float *)k)[off + d] : fp16_to_f32(((const uint16_t *)k)[off + d]);
+                    vf[i] = kv_f32 ? ((const float *)v)[off + d] : fp16_to_f32(((const uint16_t *)v)[off + d]);
+                }
+            }
+            for (int g = 0; g < group; g++) {
+                const int h = kvh * group + g;
+                const float *qh = q + (size_t)t * q_dim + (size_t)h * hd;
+                double mx = -1e300, sum = 0;
+                for (int p = 0; p < n_kv; p++) {
+                    double a = 0;
+                    for (int d = 0; d < hd; d++) a += (double)qh[d] * kf[(size_t)p * hd + d];
+                    sc[p] = a / sqrt((double)hd);
+                    mx = sc[p] > mx ? sc[p] : mx;
+                }
+                for (int d = 0; d < hd; d++) o[d] = 0;
+                for (int p = 0; p < n_kv; p++) {
+                    const double w = exp(sc[p] - mx);
+                    sum += w;
+                    for (int d = 0; d < hd; d++) o[d] += w * vf[(size_t)p * hd + d];
+                }
+                for (int d = 0; d < hd; d++) ref[(size_t)t * q_dim + (size_t)h * hd + d] = (float)(o[d] / sum);
+            }
+        }
+    free(sc), free(o), free(kf), free(vf);
 }
 
 /* A one-layer f16 paged cache holding one sequence, uploaded: K and V [n_blocks][bs][n_head_kv * hd]

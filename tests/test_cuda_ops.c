@@ -442,28 +442,8 @@ static void test_attention(int kv_f32, int hd, int n_head, int n_head_kv, int bs
     float *q = xmalloc((size_t)n_tok * q_dim * 4), *ref = xmalloc((size_t)n_tok * q_dim * 4), *got = xmalloc((size_t)n_tok * q_dim * 4);
     fill(q, (size_t)n_tok * q_dim, 1.0f);
     const int group = n_head / n_head_kv;
-    double *sc = xmalloc(1024 * sizeof(double));
-    for (int t = 0; t < n_tok; t++)
-        for (int h = 0; h < n_head; h++) {
-            int kvh = h / group, n_kv = pos[t] + 1;
-            double mx = -1e300, sum = 0;
-            for (int p = 0; p < n_kv; p++) {
-                size_t off = (((size_t)tab[seq[t] * max_blocks + p / bs] * n_layer_kv + l) * bs + p % bs) * kv_dim + (size_t)kvh * hd;
-                double a = 0;
-                for (int d = 0; d < hd; d++) a += (double)q[(size_t)t * q_dim + h * hd + d] * (kv_f32 ? kc[off + d] : fp16_to_f32(k16[off + d]));
-                sc[p] = a / sqrt((double)hd);
-                mx = sc[p] > mx ? sc[p] : mx;
-            }
-            for (int p = 0; p < n_kv; p++) sum += (sc[p] = exp(sc[p] - mx));
-            for (int d = 0; d < hd; d++) {
-                double o = 0;
-                for (int p = 0; p < n_kv; p++) {
-                    size_t off = (((size_t)tab[seq[t] * max_blocks + p / bs] * n_layer_kv + l) * bs + p % bs) * kv_dim + (size_t)kvh * hd;
-                    o += sc[p] * (kv_f32 ? vc[off + d] : fp16_to_f32(v16[off + d]));
-                }
-                ref[(size_t)t * q_dim + h * hd + d] = (float)(o / sum);
-            }
-        }
+    ref_attention_f64(ref, q, kv_f32 ? (void *)kc : (void *)k16, kv_f32 ? (void *)vc : (void *)v16, kv_f32, tab,
+                      max_blocks, n_layer_kv, l, bs, pos, seq, n_tok, n_head, n_head_kv, hd);
     struct cuda_kv kv = {0};
     kv.k = dev_put(kv_f32 ? (void *)kc : (void *)k16, kv_elems * (kv_f32 ? 4 : 2));
     kv.v = dev_put(kv_f32 ? (void *)vc : (void *)v16, kv_elems * (kv_f32 ? 4 : 2));
@@ -543,7 +523,7 @@ static void test_attention(int kv_f32, int hd, int n_head, int n_head_kv, int bs
     cudaFree(dk), cudaFree(dv), cudaFree(dp), cudaFree(ds);
     free(kk), free(vv), free(back);
     cudaFree(kv.k), cudaFree(kv.v), cudaFree((void *)kv.block_tab), cudaFree(dq), cudaFree(dout), cudaFree(dpos), cudaFree(dseq);
-    free(tab), free(kc), free(vc), free(k16), free(v16), free(q), free(ref), free(got), free(sc);
+    free(tab), free(kc), free(vc), free(k16), free(v16), free(q), free(ref), free(got);
 }
 
 /* The fused q/k norm + RoPE + KV store against rmsnorm_cpu, rope_cpu and a copy into the cache. */
@@ -699,7 +679,7 @@ static void test_decode_splits(void) {
  * 2e-3 as test_attention's. */
 static void test_attention_decode_long(void) {
     const int hd = 128, n_head = 16, n_head_kv = 2, bs = 16, cap = 6144, n_kv = 6001, l = 0;
-    const int n_blocks = cap / bs, kv_dim = n_head_kv * hd, q_dim = n_head * hd, group = n_head / n_head_kv;
+    const int n_blocks = cap / bs, kv_dim = n_head_kv * hd, q_dim = n_head * hd;
     int32_t *tab = xmalloc((size_t)n_blocks * 4);
     rnd_perm(tab, n_blocks);
     const size_t kv_elems = (size_t)n_blocks * bs * kv_dim;
@@ -707,25 +687,8 @@ static void test_attention_decode_long(void) {
     for (size_t i = 0; i < kv_elems; i++) k16[i] = f32_to_fp16(rnd_f()), v16[i] = f32_to_fp16(rnd_f());
     float *q = xmalloc((size_t)q_dim * 4), *ref = xmalloc((size_t)q_dim * 4), *got = xmalloc((size_t)q_dim * 4);
     fill(q, (size_t)q_dim, 1.0f);
-    double *sc = xmalloc((size_t)n_kv * sizeof(double));
-    for (int h = 0; h < n_head; h++) {
-        const int kvh = h / group;
-        double mx = -1e300, sum = 0;
-        for (int p = 0; p < n_kv; p++) {
-            const size_t off = ((size_t)tab[p / bs] * bs + p % bs) * kv_dim + (size_t)kvh * hd;
-            double a = 0;
-            for (int d = 0; d < hd; d++) a += (double)q[h * hd + d] * fp16_to_f32(k16[off + d]);
-            sc[p] = a / sqrt((double)hd);
-            mx = sc[p] > mx ? sc[p] : mx;
-        }
-        for (int p = 0; p < n_kv; p++) sum += (sc[p] = exp(sc[p] - mx));
-        for (int d = 0; d < hd; d++) {
-            double o = 0;
-            for (int p = 0; p < n_kv; p++)
-                o += sc[p] * fp16_to_f32(v16[((size_t)tab[p / bs] * bs + p % bs) * kv_dim + (size_t)kvh * hd + d]);
-            ref[h * hd + d] = (float)(o / sum);
-        }
-    }
+    const int32_t last = n_kv - 1, seq0 = 0; /* one token of sequence 0, one layer */
+    ref_attention_f64(ref, q, k16, v16, 0, tab, n_blocks, 1, l, bs, &last, &seq0, 1, n_head, n_head_kv, hd);
     int32_t *dpos, *dseq;
     struct cuda_kv kv = dev_kv_one_seq(k16, v16, tab, n_blocks, bs, n_head_kv, hd, n_kv, &dpos, &dseq);
     float *dq = dev_put(q, (size_t)q_dim * 4), *dout = dev_poison((size_t)q_dim);
@@ -748,7 +711,7 @@ static void test_attention_decode_long(void) {
     }
     cudaFree(kv.k), cudaFree(kv.v), cudaFree((void *)kv.block_tab), cudaFree(dpos), cudaFree(dseq), cudaFree(dq);
     cudaFree(dout);
-    free(tab), free(k16), free(v16), free(q), free(ref), free(got), free(sc);
+    free(tab), free(k16), free(v16), free(q), free(ref), free(got);
 }
 
 /* The split-K combine alone, against float64, at split counts either side of its shared-memory

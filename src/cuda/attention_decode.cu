@@ -31,7 +31,7 @@
  * Shared memory (halves, rows padded by 8): per warp NS stages of K [BN][D + 8] and V [BN][D + 8];
  * after the loop they hold the warps' m, l [4][8 HB], O [4][8 HB][D + 4], the warps' factors
  * [4][8 HB] and each head's (M, L), floats.
- * Configurations (attention_decode_smem_bytes), tried in order until one fits the device's opt-in
+ * Configurations (ad_smem), tried in order until one fits the device's opt-in
  * shared memory with two blocks per SM, else one (PXQ_CUDA_DECODE_CFG=k forces the k-th, for timing):
  *   D 64: (BN 32, NS 3) 108 KiB, (64, 3) 216 KiB, (32, 2);  D 128: (16, 3) 102 KiB, (16, 2) 68 KiB,
  *   (32, 3) 204 KiB;  D 256: (16, 3) 198 KiB, (16, 2) 132 KiB.
@@ -415,11 +415,6 @@ extern "C" int attention_decode_supported(const struct cuda_kv *kv, int n_head) 
     if (kv->kv_f32 || kv->n_head_kv <= 0 || n_head <= 0 || n_head % kv->n_head_kv != 0) return 0;
     if (n_head / kv->n_head_kv > AD_HB_MAX * AD_HEADS || kv->kv_dim % 8 != 0) return 0;
     return ad_pick(hd) >= 0;
-}
-
-extern "C" size_t attention_decode_smem_bytes(int head_dim) {
-    const int k = ad_pick(head_dim);
-    return k < 0 ? 0 : ad_smem(ad_configs[k].D, ad_configs[k].BN, ad_configs[k].NS);
 }
 
 extern "C" void attention_decode_cuda(float *out, int8_t *xq, float *xds, const float *q, const struct cuda_kv *kv, int l,

@@ -208,8 +208,6 @@ void attention_combine_cuda(float *out, int8_t *xq, float *xds, const float *par
  * n_head / n_head_kv <= 16, sm_80+ with enough opt-in shared memory for one of its configurations
  * (the opt-in is set here, once: call outside graph capture before the first launch). */
 int attention_decode_supported(const struct cuda_kv *kv, int n_head);
-/* Shared memory bytes of the configuration chosen for head_dim (0 if none). */
-size_t attention_decode_smem_bytes(int head_dim);
 /* attention_cuda's semantics and arguments (split-K over n_split chunks of split_len positions, the
  * same part_o / part_ml layout and combine), on the tensor cores: f16 q and P, fp32 accumulation
  * (error about 1e-3 of the output's norm). Only where attention_decode_supported. split_len: a
