@@ -124,9 +124,11 @@ static void test_matmul(struct threadpool *tp) {
 /* The dp4a mat-vec under every tuning (rows per block x warps per block), against the CPU and the
  * built-in choice, and bit-equal with an L2 prefetch riding on it (matmul_q8_pf_cuda): n_in of 128
  * and 65 groups (several steps per lane, a partial last step), odd n_out (a partial last block),
- * 1..4 tokens. pdl: the quantize and mat-vec kernels launch back to back with programmatic
- * dependent launch, no synchronisation between them; the prefetching mat-vec, half the time with
- * launch_next (its next kernel, an rmsnorm of y, launches at its start), feeds that rmsnorm, whose
+ * 1..4 tokens; one token also with the weight staged in shared memory (MATMUL_Q8_STAGE), bit-equal
+ * to the built-in where the staged kernel runs (n_in 4096) and where it falls back (2080). pdl: the
+ * quantize and mat-vec kernels launch back to back with programmatic dependent launch, no
+ * synchronisation between them; the prefetching mat-vec, half the time with launch_next (its next
+ * kernel, an rmsnorm of y, launches at its start) and every other tuning staged, feeds that rmsnorm, whose
  * output must equal the same rmsnorm run after a synchronisation. That checks the mat-vec's side of
  * the trigger only (the rmsnorm waits before it reads anything); the decode's own chains, whose
  * kernels read K/V and weights before their wait, run under launch_next in test_cuda_model (the
@@ -143,7 +145,7 @@ static void test_matmul_q8_tunings(struct threadpool *tp, int pdl) {
     dnw = dev_put(nw, n_out * sizeof(float));
     free(nw);
     cuda_pdl = pdl;
-    int n_cfg = 0;
+    int n_cfg = 0, n_staged = 0;
     double worst = 0.0;
     for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
         for (size_t ii = 0; ii < sizeof n_ins / sizeof *n_ins; ii++) {
@@ -183,12 +185,22 @@ static void test_matmul_q8_tunings(struct threadpool *tp, int pdl) {
                               type_name(types[ti]), n_in, n, rs[ri], ws[wi], pdl, err);
                         if (err > worst) worst = err;
                         n_cfg++;
+                        if (n == 1) { /* staged (n_in 4096; 2080 falls back): the same bits */
+                            CK(cudaMemset(dy, 0xff, (size_t)n * n_out * 4));
+                            matmul_q8_pf_cuda(dy, &w, dxq, dxds, n, n_out, 0, NULL, MATMUL_Q8_STAGE, 0);
+                            dev_get(got_pf, dy, (size_t)n * n_out * sizeof(float));
+                            CHECK(memcmp(got_pf, got, (size_t)n * n_out * sizeof(float)) == 0,
+                                  "matmul q8 %s n_in %d rows %d warps %d (pdl %d), staged: differs from the built-in",
+                                  type_name(types[ti]), n_in, rs[ri], ws[wi], pdl);
+                            n_staged += n_in % 256 == 0 && matmul_q8_stage_supported();
+                        }
                         /* with an L2 prefetch of spans not 16-byte aligned, by 1..all blocks: the same bits */
                         const struct cuda_l2_prefetch pf = {{dpf + 5, dpf + 3 * ri}, {PF_BYTES - 21, 4099}, 1 + 29 * wi};
                         CK(cudaMemset(dy, 0xff, (size_t)n * n_out * 4));
                         CK(cudaMemset(dz, 0xff, (size_t)n * n_out * 4));
-                        const int launch_next = (ri + wi) & 1;
-                        matmul_q8_pf_cuda(dy, &w, dxq, dxds, n, n_out, 0, &pf, launch_next, 0);
+                        const int launch_next = (ri + wi) & 1; /* and every other tuning staged */
+                        const int flags = (launch_next ? MATMUL_Q8_LAUNCH_NEXT : 0) | (ri & 1 ? MATMUL_Q8_STAGE : 0);
+                        matmul_q8_pf_cuda(dy, &w, dxq, dxds, n, n_out, 0, &pf, flags, 0);
                         rmsnorm_cuda(dz, dy, dnw, n_out, n, 1e-6f, NULL, 0);
                         dev_get(got_pf, dy, (size_t)n * n_out * sizeof(float));
                         dev_get(z, dz, (size_t)n * n_out * sizeof(float));
@@ -212,8 +224,8 @@ static void test_matmul_q8_tunings(struct threadpool *tp, int pdl) {
         }
     cuda_pdl = 0;
     cudaFree(dpf), cudaFree(dnw);
-    printf("matmul q8 tunings (pdl %d): %d runs, worst normalised difference from the built-in %.2e\n", pdl, n_cfg,
-           worst);
+    printf("matmul q8 tunings (pdl %d): %d runs, worst normalised difference from the built-in %.2e; %d staged runs "
+           "bit-equal\n", pdl, n_cfg, worst, n_staged);
 }
 
 static void test_small_ops(void) {

@@ -116,6 +116,8 @@ struct cuda_backend {
     int pdl;                /* decode steps of up to pdl_tokens tokens launch with programmatic dependent
                              * launch (PXQ_CUDA_PDL=0: off; PXQ_CUDA_PDL_TOKENS, default dp4a_tokens) */
     int pdl_tokens;
+    int stage_o;            /* the one-token o projection after the decode attention stages its weight in shared
+                             * memory (MATMUL_Q8_STAGE; PXQ_CUDA_STAGE_O=0: off) */
     int fuse_dn;            /* decode DeltaNet: prep, delta rule and gated norm in one launch where it runs
                              * (deltanet_decode_cuda; PXQ_CUDA_FUSE_DN=0: three launches) */
     int dp4a_tokens;        /* decode steps of up to this many tokens run the dp4a mat-vec (2; 4 without mma) */
@@ -325,6 +327,7 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     int tune_a, tune_b;
     if (env_pair("PXQ_CUDA_MV", &tune_a, &tune_b)) /* "rows,warps" of the 1..2-token dp4a mat-vec */
         matmul_q8_tune(tune_a, tune_b);
+    b->stage_o = !env_is("PXQ_CUDA_STAGE_O", "0") && matmul_q8_stage_supported();
     b->fuse_dn = !env_is("PXQ_CUDA_FUSE_DN", "0");
     b->early_trigger = getenv("PXQ_CUDA_EARLY_TRIGGER") ? atoi(getenv("PXQ_CUDA_EARLY_TRIGGER")) : 9;
     if (env_pair("PXQ_CUDA_MMA_TUNE", &tune_a, &tune_b)) /* "m-tiles,warps" of the 3..16-token int8 mma mat-vec */
@@ -651,13 +654,13 @@ static int mma_step(const cuda_backend *b, int n, int fmt) {
  * weight rows dequantized to f16 in tiles and cublasGemmEx (f16 in, fp32 accumulate and out).
  * accumulate fuses the residual. */
 static void matmul_ld(cuda_backend *b, float *y, const cuda_weight *w, const float *x, int n, int q8, int accumulate,
-                      int ldy, const cuda_weight *next = NULL, int launch_next = 0) {
+                      int ldy, const cuda_weight *next = NULL, int flags = 0) {
     if (n <= CUDA_DECODE_MAX || b->exact) {
         if (q8 && mma_step(b, n, w->fmt)) {
             matmul_q8_mma_cuda(y, w, b->xq, b->xds, n, ldy, accumulate, b->st);
         } else if (q8 && matmul_q8_supported(w->fmt)) {
             const cuda_l2_prefetch pf = l2_span(b, next);
-            matmul_q8_pf_cuda(y, w, b->xq, b->xds, n, ldy, accumulate, pf.n_blocks ? &pf : NULL, launch_next, b->st);
+            matmul_q8_pf_cuda(y, w, b->xq, b->xds, n, ldy, accumulate, pf.n_blocks ? &pf : NULL, flags, b->st);
         } else {
             matmul_gemv_cuda(y, w, x, n, ldy, accumulate, b->st);
         }
@@ -706,10 +709,11 @@ static void matmul_ld(cuda_backend *b, float *y, const cuda_weight *w, const flo
 }
 
 /* matmul_ld with rows of n_out; next: the weight the step's next mat-vec reads (L2 prefetch), or NULL;
- * launch_next: the dp4a kernel lets the next kernel launch at its start (b->early_trigger) */
+ * flags: the dp4a kernel's MATMUL_Q8_* (ops_cuda.h): MATMUL_Q8_LAUNCH_NEXT lets the next kernel launch
+ * at its start (b->early_trigger), MATMUL_Q8_STAGE stages the weight (b->stage_o) */
 static void matmul_cuda(cuda_backend *b, float *y, const cuda_weight *w, const float *x, int n, int q8, int accumulate,
-                        const cuda_weight *next = NULL, int launch_next = 0) {
-    matmul_ld(b, y, w, x, n, q8, accumulate, w->n_out, next, launch_next);
+                        const cuda_weight *next = NULL, int flags = 0) {
+    matmul_ld(b, y, w, x, n, q8, accumulate, w->n_out, next, flags);
 }
 
 /* q8 form of x for the next mat-vec when it has a q8 kernel (xq NULL otherwise) */
@@ -768,7 +772,8 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
     /* o_proj's weights into L2 during the attention, unless its KV stream would evict them */
     const size_t kv_bytes = (size_t)s.n_split * s.split_len * kv_dim * 2 * (b->kv.kv_f32 ? 4 : 2);
     const cuda_weight *o_next = kv_bytes <= b->l2_size / 4 ? &L->w[CM_O] : NULL;
-    const int early = (b->early_trigger & 1) != 0; /* the q/k norm and the attention launch under the projection */
+    /* the q/k norm and the attention launch under the projection */
+    const int early = b->early_trigger & 1 ? MATMUL_Q8_LAUNCH_NEXT : 0;
     if (L->qkv.fmt >= 0) { /* one launch: token row = [q | k | v]; normed, roped q goes to xb2 */
         const int ld = q_dim + 2 * kv_dim;
         float *qkv = b->q, *q_out = b->xb2;
@@ -799,7 +804,9 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
     }
     if (gated) sigmoid_gate_cuda(b->att, xq, b->xds, b->xb2, (int64_t)n * q_dim, st);
     else if (xq && !att_q8) quantize_q8_cuda(b->xq, b->xds, b->att, (int64_t)n * q_dim, st);
-    matmul_cuda(b, b->x, &L->w[CM_O], b->att, n, s.q8, 1, ffn_weight(e, L)); /* x += o_proj(att) */
+    /* x += o_proj(att); its weight staged in shared memory while the attention runs (the decode
+     * attention lets it launch after its own wait, attention_decode.cu) */
+    matmul_cuda(b, b->x, &L->w[CM_O], b->att, n, s.q8, 1, ffn_weight(e, L), b->stage_o ? MATMUL_Q8_STAGE : 0);
 }
 
 /* Qwen3.5 Gated DeltaNet (forward_qwen35.c's deltanet_layer_cpu, step for step), x += out_proj(...).
@@ -812,7 +819,8 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
     float *state = b->rstate + (size_t)e->dn_layer[il] * ((size_t)(K - 1) * conv_dim + (size_t)nv * dk * dv);
     const step_inputs &di = b->di;
     float *z = b->ssm_z, *ba = b->ssm_ba;
-    const int early = (b->early_trigger & 2) != 0; /* the conv launches under the in-projection */
+    /* the conv launches under the in-projection */
+    const int early = b->early_trigger & 2 ? MATMUL_Q8_LAUNCH_NEXT : 0;
     if (first_weight(e, b, il, n) == &L->dn_in) { /* one launch: the token's [qkv | z | b | a] (ssm_qkv has room) */
         matmul_cuda(b, b->ssm_qkv, &L->dn_in, b->xb, 1, s.q8, 0, &L->w[CM_SSM_OUT], early);
         z = b->ssm_qkv + conv_dim, ba = z + (size_t)nv * dv;
@@ -939,7 +947,8 @@ static void run_layers(struct pxq_engine *e, cuda_backend *b, const step &s) {
         }
         const int ff = hp->n_ff;
         int8_t *xq_down = q8_for(b, q8, &L->w[CM_DOWN]);
-        const int early = (b->early_trigger & 8) != 0; /* the SwiGLU launches under the gate|up mat-vec */
+        /* the SwiGLU launches under the gate|up mat-vec */
+        const int early = b->early_trigger & 8 ? MATMUL_Q8_LAUNCH_NEXT : 0;
         if (L->gu.fmt >= 0) { /* one launch: token row = [gate | up], into hb; silu(gate) * up into hb2 */
             matmul_cuda(b, b->hb, &L->gu, b->xb, n, q8, 0, &L->w[CM_DOWN], early);
             if (gemm) { /* straight to the down GEMM's half operand */

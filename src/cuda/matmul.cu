@@ -17,6 +17,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/launch.cuh"
+#include "cuda/mma.cuh"
 #include "cuda/ops_cuda.h"
 #include "cuda/wload.cuh"
 
@@ -274,7 +275,97 @@ __global__ void __launch_bounds__(MM_WARPS_MAX * 32) matmul_q8_kernel(float *__r
     block_store<NT, R>(acc, y, row0, w.n_out, n_tok, ldy, accumulate);
 }
 
+/* Bytes a row of F's codes and of its scales takes (backend.cu's repacked layout: codes [n_out][..],
+ * scales [n_out][ng]). */
+template <int F> static __host__ __device__ constexpr size_t q8_code_bytes(int n_in) {
+    return F == WFMT_Q8_0 ? (size_t)n_in : (size_t)n_in / 2;
+}
+template <int F> static __host__ __device__ constexpr size_t q8_scale_bytes(int ng) {
+    return (size_t)ng * (F == WFMT_Q4M ? 8 : 2);
+}
+
+/* matmul_q8_kernel for one token with the block's whole slice of the weight staged in shared memory:
+ * its R rows' codes and scales (contiguous in the layout) are copied with cp.async, 16 bytes a copy,
+ * before pdl_wait, so they stream in while the kernels before it run (the small kernels between two
+ * mat-vecs leave the DRAM idle); after the wait the lanes sum from shared memory. The same sums in
+ * the same order as matmul_q8_kernel<F, 1, R>: the same bits. Needs sm_80 (cp.async), n_in a
+ * multiple of 256 (16-byte aligned rows of scales) and dynamic shared memory R x (code + scale
+ * bytes of a row); rows past n_out are not copied, and read as the last row, as wgroup_load does.
+ * The backend stages the o projection after the decode attention (MATMUL_Q8_STAGE), whose 2560
+ * blocks of 9 KiB (Qwen3-32B) all fit the SMs at once and copy its 24 MB while the attention, which
+ * leaves the DRAM idle at a short context, runs. H200, Qwen3-32B b1, alternated: 167.22, 167.00,
+ * 167.13, 167.21 t/s against 165.37, 165.24, 165.19, 165.38; depth 32768 120.05 against 118.87.
+ * Staging more lost: the q|k|v projection too 163.40, every mat-vec up to 160 MiB (gate|up, down:
+ * several waves of blocks whose copies all come first) 135.21; on Qwen3.5-27B the o and DeltaNet
+ * out projections 184.50 against 186.06. */
+template <int F, int R>
+__global__ void __launch_bounds__(MM_WARPS_MAX * 32)
+    matmul_q8_staged_kernel(float *__restrict__ y, const cuda_weight w, const int8_t *xq, const float2 *xds, int ldy,
+                            int accumulate, const cuda_l2_prefetch pf, int launch_next) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    extern __shared__ uint4 mv_sm[];
+    const int row0 = blockIdx.x * R, n_in = w.n_in, ng = n_in / 32, rows = min(R, w.n_out - row0);
+    const size_t cb = q8_code_bytes<F>(n_in), sb = q8_scale_bytes<F>(ng);
+    uint8_t *codes = (uint8_t *)mv_sm, *scales = codes + R * cb;
+    if (launch_next) pdl_launch_dependents();
+    const uint8_t *gc = (const uint8_t *)w.q + (size_t)row0 * cb, *gs = (const uint8_t *)w.s + (size_t)row0 * sb;
+    const int nc = (int)(rows * cb / 16), ns = (int)(rows * sb / 16);
+    for (int i = threadIdx.x; i < nc; i += blockDim.x) cp_async16(codes + (size_t)i * 16, gc + (size_t)i * 16, 1);
+    for (int i = threadIdx.x; i < ns; i += blockDim.x) cp_async16(scales + (size_t)i * 16, gs + (size_t)i * 16, 1);
+    cp_async_commit();
+    pdl_wait();
+    cp_async_wait<0>();
+    __syncthreads();
+    float acc[R][1];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r][0] = 0.0f;
+    for (int g = threadIdx.x; g < ng; g += blockDim.x) {
+        wgroup<F, R> a;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int rr = min(r, rows - 1);
+            const uint8_t *c = codes + rr * cb, *s = scales + rr * sb;
+            if (F == WFMT_Q8_0) {
+                a.q[r][0] = *(const uint4 *)(c + (size_t)g * 32);
+                a.q[r][F == WFMT_Q8_0 ? 1 : 0] = *(const uint4 *)(c + (size_t)g * 32 + 16);
+                a.d[r] = half_bits_to_f32(*(const unsigned short *)(s + (size_t)g * 2)), a.m[r] = 0.0f;
+            } else {
+                a.q[r][0] = *(const uint4 *)(c + (size_t)g * 16);
+                if (F == WFMT_Q4_0) {
+                    a.d[r] = half_bits_to_f32(*(const unsigned short *)(s + (size_t)g * 2));
+                    a.m[r] = -8.0f * a.d[r];
+                } else {
+                    const float2 dm = *(const float2 *)(s + (size_t)g * 8);
+                    a.d[r] = dm.x, a.m[r] = dm.y;
+                }
+            }
+        }
+        wgroup_dot<F, 1, R>(acc, a, xq, xds, g, n_in, 1);
+    }
+    l2_prefetch_share(pf);
+    block_store<1, R>(acc, y, row0, w.n_out, 1, ldy, accumulate);
+#endif
+}
+
 static int q8_tune_r, q8_tune_warps; /* matmul_q8_tune: 0 = the built-in choice */
+
+/* The staged kernel's shared memory at most: the default limit, no opt-in (Qwen3-32B's o_proj, R 2 x
+ * 8192 inputs of Q4_0: 9 KiB) */
+#define MV_STAGE_SMEM (48 * 1024)
+
+extern "C" int matmul_q8_stage_supported(void) {
+    static int ok = -1;
+    if (ok < 0) {
+        cudaFuncAttributes fa;
+        int dev = 0, major = 0;
+        ok = cudaGetDevice(&dev) == cudaSuccess &&
+             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8 &&
+             cudaFuncGetAttributes(&fa, (const void *)matmul_q8_staged_kernel<WFMT_Q4_0, 2>) == cudaSuccess &&
+             fa.binaryVersion >= 80;
+        (void)cudaGetLastError(); /* a build without an sm_80+ image reports an error here: not sticky */
+    }
+    return ok;
+}
 
 extern "C" void matmul_q8_tune(int rows, int warps) {
     q8_tune_r = rows == 1 || rows == 2 || rows == 4 || rows == 8 ? rows : 0;
@@ -293,10 +384,19 @@ static int q8_warps(int ng, int lo) {
 
 template <int F, int NT, int R>
 static void q8_launch_r(float *y, const cuda_weight &w, const int8_t *xq, const float2 *xds, int n_tok, int ldy,
-                        int acc, int nw, const cuda_l2_prefetch &pf, int launch_next, cudaStream_t st) {
+                        int acc, int nw, const cuda_l2_prefetch &pf, int flags, cudaStream_t st) {
     const unsigned grid = (unsigned)((w.n_out + R - 1) / R);
     cuda_l2_prefetch p = pf;
     if (p.n_blocks > (int)grid) p.n_blocks = (int)grid;
+    const int launch_next = (flags & MATMUL_Q8_LAUNCH_NEXT) != 0;
+    if constexpr (NT == 1) {
+        const size_t smem = R * (q8_code_bytes<F>(w.n_in) + q8_scale_bytes<F>(w.n_in / 32));
+        if ((flags & MATMUL_Q8_STAGE) && w.n_in % 256 == 0 && smem <= MV_STAGE_SMEM && matmul_q8_stage_supported()) {
+            kernel_launch(matmul_q8_staged_kernel<F, R>, dim3(grid), dim3(nw * 32), smem, st, y, w, xq, xds, ldy, acc,
+                          p, launch_next);
+            return;
+        }
+    }
     kernel_launch(matmul_q8_kernel<F, NT, R>, dim3(grid), dim3(nw * 32), 0, st, y, w, xq, xds, n_tok, ldy, acc, p,
                   launch_next);
 }
@@ -312,38 +412,38 @@ static void q8_launch_r(float *y, const cuda_weight &w, const int8_t *xq, const 
  * 8 rows a block (Q8_0: 4, registers), 4..8 warps over n_in. */
 template <int F, int NT>
 static void q8_launch_nt(float *y, const cuda_weight &w, const int8_t *xq, const float2 *xds, int n_tok, int ldy,
-                         int acc, const cuda_l2_prefetch &pf, int launch_next, cudaStream_t st) {
+                         int acc, const cuda_l2_prefetch &pf, int flags, cudaStream_t st) {
     const int ng = w.n_in / 32;
     constexpr int R8 = F == WFMT_Q8_0 ? 4 : 8; /* 8 rows; Q8_0 4: two 16-byte codes a row and step (registers) */
     if constexpr (NT >= 8) {
-        q8_launch_r<F, NT, R8>(y, w, xq, xds, n_tok, ldy, acc, q8_warps(ng, 4), pf, launch_next, st);
+        q8_launch_r<F, NT, R8>(y, w, xq, xds, n_tok, ldy, acc, q8_warps(ng, 4), pf, flags, st);
     } else {
         int R = w.n_out <= 12288 && w.n_in <= 5120 ? 4 : 2, nw = ng <= 160 ? 1 : 2;
         if (w.n_out <= 2048) R = 2, nw = q8_warps(ng, 4); /* few rows: more warps a row, or too few in all */
         if (q8_tune_r) R = q8_tune_r;
         if (q8_tune_warps) nw = q8_tune_warps;
         switch (R) {
-        case 1: q8_launch_r<F, NT, 1>(y, w, xq, xds, n_tok, ldy, acc, nw, pf, launch_next, st); break;
-        case 2: q8_launch_r<F, NT, 2>(y, w, xq, xds, n_tok, ldy, acc, nw, pf, launch_next, st); break;
-        case 8: q8_launch_r<F, NT, R8>(y, w, xq, xds, n_tok, ldy, acc, nw, pf, launch_next, st); break;
-        default: q8_launch_r<F, NT, 4>(y, w, xq, xds, n_tok, ldy, acc, nw, pf, launch_next, st); break;
+        case 1: q8_launch_r<F, NT, 1>(y, w, xq, xds, n_tok, ldy, acc, nw, pf, flags, st); break;
+        case 2: q8_launch_r<F, NT, 2>(y, w, xq, xds, n_tok, ldy, acc, nw, pf, flags, st); break;
+        case 8: q8_launch_r<F, NT, R8>(y, w, xq, xds, n_tok, ldy, acc, nw, pf, flags, st); break;
+        default: q8_launch_r<F, NT, 4>(y, w, xq, xds, n_tok, ldy, acc, nw, pf, flags, st); break;
         }
     }
 }
 
 template <int F>
 static void q8_launch(float *y, const cuda_weight &w, const int8_t *xq, const float2 *xds, int n_tok, int ldy, int acc,
-                      const cuda_l2_prefetch &pf, int launch_next, cudaStream_t st) {
-    if (n_tok <= 1) q8_launch_nt<F, 1>(y, w, xq, xds, n_tok, ldy, acc, pf, launch_next, st);
-    else if (n_tok <= 2) q8_launch_nt<F, 2>(y, w, xq, xds, n_tok, ldy, acc, pf, launch_next, st);
-    else if (n_tok <= 4) q8_launch_nt<F, 4>(y, w, xq, xds, n_tok, ldy, acc, pf, launch_next, st);
-    else if (n_tok <= 8) q8_launch_nt<F, 8>(y, w, xq, xds, n_tok, ldy, acc, pf, launch_next, st);
-    else q8_launch_nt<F, 16>(y, w, xq, xds, n_tok, ldy, acc, pf, launch_next, st);
+                      const cuda_l2_prefetch &pf, int flags, cudaStream_t st) {
+    if (n_tok <= 1) q8_launch_nt<F, 1>(y, w, xq, xds, n_tok, ldy, acc, pf, flags, st);
+    else if (n_tok <= 2) q8_launch_nt<F, 2>(y, w, xq, xds, n_tok, ldy, acc, pf, flags, st);
+    else if (n_tok <= 4) q8_launch_nt<F, 4>(y, w, xq, xds, n_tok, ldy, acc, pf, flags, st);
+    else if (n_tok <= 8) q8_launch_nt<F, 8>(y, w, xq, xds, n_tok, ldy, acc, pf, flags, st);
+    else q8_launch_nt<F, 16>(y, w, xq, xds, n_tok, ldy, acc, pf, flags, st);
 }
 
 extern "C" void matmul_q8_pf_cuda(float *y, const struct cuda_weight *w, const int8_t *xq, const float *xds,
                                   int n_tokens, int ldy, int accumulate, const struct cuda_l2_prefetch *pf,
-                                  int launch_next, cudaStream_t st) {
+                                  int flags, cudaStream_t st) {
     const int ng = w->n_in / 32;
     const cuda_l2_prefetch none = {{NULL, NULL}, {0, 0}, 0};
     for (int t0 = 0; t0 < n_tokens; t0 += 16) {
@@ -351,13 +451,14 @@ extern "C" void matmul_q8_pf_cuda(float *y, const struct cuda_weight *w, const i
         float *yt = y + (size_t)t0 * ldy;
         const int8_t *xt = xq + (size_t)t0 * w->n_in;
         const float2 *dt = (const float2 *)xds + (size_t)t0 * ng;
-        /* the prefetch rides on the last launch, and only the one-to-four-token kernel's */
-        const int last = t0 + 16 >= n_tokens, ln = last && launch_next; /* the trigger too: the last launch's */
+        /* the prefetch rides on the last launch, and only the one-to-four-token kernel's; the flags
+         * (the trigger, staging) are the last launch's too */
+        const int last = t0 + 16 >= n_tokens, fl = last ? flags : 0;
         const cuda_l2_prefetch &p = pf && last && nt <= 4 ? *pf : none;
         switch (w->fmt) {
-        case WFMT_Q4_0: q8_launch<WFMT_Q4_0>(yt, *w, xt, dt, nt, ldy, accumulate, p, ln, st); break;
-        case WFMT_Q8_0: q8_launch<WFMT_Q8_0>(yt, *w, xt, dt, nt, ldy, accumulate, p, ln, st); break;
-        case WFMT_Q4M: q8_launch<WFMT_Q4M>(yt, *w, xt, dt, nt, ldy, accumulate, p, ln, st); break;
+        case WFMT_Q4_0: q8_launch<WFMT_Q4_0>(yt, *w, xt, dt, nt, ldy, accumulate, p, fl, st); break;
+        case WFMT_Q8_0: q8_launch<WFMT_Q8_0>(yt, *w, xt, dt, nt, ldy, accumulate, p, fl, st); break;
+        case WFMT_Q4M: q8_launch<WFMT_Q4M>(yt, *w, xt, dt, nt, ldy, accumulate, p, fl, st); break;
         }
     }
 }

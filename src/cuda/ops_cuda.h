@@ -82,17 +82,29 @@ static inline void cuda_l2_share(uint64_t p, uint64_t bytes, int k, int n, uint6
     if (s >= b) return;
     *lo = s, *len = b - s < chunk ? b - s : chunk;
 }
+/* matmul_q8_pf_cuda's flags, for the one-to-four-token dp4a kernel (the kernel that serves batch-1
+ * decode); results are the same bits with any of them.
+ * MATMUL_Q8_LAUNCH_NEXT: the kernel lets the next one in the stream launch at its start
+ *   (pdl_launch_dependents, common.cuh) instead of at its exit, so the next kernel's part before its
+ *   pdl_wait may run during this kernel and the one before it; results are unchanged as long as that
+ *   part keeps common.cuh's rule (matmul.cu).
+ * MATMUL_Q8_STAGE: one token: each block copies its rows' whole codes and scales into shared memory
+ *   before its pdl_wait, so the weight streams in while the kernels before it run
+ *   (matmul_q8_staged_kernel; where matmul_q8_stage_supported, n_in is a multiple of 256 and the
+ *   block's slice fits 48 KiB; else the usual kernel). */
+#define MATMUL_Q8_LAUNCH_NEXT 1
+#define MATMUL_Q8_STAGE 2
 /* matmul_q8_cuda that also prefetches pf (NULL: none) for the mat-vec after it, where the one-to-
- * four-token dp4a kernel runs (the kernel that serves batch-1 decode). launch_next != 0: the kernel
- * lets the next one in the stream launch at its start (pdl_launch_dependents, common.cuh) instead of
- * at its exit, so the next kernel's part before its pdl_wait may run during this kernel and the one
- * before it; results are unchanged as long as that part keeps common.cuh's rule (matmul.cu). */
+ * four-token dp4a kernel runs; flags: MATMUL_Q8_* above, or 0. */
 void matmul_q8_pf_cuda(float *y, const struct cuda_weight *w, const int8_t *xq, const float *xds, int n_tokens,
-                       int ldy, int accumulate, const struct cuda_l2_prefetch *pf, int launch_next, cudaStream_t st);
+                       int ldy, int accumulate, const struct cuda_l2_prefetch *pf, int flags, cudaStream_t st);
 /* Benchmarks and tests only: force the one-to-four-token dp4a mat-vec's rows per block (1, 2, 4, 8;
  * Q8_0 runs 4 for 8, registers) and warps per block (1..8) instead of the built-in choice; 0
  * restores it. Process-wide. */
 void matmul_q8_tune(int rows, int warps);
+/* 1 if MATMUL_Q8_STAGE can take effect on this device: an sm_80+ device and image (cp.async).
+ * Cached; call it once outside graph capture first. */
+int matmul_q8_stage_supported(void);
 /* x[n] (n a multiple of 32) -> xq, xds: per group of 32, d = max|x|/127, q = round(x/d). */
 void quantize_q8_cuda(int8_t *xq, float *xds, const float *x, int64_t n, cudaStream_t st);
 
