@@ -327,7 +327,7 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     int tune_a, tune_b;
     if (env_pair("PXQ_CUDA_MV", &tune_a, &tune_b)) /* "rows,warps" of the 1..2-token dp4a mat-vec */
         matmul_q8_tune(tune_a, tune_b);
-    b->stage_o = !env_is("PXQ_CUDA_STAGE_O", "0") && matmul_q8_stage_supported();
+    b->stage_o = b->pdl && !env_is("PXQ_CUDA_STAGE_O", "0") && matmul_q8_stage_supported(); /* overlap needs PDL */
     b->fuse_dn = !env_is("PXQ_CUDA_FUSE_DN", "0");
     b->early_trigger = getenv("PXQ_CUDA_EARLY_TRIGGER") ? atoi(getenv("PXQ_CUDA_EARLY_TRIGGER")) : 9;
     if (env_pair("PXQ_CUDA_MMA_TUNE", &tune_a, &tune_b)) /* "m-tiles,warps" of the 3..16-token int8 mma mat-vec */

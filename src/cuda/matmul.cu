@@ -349,8 +349,8 @@ __global__ void __launch_bounds__(MM_WARPS_MAX * 32)
 
 static int q8_tune_r, q8_tune_warps; /* matmul_q8_tune: 0 = the built-in choice */
 
-/* The staged kernel's shared memory at most: the default limit, no opt-in (Qwen3-32B's o_proj, R 2 x
- * 8192 inputs of Q4_0: 9 KiB) */
+/* The staged kernel's shared memory at most, its slice and block_store's static red[MM_WARPS_MAX][R]
+ * together: the default limit, no opt-in (Qwen3-32B's o_proj, R 2 x 8192 inputs of Q4_0: 9 KiB) */
 #define MV_STAGE_SMEM (48 * 1024)
 
 extern "C" int matmul_q8_stage_supported(void) {
@@ -361,7 +361,7 @@ extern "C" int matmul_q8_stage_supported(void) {
         ok = cudaGetDevice(&dev) == cudaSuccess &&
              cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8 &&
              cudaFuncGetAttributes(&fa, (const void *)matmul_q8_staged_kernel<WFMT_Q4_0, 2>) == cudaSuccess &&
-             fa.binaryVersion >= 80;
+             fa.binaryVersion >= 80 && fa.ptxVersion >= 80; /* a compute_75 PTX image JIT-compiled here is empty */
         (void)cudaGetLastError(); /* a build without an sm_80+ image reports an error here: not sticky */
     }
     return ok;
@@ -391,7 +391,9 @@ static void q8_launch_r(float *y, const cuda_weight &w, const int8_t *xq, const 
     const int launch_next = (flags & MATMUL_Q8_LAUNCH_NEXT) != 0;
     if constexpr (NT == 1) {
         const size_t smem = R * (q8_code_bytes<F>(w.n_in) + q8_scale_bytes<F>(w.n_in / 32));
-        if ((flags & MATMUL_Q8_STAGE) && w.n_in % 256 == 0 && smem <= MV_STAGE_SMEM && matmul_q8_stage_supported()) {
+        const size_t red = (size_t)MM_WARPS_MAX * R * sizeof(float);
+        if ((flags & MATMUL_Q8_STAGE) && w.n_in % 256 == 0 && smem + red <= MV_STAGE_SMEM &&
+            matmul_q8_stage_supported()) {
             kernel_launch(matmul_q8_staged_kernel<F, R>, dim3(grid), dim3(nw * 32), smem, st, y, w, xq, xds, ldy, acc,
                           p, launch_next);
             return;

@@ -91,7 +91,8 @@ static inline void cuda_l2_share(uint64_t p, uint64_t bytes, int k, int n, uint6
  * MATMUL_Q8_STAGE: one token: each block copies its rows' whole codes and scales into shared memory
  *   before its pdl_wait, so the weight streams in while the kernels before it run
  *   (matmul_q8_staged_kernel; where matmul_q8_stage_supported, n_in is a multiple of 256 and the
- *   block's slice fits 48 KiB; else the usual kernel). */
+ *   block's slice and its reduction fit the default 48 KiB; else the usual kernel). It pays only
+ *   under programmatic dependent launch (without it the copies overlap nothing). */
 #define MATMUL_Q8_LAUNCH_NEXT 1
 #define MATMUL_Q8_STAGE 2
 /* matmul_q8_cuda that also prefetches pf (NULL: none) for the mat-vec after it, where the one-to-
