@@ -9,6 +9,10 @@
 #include "ops_cpu.h"
 #include "util.h"
 
+int pxq_default_n_ctx(const struct pxq_hparams *hp) {
+    return hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
+}
+
 struct pxq_engine_params pxq_engine_default_params(void) {
     struct pxq_engine_params p = {0};
     p.n_seq_max = 1;
@@ -31,7 +35,7 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
     e->hp = model_hparams(m);
     e->p = p ? *p : pxq_engine_default_params();
     const struct pxq_hparams *hp = e->hp;
-    if (e->p.n_ctx <= 0) e->p.n_ctx = hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
+    if (e->p.n_ctx <= 0) e->p.n_ctx = pxq_default_n_ctx(hp);
     if (e->p.n_seq_max <= 0) e->p.n_seq_max = 1;
     if (e->p.n_batch <= 0) e->p.n_batch = 512;
     if (e->p.kv_block_size <= 0) e->p.kv_block_size = 16;

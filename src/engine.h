@@ -39,6 +39,9 @@ struct pxq_batch {
 
 /* Defaults for every field (n_threads 0 = all cores). */
 struct pxq_engine_params pxq_engine_default_params(void);
+/* The context per sequence when none is given (pxq_engine_params.n_ctx 0; pxq plan's default too):
+ * the model's n_ctx_train, at most 4096. */
+int pxq_default_n_ctx(const struct pxq_hparams *hp);
 
 /* Create an engine over an opened model (the model must outlive it). NULL + message on failure
  * (e.g. the KV pool cannot be allocated). */

@@ -597,6 +597,9 @@ int quantize_model(const struct quantize_params *p, char *err, size_t errlen) {
     if (p->group_size != 32) return set_err(err, errlen, "group size %d: no GGUF type (32 only)", p->group_size);
     if (is_calibrated(p->method) && !p->calib_file)
         return set_err(err, errlen, "method %s needs calibration text: give --calib-file FILE", method_name(p->method));
+    if (p->model_dir && !is_dir(p->model_dir) && access(p->model_dir, F_OK) == 0)
+        return set_err(err, errlen, "%s: a file; pxq quantize reads an HF model directory (config.json and *.safetensors)",
+                       p->model_dir);
     if (!p->model_dir || !is_dir(p->model_dir)) return set_err(err, errlen, "%s: no such model directory", p->model_dir ? p->model_dir : "(none)");
     if (!p->output || !*p->output) return set_err(err, errlen, "no output path");
     char dirbuf[4096];

@@ -28,6 +28,7 @@ printf '["unterminated' > $tmp/bad.json
 printf '[]' > $tmp/emptylist.json
 printf '["ok", 3]' > $tmp/notstr.json
 bad "missing model dir" 1 "no such model directory" --model $tmp/nope --output $out
+bad "a GGUF file as the model" 1 "a file; pxq quantize reads an HF model directory" --model models/tiny-qwen3-Q4_K_M.gguf --output $out
 bad "unsupported dtype" 2 "unsupported dtype 'int3'" --model $M --dtype int3 --output $out
 bad "group size 64" 2 "group size 64: no GGUF type" --model $M --group-size 64 --output $out
 bad "int8 asym" 2 "int8 --asym: no GGUF weight type" --model $M --dtype int8 --asym --output $out
@@ -56,7 +57,7 @@ for sig in INT TERM; do
         if ls "$tmp" | grep -q 'out.gguf.tmp'; then seen=1; break; fi
         sleep 0.02; i=$((i + 1))
     done
-    kill -$sig $pid 2>/dev/null; wait $pid; rc=$?
+    kill -$sig $pid 2>/dev/null; wait $pid 2>/dev/null; rc=$? # (the shell's "Terminated" line not shown)
     check "SIG$sig while writing: temp file seen, process killed by it, no file left" '[ $seen = 1 ] && [ $rc -gt 128 ] && none_left'
 done
 

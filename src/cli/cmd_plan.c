@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "args.h"
+#include "engine.h"
 #include "load_opts.h"
 #include "memplan.h"
 #include "model_dummy.h"
@@ -15,7 +16,8 @@
 static const char *usage =
     "usage: pxq plan (-m PATH | --load-format dummy --config FILE.json [--dtype T]) [-c CTX] [--gpu-mem SIZE] [options]\n"
     "  -m, --model PATH        GGUF file or HF directory (its tensors' own types)\n"
-    "  -c, --ctx-size N        context per sequence (default 4096; alias --max-model-len)\n"
+    "  -c, --ctx-size N        context per sequence (default: the model's trained context, at most 4096,\n"
+    "                          as pxq run and serve; alias --max-model-len)\n"
     "  --gpu-mem SIZE          the CUDA arena's budget, e.g. 16GiB: everything the engine allocates on\n"
     "                          the device (as pxq run/bench --gpu-mem); the CUDA context comes on top\n"
     "                          (--cuda-context, the 'device total' line). None: just print the account\n"
@@ -48,11 +50,12 @@ int cmd_plan(int argc, char **argv) {
     struct load_opts lo;
     load_opts_init(&lo);
     struct memplan_params p = memplan_default_params();
+    int ctx_given = 0;
     for (a.i = 1; a.i < argc; a.i++) {
         const char *f = argv[a.i];
         if (load_opts_parse(&a, &lo)) continue;
         if (!strcmp(f, "-m") || !strcmp(f, "--model")) model = arg_str(&a);
-        else if (!strcmp(f, "-c") || !strcmp(f, "--ctx-size") || !strcmp(f, "--max-model-len")) p.n_ctx = (int)arg_int(&a, 1, 1 << 30);
+        else if (!strcmp(f, "-c") || !strcmp(f, "--ctx-size") || !strcmp(f, "--max-model-len")) p.n_ctx = (int)arg_int(&a, 1, 1 << 30), ctx_given = 1;
         else if (!strcmp(f, "--gpu-mem")) {
             p.budget = size_arg(&a);
             if (p.budget == 0) fail(&a, 2, "--gpu-mem must be more than 0 (leave it out to print the account alone)");
@@ -85,6 +88,7 @@ int cmd_plan(int argc, char **argv) {
         memplan_weights_from_model(&mp, m);
         snprintf(title, sizeof title, "%s", model_path(m));
     }
+    if (!ctx_given) p.n_ctx = pxq_default_n_ctx(&hp);
     if (memplan_compute(&mp, &hp, &p, err, sizeof err) != 0) fail(&a, 1, "%s", err);
     memplan_print(stdout, &mp, &hp, &p, title);
     model_free(m);
