@@ -75,6 +75,7 @@ static int cmp_named(const void *a, const void *b) {
 static const struct pxq_tensor *find(const struct pxq_model *m, const char *name) {
     struct named_tensor key;
     snprintf(key.name, sizeof key.name, "%s", name);
+    if (m->n_tab == 0) return NULL; /* no table (a file without tensors): bsearch wants a base */
     struct named_tensor *r = bsearch(&key, m->tab, (size_t)m->n_tab, sizeof *m->tab, cmp_named);
     return r ? r->t : NULL;
 }
@@ -175,9 +176,16 @@ static int cfg_int(const cJSON *c, const char *key, int required, int def, int *
     return 0;
 }
 
-static double cfg_num(const cJSON *c, const char *key, double def) {
+/* A number field: absent or null gives def; any other non-number is an error naming the field. */
+static int cfg_num(const cJSON *c, const char *key, double def, double *out, char *err, size_t errlen) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(c, key);
-    return cJSON_IsNumber(v) ? v->valuedouble : def;
+    if (!v || cJSON_IsNull(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v)) return set_err(err, errlen, "config.json: field '%s' must be a number", key);
+    *out = v->valuedouble;
+    return 0;
 }
 
 /* A double as a float without undefined behaviour: beyond float's range it becomes +-INFINITY
@@ -207,9 +215,16 @@ static int check_norm_rope(const struct pxq_hparams *hp, int gguf, char *err, si
     return 0;
 }
 
-static int cfg_bool(const cJSON *c, const char *key, int def) {
+/* A boolean field: absent or null gives def; any other non-boolean is an error naming the field. */
+static int cfg_bool(const cJSON *c, const char *key, int def, int *out, char *err, size_t errlen) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(c, key);
-    return cJSON_IsBool(v) ? cJSON_IsTrue(v) : def;
+    if (!v || cJSON_IsNull(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsBool(v)) return set_err(err, errlen, "config.json: field '%s' must be true or false", key);
+    *out = cJSON_IsTrue(v);
+    return 0;
 }
 
 static void add_eos(struct pxq_hparams *hp, int32_t id) {
@@ -296,10 +311,17 @@ static int hparams_from_config(struct pxq_hparams *hp, const char *config_path, 
         goto out;
     }
     if (cfg_int(c, "head_dim", 0, hp->n_embd / hp->n_head, &hp->head_dim, err, errlen)) goto out;
-    hp->rms_eps = to_f32(cfg_num(c, "rms_norm_eps", 1e-6));
+    /* rope_theta and partial_rotary_factor: top level, else in rope_parameters (Qwen3.5) */
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(c, "rope_parameters");
-    hp->rope_theta = to_f32(cfg_num(c, "rope_theta", cJSON_IsObject(rp) ? cfg_num(rp, "rope_theta", 10000.0) : 10000.0));
-    double prf = cfg_num(c, "partial_rotary_factor", cJSON_IsObject(rp) ? cfg_num(rp, "partial_rotary_factor", 1.0) : 1.0);
+    const cJSON *rpo = cJSON_IsObject(rp) ? rp : NULL;
+    double eps, theta = 10000.0, prf = 1.0;
+    if (cfg_num(c, "rms_norm_eps", 1e-6, &eps, err, errlen) || cfg_num(rpo, "rope_theta", theta, &theta, err, errlen) ||
+        cfg_num(c, "rope_theta", theta, &theta, err, errlen) ||
+        cfg_num(rpo, "partial_rotary_factor", prf, &prf, err, errlen) ||
+        cfg_num(c, "partial_rotary_factor", prf, &prf, err, errlen))
+        goto out;
+    hp->rms_eps = to_f32(eps);
+    hp->rope_theta = to_f32(theta);
     if (!(prf > 0 && prf <= 1)) {
         set_err(err, errlen, "config.json: partial_rotary_factor %g must be in (0, 1]", prf);
         goto out;
@@ -307,10 +329,12 @@ static int hparams_from_config(struct pxq_hparams *hp, const char *config_path, 
     hp->n_rot = (int)(hp->head_dim * prf);
     if (check_norm_rope(hp, 0, err, errlen)) goto out;
     hp->rope_style = ROPE_NEOX;
-    hp->tie_embd = cfg_bool(c, "tie_word_embeddings", 0);
-    if (!cJSON_GetObjectItemCaseSensitive(c, "tie_word_embeddings") && cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings"))
-        hp->tie_embd = cfg_bool(root, "tie_word_embeddings", 0);
-    hp->has_qkv_bias = hp->arch == ARCH_QWEN2 || cfg_bool(c, "attention_bias", 0);
+    int bias = 0;
+    if (cfg_bool(root, "tie_word_embeddings", 0, &hp->tie_embd, err, errlen) || /* the top level's, if the text_config has none */
+        cfg_bool(c, "tie_word_embeddings", hp->tie_embd, &hp->tie_embd, err, errlen) ||
+        cfg_bool(c, "attention_bias", 0, &bias, err, errlen))
+        goto out;
+    hp->has_qkv_bias = hp->arch == ARCH_QWEN2 || bias;
     hp->has_qk_norm = hp->arch == ARCH_QWEN3 || hp->arch == ARCH_QWEN3MOE || hp->arch == ARCH_QWEN35;
     if (hp->arch == ARCH_QWEN3MOE) {
         if (cfg_int(c, "num_experts", 0, 0, &hp->n_expert, err, errlen)) goto out;
@@ -318,7 +342,7 @@ static int hparams_from_config(struct pxq_hparams *hp, const char *config_path, 
         if (cfg_int(c, "num_experts_per_tok", 1, 0, &hp->n_expert_used, err, errlen) ||
             cfg_int(c, "moe_intermediate_size", 1, 0, &hp->n_ff_exp, err, errlen))
             goto out;
-        hp->norm_topk_prob = cfg_bool(c, "norm_topk_prob", 0);
+        if (cfg_bool(c, "norm_topk_prob", 0, &hp->norm_topk_prob, err, errlen)) goto out;
         int step = 1;
         if (cfg_int(c, "decoder_sparse_step", 0, 1, &step, err, errlen)) goto out;
         const cJSON *mlp_only = cJSON_GetObjectItemCaseSensitive(c, "mlp_only_layers");
@@ -332,7 +356,7 @@ static int hparams_from_config(struct pxq_hparams *hp, const char *config_path, 
         hp->ssm_a_is_log = 1;
         hp->ssm_v_tiled = 0;      /* repeat_interleave: value head h reads key head h / (n_v / n_k) */
         if (cfg_int(c, "mtp_num_hidden_layers", 0, 0, &hp->n_mtp_layer, err, errlen)) goto out;
-        hp->attn_output_gate = cfg_bool(c, "attn_output_gate", 1);
+        if (cfg_bool(c, "attn_output_gate", 1, &hp->attn_output_gate, err, errlen)) goto out;
         if (cfg_int(c, "linear_conv_kernel_dim", 1, 0, &hp->ssm_conv_kernel, err, errlen) ||
             cfg_int(c, "linear_num_key_heads", 1, 0, &hp->ssm_n_k_head, err, errlen) ||
             cfg_int(c, "linear_num_value_heads", 1, 0, &hp->ssm_n_v_head, err, errlen) ||
@@ -635,7 +659,7 @@ static int build_table_gguf(struct pxq_model *m) {
         const struct pxq_tensor *t = gguf_tensor(m->gguf, i);
         tab_add(m, &cap, t->name, t);
     }
-    qsort(m->tab, (size_t)m->n_tab, sizeof *m->tab, cmp_named);
+    if (m->n_tab > 0) qsort(m->tab, (size_t)m->n_tab, sizeof *m->tab, cmp_named);
     return 0;
 }
 
@@ -646,7 +670,7 @@ static int build_table_hf(struct pxq_model *m) {
         const struct pxq_tensor *t = st_tensor(m->st, i);
         if (hf_to_gguf_name(t->name, m->hp.n_layer, g, sizeof g) == 0) tab_add(m, &cap, g, t);
     }
-    qsort(m->tab, (size_t)m->n_tab, sizeof *m->tab, cmp_named);
+    if (m->n_tab > 0) qsort(m->tab, (size_t)m->n_tab, sizeof *m->tab, cmp_named);
     return 0;
 }
 
@@ -722,7 +746,7 @@ struct pxq_model *model_from_tensors(const char *name, const struct pxq_hparams 
     m->own_data = data;
     int cap = 0;
     for (int i = 0; i < n; i++) tab_add(m, &cap, tensors[i].name, &tensors[i]);
-    qsort(m->tab, (size_t)m->n_tab, sizeof *m->tab, cmp_named);
+    if (m->n_tab > 0) qsort(m->tab, (size_t)m->n_tab, sizeof *m->tab, cmp_named);
     if (bind_weights(m, err, errlen) != 0) {
         model_free(m);
         return NULL;

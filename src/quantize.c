@@ -608,6 +608,10 @@ int quantize_model(const struct quantize_params *p, char *err, size_t errlen) {
     if (!is_dir(odir)) return set_err(err, errlen, "%s: output directory %s does not exist", p->output, odir);
     if (access(odir, W_OK) != 0) return set_err(err, errlen, "%s: output directory %s is not writable", p->output, odir);
     if (is_dir(p->output)) return set_err(err, errlen, "%s is a directory", p->output);
+    struct stat ost; /* the rename at the end replaces what is there: only ever a regular file */
+    if (lstat(p->output, &ost) == 0 && !S_ISREG(ost.st_mode))
+        return set_err(err, errlen, "%s exists and is not a regular file (a link, device, pipe or socket); give a new path",
+                       p->output);
     j.m = model_open(p->model_dir, err, errlen);
     if (!j.m) return -1;
     if (model_is_gguf(j.m)) {

@@ -1,7 +1,8 @@
 #!/bin/sh
 # pxq quantize through the binary: bad input gives a clear error and leaves no output (nor temp)
 # file: a missing model directory, an unsupported dtype or group size, int8 --asym, empty and invalid
-# calibration files, a calibrated method without one, an output directory that does not exist, a
+# calibration files, a calibrated method without one, an output directory that does not exist, an
+# output path that is a named pipe or a symbolic link (both left as they were), a
 # full disk (a file-size limit: SIGXFSZ ignored, write fails with EFBIG), SIGINT and SIGTERM in the
 # middle of writing. Then GPTQ on a small calibration text (plain and JSON): the metadata records
 # the method, group size and the file's sha256 (as sha256sum computes it), the output loads and
@@ -41,6 +42,10 @@ bad "invalid JSON calibration" 1 "not valid JSON" --model $M --method gptq --cal
 bad "empty JSON list" 1 "list of texts is empty" --model $M --method gptq --calib-file $tmp/emptylist.json --output $out
 bad "JSON item not a string" 1 "item 1 is not a string" --model $M --method gptq --calib-file $tmp/notstr.json --output $out
 bad "output in a missing directory" 1 "does not exist" --model $M --output $tmp/no/such/dir/out.gguf
+mkfifo $tmp/fifo; printf 'x' > $tmp/target; ln -s $tmp/target $tmp/link
+bad "output a named pipe" 1 "is not a regular file" --model $M --output $tmp/fifo
+bad "output a symbolic link" 1 "is not a regular file" --model $M --output $tmp/link
+check "the pipe and the link are left as they were" '[ -p $tmp/fifo ] && [ -L $tmp/link ] && [ "$(cat $tmp/target)" = x ]'
 bad "bad --output-type" 2 "unsupported type" --model $M --output-type q3_k --output $out
 
 # a full disk: a 1 MiB file-size limit (the file is 5.5 MiB)

@@ -210,6 +210,9 @@ static void hostile_models_and_prompts(const uint8_t *img, size_t len) {
         {"head_dim 0", "\"head_dim\": 64", "\"head_dim\": 0", "head_dim"},
         {"num_key_value_heads not dividing", "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 4", "n_head_kv"},
         {"hidden_size as a string", "\"hidden_size\": 288", "\"hidden_size\": \"288\"", "hidden_size"},
+        {"rms_norm_eps as a string", "\"rms_norm_eps\": 1e-06", "\"rms_norm_eps\": \"abc\"", "'rms_norm_eps' must be a number"},
+        {"rope_theta as a list", "\"rope_theta\": 10000.0", "\"rope_theta\": []", "'rope_theta' must be a number"},
+        {"tie_word_embeddings 5", "\"tie_word_embeddings\": true", "\"tie_word_embeddings\": 5", "'tie_word_embeddings' must be true or false"},
         {"vocab_size smaller than the weights", "\"vocab_size\": 8192", "\"vocab_size\": 100", "token_embd"},
     };
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
