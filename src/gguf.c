@@ -432,6 +432,17 @@ static int parse(struct gguf_file *g, struct rd *r) {
         t->data = r->p + ds + off;
         t->nbytes = (size_t)nb;
     }
+    { /* each tensor's bytes its own: a wrong type or shape makes a tensor run into the next one */
+        uint64_t *lens = xmalloc((size_t)(g->n_tensors > 0 ? g->n_tensors : 1) * sizeof *lens);
+        for (int i = 0; i < g->n_tensors; i++) lens[i] = g->t[i].nbytes;
+        int a = 0, b = 0;
+        const int ov = spans_overlap(offs, lens, g->n_tensors, &a, &b);
+        if (ov)
+            set_err(r->err, r->errlen, "%s: tensors '%s' [offset %" PRIu64 ", %" PRIu64 " bytes] and '%s' [offset %" PRIu64
+                    "] overlap (a wrong type or shape)", r->name, g->t[a].name, offs[a], lens[a], g->t[b].name, offs[b]);
+        free(lens);
+        if (ov) goto fail;
+    }
     free(offs);
     return 0;
 fail:

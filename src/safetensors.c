@@ -131,7 +131,12 @@ static int parse_buffer(struct st_model *m, int si, const uint8_t *buf, size_t l
         long at = e && e >= json && e <= json + hlen ? (long)(e - json) : -1;
         return set_err(err, errlen, "%s: header is not valid JSON (error near byte %ld of %" PRIu64 ")", name, at, hlen);
     }
-    int rc = -1;
+    int rc = -1, n_span = 0, a = 0, b = 0;
+    const int max_span = cJSON_GetArraySize(root);
+    /* every tensor's [begin, end), skipped ones too: they must not overlap */
+    uint64_t *span_off = xmalloc((size_t)(max_span > 0 ? max_span : 1) * sizeof *span_off);
+    uint64_t *span_len = xmalloc((size_t)(max_span > 0 ? max_span : 1) * sizeof *span_len);
+    const char **span_name = xmalloc((size_t)(max_span > 0 ? max_span : 1) * sizeof *span_name);
     if (!cJSON_IsObject(root)) {
         set_err(err, errlen, "%s: header is not a JSON object", name);
         goto out;
@@ -206,6 +211,7 @@ static int parse_buffer(struct st_model *m, int si, const uint8_t *buf, size_t l
         }
         t.data = data + b0;
         t.nbytes = (size_t)nb;
+        span_off[n_span] = b0, span_len[n_span] = nb, span_name[n_span++] = tn;
         if (skip) {
             if (!m->n_skipped++) {
                 snprintf(m->skipped_name, sizeof m->skipped_name, "%s", tn);
@@ -223,8 +229,14 @@ static int parse_buffer(struct st_model *m, int si, const uint8_t *buf, size_t l
         if (hash_insert(m, m->n, err, errlen)) goto out;
         m->n++;
     }
+    if (spans_overlap(span_off, span_len, n_span, &a, &b)) {
+        set_err(err, errlen, "%s: tensors '%s' [%" PRIu64 ", %" PRIu64 ") and '%s' [%" PRIu64 ", ...) overlap", name,
+                span_name[a], span_off[a], span_off[a] + span_len[a], span_name[b], span_off[b]);
+        goto out;
+    }
     rc = 0;
 out:
+    free(span_off), free(span_len), free(span_name);
     cJSON_Delete(root);
     return rc;
 }

@@ -137,6 +137,27 @@ int file_exists(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+struct span { uint64_t off, len; int i; };
+
+static int cmp_span(const void *x, const void *y) {
+    const struct span *a = x, *b = y;
+    return a->off < b->off ? -1 : a->off > b->off ? 1 : a->i - b->i;
+}
+
+int spans_overlap(const uint64_t *off, const uint64_t *len, int n, int *a, int *b) {
+    if (n < 2) return 0;
+    struct span *s = xmalloc((size_t)n * sizeof *s);
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (len[i] > 0) s[k++] = (struct span){off[i], len[i], i};
+    qsort(s, (size_t)k, sizeof *s, cmp_span);
+    int found = 0;
+    for (int j = 1; j < k && !found; j++)
+        if (s[j].off - s[j - 1].off < s[j - 1].len) *a = s[j - 1].i, *b = s[j].i, found = 1;
+    free(s);
+    return found;
+}
+
 float fp16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff, u;

@@ -49,6 +49,10 @@ int path_join(char *out, size_t cap, const char *dir, const char *name);
 int is_dir(const char *path);
 int file_exists(const char *path);
 
+/* Byte spans [off[i], off[i] + len[i]) of n items (a file's tensors): 1 if two of them overlap, with
+ * their indices in *a and *b (a's span starts first); 0 if none do. Empty spans overlap nothing. */
+int spans_overlap(const uint64_t *off, const uint64_t *len, int n, int *a, int *b);
+
 /* IEEE half and bfloat16 <-> float32 (round-to-nearest-even on the way down). */
 float    fp16_to_f32(uint16_t h);
 uint16_t f32_to_fp16(float f);

@@ -320,6 +320,16 @@ int main(void) {
         write_bytes(path, bad, len);
         expect_clean_failure("GGUF with a lying tensor offset", (char *[]){"run", "-m", path, "-p", "hi", NULL}, NULL);
     }
+    /* the first tensor's ne[0] 16 times larger: its bytes run into the next tensor's (still inside
+     * the file), as after a wrong type or shape */
+    uint64_t ne0;
+    memcpy(bad, img, len);
+    memcpy(&ne0, img + p + 8 + nl + 4, 8);
+    ne0 *= 16;
+    memcpy(bad + p + 8 + nl + 4, &ne0, 8);
+    snprintf(path, sizeof path, "%s/overlap.gguf", tmp);
+    write_bytes(path, bad, len);
+    expect_clean_failure("GGUF tensors that overlap", (char *[]){"info", path, NULL}, "overlap");
     /* a directory with a corrupt safetensors header / a config.json missing a field */
     char dir[300], cfg[400];
     snprintf(dir, sizeof dir, "%s/qwen2", tmp);
@@ -335,6 +345,13 @@ int main(void) {
     const char hdr2[] = "\xff\xff\xff\xff\xff\xff\x00\x00{}";
     write_bytes(path, hdr2, sizeof hdr2 - 1);
     expect_clean_failure("safetensors header length beyond file", (char *[]){"info", dir, NULL}, "safetensors");
+    const char hdr3[] = "\x7b\x00\x00\x00\x00\x00\x00\x00"
+                        "{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}, "
+                        "\"b\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [4, 12]}}"
+                        "0123456789ab";
+    CHECK(strlen(hdr3 + 8) == 0x7b + 12, "the overlapping safetensors fixture's header length");
+    write_bytes(path, hdr3, sizeof hdr3 - 1);
+    expect_clean_failure("safetensors tensors that overlap", (char *[]){"info", dir, NULL}, "overlap");
     /* config.json missing hidden_size */
     char *h = strstr(config, "\"hidden_size\"");
     CHECK(h != NULL, "fixture has hidden_size");
