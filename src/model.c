@@ -648,6 +648,16 @@ static int bind_weights(struct pxq_model *m, char *err, size_t errlen) {
     for (int il = hp->n_layer; il < hp->n_layer + hp->n_mtp_layer && !b.failed; il++)
         if (model_bind_qwen35_mtp_layer(&m->layers[il], hp, il, bind_cb, &b) != 0 && !b.failed)
             b.failed = set_err(err, errlen, "%s: MTP layer %d: weights could not be bound", m->path, il);
+    /* a layer count below the file's layers would run a truncated model: every blk.N past the
+     * layers (the optional MTP tensors, nextn, aside) is an error */
+    for (int i = 0; i < m->n_tab && !b.failed; i++) {
+        int il = -1, n = 0;
+        const char *name = m->tab[i].name;
+        if (sscanf(name, "blk.%d.%n", &il, &n) == 1 && n > 0 && il >= hp->n_layer + hp->n_mtp_layer &&
+            strncmp(name + n, "nextn.", 6) != 0)
+            b.failed = set_err(err, errlen, "%s: tensor '%s' is in layer %d, but the model has %d layers (%s)", m->path, name, il,
+                               hp->n_layer, m->gguf ? "GGUF block_count" : "config.json num_hidden_layers");
+    }
     return b.failed ? -1 : 0;
 }
 

@@ -178,6 +178,12 @@ static void hostile_models_and_prompts(const uint8_t *img, size_t len) {
     g = gguf_replace(img, len, "qwen3.attention.layer_norm_rms_epsilon", 6, &neg, 4, &n);
     if (g) write_bytes(path, g, n), free(g);
     expect_clean_failure("GGUF negative rms epsilon", (char *[]){"info", path, NULL}, "layer_norm_rms_epsilon");
+    uint32_t three = 3; /* fewer layers than the file has: not a silently truncated model */
+    g = gguf_replace(img, len, "qwen3.block_count", 4, &three, 4, &n);
+    CHECK(g != NULL, "fixture has qwen3.block_count");
+    if (g) write_bytes(path, g, n), free(g);
+    expect_clean_failure("GGUF block_count 3 of 6", (char *[]){"run", "-m", path, "-p", "hi", NULL},
+                         "is in layer 3, but the model has 3 layers (GGUF block_count)");
     /* GGUF: an eos id past the vocab loads, and is not reported as an eos id */
     g = gguf_replace(img, len, "tokenizer.ggml.eos_token_id", 4, &big, 4, &n);
     CHECK(g != NULL, "fixture has tokenizer.ggml.eos_token_id");
@@ -214,6 +220,8 @@ static void hostile_models_and_prompts(const uint8_t *img, size_t len) {
         {"rope_theta as a list", "\"rope_theta\": 10000.0", "\"rope_theta\": []", "'rope_theta' must be a number"},
         {"tie_word_embeddings 5", "\"tie_word_embeddings\": true", "\"tie_word_embeddings\": 5", "'tie_word_embeddings' must be true or false"},
         {"vocab_size smaller than the weights", "\"vocab_size\": 8192", "\"vocab_size\": 100", "token_embd"},
+        {"num_hidden_layers 3 of 6", "\"num_hidden_layers\": 6", "\"num_hidden_layers\": 3",
+         "is in layer 3, but the model has 3 layers (config.json num_hidden_layers)"},
     };
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
         write_config_variant(dir, base, cfg[i].from, cfg[i].to);
