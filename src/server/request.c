@@ -287,19 +287,22 @@ static uint64_t id_rng(void) {
 }
 
 /* cJSON turns a \u escape with bad hex digits into U+0000 instead of failing (RFC 8259 wants four
- * hex digits): check them first. A backslash can only legally occur inside a string. */
-static int escapes_valid(const char *s, size_t n) {
+ * hex digits): check them first. A backslash can only legally occur inside a string. Returns 0 if
+ * every escape is well formed, 1 if a \u escape lacks its four hex digits, 2 if one is \u0000 (a
+ * NUL, at which cJSON's C strings would silently end the text). */
+static int escapes_check(const char *s, size_t n) {
     for (size_t i = 0; i < n; i++) {
         if (s[i] != '\\') continue;
-        if (i + 1 >= n) return 0;
+        if (i + 1 >= n) return 1;
         if (s[i + 1] == 'u') {
-            if (i + 5 >= n) return 0;
+            if (i + 5 >= n) return 1;
             for (int k = 2; k < 6; k++)
-                if (!isxdigit((unsigned char)s[i + k])) return 0;
+                if (!isxdigit((unsigned char)s[i + k])) return 1;
+            if (s[i + 2] == '0' && s[i + 3] == '0' && s[i + 4] == '0' && s[i + 5] == '0') return 2;
         }
         i++;
     }
-    return 1;
+    return 0;
 }
 
 struct srv_req *srv_req_parse(enum srv_kind kind, const char *body, size_t len, const struct srv_limits *lim,
@@ -307,7 +310,9 @@ struct srv_req *srv_req_parse(enum srv_kind kind, const char *body, size_t len, 
     struct pctx c = {status, msg, param, msglen, paramlen};
     if (!srv_utf8_valid(body, len)) return bad(&c, 400, NULL, "the request body is not valid UTF-8");
     if (memchr(body, 0, len)) return bad(&c, 400, NULL, "the request body contains a NUL byte");
-    if (!escapes_valid(body, len)) return bad(&c, 400, NULL, "the request body is not valid JSON (bad \\u escape)");
+    const int esc = escapes_check(body, len);
+    if (esc == 1) return bad(&c, 400, NULL, "the request body is not valid JSON (bad \\u escape)");
+    if (esc == 2) return bad(&c, 400, NULL, "the request body contains a NUL character (\\u0000)");
     /* body[len] is NUL (the HTTP layer terminates it): parsing len + 1 bytes with
      * require_null_terminated rejects trailing garbage after the object */
     cJSON *root = cJSON_ParseWithLengthOpts(body, len + 1, NULL, 1);
@@ -362,11 +367,12 @@ struct srv_req *srv_req_parse(enum srv_kind kind, const char *body, size_t len, 
     if (get_num(&c, root, "temperature", 0, 0, 2, &d)) goto out;
     r->sp.temperature = (float)d;
     d = 1;
-    if (get_num(&c, root, "top_p", 0, 0, 1, &d)) goto out;
-    if (d <= 0) {
-        bad(&c, 400, "top_p", "'top_p' must be in (0, 1]");
+    const cJSON *tp = field(root, "top_p"); /* (0, 1], said as such for every finite value outside it */
+    if (cJSON_IsNumber(tp) && isfinite(tp->valuedouble) && !(tp->valuedouble > 0 && tp->valuedouble <= 1)) {
+        bad(&c, 400, "top_p", "'top_p' must be in (0, 1], got %g", tp->valuedouble);
         goto out;
     }
+    if (get_num(&c, root, "top_p", 0, 0, 1, &d)) goto out;
     r->sp.top_p = (float)d;
     d = 0;
     if (get_num(&c, root, "top_k", 1, -1, 2147483647.0, &d)) goto out; /* vLLM: -1 or 0 = off */

@@ -95,7 +95,7 @@ function buildCases() {
       : `{"prompt":"abc${bad}def","max_tokens":4}`;
     add('invalid UTF-8', httpReq('POST', i % 3 === 2 ? CH : C, Buffer.from(body, 'latin1')), '4xx');
   }
-  for (const esc of ['\\ud800', '\\udc00', '\\ud800\\u0041', '\\uzzzz', '\\u12', '\\x41', '\\q', '\\u00g0'])
+  for (const esc of ['\\ud800', '\\udc00', '\\ud800\\u0041', '\\uzzzz', '\\u12', '\\x41', '\\q', '\\u00g0', '\\u0000'])
     add('bad escape ' + esc, httpReq('POST', C, `{"prompt":"a${esc}b","max_tokens":4}`), '4xx');
   // huge and out-of-range numbers
   const numCases = [
