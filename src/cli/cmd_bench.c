@@ -230,11 +230,11 @@ static void reset_peak_rss(void) {
     if (f) fputs("5", f), fclose(f);
 }
 
-/* "q4_0" or, for a mix, the types by bytes: "q5_0+q6_K+q4_K" (at most 3). */
+/* "q4_0" or, for a mix, the types by bytes: "q5_0+q6_K+q4_K" (f32 left out; "+..." where more than 3). */
 static void quant_name(char *out, size_t cap, const struct memplan *mp) {
     int used[PXQ_TYPE_COUNT] = {0};
     out[0] = 0;
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
         int best = -1;
         for (int t = 0; t < PXQ_TYPE_COUNT; t++)
             if (!used[t] && mp->weight_bytes_by_type[t] && t != PXQ_TYPE_F32 &&
@@ -243,7 +243,7 @@ static void quant_name(char *out, size_t cap, const struct memplan *mp) {
         if (best < 0) break;
         used[best] = 1;
         size_t n = strlen(out);
-        snprintf(out + n, cap - n, "%s%s", n ? "+" : "", type_name((enum pxq_type)best));
+        snprintf(out + n, cap - n, "%s%s", n ? "+" : "", k < 3 ? type_name((enum pxq_type)best) : "...");
     }
     if (!out[0]) snprintf(out, cap, "f32");
 }
@@ -361,7 +361,8 @@ int cmd_bench(int argc, char **argv) {
         printf("model: %s, %s, %.3f B params, %.3f GiB weights (%s), loaded in %.1f s\n", model_name, hp->arch_name,
                mp.n_params / 1e9, mp.weight_bytes / 1073741824.0, o.lo.dummy ? "dummy" : "file", t_load);
         printf("decode GB/s = (weights read + KV read + state read/written) per step / step time; "
-               "prefill TFLOP/s = (2 x matmul params x tokens + lm_head + attention) / time\n\n");
+               "prefill TFLOP/s = (2 x matmul params x tokens + lm_head + attention) / time; "
+               "t/s counts the tokens of all b sequences\n\n");
         printf("| model | quant | resident | backend | b | test | depth | t/s | GB/s or TFLOP/s | %% roofline | peak mem |\n");
         printf("| ----- | ----- | -------- | ------- | -: | ---- | ----: | --: | --------------: | ---------: | -------: |\n");
     } else {
