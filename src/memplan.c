@@ -10,7 +10,7 @@
 
 struct memplan_params memplan_default_params(void) {
     struct memplan_params p = {0};
-    p.n_ctx = 4096;
+    p.n_ctx = 0; /* the model's: pxq_default_n_ctx, once the hyperparameters are known */
     p.n_seq = 1;
     p.n_batch = 512;
     p.kv_block_size = 16;

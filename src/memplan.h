@@ -76,7 +76,8 @@ struct memplan {
     int64_t max_ctx_whole;        /* the same with the whole-matrix prefill tiles (-1: none fits with them) */
 };
 
-/* Defaults: n_ctx 4096, n_seq 1, n_batch 512, kv_block_size 16, f16 KV, no budget, 32 MiB workspace,
+/* Defaults: n_ctx 0 (not chosen: the caller sets it, pxq plan to the engine's pxq_default_n_ctx for
+ * the model; memplan_compute refuses 0), n_seq 1, n_batch 512, kv_block_size 16, f16 KV, no budget, 32 MiB workspace,
  * 500 MiB CUDA context. */
 struct memplan_params memplan_default_params(void);
 

@@ -597,10 +597,12 @@ int quantize_model(const struct quantize_params *p, char *err, size_t errlen) {
     if (p->group_size != 32) return set_err(err, errlen, "group size %d: no GGUF type (32 only)", p->group_size);
     if (is_calibrated(p->method) && !p->calib_file)
         return set_err(err, errlen, "method %s needs calibration text: give --calib-file FILE", method_name(p->method));
-    if (p->model_dir && !is_dir(p->model_dir) && access(p->model_dir, F_OK) == 0)
-        return set_err(err, errlen, "%s: a file; pxq quantize reads an HF model directory (config.json and *.safetensors)",
-                       p->model_dir);
-    if (!p->model_dir || !is_dir(p->model_dir)) return set_err(err, errlen, "%s: no such model directory", p->model_dir ? p->model_dir : "(none)");
+    if (!p->model_dir || !is_dir(p->model_dir)) /* a GGUF or any other file included */
+        return set_err(err, errlen,
+                       p->model_dir && access(p->model_dir, F_OK) == 0
+                           ? "%s: a file; pxq quantize reads an HF model directory (config.json and *.safetensors)"
+                           : "%s: no such model directory",
+                       p->model_dir ? p->model_dir : "(none)");
     if (!p->output || !*p->output) return set_err(err, errlen, "no output path");
     char dirbuf[4096];
     snprintf(dirbuf, sizeof dirbuf, "%s", p->output);
@@ -612,12 +614,8 @@ int quantize_model(const struct quantize_params *p, char *err, size_t errlen) {
     if (lstat(p->output, &ost) == 0 && !S_ISREG(ost.st_mode))
         return set_err(err, errlen, "%s exists and is not a regular file (a link, device, pipe or socket); give a new path",
                        p->output);
-    j.m = model_open(p->model_dir, err, errlen);
+    j.m = model_open(p->model_dir, err, errlen); /* a directory: an HF checkpoint */
     if (!j.m) return -1;
-    if (model_is_gguf(j.m)) {
-        set_err(err, errlen, "%s: pxq quantize reads HF checkpoints (safetensors); this is a GGUF file", p->model_dir);
-        goto out;
-    }
     j.hp = model_hparams(j.m);
     j.tp = threadpool_new(p->n_threads > 0 ? p->n_threads : n_cpus());
     if (build_entries(&j, err, errlen) != 0) goto out;

@@ -50,12 +50,11 @@ int cmd_plan(int argc, char **argv) {
     struct load_opts lo;
     load_opts_init(&lo);
     struct memplan_params p = memplan_default_params();
-    int ctx_given = 0;
     for (a.i = 1; a.i < argc; a.i++) {
         const char *f = argv[a.i];
         if (load_opts_parse(&a, &lo)) continue;
         if (!strcmp(f, "-m") || !strcmp(f, "--model")) model = arg_str(&a);
-        else if (!strcmp(f, "-c") || !strcmp(f, "--ctx-size") || !strcmp(f, "--max-model-len")) p.n_ctx = (int)arg_int(&a, 1, 1 << 30), ctx_given = 1;
+        else if (!strcmp(f, "-c") || !strcmp(f, "--ctx-size") || !strcmp(f, "--max-model-len")) p.n_ctx = (int)arg_int(&a, 1, 1 << 30);
         else if (!strcmp(f, "--gpu-mem")) {
             p.budget = size_arg(&a);
             if (p.budget == 0) fail(&a, 2, "--gpu-mem must be more than 0 (leave it out to print the account alone)");
@@ -88,7 +87,7 @@ int cmd_plan(int argc, char **argv) {
         memplan_weights_from_model(&mp, m);
         snprintf(title, sizeof title, "%s", model_path(m));
     }
-    if (!ctx_given) p.n_ctx = pxq_default_n_ctx(&hp);
+    if (p.n_ctx <= 0) p.n_ctx = pxq_default_n_ctx(&hp);
     if (memplan_compute(&mp, &hp, &p, err, sizeof err) != 0) fail(&a, 1, "%s", err);
     memplan_print(stdout, &mp, &hp, &p, title);
     model_free(m);

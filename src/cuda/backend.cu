@@ -121,8 +121,8 @@ struct cuda_backend {
     int fuse_dn;            /* decode DeltaNet: prep, delta rule and gated norm in one launch where it runs
                              * (deltanet_decode_cuda; PXQ_CUDA_FUSE_DN=0: three launches) */
     int dp4a_tokens;        /* decode steps of up to this many tokens run the dp4a mat-vec (2; 4 without mma) */
-    int early_trigger;      /* dp4a mat-vecs that let the next kernel launch at their start (launch_next,
-                             * matmul_q8_pf_cuda), a mask: 1 the attention's q|k|v projection, 2 the
+    int early_trigger;      /* dp4a mat-vecs that let the next kernel launch at their start
+                             * (MATMUL_Q8_LAUNCH_NEXT), a mask: 1 the attention's q|k|v projection, 2 the
                              * DeltaNet's in-projection, 8 the FFN's gate|up (PXQ_CUDA_EARLY_TRIGGER,
                              * default 9) */
     size_t l2_pf_bytes;     /* the dp4a steps: each mat-vec pulls up to this many bytes of the next
