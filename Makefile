@@ -30,6 +30,7 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 NVFLAGS := -O3 -std=c++17 -Isrc -lineinfo --threads 0 $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a))
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.o)
 CFLAGS  += -DPXQ_CUDA -I$(CUDA_HOME)/include
+$(BUILD)/src/cli/main.o: CFLAGS += -DPXQ_CUDA_ARCHS='"$(CUDA_ARCH)"'
 LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++ -Wl,-rpath,$(CUDA_HOME)/lib64
 endif
 endif

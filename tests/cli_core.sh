@@ -9,6 +9,9 @@ D=tests/data
 out=$($PXQ run -p "Once upon a time" -n 16 --seed 7 -t 2 2>/tmp/pxq-run-err.$$)
 check "run prints generated text on stdout" '[ -n "$out" ]'
 check "run logs go to stderr" 'grep -q "decode 16 tokens" /tmp/pxq-run-err.$$'
+check "a sampled run logs its seed" 'grep -q "seed 7$" /tmp/pxq-run-err.$$'
+$PXQ run -p "Once upon a time" -n 2 --temp 0 2>/tmp/pxq-run-err.$$ >/dev/null
+check "a greedy run logs no seed" 'grep -q "greedy" /tmp/pxq-run-err.$$ && ! grep -q "seed [0-9]" /tmp/pxq-run-err.$$'
 g1=$($PXQ run -m $D/tiny-qwen3 -p "Once upon a time" -n 12 --temp 0 2>/dev/null)
 g2=$($PXQ run -m $D/gguf/tiny-qwen3-bf16.gguf -p "Once upon a time" -n 12 --temp 0 2>/dev/null)
 check "greedy run: HF dir and BF16 GGUF agree" '[ -n "$g1" ] && [ "$g1" = "$g2" ]'
@@ -19,6 +22,9 @@ check "stop string ends the text before it" '[ -n "$stop" ] && ! printf "%s" "$s
 printf 'Once upon a time' > /tmp/pxq-prompt.$$
 f1=$($PXQ run -m $D/tiny-qwen3 -f /tmp/pxq-prompt.$$ -n 12 --temp 0 2>/dev/null)
 check "-f reads the prompt from a file" '[ "$f1" = "$g1" ]'
+ver=$($PXQ --version; echo "rc=$?")
+check "--version names pxq and the CPU backend, exit 0" \
+    'printf "%s" "$ver" | grep -q "^pxq [0-9]" && printf "%s" "$ver" | grep -q "backends: cpu (" && printf "%s" "$ver" | grep -q "rc=0"'
 chat=$($PXQ run --chat -p "Hello" -n 8 --seed 1 2>/dev/null; echo "rc=$?")
 check "--chat runs" 'printf "%s" "$chat" | grep -q "rc=0"'
 

@@ -129,7 +129,12 @@ const char *default_model_path(void) {
         snprintf(path, sizeof path, "%s/%s", dir, rel);
         if (file_exists(path)) return path;
         snprintf(path, sizeof path, "%s/../%s", dir, rel);
-        if (file_exists(path)) return path;
+        if (file_exists(path)) { /* build/pxq: the repository's models/, named without the ".." */
+            char *r = realpath(path, NULL);
+            if (r && strlen(r) < sizeof path) memcpy(path, r, strlen(r) + 1);
+            free(r);
+            return path;
+        }
     }
     return rel;
 }

@@ -1,6 +1,8 @@
-/* main.c - the `pxq` binary: dispatch to subcommands. */
+/* main.c - the `pxq` binary: dispatch to subcommands; `pxq --version`. */
 #include <stdio.h>
 #include <string.h>
+
+#define PXQ_VERSION "0.1.0"
 
 int cmd_run(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
@@ -29,6 +31,30 @@ static const struct {
 static void usage(FILE *f) {
     fprintf(f, "usage: pxq COMMAND [options]   (pxq COMMAND --help for its options)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) fprintf(f, "  %-12s %s\n", cmds[i].name, cmds[i].help);
+    fprintf(f, "\npxq --version: the version and what this binary was built with\n");
+}
+
+/* The version and the build: the CPU kernels' instruction set (quant_q8.c picks by these macros)
+ * and, in a CUDA build, the GPU architectures compiled in (Makefile CUDA_ARCH). */
+static void version(void) {
+    printf("pxq %s\n", PXQ_VERSION);
+    const char *simd =
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+        "AVX2, AVX512-VNNI";
+#elif defined(__AVX2__)
+        "AVX2";
+#else
+        "portable C";
+#endif
+    printf("backends: cpu (%s)", simd);
+#ifdef PXQ_CUDA
+#ifdef PXQ_CUDA_ARCHS
+    printf(", cuda (sm %s)", PXQ_CUDA_ARCHS);
+#else
+    printf(", cuda");
+#endif
+#endif
+    printf("\n");
 }
 
 int main(int argc, char **argv) {
@@ -38,6 +64,10 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V") || !strcmp(argv[1], "version")) {
+        version();
         return 0;
     }
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
