@@ -12,14 +12,17 @@
  *      into shared memory; gate|up; SwiGLU and its int8 groups (a warp a group); down; the
  *      residual (a warp a row). A mat-vec's steps (32 groups of a row, one per lane) are dealt
  *      round-robin to the warps, so that the grid reads the weight front to back as a copy does;
- *      each step's sum goes to its own slot and the reader adds a row's slots in order. Before
- *      each barrier a warp loads its first two steps of the next weight, as the engine's mat-vecs
- *      do before their PDL wait. Block 0 stamps each phase (%globaltimer).
+ *      each step's sum goes to its own slot and the reader adds a row's slots in order. A step is
+ *      RS rows (-DRS=1: two steps loaded ahead; -DRS=2: one, as the engine's kernel does with its
+ *      two rows). Before each barrier a warp loads its first steps of the next weight, as the
+ *      engine's mat-vecs do before their PDL wait. Block 0 stamps each phase (%globaltimer).
  * Both read the same weights and start from the same x; the run prints how far apart their outputs
  * are, then times each (us a layer, GB/s of weights, best of 10) and B's phases. Build and run on
  * the GPU from the repository root after `make CUDA_ARCH=90`:
- *   nvcc -arch=sm_90 -O3 -std=c++17 -Isrc -o /tmp/ffn_persist tools/cuda_probe/ffn_persist.cu build/libpxq.a
- *   /tmp/ffn_persist [n_layer]          (default 32: 7 GB of weights) */
+ *   nvcc -arch=sm_90 -O3 -std=c++17 -Isrc [-DRS=2 -DNW=24] -o /tmp/ffn_persist \
+ *       tools/cuda_probe/ffn_persist.cu build/libpxq.a
+ *   /tmp/ffn_persist [n_layer]          (default 32: 7 GB of weights)
+ * (RS 2 wants NW 24: 80 registers a thread, which 32 warps cannot have.) */
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -75,12 +78,17 @@ __global__ void fill_scales(uint16_t *s, size_t n, float lo, float hi, uint32_t 
 
 /* ---- B: the persistent kernel ---- */
 
-struct wstep {   /* a lane's weights of one step: 16 bytes of codes and the group's scale */
-    uint4 q;
-    float d;
+#ifndef RS
+#define RS 1 /* rows a step (-DRS=2: a step reads the same 32 groups of two rows) */
+#endif
+#define DEPTH (RS == 1 ? 2 : 1) /* steps of weights loaded ahead (the engine's kernel: one step of two rows) */
+struct wstep {   /* a lane's weights of one step: 16 bytes of codes and the group's scale, of RS rows */
+    uint4 q[RS];
+    float d[RS];
 };
 
 /* A warp's position in the interleaved step order: step s = wid + i * n_warps, s = row * spr + k
+ * (row: a group of RS rows)
  * (all warps together read the weight front to back, as a copy does: the DRAM pages in flight are
  * dense). Advanced without division. */
 struct cursor {
@@ -97,8 +105,12 @@ static __device__ __forceinline__ void cursor_next(cursor &c, int n_warps, int s
 static __device__ __forceinline__ wstep load_at(const mv &w, const cursor &c, int lane) {
     const int g = c.k * 32 + lane, ng = w.n_in / 32;
     wstep o;
-    o.q = __ldg((const uint4 *)(w.q + c.row * (w.n_in / 2) + (int64_t)g * 16));
-    o.d = half_bits_to_f32(__ldg(w.s + c.row * ng + g));
+#pragma unroll
+    for (int r = 0; r < RS; r++) {
+        const int64_t row = c.row * RS + r;
+        o.q[r] = __ldg((const uint4 *)(w.q + row * (w.n_in / 2) + (int64_t)g * 16));
+        o.d[r] = half_bits_to_f32(__ldg(w.s + row * ng + g));
+    }
     return o;
 }
 
@@ -107,28 +119,30 @@ static __device__ __forceinline__ wstep load_at(const mv &w, const cursor &c, in
 static __device__ __forceinline__ void mv_steps(const mv &w, wstep cur, wstep nxt, const int8_t *xs, const float2 *xd,
                                                 float *pp, int wid, int n_warps, int lane) {
     const int spr = w.n_in / 1024;
-    const int64_t t = (int64_t)w.n_out * spr;
+    const int64_t t = (int64_t)w.n_out / RS * spr;
     cursor c = cursor_at(wid, spr), ld = c;
-    cursor_next(ld, n_warps, spr);
-    cursor_next(ld, n_warps, spr); /* two steps ahead */
+    for (int k = 0; k < DEPTH; k++) cursor_next(ld, n_warps, spr); /* DEPTH steps ahead */
     while (c.s < t) {
         wstep nn;
         if (ld.s < t) nn = load_at(w, ld, lane);
         const int g = c.k * 32 + lane;
         const int4 xa = *(const int4 *)(xs + g * 32), xb = *(const int4 *)(xs + g * 32 + 16);
         const float2 ds = xd[g];
-        const uint32_t u[4] = {cur.q.x, cur.q.y, cur.q.z, cur.q.w};
         const int xl[4] = {xa.x, xa.y, xa.z, xa.w}, xh[4] = {xb.x, xb.y, xb.z, xb.w};
-        int sumi = 0;
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            sumi = __dp4a((int)(u[k] & 0x0f0f0f0fu), xl[k], sumi);
-            sumi = __dp4a((int)((u[k] >> 4) & 0x0f0f0f0fu), xh[k], sumi);
+        for (int r = 0; r < RS; r++) {
+            const uint32_t u[4] = {cur.q[r].x, cur.q[r].y, cur.q[r].z, cur.q[r].w};
+            int sumi = 0;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                sumi = __dp4a((int)(u[k] & 0x0f0f0f0fu), xl[k], sumi);
+                sumi = __dp4a((int)((u[k] >> 4) & 0x0f0f0f0fu), xh[k], sumi);
+            }
+            const float v = warp_sum(fmaf(cur.d[r] * ds.x, (float)sumi, -8.0f * cur.d[r] * ds.y));
+            if (lane == 0) pp[(c.row * RS + r) * spr + c.k] = v;
         }
-        const float v = warp_sum(fmaf(cur.d * ds.x, (float)sumi, -8.0f * cur.d * ds.y));
-        if (lane == 0) pp[c.s] = v;
-        cur = nxt;
-        nxt = nn;
+        if (DEPTH == 2) cur = nxt, nxt = nn;
+        else cur = nn;
         cursor_next(c, n_warps, spr);
         cursor_next(ld, n_warps, spr);
     }
@@ -136,11 +150,11 @@ static __device__ __forceinline__ void mv_steps(const mv &w, wstep cur, wstep nx
 
 static __device__ __forceinline__ void first_steps(const mv &w, int wid, int n_warps, int lane, wstep &a, wstep &b) {
     const int spr = w.n_in / 1024;
-    const int64_t t = (int64_t)w.n_out * spr;
+    const int64_t t = (int64_t)w.n_out / RS * spr;
     cursor c = cursor_at(wid, spr);
     if (c.s < t) a = load_at(w, c, lane);
     cursor_next(c, n_warps, spr);
-    if (c.s < t) b = load_at(w, c, lane);
+    if (DEPTH == 2 && c.s < t) b = load_at(w, c, lane);
 }
 /* row r of a mat-vec's output: its SPR step sums in order (the loads issued together) */
 template <int SPR>
