@@ -36,7 +36,15 @@ endif
 endif
 
 all: $(BUILD)/pxq
-	@echo "built $(BUILD)/pxq$(if $(CU_OBJ), with the CUDA backend (sm_$(CUDA_ARCH)), (CPU only: no nvcc))"
+	@echo "built $(BUILD)/pxq$(if $(CU_OBJ), with the CUDA backend (sm_$(CUDA_ARCH)), (CPU only: no nvcc, or NVCC= given))"
+
+# The CUDA objects and main.o (pxq --version names the archs) rebuild when CUDA_ARCH changes.
+ifneq ($(CU_OBJ),)
+$(BUILD)/cuda_arch: FORCE
+	@mkdir -p $(BUILD); echo '$(CUDA_ARCH)' | cmp -s - $@ || echo '$(CUDA_ARCH)' > $@
+$(CU_OBJ) $(BUILD)/src/cli/main.o: $(BUILD)/cuda_arch
+endif
+FORCE:
 
 $(BUILD)/libpxq.a: $(LIB_OBJ) $(CU_OBJ)
 	@rm -f $@
@@ -89,5 +97,5 @@ fuzz:
 clean:
 	rm -rf build build-asan build-fuzz build-sm70 build-ptx75 pxq
 
-.PHONY: all tests test test-asan test-cuda bench fuzz clean
+.PHONY: all tests test test-asan test-cuda bench fuzz clean FORCE
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(CU_OBJ:.o=.d) $(TESTS:=.d) $(BENCHES:=.d)

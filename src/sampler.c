@@ -96,7 +96,7 @@ int32_t sampler_sample(struct sampler *s, const float *logits, const int32_t *hi
     float *w = s->work;
     memcpy(w, logits, (size_t)n * sizeof(float));
     apply_penalties(s, w, history, n_hist);
-    if (s->p.temperature <= 0) {
+    if (s->p.temperature < SAMPLER_TEMP_EPS) {
         int32_t best = argmax_f32(w, n);
         if (logprob) {
             double z = 0;

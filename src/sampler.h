@@ -4,7 +4,8 @@
  * positive logits divided, negative multiplied, for tokens seen in the last repeat_last_n),
  * presence and frequency penalties (OpenAI: logit -= presence * [count > 0] + frequency * count),
  * then temperature, top-k, softmax, top-p (nucleus, Holtzman et al. 2019), min-p (keep
- * p >= min_p * p_max), renormalise, draw. temperature <= 0 is greedy (argmax after penalties).
+ * p >= min_p * p_max), renormalise, draw. A temperature below SAMPLER_TEMP_EPS is greedy (argmax after
+ * penalties): dividing the logits by a denormal overflows them.
  */
 #ifndef PXQ_SAMPLER_H
 #define PXQ_SAMPLER_H
@@ -12,8 +13,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Temperatures below this are greedy (vLLM's _SAMPLING_EPS). */
+#define SAMPLER_TEMP_EPS 1e-5f
+
 struct sampler_params {
-    float temperature;        /* 0: greedy */
+    float temperature;        /* 0 (below SAMPLER_TEMP_EPS): greedy */
     int   top_k;              /* 0: off */
     float top_p;              /* 1: off */
     float min_p;              /* 0: off */

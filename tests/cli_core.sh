@@ -25,6 +25,7 @@ check "-f reads the prompt from a file" '[ "$f1" = "$g1" ]'
 ver=$($PXQ --version; echo "rc=$?")
 check "--version names pxq and the CPU backend, exit 0" \
     'printf "%s" "$ver" | grep -q "^pxq [0-9]" && printf "%s" "$ver" | grep -q "backends: cpu (" && printf "%s" "$ver" | grep -q "rc=0"'
+check "-V and version print what --version does" '[ "$($PXQ -V)" = "$($PXQ --version)" ] && [ "$($PXQ version)" = "$($PXQ --version)" ]'
 chat=$($PXQ run --chat -p "Hello" -n 8 --seed 1 2>/dev/null; echo "rc=$?")
 check "--chat runs" 'printf "%s" "$chat" | grep -q "rc=0"'
 

@@ -37,6 +37,12 @@ int main(void) {
     struct sampler_params g = sampler_default_params();
     draw(g, logits, 100, hist);
     CHECK(hist[0] == 100, "greedy picks the argmax");
+    /* a denormal temperature (1e-40 would overflow the logits divided by it) is greedy too */
+    struct sampler_params tiny = sampler_default_params();
+    tiny.temperature = 1e-40f;
+    tiny.seed = 5;
+    draw(tiny, logits, 100, hist);
+    CHECK(hist[0] == 100, "temperature 1e-40 picks the argmax (%d of 100)", hist[0]);
 
     /* temperature 1, no filters: frequencies match softmax (5 sigma) */
     struct sampler_params t1 = sampler_default_params();

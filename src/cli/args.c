@@ -129,9 +129,12 @@ const char *default_model_path(void) {
         snprintf(path, sizeof path, "%s/%s", dir, rel);
         if (file_exists(path)) return path;
         snprintf(path, sizeof path, "%s/../%s", dir, rel);
-        if (file_exists(path)) { /* build/pxq: the repository's models/, named without the ".." */
-            char *r = realpath(path, NULL);
-            if (r && strlen(r) < sizeof path) memcpy(path, r, strlen(r) + 1);
+        if (file_exists(path)) { /* build/pxq: the repository's models/, named without the ".." (only the
+                                  * directory resolved: a symlinked model keeps its own name) */
+            char up[2100];
+            snprintf(up, sizeof up, "%s/..", dir);
+            char *r = realpath(up, NULL);
+            if (r) snprintf(path, sizeof path, "%s/%s", r, rel);
             free(r);
             return path;
         }

@@ -121,7 +121,7 @@ int cmd_run(int argc, char **argv) {
     char beyond[64] = ""; /* allowed, as llama.cpp does, but said: quality past the trained length is not guaranteed */
     if (ep->n_ctx > n_ctx_train) snprintf(beyond, sizeof beyond, " (beyond the model's trained %d)", n_ctx_train);
     char sampling[48] = "greedy (--temp 0: no seed)"; /* a seed would draw nothing */
-    if (gp.sp.temperature > 0.0f) snprintf(sampling, sizeof sampling, "seed %llu", (unsigned long long)gp.sp.seed);
+    if (gp.sp.temperature >= SAMPLER_TEMP_EPS) snprintf(sampling, sizeof sampling, "seed %llu", (unsigned long long)gp.sp.seed);
     fprintf(stderr, "pxq run: %s (%s), %d prompt tokens, n_ctx %d%s, %d threads, %s\n", model_path(m),
             model_hparams(m)->arch_name, n_ids, ep->n_ctx, beyond, ep->n_threads, sampling);
     struct gen_stats st;

@@ -31,16 +31,18 @@ static const struct {
 static void usage(FILE *f) {
     fprintf(f, "usage: pxq COMMAND [options]   (pxq COMMAND --help for its options)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) fprintf(f, "  %-12s %s\n", cmds[i].name, cmds[i].help);
-    fprintf(f, "\npxq --version: the version and what this binary was built with\n");
+    fprintf(f, "\npxq --version (-V, version): the version and what this binary was built with\n");
 }
 
-/* The version and the build: the CPU kernels' instruction set (quant_q8.c picks by these macros)
+/* The version and the build: the CPU kernels' instruction set (quant_q8.c picks by the same macros)
  * and, in a CUDA build, the GPU architectures compiled in (Makefile CUDA_ARCH). */
 static void version(void) {
     printf("pxq %s\n", PXQ_VERSION);
     const char *simd =
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(__AVX2__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
         "AVX2, AVX512-VNNI";
+#elif defined(__AVX2__) && defined(__AVXVNNI__)
+        "AVX2, AVX-VNNI";
 #elif defined(__AVX2__)
         "AVX2";
 #else

@@ -14,8 +14,8 @@
  *      round-robin to the warps, so that the grid reads the weight front to back as a copy does;
  *      each step's sum goes to its own slot and the reader adds a row's slots in order. A step is
  *      RS rows (-DRS=1: two steps loaded ahead; -DRS=2: one, as the engine's kernel does with its
- *      two rows). Before each barrier a warp loads its first steps of the next weight, as the
- *      engine's mat-vecs do before their PDL wait. Block 0 stamps each phase (%globaltimer).
+ *      two rows). Before the barrier that precedes a mat-vec a warp loads its first steps of that
+ *      weight, as the engine's mat-vecs do before their PDL wait. Block 0 stamps each phase (%globaltimer).
  * Both read the same weights and start from the same x; the run prints how far apart their outputs
  * are, then times each (us a layer, GB/s of weights, best of 10) and B's phases. Build and run on
  * the GPU from the repository root after `make CUDA_ARCH=90`:
@@ -115,7 +115,8 @@ static __device__ __forceinline__ wstep load_at(const mv &w, const cursor &c, in
 }
 
 /* The warp's steps of w against the block's int8 activations xs / xd (shared): the sum of each step
- * (32 groups of a row) into pp[s]; cur, nxt: its first two steps, loaded by the caller. */
+ * (32 groups of RS rows) into pp; cur (and nxt where DEPTH is 2): its first steps, loaded by the
+ * caller (first_steps). */
 static __device__ __forceinline__ void mv_steps(const mv &w, wstep cur, wstep nxt, const int8_t *xs, const float2 *xd,
                                                 float *pp, int wid, int n_warps, int lane) {
     const int spr = w.n_in / 1024;
@@ -231,7 +232,7 @@ __global__ void __launch_bounds__(NW * 32, 1)
         float tot = 0.0f;
         for (int k = 0; k < NW; k++) tot += red[k];
         const float scale = 1.0f / sqrtf(tot / (float)D_EMBD + EPS);
-        for (int i = threadIdx.x; i < D_EMBD; i += blockDim.x) { /* whole warps: D_EMBD % (32 NW) == 0 */
+        for (int i = threadIdx.x; i < D_EMBD; i += blockDim.x) { /* whole warps: D_EMBD and the block are multiples of 32 */
             const float y = xn[i] * scale * W.norm[i];
             const float amax = warp_max(fabsf(y)), d = amax / 127.0f;
             const float q = d > 0.0f ? rintf(y / d) : 0.0f;
@@ -300,6 +301,10 @@ static void chain(const std::vector<layer_w> &h, float *x, int8_t *xq, float *xd
 
 int main(int argc, char **argv) {
     const int n_layer = argc > 1 ? atoi(argv[1]) : 32;
+    if (n_layer < 1 || n_layer > 1024) {
+        fprintf(stderr, "usage: %s [n_layer 1..1024]\n", argv[0]);
+        return 2;
+    }
     int dev = 0, n_sm = 0, coop = 0;
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
