@@ -29,6 +29,12 @@ check "-V and version print what --version does" '[ "$($PXQ -V)" = "$($PXQ --ver
 chat=$($PXQ run --chat -p "Hello" -n 8 --seed 1 2>/dev/null; echo "rc=$?")
 check "--chat runs" 'printf "%s" "$chat" | grep -q "rc=0"'
 
+mkdir -p /tmp/pxq-lone.$$ && cp $PXQ /tmp/pxq-lone.$$/pxq
+lone=$(cd /tmp/pxq-lone.$$ && env -u PXQ_MODEL ./pxq run -p "hi" -n 1 2>&1; echo "rc=$?")
+check "no model beside the binary and no -m: the error says to give -m or PXQ_MODEL, exit 1" \
+    'printf "%s" "$lone" | grep -q "give -m MODEL or set PXQ_MODEL" && printf "%s" "$lone" | grep -q "rc=1"'
+rm -rf /tmp/pxq-lone.$$
+
 ids=$($PXQ tokenize -m $D/tiny-qwen3 "Once upon a time, there was a little girl named Lily.")
 check "tokenize matches the HF ids" '[ "$ids" = "[46, 1413, 860, 258, 625, 11, 499, 323, 258, 668, 1068, 295, 3279, 461, 761, 13]" ]'
 xzerr=$($PXQ tokenize -m $D/qwen3-tokenizer "hi" 2>&1; echo "rc=$?")

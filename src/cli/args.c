@@ -144,8 +144,9 @@ const char *default_model_path(void) {
 
 struct pxq_model *open_model_or_fail(const struct args *a, const char *path) {
     char err[512] = "";
+    const int given = path != NULL;
     if (!path) path = default_model_path();
     struct pxq_model *m = model_open(path, err, sizeof err);
-    if (!m) fail(a, 1, "%s", err);
+    if (!m) fail(a, 1, "%s%s", err, given ? "" : " (the default model; give -m MODEL or set PXQ_MODEL)");
     return m;
 }
