@@ -42,18 +42,19 @@ __global__ void ssm_conv_kernel(float *__restrict__ y, float *__restrict__ state
     constexpr int KM = KT > 0 ? KT : 16;
     const int K = KT > 0 ? KT : K_rt;
     pdl_launch_dependents();
-    pdl_wait();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int c = blockIdx.x * 32 + lane, run = blockIdx.y, i0 = blockIdx.z * CONV_TOK;
     const bool ok = c < conv_dim; /* no early return by channel: the barrier below is reached by all */
+    /* the step inputs (run_*) and the weights before the wait (common.cuh) */
     float *cs = state + (size_t)run_seq[run] * seq_stride + c;
     const int32_t *tok = run_tok + run_off[run];
     const int m = run_off[run + 1] - run_off[run];
-    if (i0 >= m) return; /* the whole block: past this run's tokens */
-    const int i1 = min(m, i0 + CONV_TOK);
     float wc[KM];
 #pragma unroll
     for (int j = 0; j < KM; j++) wc[j] = ok && j < K ? w[(size_t)c * K + j] : 0.0f;
+    pdl_wait();
+    if (i0 >= m) return; /* the whole block: past this run's tokens */
+    const int i1 = min(m, i0 + CONV_TOK);
     if (ok)
         for (int i = i0 + warp; i < i1; i += CONV_WARPS) {
             float acc = wc[K - 1] * x[(size_t)tok[i] * conv_dim + c]; /* the CPU's order: newest tap first */
@@ -203,10 +204,11 @@ __global__ void __launch_bounds__(256) gated_delta_rule_kernel(
      * earlier step, which the per-step stream sync ended; the state clears and the step inputs are
      * copies before the step's first kernel). A kernel that writes S inside a step would have to
      * move this load after the wait. */
+    const int p0 = run_off[run], p1 = run_off[run + 1]; /* step inputs: before the wait too */
+    const size_t t0 = p0 < p1 ? (size_t)run_tok[p0] : 0;
     pdl_wait();
-    const int p0 = run_off[run], p1 = run_off[run + 1];
     if (p0 < p1) {
-        const float *row = qkv + (size_t)run_tok[p0] * conv_dim + (size_t)kh * dk;
+        const float *row = qkv + t0 * conv_dim + (size_t)kh * dk;
         for (int i = threadIdx.x; i < rows; i += blockDim.x) {
             qs[i] = i < dk ? row[i] : 0.0f;
             ks[i] = i < dk ? row[key_dim + i] : 0.0f;
@@ -308,8 +310,8 @@ __global__ void __launch_bounds__(256) deltanet_decode_kernel(
 #pragma unroll
     for (int i = 0; i < R; i++) s[i] = col && r0 + i < dk ? S[(size_t)(r0 + i) * dv + j] : 0.0f;
     const float gA = A[h], gdt = dt_bias[h], wn = col ? norm_w[j] : 0.0f; /* weights: before the wait */
+    const size_t t = (size_t)run_tok[run_off[run]]; /* step inputs: before the wait too */
     pdl_wait();
-    const size_t t = (size_t)run_tok[run_off[run]];
     const float *row = qkv + t * conv_dim + (size_t)kh * dk;
     for (int i = threadIdx.x; i < rows; i += blockDim.x) {
         qs[i] = i < dk ? row[i] : 0.0f;
