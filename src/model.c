@@ -90,6 +90,11 @@ static void tab_add(struct pxq_model *m, int *cap, const char *name, const struc
     m->n_tab++;
 }
 
+/* The table in name order, for find's bsearch (an empty table has no base to sort). */
+static void tab_sort(struct pxq_model *m) {
+    if (m->n_tab > 0) qsort(m->tab, (size_t)m->n_tab, sizeof *m->tab, cmp_named);
+}
+
 /* HF tensor name -> GGUF tensor name (llama.cpp convert_hf_to_gguf.py / gguf-py tensor_mapping). */
 static const struct { const char *hf, *gguf; } hf_tensor_map[] = {
     {"input_layernorm.weight", "attn_norm.weight"},
@@ -669,7 +674,7 @@ static int build_table_gguf(struct pxq_model *m) {
         const struct pxq_tensor *t = gguf_tensor(m->gguf, i);
         tab_add(m, &cap, t->name, t);
     }
-    if (m->n_tab > 0) qsort(m->tab, (size_t)m->n_tab, sizeof *m->tab, cmp_named);
+    tab_sort(m);
     return 0;
 }
 
@@ -680,7 +685,7 @@ static int build_table_hf(struct pxq_model *m) {
         const struct pxq_tensor *t = st_tensor(m->st, i);
         if (hf_to_gguf_name(t->name, m->hp.n_layer, g, sizeof g) == 0) tab_add(m, &cap, g, t);
     }
-    if (m->n_tab > 0) qsort(m->tab, (size_t)m->n_tab, sizeof *m->tab, cmp_named);
+    tab_sort(m);
     return 0;
 }
 
@@ -756,7 +761,7 @@ struct pxq_model *model_from_tensors(const char *name, const struct pxq_hparams 
     m->own_data = data;
     int cap = 0;
     for (int i = 0; i < n; i++) tab_add(m, &cap, tensors[i].name, &tensors[i]);
-    if (m->n_tab > 0) qsort(m->tab, (size_t)m->n_tab, sizeof *m->tab, cmp_named);
+    tab_sort(m);
     if (bind_weights(m, err, errlen) != 0) {
         model_free(m);
         return NULL;

@@ -79,5 +79,8 @@ void dot_rows_q8(enum pxq_type t, const void *w, size_t w_stride, int n_rows, co
                  int64_t n, int n_tok, float *y, size_t y_stride);
 void dot_row_q8_generic(enum pxq_type t, const void *row, const void *xq, size_t xq_stride, int64_t n, int n_tok,
                         float *y);
+/* The instruction set dot_rows_q8 was compiled for: "AVX2, AVX512-VNNI", "AVX2, AVX-VNNI", "AVX2"
+ * or "portable C" (pxq --version). */
+const char *q8_cpu_isa(void);
 
 #endif

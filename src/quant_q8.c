@@ -226,11 +226,14 @@ void dot_row_q8_generic(enum pxq_type t, const void *row, const void *xq, size_t
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define Q8_VNNI 1
 #define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#define Q8_ISA "AVX2, AVX512-VNNI"
 #elif defined(__AVXVNNI__)
 #define Q8_VNNI 1
 #define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#define Q8_ISA "AVX2, AVX-VNNI"
 #else
 #define Q8_VNNI 0
+#define Q8_ISA "AVX2"
 #endif
 
 /* 8 int32 lanes, lane k = sum of u[i]*s[i] over bytes 4k..4k+3 (u unsigned, s signed). Without
@@ -557,6 +560,12 @@ static const row_fn r_q8_0[4] = {r_q8_0_1, r_q8_0_2, r_q8_0_3, r_q8_0_4};
 #endif
 
 #endif /* __AVX2__ */
+
+#ifndef Q8_ISA
+#define Q8_ISA "portable C"
+#endif
+
+const char *q8_cpu_isa(void) { return Q8_ISA; }
 
 void dot_rows_q8(enum pxq_type t, const void *w, size_t w_stride, int n_rows, const void *xq, size_t xq_stride,
                  int64_t n, int n_tok, float *y, size_t y_stride) {

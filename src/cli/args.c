@@ -131,7 +131,7 @@ const char *default_model_path(void) {
         snprintf(path, sizeof path, "%s/../%s", dir, rel);
         if (file_exists(path)) { /* build/pxq: the repository's models/, named without the ".." (only the
                                   * directory resolved: a symlinked model keeps its own name) */
-            char up[2100];
+            char up[sizeof exe + 3];
             snprintf(up, sizeof up, "%s/..", dir);
             char *r = realpath(up, NULL);
             if (r) snprintf(path, sizeof path, "%s/%s", r, rel);

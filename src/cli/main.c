@@ -2,6 +2,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "quant.h"
+
 #define PXQ_VERSION "0.1.0"
 
 int cmd_run(int argc, char **argv);
@@ -34,21 +36,11 @@ static void usage(FILE *f) {
     fprintf(f, "\npxq --version (-V, version): the version and what this binary was built with\n");
 }
 
-/* The version and the build: the CPU kernels' instruction set (quant_q8.c picks by the same macros)
- * and, in a CUDA build, the GPU architectures compiled in (Makefile CUDA_ARCH). */
+/* The version and the build: the CPU kernels' instruction set (q8_cpu_isa) and, in a CUDA build,
+ * the GPU architectures compiled in (Makefile CUDA_ARCH). */
 static void version(void) {
     printf("pxq %s\n", PXQ_VERSION);
-    const char *simd =
-#if defined(__AVX2__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
-        "AVX2, AVX512-VNNI";
-#elif defined(__AVX2__) && defined(__AVXVNNI__)
-        "AVX2, AVX-VNNI";
-#elif defined(__AVX2__)
-        "AVX2";
-#else
-        "portable C";
-#endif
-    printf("backends: cpu (%s)", simd);
+    printf("backends: cpu (%s)", q8_cpu_isa());
 #ifdef PXQ_CUDA
 #ifdef PXQ_CUDA_ARCHS
     printf(", cuda (sm %s)", PXQ_CUDA_ARCHS);
