@@ -164,6 +164,7 @@ void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *
             bf->ssm_qkv = conv_dim + value_dim + 2 * nv;
         bf->ssm_z = bf->ssm_o = nb * value_dim;
         bf->ssm_ba = nb * 2 * nv;
+        bf->ssm_count = (size_t)n_dn * CUDA_DECODE_MAX * hp->ssm_n_k_head;
         bf->rstate = (size_t)n_dn * ((size_t)(hp->ssm_conv_kernel - 1) * conv_dim + nv * hp->ssm_head_k_dim * hp->ssm_head_v_dim);
         bf->state = bf->rstate * (size_t)p->n_seq_max;
     }
@@ -191,7 +192,7 @@ void cuda_bufs_bytes(const struct cuda_bufs *bf, size_t *activations, size_t *lo
                      size_t *state) {
     const size_t act[] = {bf->x,       bf->xb,       bf->xb2,   bf->qkv,     bf->att,      bf->hb,
                           bf->qg,      bf->ssm_qkv,  bf->ssm_conv, bf->ssm_z, bf->ssm_ba,   bf->ssm_o,
-                          bf->in_ints, bf->moe_logits, bf->moe_ids, bf->moe_w, bf->moe_hb,   bf->moe_y};
+                          bf->in_ints, bf->ssm_count, bf->moe_logits, bf->moe_ids, bf->moe_w, bf->moe_hb,   bf->moe_y};
     *activations = 0;
     for (size_t i = 0; i < sizeof act / sizeof *act; i++)
         if (act[i]) *activations += al(act[i] * 4);

@@ -451,42 +451,54 @@ static void test_gated_attention(int n, int n_head, int head_dim) {
 
 /* ---- decode: prep + delta rule + gated norm in one launch ---- */
 
-/* deltanet_decode_cuda against the three launches it replaces (deltanet_prep_cuda,
- * gated_delta_rule_cuda, gated_rmsnorm_silu_cuda) on the same raw inputs, a token per run: o, the
- * int8 form and the whole state buffer bit-equal, its inputs (qkv, ba) untouched. Shapes with dv not
- * a multiple of 32 or over 256 must be declined, with nothing written. pdl: launched under
- * programmatic dependent launch. */
+/* deltanet_decode_cuda against the four launches it replaces (ssm_conv_cuda, deltanet_prep_cuda,
+ * gated_delta_rule_cuda, gated_rmsnorm_silu_cuda) on the same raw inputs, a token per run, two steps
+ * (the second reads the conv taps and S the first wrote, and needs the readers' counts put back to
+ * 0): o, the int8 form and the whole state buffer bit-equal, its inputs (x, ba) untouched, the counts
+ * 0. Shapes with dv not a multiple of 32 or over 256, or K over 8, must be declined, with nothing
+ * written. pdl: launched under programmatic dependent launch. */
 static void test_decode_fused(const struct shape *s, const struct runs *r, int v_tiled, int with_q8, int pdl) {
-    const int C = s->conv_dim, nv = s->nv, n = r->n, vd = nv * s->dv;
-    const size_t sn = (size_t)r->n_slots * seq_stride(s), ne = (size_t)n * vd;
+    const int C = s->conv_dim, nv = s->nv, n = r->n, vd = nv * s->dv, K = s->K;
+    const int should = s->dv % 32 == 0 && s->dv <= 256 && K <= 8 && deltanet_decode_cuda_supported(s->dk, s->dv, K);
+    const size_t sn = (size_t)r->n_slots * seq_stride(s), ne = (size_t)n * vd, nc = (size_t)r->n_runs * s->nk;
     if (s->dv % 32 != 0) with_q8 = 0; /* the int8 form needs whole groups (gated_rmsnorm_silu_cuda) */
-    float *qkv = ALLOC(float, (size_t)n * C), *ba = ALLOC(float, (size_t)n * 2 * nv), *st = ALLOC(float, sn);
+    float *x = ALLOC(float, (size_t)n * C), *ba = ALLOC(float, (size_t)n * 2 * nv), *st = ALLOC(float, sn);
     float *z = ALLOC(float, ne), *A = ALLOC(float, nv), *dtb = ALLOC(float, nv), *w = ALLOC(float, s->dv);
-    fill(qkv, (size_t)n * C, 2.0f), fill(ba, (size_t)n * 2 * nv, 3.0f), fill(st, sn, 0.5f), fill(z, ne, 4.0f);
-    fill(dtb, nv, 1.0f), fill(w, s->dv, 1.5f);
+    float *cw = ALLOC(float, (size_t)C * K);
+    fill(x, (size_t)n * C, 2.0f), fill(ba, (size_t)n * 2 * nv, 3.0f), fill(st, sn, 0.5f), fill(z, ne, 4.0f);
+    fill(dtb, nv, 1.0f), fill(w, s->dv, 1.5f), fill(cw, (size_t)C * K, 0.5f);
     for (int h = 0; h < nv; h++) A[h] = -(0.1f + 1.4f * rnd_u());
     struct druns d = druns_put(r);
     float *dz = dev_put(z, ne * 4), *dA = dev_put(A, (size_t)nv * 4), *ddt = dev_put(dtb, (size_t)nv * 4);
-    float *dw = dev_put(w, (size_t)s->dv * 4);
-    float *o[2], *xds[2], *stg[2], *dq[2], *dba[2];
+    float *dw = dev_put(w, (size_t)s->dv * 4), *dcw = dev_put(cw, (size_t)C * K * 4);
+    float *dconv = dev_poison_bytes((size_t)n * C * 4);
+    int *dcount;
+    CK(cudaMalloc((void **)&dcount, nc * sizeof(int)));
+    CK(cudaMemset(dcount, 0, nc * sizeof(int)));
+    float *o[2], *xds[2], *stg[2], *dx[2], *dba[2];
     int8_t *xq[2];
     for (int k = 0; k < 2; k++) {
-        dq[k] = dev_put(qkv, (size_t)n * C * 4), dba[k] = dev_put(ba, (size_t)n * 2 * nv * 4), stg[k] = dev_put(st, sn * 4);
+        dx[k] = dev_put(x, (size_t)n * C * 4), dba[k] = dev_put(ba, (size_t)n * 2 * nv * 4), stg[k] = dev_put(st, sn * 4);
         o[k] = dev_poison_bytes(ne * 4);
         xq[k] = with_q8 ? dev_poison_i8(ne) : NULL, xds[k] = with_q8 ? dev_poison_bytes(ne / 32 * 8) : NULL;
     }
     const float eps = 1e-6f;
     float *S = stg[0] + (size_t)DL * s->layer_floats, *S2 = stg[1] + (size_t)DL * s->layer_floats;
-    cuda_pdl = pdl;
-    const int ran = deltanet_decode_cuda(o[1], xq[1], xds[1], S2, seq_stride(s), dq[1], dba[1], dz, dA, ddt, dw, s->nk, nv,
-                                         s->dk, s->dv, s->K, C, v_tiled, eps, d.seq, d.off, d.tok, r->n_runs, 0) == 0;
-    deltanet_prep_cuda(dq[0], dba[0], dA, ddt, s->nk, nv, s->dk, C, n, 0);
-    gated_delta_rule_cuda(o[0], S, seq_stride(s), dq[0], dba[0], s->nk, nv, s->dk, s->dv, s->K, C, v_tiled, d.seq, d.off,
-                          d.tok, r->n_runs, 0);
-    gated_rmsnorm_silu_cuda(o[0], xq[0], xds[0], dz, dw, n * nv, s->dv, eps, 0);
-    cuda_pdl = 0;
+    int ran = 1;
+    for (int step = 0; step < 2; step++) {
+        cuda_pdl = pdl;
+        ran &= deltanet_decode_cuda(o[1], xq[1], xds[1], S2, seq_stride(s), dx[1], dcw, dcount, dba[1], dz, dA, ddt, dw,
+                                    s->nk, nv, s->dk, s->dv, K, C, v_tiled, eps, d.seq, d.off, d.tok, r->n_runs, 0) == 0;
+        ssm_conv_cuda(dconv, S, seq_stride(s), dx[0], dcw, C, K, d.seq, d.off, d.tok, r->n_runs, n, 0);
+        deltanet_prep_cuda(dconv, dba[0], dA, ddt, s->nk, nv, s->dk, C, n, 0);
+        gated_delta_rule_cuda(o[0], S, seq_stride(s), dconv, dba[0], s->nk, nv, s->dk, s->dv, K, C, v_tiled, d.seq,
+                              d.off, d.tok, r->n_runs, 0);
+        gated_rmsnorm_silu_cuda(o[0], xq[0], xds[0], dz, dw, n * nv, s->dv, eps, 0);
+        /* prep's in-place results out: the next step's raw b, a */
+        CK(cudaMemcpy(dba[0], ba, (size_t)n * 2 * nv * 4, cudaMemcpyHostToDevice));
+        cuda_pdl = 0;
+    }
     CK(cudaDeviceSynchronize());
-    const int should = s->dv % 32 == 0 && s->dv <= 256 && deltanet_decode_cuda_supported(s->dk, s->dv);
     float *a = ALLOC(float, sn > ne ? sn : ne), *b = ALLOC(float, sn > ne ? sn : ne);
     int same = 1;
     if (ran) {
@@ -502,10 +514,14 @@ static void test_decode_fused(const struct shape *s, const struct runs *r, int v
             same &= memcmp(a, b, ne / 32 * 8) == 0;
             free(qa), free(qb);
         }
-        dev_get(a, dq[1], (size_t)n * C * 4); /* its inputs as given */
-        same &= memcmp(a, qkv, (size_t)n * C * 4) == 0;
+        dev_get(a, dx[1], (size_t)n * C * 4); /* its inputs as given */
+        same &= memcmp(a, x, (size_t)n * C * 4) == 0;
         dev_get(a, dba[1], (size_t)n * 2 * nv * 4);
         same &= memcmp(a, ba, (size_t)n * 2 * nv * 4) == 0;
+        int *cnt = ALLOC(int, nc);
+        dev_get(cnt, dcount, nc * sizeof(int));
+        for (size_t i = 0; i < nc; i++) same &= cnt[i] == 0;
+        free(cnt);
     } else { /* declined: o and the state untouched */
         dev_get(a, stg[1], sn * 4);
         same &= memcmp(a, st, sn * 4) == 0;
@@ -513,19 +529,20 @@ static void test_decode_fused(const struct shape *s, const struct runs *r, int v
         dev_get(u, o[1], ne * 4);
         for (size_t i = 0; i < ne; i++) same &= u[i] == 0xffffffffu;
     }
-    CHECK(ran == should && same, "deltanet decode nk %d nv %d dk %d dv %d v_tiled %d runs %d q8 %d pdl %d: ran %d (expected %d), %s",
-          s->nk, nv, s->dk, s->dv, v_tiled, r->n_runs, with_q8, pdl, ran, should,
-          same ? "equal" : ran ? "NOT bit-equal to the three launches" : "wrote while declining");
-    printf("deltanet decode (one launch) nk %2d nv %2d dk %3d dv %3d v_tiled %d runs %2d%s%s: %s\n", s->nk, nv, s->dk,
-           s->dv, v_tiled, r->n_runs, with_q8 ? " +int8" : "", pdl ? " pdl" : "",
-           !ran ? "declined" : same ? "bit-equal to the three launches" : "DIFFERS");
+    CHECK(ran == should && same,
+          "deltanet decode nk %d nv %d dk %d dv %d K %d v_tiled %d runs %d q8 %d pdl %d: ran %d (expected %d), %s",
+          s->nk, nv, s->dk, s->dv, K, v_tiled, r->n_runs, with_q8, pdl, ran, should,
+          same ? "equal" : ran ? "NOT bit-equal to the four launches" : "wrote while declining");
+    printf("deltanet decode (one launch) nk %2d nv %2d dk %3d dv %3d K %d v_tiled %d runs %2d%s%s: %s\n", s->nk, nv,
+           s->dk, s->dv, K, v_tiled, r->n_runs, with_q8 ? " +int8" : "", pdl ? " pdl" : "",
+           !ran ? "declined" : same ? "bit-equal to the four launches, two steps" : "DIFFERS");
     druns_free(&d);
     for (int k = 0; k < 2; k++) {
-        cudaFree(dq[k]), cudaFree(dba[k]), cudaFree(stg[k]), cudaFree(o[k]);
+        cudaFree(dx[k]), cudaFree(dba[k]), cudaFree(stg[k]), cudaFree(o[k]);
         if (with_q8) cudaFree(xq[k]), cudaFree(xds[k]);
     }
-    cudaFree(dz), cudaFree(dA), cudaFree(ddt), cudaFree(dw);
-    free(qkv), free(ba), free(st), free(z), free(A), free(dtb), free(w), free(a), free(b);
+    cudaFree(dz), cudaFree(dA), cudaFree(ddt), cudaFree(dw), cudaFree(dcw), cudaFree(dconv), cudaFree(dcount);
+    free(x), free(ba), free(st), free(z), free(A), free(dtb), free(w), free(cw), free(a), free(b);
 }
 
 /* The delta rule's forms under test: chunk size and tile width forced (0: automatic). */
@@ -671,6 +688,11 @@ int main(void) {
         const int one[3] = {1, 1, 1}, slots[3] = {4, 0, 7};
         struct runs dr = runs_make(3, one, slots, 8);
         test_decode_fused(&tiny, &dr, 1, 1, 0);
+        /* the run-time K of the decode launch's conv, and a K past its 8 (declined) */
+        const struct shape k9 = shape_of(2, 4, 32, 32, 9);
+        test_decode_fused(&k2, &dr, 0, 1, 0);
+        test_decode_fused(&k6, &dr, 1, 1, 0);
+        test_decode_fused(&k9, &dr, 0, 1, 0);
         free(dr.tok);
     }
     test_gated_norm(10 * 48, 128, 1);

@@ -87,6 +87,7 @@ struct cuda_backend {
     float *x, *xb, *xb2, *q, *k, *v, *att, *hb, *hb2, *logits, *part_o, *part_ml;
     float *qg;              /* gated attention: q_proj output [nb][n_head][query | gate] */
     float *ssm_qkv, *ssm_conv, *ssm_z, *ssm_ba, *ssm_o; /* DeltaNet activations (forward_qwen35.c's) */
+    int *ssm_count; /* deltanet_decode_cuda's counts, [DeltaNet layer][CUDA_DECODE_MAX][nk] */
     float *rstate;          /* [n_seq_max][rstate_floats] DeltaNet conv + delta-rule state */
     float *moe_logits, *moe_w, *moe_hb, *moe_y; /* MoE: router [nb][n_expert], weights [nb][k], per pair gate|up
                                                  * [nb*k][2 ff_exp] then silu(gate)*up [nb*k][ff_exp], down [nb*k][n_embd] */
@@ -118,13 +119,13 @@ struct cuda_backend {
     int pdl_tokens;
     int stage_o;            /* the one-token o projection after the decode attention stages its weight in shared
                              * memory (MATMUL_Q8_STAGE; PXQ_CUDA_STAGE_O=0: off) */
-    int fuse_dn;            /* decode DeltaNet: prep, delta rule and gated norm in one launch where it runs
-                             * (deltanet_decode_cuda; PXQ_CUDA_FUSE_DN=0: three launches) */
+    int fuse_dn;            /* decode DeltaNet: conv, prep, delta rule and gated norm in one launch where it
+                             * runs (deltanet_decode_cuda; PXQ_CUDA_FUSE_DN=0: four launches) */
     int dp4a_tokens;        /* decode steps of up to this many tokens run the dp4a mat-vec (2; 4 without mma) */
     int early_trigger;      /* dp4a mat-vecs that let the next kernel launch at their start
                              * (MATMUL_Q8_LAUNCH_NEXT), a mask: 1 the attention's q|k|v projection, 2 the
                              * DeltaNet's in-projection, 8 the FFN's gate|up (PXQ_CUDA_EARLY_TRIGGER,
-                             * default 9) */
+                             * default 11) */
     size_t l2_pf_bytes;     /* the dp4a steps: each mat-vec pulls up to this many bytes of the next
                              * weight into L2 as it finishes (0: off; PXQ_CUDA_L2_PREFETCH "MiB[,blocks]") */
     int l2_pf_blocks;       /* ... asked for by this many of its last blocks */
@@ -329,7 +330,7 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
         matmul_q8_tune(tune_a, tune_b);
     b->stage_o = b->pdl && !env_is("PXQ_CUDA_STAGE_O", "0") && matmul_q8_stage_supported(); /* overlap needs PDL */
     b->fuse_dn = !env_is("PXQ_CUDA_FUSE_DN", "0");
-    b->early_trigger = getenv("PXQ_CUDA_EARLY_TRIGGER") ? atoi(getenv("PXQ_CUDA_EARLY_TRIGGER")) : 9;
+    b->early_trigger = getenv("PXQ_CUDA_EARLY_TRIGGER") ? atoi(getenv("PXQ_CUDA_EARLY_TRIGGER")) : 11;
     if (env_pair("PXQ_CUDA_MMA_TUNE", &tune_a, &tune_b)) /* "m-tiles,warps" of the 3..16-token int8 mma mat-vec */
         matmul_q8_mma_tune(tune_a, tune_b);
     {
@@ -558,6 +559,8 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
         b->ssm_z = arena_f32(b, bf.ssm_z);
         b->ssm_ba = arena_f32(b, bf.ssm_ba);
         b->ssm_o = arena_f32(b, bf.ssm_o);
+        b->ssm_count = (int *)arena_get(b, bf.ssm_count * 4);
+        CK(cudaMemset(b->ssm_count, 0, bf.ssm_count * 4)); /* deltanet_decode_cuda leaves it 0 */
     }
     b->in_d = (int32_t *)arena_get(b, bf.in_ints * 4);
     CK(cudaMallocHost((void **)&b->in_h, bf.in_ints * 4));
@@ -819,7 +822,11 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
     float *state = b->rstate + (size_t)e->dn_layer[il] * ((size_t)(K - 1) * conv_dim + (size_t)nv * dk * dv);
     const step_inputs &di = b->di;
     float *z = b->ssm_z, *ba = b->ssm_ba;
-    /* the conv launches under the in-projection */
+    int8_t *xq = q8_for(b, s.q8, &L->w[CM_SSM_OUT]);
+    /* decode, a token per sequence: the conv, prep, the delta rule and the gated norm in one launch */
+    const int fused = b->fuse_dn && n <= CUDA_DECODE_MAX && s.n_runs == n && (!xq || dv % 32 == 0) &&
+                      deltanet_decode_cuda_supported(dk, dv, K);
+    /* the conv (or the fused step) launches under the in-projection */
     const int early = b->early_trigger & 2 ? MATMUL_Q8_LAUNCH_NEXT : 0;
     if (first_weight(e, b, il, n) == &L->dn_in) { /* one launch: the token's [qkv | z | b | a] (ssm_qkv has room) */
         matmul_cuda(b, b->ssm_qkv, &L->dn_in, b->xb, 1, s.q8, 0, &L->w[CM_SSM_OUT], early);
@@ -834,17 +841,16 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
             matmul_ld(b, b->ssm_ba + nv, &L->w[CM_SSM_ALPHA], b->xb, n, s.q8, 0, 2 * nv, &L->w[CM_SSM_OUT], early);
         }
     }
-    ssm_conv_cuda(b->ssm_conv, state, b->rstate_floats, b->ssm_qkv, L->v[CV_SSM_CONV], conv_dim, K, di.run_seq,
-                  di.run_off, di.run_tok, s.n_runs, n, st);
-    int8_t *xq = q8_for(b, s.q8, &L->w[CM_SSM_OUT]);
-    /* decode, a token per sequence: prep, the delta rule and the gated norm in one launch */
-    if (b->fuse_dn && n <= CUDA_DECODE_MAX && s.n_runs == n && (!xq || dv % 32 == 0) &&
-        deltanet_decode_cuda(b->ssm_o, xq, b->xds, state, b->rstate_floats, b->ssm_conv, ba, z, L->v[CV_SSM_A],
-                             L->v[CV_SSM_DT], L->v[CV_SSM_NORM], nk, nv, dk, dv, K, conv_dim, hp->ssm_v_tiled,
-                             hp->rms_eps, di.run_seq, di.run_off, di.run_tok, s.n_runs, st) == 0) {
+    int *count = b->ssm_count + (size_t)e->dn_layer[il] * CUDA_DECODE_MAX * nk; /* this layer's */
+    if (fused && deltanet_decode_cuda(b->ssm_o, xq, b->xds, state, b->rstate_floats, b->ssm_qkv, L->v[CV_SSM_CONV],
+                                      count, ba, z, L->v[CV_SSM_A], L->v[CV_SSM_DT], L->v[CV_SSM_NORM], nk, nv, dk, dv,
+                                      K, conv_dim, hp->ssm_v_tiled, hp->rms_eps, di.run_seq, di.run_off, di.run_tok,
+                                      s.n_runs, st) == 0) {
         matmul_cuda(b, b->x, &L->w[CM_SSM_OUT], b->ssm_o, n, s.q8, 1, ffn_weight(e, L)); /* x += out_proj(o) */
         return;
     }
+    ssm_conv_cuda(b->ssm_conv, state, b->rstate_floats, b->ssm_qkv, L->v[CV_SSM_CONV], conv_dim, K, di.run_seq,
+                  di.run_off, di.run_tok, s.n_runs, n, st);
     deltanet_prep_cuda(b->ssm_conv, ba, L->v[CV_SSM_A], L->v[CV_SSM_DT], nk, nv, dk, conv_dim, n, st);
     if (n > CUDA_DECODE_MAX) { /* prefill: the chunked (UT transform) form; its scratch is the FFN's buffer,
                                 * free while the token mixer runs (recurrent if too small) */

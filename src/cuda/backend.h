@@ -106,6 +106,8 @@ struct cuda_bufs {
     /* activations, per ubatch of up to n_batch tokens */
     size_t x, xb, xb2, qkv, att, hb, logits, qg, ssm_qkv, ssm_conv, ssm_z, ssm_ba, ssm_o; /* qkv: q, k, v; hb: gate|up, then hb2 */
     size_t in_ints;                      /* int32: per-step inputs (tokens, positions, runs, block tables) */
+    size_t ssm_count;                    /* int32: the fused DeltaNet decode's readers per (layer, run, key
+                                          * head), kept 0 */
     size_t moe_logits, moe_ids, moe_w;   /* MoE router [nb][n_expert]; int32: top-k ids [nb][k], then the
                                           * prefill sort (order [nb*k], tiles [max][3], count); weights [nb][k] */
     size_t moe_hb, moe_y;                /* MoE per (token, slot) pair: gate|up, silu(gate)*up; down [nb*k][n_embd] */

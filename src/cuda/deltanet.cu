@@ -272,30 +272,62 @@ extern "C" void gated_delta_rule_cuda(float *o, float *state, size_t seq_stride,
     }
 }
 
-/* ---- decode: prep, the delta rule and the gated RMSNorm in one launch ---- */
+/* ---- decode: conv, prep, the delta rule and the gated RMSNorm in one launch ---- */
 
-/* One token per run (decode): deltanet_prep_kernel + gated_delta_rule_kernel<R> +
+#define DD_KMAX 8 /* the fused decode's widest conv */
+
+/* One channel's causal conv + SiLU for the step's token (ssm_conv_kernel's sum, in its order: the
+ * newest tap first, then the K - 1 taps of the conv state, oldest first). KM: K at most (the arrays
+ * indexed by constants only, so they stay in registers). */
+template <int KM>
+static __device__ __forceinline__ float conv_step(const float (&wc)[KM], const float (&cs)[KM - 1], float xn, int K) {
+    float wn = 0.0f;
+#pragma unroll
+    for (int j = 0; j < KM; j++)
+        if (j == K - 1) wn = wc[j];
+    float acc = wn * xn;
+#pragma unroll
+    for (int j = 0; j < KM - 1; j++)
+        if (j < K - 1) acc = fmaf(wc[j], cs[j], acc);
+    return silu_f(acc);
+}
+
+/* One token per run (decode): ssm_conv_kernel + deltanet_prep_kernel + gated_delta_rule_kernel<R> +
  * gated_rmsnorm_silu_kernel for that token, in one launch, each step's arithmetic in the same order
- * (the results are bit-equal to the three launches). grid (dv / 32, nv, n_runs), block nw warps
+ * (the results are bit-equal to the four launches). grid (dv / 32, nv, n_runs), block nw warps
  * (gated_delta_rule_kernel's layout: lane = column j of the tile, warp w rows w*R..); the dv / 32
- * column tiles of a value head form a thread block cluster (sm_90). Every block l2-normalises its key
- * head's q and k in shared memory (warp 0 q, warp 1 k: prep's loop and warp_sum) and computes beta
- * and the decay of its value head, runs the step, then puts its 32 outputs into every block of the
- * cluster (distributed shared memory); after the cluster barrier each block has the whole head for
- * the norm's sum of squares and writes its own 32 columns: o, and their int8 group (xq, xds). The
- * prep's in-place writes (normalised q, k; beta, g in ba) are not made: only this launch reads them.
- * Saves two launches a DeltaNet layer (their waits and latencies). */
-template <int R>
+ * column tiles of a value head form a thread block cluster (sm_90).
+ *   conv: every block convolves its key head's 2 dk q and k channels (a thread a channel, at most two)
+ *     and warp 0 its 32 v channels, from the in-projection's row x and the conv state, whose taps and
+ *     weights it loads before the wait. The new conv state of the v channels is written by the block
+ *     that reads them; the q and k channels are read by readers = (nv / nk) x (dv / 32) blocks, so
+ *     each counts itself in count[run][kh] (an atomic add, before the wait, once its threads hold
+ *     the taps), and the last of them writes theirs after its conv and puts the count back to 0. The
+ *     caller gives each layer its own counts (a layer's launch may count in before the previous
+ *     layer's has ended).
+ *   prep: l2norm of q and k in shared memory (warp 0 q, warp 1 k: prep's loop and warp_sum); beta and
+ *     the decay of the value head.
+ *   the step, then the block's 32 outputs go to every block of the cluster (distributed shared
+ *   memory); after the cluster barrier each block has the whole head for the norm's sum of squares
+ *   and writes its own 32 columns: o, and their int8 group (xq, xds).
+ * Neither the conv output nor prep's in-place results (normalised q, k; beta, g) are written: only
+ * this launch reads them. Saves three launches a DeltaNet layer (their waits and latencies).
+ * KT > 0: K = KT at compile time; KT == 0: K at run time, at most DD_KMAX (ssm_conv_kernel's). */
+template <int R, int KT>
 __global__ void __launch_bounds__(256) deltanet_decode_kernel(
     float *__restrict__ o, int8_t *__restrict__ xq, float2 *__restrict__ xds, float *__restrict__ state,
-    size_t seq_stride, const float *qkv, const float *ba, const float *z, const float *__restrict__ A,
-    const float *__restrict__ dt_bias, const float *__restrict__ norm_w, int nk, int nv, int dk, int dv, int K,
-    int conv_dim, int v_tiled, float qscale, float eps, const int32_t *__restrict__ run_seq,
-    const int32_t *__restrict__ run_off, const int32_t *__restrict__ run_tok) {
+    size_t seq_stride, const float *x, const float *__restrict__ conv_w, int *__restrict__ count, const float *ba,
+    const float *z, const float *__restrict__ A, const float *__restrict__ dt_bias, const float *__restrict__ norm_w,
+    int nk, int nv, int dk, int dv, int K, int conv_dim, int v_tiled, float qscale, float eps,
+    const int32_t *__restrict__ run_seq, const int32_t *__restrict__ run_off, const int32_t *__restrict__ run_tok) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
+    constexpr int KM = KT > 0 ? KT : DD_KMAX;
+    if (KT > 0) K = KT;
     extern __shared__ float sm[];
     __shared__ float head[256]; /* the value head's outputs, from every block of the cluster (dv <= 256) */
+    __shared__ float vconv[32]; /* the conv output of this block's v channels */
+    __shared__ int last;        /* this block writes the q/k channels' conv state */
     pdl_launch_dependents();
     cg::cluster_group cluster = cg::this_cluster();
     cluster.barrier_arrive(); /* waited on before the first DSMEM store: every block of the cluster has started */
@@ -305,32 +337,83 @@ __global__ void __launch_bounds__(256) deltanet_decode_kernel(
     const int h = blockIdx.y, run = blockIdx.z, j = blockIdx.x * 32 + lane;
     const bool col = j < dv;
     const int kh = v_tiled ? h % nk : h / (nv / nk), key_dim = nk * dk;
-    float *S = state + (size_t)run_seq[run] * seq_stride + (size_t)(K - 1) * conv_dim + (size_t)h * dk * dv;
+    float *cst = state + (size_t)run_seq[run] * seq_stride; /* conv state [K-1][conv_dim], then S */
+    float *S = cst + (size_t)(K - 1) * conv_dim + (size_t)h * dk * dv;
     float s[R];
 #pragma unroll
     for (int i = 0; i < R; i++) s[i] = col && r0 + i < dk ? S[(size_t)(r0 + i) * dv + j] : 0.0f;
+    /* the conv's taps and weights: this thread's q/k channels u = threadIdx.x + m * blockDim.x (m < 2:
+     * 2 dk <= 2 blockDim.x for every dk <= 256, delta_rows), and warp 0's v channel */
+    auto qk_ch = [&](int u) { return u < dk ? kh * dk + u : key_dim + kh * dk + (u - dk); };
+    float cw[3][KM], cs[3][KM - 1];
+#pragma unroll
+    for (int m = 0; m < 3; m++) {
+        const int u = threadIdx.x + m * (int)blockDim.x;
+        const bool on = m < 2 ? u < 2 * dk : warp == 0 && col;
+        const int c = m < 2 ? (on ? qk_ch(u) : 0) : 2 * key_dim + h * dv + j;
+#pragma unroll
+        for (int k = 0; k < KM; k++) cw[m][k] = on && k < K ? conv_w[(size_t)c * K + k] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < KM - 1; k++) cs[m][k] = on && k < K - 1 ? cst[(size_t)k * conv_dim + c] : 0.0f;
+    }
     const float gA = A[h], gdt = dt_bias[h], wn = col ? norm_w[j] : 0.0f; /* weights: before the wait */
     const size_t t = (size_t)run_tok[run_off[run]]; /* step inputs: before the wait too */
-    pdl_wait();
-    const float *row = qkv + t * conv_dim + (size_t)kh * dk;
-    for (int i = threadIdx.x; i < rows; i += blockDim.x) {
-        qs[i] = i < dk ? row[i] : 0.0f;
-        ks[i] = i < dk ? row[key_dim + i] : 0.0f;
+    /* the block counts itself a reader of its key head's taps once every thread holds them (the barrier's
+     * predicate uses them): before the wait, so the atomic's round trip is off the step's path */
+    float held = 0.0f;
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int k = 0; k < KM - 1; k++) held += cs[m][k];
+    (void)__syncthreads_or(held != held);
+    if (threadIdx.x == 0) {
+        int *cnt = count + (size_t)run * nk + kh;
+        last = atomicAdd(cnt, 1) == (nv / nk) * (int)gridDim.x - 1;
+        if (last) *cnt = 0;
     }
-    const float vj = col ? qkv[t * conv_dim + 2 * key_dim + (size_t)h * dv + j] : 0.0f;
+    pdl_wait();
+    const float *xr = x + t * conv_dim;
+    float xn[3];
+#pragma unroll
+    for (int m = 0; m < 3; m++) {
+        const int u = threadIdx.x + m * (int)blockDim.x;
+        const bool on = m < 2 ? u < 2 * dk : warp == 0 && col;
+        xn[m] = on ? xr[m < 2 ? qk_ch(u) : 2 * key_dim + h * dv + j] : 0.0f;
+    }
     const float zj = col ? z[(t * nv + h) * dv + j] : 0.0f;
     const float beta = sigmoid_f(ba[t * 2 * nv + h]), a = ba[t * 2 * nv + nv + h] + gdt;
     const float decay = expf(gA * (a > 20.0f ? a : log1pf(expf(a))));
+    for (int u = dk + threadIdx.x; u < rows; u += blockDim.x) /* rows past dk are zero */
+        qs[u] = 0.0f, ks[u] = 0.0f;
+#pragma unroll
+    for (int m = 0; m < 2; m++) {
+        const int u = threadIdx.x + m * (int)blockDim.x;
+        if (u < 2 * dk) (u < dk ? qs[u] : ks[u - dk]) = conv_step(cw[m], cs[m], xn[m], K);
+    }
+    if (warp == 0) vconv[lane] = col ? conv_step(cw[2], cs[2], xn[2], K) : 0.0f;
     __syncthreads();
     for (int hh = warp; hh < 2; hh += nw) { /* prep: l2norm of q (hh 0, times qscale) or k (hh 1); nw may be 1 */
-        float *x = hh == 0 ? qs : ks;
+        float *v = hh == 0 ? qs : ks;
         float ss = 0.0f;
-        for (int i = lane; i < dk; i += 32) ss = fmaf(x[i], x[i], ss);
+        for (int i = lane; i < dk; i += 32) ss = fmaf(v[i], v[i], ss);
         ss = warp_sum(ss);
         const float inv = 1.0f / sqrtf(ss + 1e-6f), scale = hh == 0 ? qscale : 1.0f;
-        for (int i = lane; i < dk; i += 32) x[i] = x[i] * inv * scale;
+        for (int i = lane; i < dk; i += 32) v[i] = v[i] * inv * scale;
     }
     __syncthreads();
+    /* the new conv state (tap k = the (K-1-k)-th newest input): v channels by warp 0, q/k by the last reader */
+#pragma unroll
+    for (int m = 0; m < 3; m++) {
+        const int u = threadIdx.x + m * (int)blockDim.x;
+        const bool on = m < 2 ? last && u < 2 * dk : warp == 0 && col;
+        const int c = m < 2 ? (on ? qk_ch(u) : 0) : 2 * key_dim + h * dv + j;
+        if (on) {
+#pragma unroll
+            for (int k = 0; k < KM - 1; k++)
+                if (k < K - 1) cst[(size_t)k * conv_dim + c] = k + 1 < K - 1 ? cs[m][k + 1] : xn[m];
+        }
+    }
+    const float vj = vconv[lane];
     delta_step<R>(s, qs, ks, vj, beta, decay, red1, red2, nw, warp, lane, r0);
     __syncthreads();
     const int n_tiles = (int)cluster.num_blocks();
@@ -357,23 +440,24 @@ __global__ void __launch_bounds__(256) deltanet_decode_kernel(
         if (xq) warp_q8(v, xq, xds, (int64_t)oi);
     }
 #else
-    (void)o, (void)xq, (void)xds, (void)state, (void)seq_stride, (void)qkv, (void)ba, (void)z, (void)A, (void)dt_bias;
-    (void)norm_w, (void)nk, (void)nv, (void)dk, (void)dv, (void)K, (void)conv_dim, (void)v_tiled, (void)qscale;
-    (void)eps, (void)run_seq, (void)run_off, (void)run_tok;
+    (void)o, (void)xq, (void)xds, (void)state, (void)seq_stride, (void)x, (void)conv_w, (void)count, (void)ba, (void)z;
+    (void)A, (void)dt_bias, (void)norm_w, (void)nk, (void)nv, (void)dk, (void)dv, (void)K, (void)conv_dim, (void)v_tiled;
+    (void)qscale, (void)eps, (void)run_seq, (void)run_off, (void)run_tok;
 #endif
 }
 
-extern "C" int deltanet_decode_cuda_supported(int dk, int dv) {
+extern "C" int deltanet_decode_cuda_supported(int dk, int dv, int K) {
     static int sm90 = -1;
     if (sm90 < 0) sm90 = cuda_pdl_supported(); /* an sm_90 device and image: thread block clusters */
-    return sm90 && deltanet_cuda_supported(dk, dv) && dv % 32 == 0 && dv <= 256;
+    return sm90 && deltanet_cuda_supported(dk, dv) && dv % 32 == 0 && dv <= 256 && K >= 1 && K <= DD_KMAX;
 }
 
-template <int R>
+template <int R, int KT>
 static int dd_launch(dim3 grid, int nw, cudaStream_t st, float *o, int8_t *xq, float2 *xds, float *state,
-                     size_t seq_stride, const float *qkv, const float *ba, const float *z, const float *A,
-                     const float *dt_bias, const float *norm_w, int nk, int nv, int dk, int dv, int K, int conv_dim,
-                     int v_tiled, float eps, const int32_t *run_seq, const int32_t *run_off, const int32_t *run_tok) {
+                     size_t seq_stride, const float *x, const float *conv_w, int *count, const float *ba,
+                     const float *z, const float *A, const float *dt_bias, const float *norm_w, int nk, int nv, int dk,
+                     int dv, int K, int conv_dim, int v_tiled, float eps, const int32_t *run_seq,
+                     const int32_t *run_off, const int32_t *run_tok) {
 #if PXQ_PDL_RUNTIME
     cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -386,8 +470,8 @@ static int dd_launch(dim3 grid, int nw, cudaStream_t st, float *o, int8_t *xq, f
     cfg.attrs = attr, cfg.numAttrs = cuda_pdl ? 2 : 1;
     const float qscale = 1.0f / sqrtf((float)dk);
     for (int tries = 0; tries < 2; tries++, cfg.numAttrs = 1) /* then without PDL */
-        if (cudaLaunchKernelEx(&cfg, deltanet_decode_kernel<R>, o, xq, xds, state, seq_stride, qkv, ba, z, A, dt_bias,
-                               norm_w, nk, nv, dk, dv, K, conv_dim, v_tiled, qscale, eps, run_seq, run_off,
+        if (cudaLaunchKernelEx(&cfg, deltanet_decode_kernel<R, KT>, o, xq, xds, state, seq_stride, x, conv_w, count, ba, z,
+                               A, dt_bias, norm_w, nk, nv, dk, dv, K, conv_dim, v_tiled, qscale, eps, run_seq, run_off,
                                run_tok) == cudaSuccess)
             return 0;
         else
@@ -396,22 +480,29 @@ static int dd_launch(dim3 grid, int nw, cudaStream_t st, float *o, int8_t *xq, f
     return -1;
 }
 
-extern "C" int deltanet_decode_cuda(float *o, int8_t *xq, float *xds, float *state, size_t seq_stride, const float *qkv,
-                                    const float *ba, const float *z, const float *A, const float *dt_bias,
-                                    const float *norm_w, int nk, int nv, int dk, int dv, int K, int conv_dim,
-                                    int v_tiled, float eps, const int32_t *run_seq, const int32_t *run_off,
-                                    const int32_t *run_tok, int n_runs, cudaStream_t st) {
-    if (n_runs <= 0 || !deltanet_decode_cuda_supported(dk, dv)) return -1;
+extern "C" int deltanet_decode_cuda(float *o, int8_t *xq, float *xds, float *state, size_t seq_stride, const float *x,
+                                    const float *conv_w, int *count, const float *ba, const float *z, const float *A,
+                                    const float *dt_bias, const float *norm_w, int nk, int nv, int dk, int dv, int K,
+                                    int conv_dim, int v_tiled, float eps, const int32_t *run_seq,
+                                    const int32_t *run_off, const int32_t *run_tok, int n_runs, cudaStream_t st) {
+    if (n_runs <= 0 || !deltanet_decode_cuda_supported(dk, dv, K)) return -1;
     const int R = delta_rows(dk);
     const int nw = (dk + R - 1) / R;
     const dim3 grid(dv / 32, nv, n_runs);
     float2 *d2 = (float2 *)xds;
-    switch (R) {
-    case 4: return dd_launch<4>(grid, nw, st, o, xq, d2, state, seq_stride, qkv, ba, z, A, dt_bias, norm_w, nk, nv, dk, dv, K, conv_dim, v_tiled, eps, run_seq, run_off, run_tok);
-    case 8: return dd_launch<8>(grid, nw, st, o, xq, d2, state, seq_stride, qkv, ba, z, A, dt_bias, norm_w, nk, nv, dk, dv, K, conv_dim, v_tiled, eps, run_seq, run_off, run_tok);
-    case 16: return dd_launch<16>(grid, nw, st, o, xq, d2, state, seq_stride, qkv, ba, z, A, dt_bias, norm_w, nk, nv, dk, dv, K, conv_dim, v_tiled, eps, run_seq, run_off, run_tok);
-    default: return dd_launch<32>(grid, nw, st, o, xq, d2, state, seq_stride, qkv, ba, z, A, dt_bias, norm_w, nk, nv, dk, dv, K, conv_dim, v_tiled, eps, run_seq, run_off, run_tok);
+#define DD_ARGS o, xq, d2, state, seq_stride, x, conv_w, count, ba, z, A, dt_bias, norm_w, nk, nv, dk, dv, K, conv_dim, \
+                v_tiled, eps, run_seq, run_off, run_tok
+    switch (R * (K == 4 ? -1 : 1)) {
+    case -4: return dd_launch<4, 4>(grid, nw, st, DD_ARGS);
+    case -8: return dd_launch<8, 4>(grid, nw, st, DD_ARGS);
+    case -16: return dd_launch<16, 4>(grid, nw, st, DD_ARGS);
+    case -32: return dd_launch<32, 4>(grid, nw, st, DD_ARGS);
+    case 4: return dd_launch<4, 0>(grid, nw, st, DD_ARGS);
+    case 8: return dd_launch<8, 0>(grid, nw, st, DD_ARGS);
+    case 16: return dd_launch<16, 0>(grid, nw, st, DD_ARGS);
+    default: return dd_launch<32, 0>(grid, nw, st, DD_ARGS);
     }
+#undef DD_ARGS
 }
 
 /* ---- gated RMSNorm ---- */

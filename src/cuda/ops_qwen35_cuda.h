@@ -99,19 +99,23 @@ size_t gated_delta_rule_chunked_scratch_floats(int n_tokens, int n_runs, int nv,
 void deltanet_chunked_cuda_force_chunk(int chunk);
 void deltanet_chunked_cuda_force_tile(int tile);
 
-/* Decode (every run one token): deltanet_prep_cuda, gated_delta_rule_cuda and
+/* Decode (every run one token): ssm_conv_cuda, deltanet_prep_cuda, gated_delta_rule_cuda and
  * gated_rmsnorm_silu_cuda (with its int8 form when xq != NULL) of that token in one launch, the same
- * arithmetic in the same order: o, xq, xds and the state S bit-equal to the three calls'. qkv and ba
- * are read as the conv and the mat-vec left them (not prepped in place); z [n][nv * dv], norm_w [dv],
- * eps the norm's; the rest as gated_delta_rule_cuda. Returns 0, or -1 with nothing launched where it
- * cannot run (deltanet_decode_cuda_supported: an sm_90 device and image, for thread block clusters;
- * dv % 32 == 0, dv <= 256; n_runs >= 1): the caller then makes the three calls. */
-int deltanet_decode_cuda_supported(int dk, int dv);
-int deltanet_decode_cuda(float *o, int8_t *xq, float *xds, float *state, size_t seq_stride, const float *qkv,
-                         const float *ba, const float *z, const float *A, const float *dt_bias, const float *norm_w,
-                         int nk, int nv, int dk, int dv, int K, int conv_dim, int v_tiled, float eps,
-                         const int32_t *run_seq, const int32_t *run_off, const int32_t *run_tok, int n_runs,
-                         cudaStream_t st);
+ * arithmetic in the same order: o, xq, xds and the whole state (conv taps and S) bit-equal to the
+ * four calls'. x [n][conv_dim] is the in-projection's output (the conv's input), conv_w [conv_dim][K]
+ * the conv weights; the conv output and prep's in-place results are not written. count: n_runs x nk
+ * ints, all 0, left 0 (the blocks that read a key head's q and k channels count themselves in, and
+ * the last writes those channels' conv state), a set of its own for each layer. ba is read as the mat-vec left it, z [n][nv * dv],
+ * norm_w [dv], eps the norm's; the rest as gated_delta_rule_cuda. Returns 0, or -1 with nothing
+ * launched where it cannot run (deltanet_decode_cuda_supported: an sm_90 device and image, for thread
+ * block clusters; dv % 32 == 0, dv <= 256; 1 <= K <= 8; n_runs >= 1): the caller then makes the four
+ * calls. */
+int deltanet_decode_cuda_supported(int dk, int dv, int K);
+int deltanet_decode_cuda(float *o, int8_t *xq, float *xds, float *state, size_t seq_stride, const float *x,
+                         const float *conv_w, int *count, const float *ba, const float *z, const float *A,
+                         const float *dt_bias, const float *norm_w, int nk, int nv, int dk, int dv, int K, int conv_dim,
+                         int v_tiled, float eps, const int32_t *run_seq, const int32_t *run_off,
+                         const int32_t *run_tok, int n_runs, cudaStream_t st);
 
 /* Qwen3_5RMSNormGated per row of dv (rows = tokens x value heads; CPU gated_norm), in place:
  *   o = o * 1/sqrt(mean(o^2) + eps) * w * silu(z)
