@@ -456,10 +456,13 @@ static void test_gated_attention(int n, int n_head, int head_dim) {
  * (the second reads the conv taps and S the first wrote, and needs the readers' counts put back to
  * 0): o, the int8 form and the whole state buffer bit-equal, its inputs (x, ba) untouched, the counts
  * 0. Shapes with dv not a multiple of 32 or over 256, or K over 8, must be declined, with nothing
- * written. pdl: launched under programmatic dependent launch. */
-static void test_decode_fused(const struct shape *s, const struct runs *r, int v_tiled, int with_q8, int pdl) {
+ * written. pdl: launched under programmatic dependent launch. with_conv 0: ssm_conv_cuda runs before
+ * the fused launch, which reads its output (conv_w NULL). */
+static void test_decode_fused(const struct shape *s, const struct runs *r, int v_tiled, int with_q8, int pdl,
+                              int with_conv) {
     const int C = s->conv_dim, nv = s->nv, n = r->n, vd = nv * s->dv, K = s->K;
     const int should = s->dv % 32 == 0 && s->dv <= 256 && K <= 8 && deltanet_decode_cuda_supported(s->dk, s->dv, K);
+    if (!with_conv && !should) return; /* declining is checked with the conv inside */
     const size_t sn = (size_t)r->n_slots * seq_stride(s), ne = (size_t)n * vd, nc = (size_t)r->n_runs * s->nk;
     if (s->dv % 32 != 0) with_q8 = 0; /* the int8 form needs whole groups (gated_rmsnorm_silu_cuda) */
     float *x = ALLOC(float, (size_t)n * C), *ba = ALLOC(float, (size_t)n * 2 * nv), *st = ALLOC(float, sn);
@@ -471,7 +474,7 @@ static void test_decode_fused(const struct shape *s, const struct runs *r, int v
     struct druns d = druns_put(r);
     float *dz = dev_put(z, ne * 4), *dA = dev_put(A, (size_t)nv * 4), *ddt = dev_put(dtb, (size_t)nv * 4);
     float *dw = dev_put(w, (size_t)s->dv * 4), *dcw = dev_put(cw, (size_t)C * K * 4);
-    float *dconv = dev_poison_bytes((size_t)n * C * 4);
+    float *dconv = dev_poison_bytes((size_t)n * C * 4), *dconv1 = dev_poison_bytes((size_t)n * C * 4);
     int *dcount;
     CK(cudaMalloc((void **)&dcount, nc * sizeof(int)));
     CK(cudaMemset(dcount, 0, nc * sizeof(int)));
@@ -487,8 +490,11 @@ static void test_decode_fused(const struct shape *s, const struct runs *r, int v
     int ran = 1;
     for (int step = 0; step < 2; step++) {
         cuda_pdl = pdl;
-        ran &= deltanet_decode_cuda(o[1], xq[1], xds[1], S2, seq_stride(s), dx[1], dcw, dcount, dba[1], dz, dA, ddt, dw,
-                                    s->nk, nv, s->dk, s->dv, K, C, v_tiled, eps, d.seq, d.off, d.tok, r->n_runs, 0) == 0;
+        if (!with_conv) /* the conv launched before: its output is the fused launch's x */
+            ssm_conv_cuda(dconv1, S2, seq_stride(s), dx[1], dcw, C, K, d.seq, d.off, d.tok, r->n_runs, n, 0);
+        ran &= deltanet_decode_cuda(o[1], xq[1], xds[1], S2, seq_stride(s), with_conv ? dx[1] : dconv1,
+                                    with_conv ? dcw : NULL, dcount, dba[1], dz, dA, ddt, dw, s->nk, nv, s->dk, s->dv, K,
+                                    C, v_tiled, eps, d.seq, d.off, d.tok, r->n_runs, 0) == 0;
         ssm_conv_cuda(dconv, S, seq_stride(s), dx[0], dcw, C, K, d.seq, d.off, d.tok, r->n_runs, n, 0);
         deltanet_prep_cuda(dconv, dba[0], dA, ddt, s->nk, nv, s->dk, C, n, 0);
         gated_delta_rule_cuda(o[0], S, seq_stride(s), dconv, dba[0], s->nk, nv, s->dk, s->dv, K, C, v_tiled, d.seq,
@@ -530,18 +536,20 @@ static void test_decode_fused(const struct shape *s, const struct runs *r, int v
         for (size_t i = 0; i < ne; i++) same &= u[i] == 0xffffffffu;
     }
     CHECK(ran == should && same,
-          "deltanet decode nk %d nv %d dk %d dv %d K %d v_tiled %d runs %d q8 %d pdl %d: ran %d (expected %d), %s",
-          s->nk, nv, s->dk, s->dv, K, v_tiled, r->n_runs, with_q8, pdl, ran, should,
+          "deltanet decode nk %d nv %d dk %d dv %d K %d v_tiled %d runs %d q8 %d pdl %d conv %d: ran %d (expected %d), %s",
+          s->nk, nv, s->dk, s->dv, K, v_tiled, r->n_runs, with_q8, pdl, with_conv, ran, should,
           same ? "equal" : ran ? "NOT bit-equal to the four launches" : "wrote while declining");
-    printf("deltanet decode (one launch) nk %2d nv %2d dk %3d dv %3d K %d v_tiled %d runs %2d%s%s: %s\n", s->nk, nv,
+    printf("deltanet decode (one launch) nk %2d nv %2d dk %3d dv %3d K %d v_tiled %d runs %2d%s%s%s: %s\n", s->nk, nv,
            s->dk, s->dv, K, v_tiled, r->n_runs, with_q8 ? " +int8" : "", pdl ? " pdl" : "",
+           with_conv ? " +conv" : " (conv before)",
            !ran ? "declined" : same ? "bit-equal to the four launches, two steps" : "DIFFERS");
     druns_free(&d);
     for (int k = 0; k < 2; k++) {
         cudaFree(dx[k]), cudaFree(dba[k]), cudaFree(stg[k]), cudaFree(o[k]);
         if (with_q8) cudaFree(xq[k]), cudaFree(xds[k]);
     }
-    cudaFree(dz), cudaFree(dA), cudaFree(ddt), cudaFree(dw), cudaFree(dcw), cudaFree(dconv), cudaFree(dcount);
+    cudaFree(dz), cudaFree(dA), cudaFree(ddt), cudaFree(dw), cudaFree(dcw), cudaFree(dconv), cudaFree(dconv1);
+    cudaFree(dcount);
     free(x), free(ba), free(st), free(z), free(A), free(dtb), free(w), free(cw), free(a), free(b);
 }
 
@@ -670,8 +678,10 @@ int main(void) {
             struct runs b1 = runs_make(1, &one, &slot, 8);
             for (int pdl = 0; pdl < 2; pdl++) {
                 if (pdl && !cuda_pdl_supported()) break;
-                test_decode_fused(s, &dec, si % 2, 1, pdl);
-                test_decode_fused(s, &b1, 0, pdl, pdl);
+                for (int with_conv = 0; with_conv < 2; with_conv++) {
+                    test_decode_fused(s, &dec, si % 2, 1, pdl, with_conv);
+                    test_decode_fused(s, &b1, 0, pdl, pdl, with_conv);
+                }
             }
             free(b1.tok);
         }
@@ -687,12 +697,14 @@ int main(void) {
         const struct shape tiny = shape_of(2, 4, 4, 32, 4);
         const int one[3] = {1, 1, 1}, slots[3] = {4, 0, 7};
         struct runs dr = runs_make(3, one, slots, 8);
-        test_decode_fused(&tiny, &dr, 1, 1, 0);
+        test_decode_fused(&tiny, &dr, 1, 1, 0, 1);
+        test_decode_fused(&tiny, &dr, 1, 1, 0, 0);
         /* the run-time K of the decode launch's conv, and a K past its 8 (declined) */
         const struct shape k9 = shape_of(2, 4, 32, 32, 9);
-        test_decode_fused(&k2, &dr, 0, 1, 0);
-        test_decode_fused(&k6, &dr, 1, 1, 0);
-        test_decode_fused(&k9, &dr, 0, 1, 0);
+        test_decode_fused(&k2, &dr, 0, 1, 0, 1);
+        test_decode_fused(&k6, &dr, 1, 1, 0, 1);
+        test_decode_fused(&k6, &dr, 1, 1, 0, 0);
+        test_decode_fused(&k9, &dr, 0, 1, 0, 1);
         free(dr.tok);
     }
     test_gated_norm(10 * 48, 128, 1);

@@ -312,7 +312,8 @@ static __device__ __forceinline__ float conv_step(const float (&wc)[KM], const f
  *   and writes its own 32 columns: o, and their int8 group (xq, xds).
  * Neither the conv output nor prep's in-place results (normalised q, k; beta, g) are written: only
  * this launch reads them. Saves three launches a DeltaNet layer (their waits and latencies).
- * KT > 0: K = KT at compile time; KT == 0: K at run time, at most DD_KMAX (ssm_conv_kernel's). */
+ * KT > 0: K = KT at compile time; KT == 0: K at run time, at most DD_KMAX (ssm_conv_kernel's);
+ * KT < 0: no conv here, x is the conv's output (ssm_conv_kernel ran before): no taps, no counts. */
 template <int R, int KT>
 __global__ void __launch_bounds__(256) deltanet_decode_kernel(
     float *__restrict__ o, int8_t *__restrict__ xq, float2 *__restrict__ xds, float *__restrict__ state,
@@ -322,7 +323,8 @@ __global__ void __launch_bounds__(256) deltanet_decode_kernel(
     const int32_t *__restrict__ run_seq, const int32_t *__restrict__ run_off, const int32_t *__restrict__ run_tok) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
-    constexpr int KM = KT > 0 ? KT : DD_KMAX;
+    constexpr bool CONV = KT >= 0;
+    constexpr int KM = KT > 0 ? KT : CONV ? DD_KMAX : 2;
     if (KT > 0) K = KT;
     extern __shared__ float sm[];
     __shared__ float head[256]; /* the value head's outputs, from every block of the cluster (dv <= 256) */
@@ -349,7 +351,7 @@ __global__ void __launch_bounds__(256) deltanet_decode_kernel(
 #pragma unroll
     for (int m = 0; m < 3; m++) {
         const int u = threadIdx.x + m * (int)blockDim.x;
-        const bool on = m < 2 ? u < 2 * dk : warp == 0 && col;
+        const bool on = CONV && (m < 2 ? u < 2 * dk : warp == 0 && col);
         const int c = m < 2 ? (on ? qk_ch(u) : 0) : 2 * key_dim + h * dv + j;
 #pragma unroll
         for (int k = 0; k < KM; k++) cw[m][k] = on && k < K ? conv_w[(size_t)c * K + k] : 0.0f;
@@ -360,16 +362,18 @@ __global__ void __launch_bounds__(256) deltanet_decode_kernel(
     const size_t t = (size_t)run_tok[run_off[run]]; /* step inputs: before the wait too */
     /* the block counts itself a reader of its key head's taps once every thread holds them (the barrier's
      * predicate uses them): before the wait, so the atomic's round trip is off the step's path */
-    float held = 0.0f;
+    if (CONV) {
+        float held = 0.0f;
 #pragma unroll
-    for (int m = 0; m < 2; m++)
+        for (int m = 0; m < 2; m++)
 #pragma unroll
-        for (int k = 0; k < KM - 1; k++) held += cs[m][k];
-    (void)__syncthreads_or(held != held);
-    if (threadIdx.x == 0) {
-        int *cnt = count + (size_t)run * nk + kh;
-        last = atomicAdd(cnt, 1) == (nv / nk) * (int)gridDim.x - 1;
-        if (last) *cnt = 0;
+            for (int k = 0; k < KM - 1; k++) held += cs[m][k];
+        (void)__syncthreads_or(held != held);
+        if (threadIdx.x == 0) {
+            int *cnt = count + (size_t)run * nk + kh;
+            last = atomicAdd(cnt, 1) == (nv / nk) * (int)gridDim.x - 1;
+            if (last) *cnt = 0;
+        }
     }
     pdl_wait();
     const float *xr = x + t * conv_dim;
@@ -388,9 +392,9 @@ __global__ void __launch_bounds__(256) deltanet_decode_kernel(
 #pragma unroll
     for (int m = 0; m < 2; m++) {
         const int u = threadIdx.x + m * (int)blockDim.x;
-        if (u < 2 * dk) (u < dk ? qs[u] : ks[u - dk]) = conv_step(cw[m], cs[m], xn[m], K);
+        if (u < 2 * dk) (u < dk ? qs[u] : ks[u - dk]) = CONV ? conv_step(cw[m], cs[m], xn[m], K) : xn[m];
     }
-    if (warp == 0) vconv[lane] = col ? conv_step(cw[2], cs[2], xn[2], K) : 0.0f;
+    if (warp == 0) vconv[lane] = !col ? 0.0f : CONV ? conv_step(cw[2], cs[2], xn[2], K) : xn[2];
     __syncthreads();
     for (int hh = warp; hh < 2; hh += nw) { /* prep: l2norm of q (hh 0, times qscale) or k (hh 1); nw may be 1 */
         float *v = hh == 0 ? qs : ks;
@@ -405,7 +409,7 @@ __global__ void __launch_bounds__(256) deltanet_decode_kernel(
 #pragma unroll
     for (int m = 0; m < 3; m++) {
         const int u = threadIdx.x + m * (int)blockDim.x;
-        const bool on = m < 2 ? last && u < 2 * dk : warp == 0 && col;
+        const bool on = CONV && (m < 2 ? last && u < 2 * dk : warp == 0 && col);
         const int c = m < 2 ? (on ? qk_ch(u) : 0) : 2 * key_dim + h * dv + j;
         if (on) {
 #pragma unroll
@@ -492,15 +496,20 @@ extern "C" int deltanet_decode_cuda(float *o, int8_t *xq, float *xds, float *sta
     float2 *d2 = (float2 *)xds;
 #define DD_ARGS o, xq, d2, state, seq_stride, x, conv_w, count, ba, z, A, dt_bias, norm_w, nk, nv, dk, dv, K, conv_dim, \
                 v_tiled, eps, run_seq, run_off, run_tok
-    switch (R * (K == 4 ? -1 : 1)) {
-    case -4: return dd_launch<4, 4>(grid, nw, st, DD_ARGS);
-    case -8: return dd_launch<8, 4>(grid, nw, st, DD_ARGS);
-    case -16: return dd_launch<16, 4>(grid, nw, st, DD_ARGS);
-    case -32: return dd_launch<32, 4>(grid, nw, st, DD_ARGS);
-    case 4: return dd_launch<4, 0>(grid, nw, st, DD_ARGS);
-    case 8: return dd_launch<8, 0>(grid, nw, st, DD_ARGS);
-    case 16: return dd_launch<16, 0>(grid, nw, st, DD_ARGS);
-    default: return dd_launch<32, 0>(grid, nw, st, DD_ARGS);
+    const int kt = !conv_w ? 2 : K == 4 ? 0 : 1; /* KT -1, 4, 0 */
+    switch (R * 3 + kt) {
+    case 12: return dd_launch<4, 4>(grid, nw, st, DD_ARGS);
+    case 13: return dd_launch<4, 0>(grid, nw, st, DD_ARGS);
+    case 14: return dd_launch<4, -1>(grid, nw, st, DD_ARGS);
+    case 24: return dd_launch<8, 4>(grid, nw, st, DD_ARGS);
+    case 25: return dd_launch<8, 0>(grid, nw, st, DD_ARGS);
+    case 26: return dd_launch<8, -1>(grid, nw, st, DD_ARGS);
+    case 48: return dd_launch<16, 4>(grid, nw, st, DD_ARGS);
+    case 49: return dd_launch<16, 0>(grid, nw, st, DD_ARGS);
+    case 50: return dd_launch<16, -1>(grid, nw, st, DD_ARGS);
+    case 96: return dd_launch<32, 4>(grid, nw, st, DD_ARGS);
+    case 97: return dd_launch<32, 0>(grid, nw, st, DD_ARGS);
+    default: return dd_launch<32, -1>(grid, nw, st, DD_ARGS);
     }
 #undef DD_ARGS
 }

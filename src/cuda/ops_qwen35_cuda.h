@@ -105,7 +105,9 @@ void deltanet_chunked_cuda_force_tile(int tile);
  * four calls'. x [n][conv_dim] is the in-projection's output (the conv's input), conv_w [conv_dim][K]
  * the conv weights; the conv output and prep's in-place results are not written. count: n_runs x nk
  * ints, all 0, left 0 (the blocks that read a key head's q and k channels count themselves in, and
- * the last writes those channels' conv state), a set of its own for each layer. ba is read as the mat-vec left it, z [n][nv * dv],
+ * the last writes those channels' conv state), a set of its own for each layer. conv_w == NULL: x is
+ * the conv's output (ssm_conv_cuda made it), the conv taps are not touched and count is not used:
+ * then bit-equal to the last three calls. ba is read as the mat-vec left it, z [n][nv * dv],
  * norm_w [dv], eps the norm's; the rest as gated_delta_rule_cuda. Returns 0, or -1 with nothing
  * launched where it cannot run (deltanet_decode_cuda_supported: an sm_90 device and image, for thread
  * block clusters; dv % 32 == 0, dv <= 256; 1 <= K <= 8; n_runs >= 1): the caller then makes the four
