@@ -707,6 +707,11 @@ struct pxq_model *model_open(const char *path, char *err, size_t errlen) {
         set_err(err, errlen, "%s: no such file or directory", path);
         return NULL;
     }
+    if (strlen(path) >= sizeof ((struct pxq_model *)0)->path) { /* the joins below ("dir/tokenizer.json") fit after it */
+        set_err(err, errlen, "model path of %zu bytes: at most %zu are supported", strlen(path),
+                sizeof ((struct pxq_model *)0)->path - 1);
+        return NULL;
+    }
     struct pxq_model *m = xcalloc(1, sizeof *m);
     snprintf(m->path, sizeof m->path, "%s", path);
     if (is_dir(path)) {

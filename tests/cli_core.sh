@@ -26,6 +26,13 @@ ver=$($PXQ --version; echo "rc=$?")
 check "--version names pxq and the CPU backend, exit 0" \
     'printf "%s" "$ver" | grep -q "^pxq [0-9]" && printf "%s" "$ver" | grep -q "backends: cpu (" && printf "%s" "$ver" | grep -q "rc=0"'
 check "-V and version print what --version does" '[ "$($PXQ -V)" = "$($PXQ --version)" ] && [ "$($PXQ version)" = "$($PXQ --version)" ]'
+if [ -w /dev/full ]; then # a stdout that cannot be written: exit 1 and say so, not exit 0 with the text lost
+    for args in "--version" "info $D/gguf/tiny-qwen3-Q4_0.gguf" "tokenize -p hello"; do
+        full=$($PXQ $args 2>&1 >/dev/full; echo "rc=$?")
+        check "pxq $args > /dev/full: exit 1, error writing standard output" \
+            'printf "%s" "$full" | grep -q "error writing standard output" && printf "%s" "$full" | grep -q "rc=1"'
+    done
+fi
 chat=$($PXQ run --chat -p "Hello" -n 8 --seed 1 2>/dev/null; echo "rc=$?")
 check "--chat runs" 'printf "%s" "$chat" | grep -q "rc=0"'
 

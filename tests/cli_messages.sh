@@ -4,6 +4,7 @@
 #   directory and what a model is (config.json with *.safetensors, or a .gguf file);
 # - --gpu-mem (run) and --gpu-memory-utilization (serve) with the CPU backend: one warning line on
 #   stderr, and the command goes on (exit 0); no warning without the flag;
+# - a model path longer than 1023 bytes: exit 1, its length and the limit named;
 # - pxq quantize on a calibration text shorter than one --calib-seq-len sequence: a warning that
 #   names the token count, and the file is still written; none for a text long enough.
 D=tests/data
@@ -41,6 +42,14 @@ up=0; grep -q "listening on" "$tmp/err" && up=1
 kill -TERM $pid 2>/dev/null; wait $pid; rc=$?
 check "serve --gpu-memory-utilization 0.5 on the CPU: one warning line, serves, exits 0 on SIGTERM" \
     '[ $up = 1 ] && [ $rc = 0 ] && warned --gpu-memory-utilization'
+
+# a model path longer than model_open takes: a clear error, not a name cut short
+long=$tmp
+for i in 1 2 3 4 5; do long=$long/$(printf 'd%.0s' $(seq 220)); done
+mkdir -p "$long" && ln -s "$(pwd)/$D/gguf/tiny-qwen3-Q4_0.gguf" "$long/m.gguf"
+$PXQ info "$long/m.gguf" > /dev/null 2> "$tmp/err"; rc=$?
+check "a model path over 1023 bytes: exit 1, says how long and the limit" \
+    '[ $rc = 1 ] && grep -q "model path of [0-9]* bytes: at most 1023 are supported" "$tmp/err"'
 
 # a calibration text shorter than one sequence
 printf 'To be, or not to be, that is the question.\n' > "$tmp/short.txt"

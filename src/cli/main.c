@@ -1,4 +1,5 @@
 /* main.c - the `pxq` binary: dispatch to subcommands; `pxq --version`. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -51,6 +52,18 @@ static void version(void) {
     printf("\n");
 }
 
+/* The exit status, once what is still buffered for stdout is written: a write that failed (a full
+ * disk, /dev/full) makes it non-zero with a message, instead of text lost without a word (what
+ * coreutils' close_stdout does). */
+static int finish(int rc) {
+    errno = 0;
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "pxq: error writing standard output%s%s\n", errno ? ": " : "", errno ? strerror(errno) : "");
+        return rc ? rc : 1;
+    }
+    return rc;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
@@ -58,14 +71,14 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(stdout);
-        return 0;
+        return finish(0);
     }
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V") || !strcmp(argv[1], "version")) {
         version();
-        return 0;
+        return finish(0);
     }
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
-        if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
+        if (!strcmp(argv[1], cmds[i].name)) return finish(cmds[i].fn(argc - 1, argv + 1));
     fprintf(stderr, "pxq: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;
