@@ -242,7 +242,7 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
     }
     fprintf(f, "  %-18s %12s  %d batch tokens x about %zu floats x 4 B: the CUDA backend's buffers (x, xb, xb2, q|k|v, att, gate|up, hb2, step inputs%s%s)\n",
             "activations", hsize(a, sizeof a, (double)mp->act_bytes), p->n_batch, mp->act_floats_per_token,
-            mp->n_layer_ssm ? ", DeltaNet qkv/conv/z/ba/out" : "", hp->n_expert ? ", router and expert pairs" : "");
+            mp->n_layer_ssm ? ", DeltaNet qkv/conv/z/ba/out and decode counts" : "", hp->n_expert ? ", router and expert pairs" : "");
     fprintf(f, "  %-18s %12s  %d rows x %d vocab x 4 B (lm_head runs over at most %d rows at a time)\n", "logits",
             hsize(a, sizeof a, (double)mp->logits_bytes), p->n_batch < CUDA_LOGITS_ROWS ? p->n_batch : CUDA_LOGITS_ROWS,
             hp->n_vocab, CUDA_LOGITS_ROWS);

@@ -705,6 +705,13 @@ int main(void) {
         test_decode_fused(&k6, &dr, 1, 1, 0, 1);
         test_decode_fused(&k6, &dr, 1, 1, 0, 0);
         test_decode_fused(&k9, &dr, 0, 1, 0, 1);
+        /* dk 256 (two q/k channels a thread), three value heads a key head in the GGUF order, dv over 256 */
+        const struct shape d256 = shape_of(1, 4, 256, 64, 4), r3 = shape_of(4, 12, 64, 64, 4), w288 = shape_of(2, 4, 32, 288, 4);
+        test_decode_fused(&d256, &dr, 0, 1, 0, 1);
+        test_decode_fused(&d256, &dr, 0, 1, 0, 0);
+        test_decode_fused(&r3, &dr, 1, 1, 0, 1);
+        test_decode_fused(&r3, &dr, 0, 1, 0, 1);
+        test_decode_fused(&w288, &dr, 0, 1, 0, 1);
         free(dr.tok);
     }
     test_gated_norm(10 * 48, 128, 1);

@@ -560,7 +560,7 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
         b->ssm_ba = arena_f32(b, bf.ssm_ba);
         b->ssm_o = arena_f32(b, bf.ssm_o);
         b->ssm_count = (int *)arena_get(b, bf.ssm_count * 4);
-        CK(cudaMemset(b->ssm_count, 0, bf.ssm_count * 4)); /* deltanet_decode_cuda leaves it 0 */
+        CK(cudaMemsetAsync(b->ssm_count, 0, bf.ssm_count * 4, b->st)); /* deltanet_decode_cuda leaves it 0 */
     }
     b->in_d = (int32_t *)arena_get(b, bf.in_ints * 4);
     CK(cudaMallocHost((void **)&b->in_h, bf.in_ints * 4));
@@ -841,11 +841,12 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
             matmul_ld(b, b->ssm_ba + nv, &L->w[CM_SSM_ALPHA], b->xb, n, s.q8, 0, 2 * nv, &L->w[CM_SSM_OUT], early);
         }
     }
-    /* the conv inside the fused launch where the dp4a in-projection launches it early (its taps, weights
-     * and counting before the wait, under the in-projection); else the conv kernel before it: at 16
+    /* the conv inside the fused launch where the dp4a in-projection launches it early (under PDL, with
+     * int8 activations: its taps, weights and counting before the wait, under the in-projection);
+     * else the conv kernel before it: at 16
      * sequences the fused conv's loads (each tap read by 12 blocks on Qwen3.5-27B) and its atomics, in
      * the open after the tensor-core in-projection, cost 2.3% (1139.69 against 1166.09 t/s, H200) */
-    const int conv_in = fused && n <= b->dp4a_tokens && (b->early_trigger & 2);
+    const int conv_in = fused && n <= b->dp4a_tokens && (b->early_trigger & 2) && cuda_pdl && s.q8;
     if (!conv_in)
         ssm_conv_cuda(b->ssm_conv, state, b->rstate_floats, b->ssm_qkv, L->v[CV_SSM_CONV], conv_dim, K, di.run_seq,
                       di.run_off, di.run_tok, s.n_runs, n, st);

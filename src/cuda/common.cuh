@@ -49,7 +49,9 @@ static __device__ __forceinline__ size_t kv_off(const cuda_kv &kv, int l, const 
  * kernel), and the DeltaNet state S, which only its own layer's delta-rule kernel writes, once a
  * step (gated_delta_rule_kernel, or deltanet_decode_kernel where that runs instead), and the K/V
  * of positions the step does not store (the decode attention's first tiles: ops_cuda.h
- * attention_decode_cuda). Nothing before it may write. pdl_launch_dependents() lets the next kernel
+ * attention_decode_cuda). Nothing before it may write, with one exception: deltanet_decode_kernel
+ * reads its layer's conv taps and counts itself in on its layer's counters before the wait; both are
+ * touched by that layer's launch alone, once a step. pdl_launch_dependents() lets the next kernel
  * start launching once every block of this one has called it or exited. Every kernel launched
  * through kernel_launch must call pdl_wait() on every path before it reads or writes activations
  * (and before it exits: completion then implies the completion of the kernels before it). What

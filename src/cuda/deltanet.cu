@@ -311,8 +311,9 @@ static __device__ __forceinline__ float conv_step(const float (&wc)[KM], const f
  *   memory); after the cluster barrier each block has the whole head for the norm's sum of squares
  *   and writes its own 32 columns: o, and their int8 group (xq, xds).
  * Neither the conv output nor prep's in-place results (normalised q, k; beta, g) are written: only
- * this launch reads them. Saves three launches a DeltaNet layer (their waits and latencies).
- * KT > 0: K = KT at compile time; KT == 0: K at run time, at most DD_KMAX (ssm_conv_kernel's);
+ * this launch reads them. Saves three launches a DeltaNet layer (their waits and latencies; two
+ * where the conv runs before it, KT < 0).
+ * KT > 0: K = KT at compile time; KT == 0: K at run time, at most DD_KMAX (ssm_conv_kernel takes 16);
  * KT < 0: no conv here, x is the conv's output (ssm_conv_kernel ran before): no taps, no counts. */
 template <int R, int KT>
 __global__ void __launch_bounds__(256) deltanet_decode_kernel(
@@ -369,9 +370,11 @@ __global__ void __launch_bounds__(256) deltanet_decode_kernel(
 #pragma unroll
             for (int k = 0; k < KM - 1; k++) held += cs[m][k];
         (void)__syncthreads_or(held != held);
-        if (threadIdx.x == 0) {
+        if (threadIdx.x == 0) { /* the fences: the readers' loads before their counts, the count before the last's writes */
             int *cnt = count + (size_t)run * nk + kh;
+            __threadfence();
             last = atomicAdd(cnt, 1) == (nv / nk) * (int)gridDim.x - 1;
+            __threadfence();
             if (last) *cnt = 0;
         }
     }
@@ -414,7 +417,7 @@ __global__ void __launch_bounds__(256) deltanet_decode_kernel(
         if (on) {
 #pragma unroll
             for (int k = 0; k < KM - 1; k++)
-                if (k < K - 1) cst[(size_t)k * conv_dim + c] = k + 1 < K - 1 ? cs[m][k + 1] : xn[m];
+                if (k < K - 1) cst[(size_t)k * conv_dim + c] = k + 1 < KM - 1 && k + 1 < K - 1 ? cs[m][k + 1] : xn[m];
         }
     }
     const float vj = vconv[lane];
