@@ -33,6 +33,10 @@ if [ -w /dev/full ]; then # a stdout that cannot be written: exit 1 and say so, 
             'printf "%s" "$full" | grep -q "error writing standard output" && printf "%s" "$full" | grep -q "rc=1"'
     done
 fi
+for c in run perplexity quantize serve plan bench; do # one column for the text of every flag line
+    cols=$($PXQ $c --help | awk '/^  -/ { s = substr($0, 3); i = match(s, /  +[^ ]/); if (i) print i + RLENGTH }' | sort -u | wc -l)
+    check "pxq $c --help: the flags' descriptions start in one column" '[ "$cols" = 1 ]'
+done
 chat=$($PXQ run --chat -p "Hello" -n 8 --seed 1 2>/dev/null; echo "rc=$?")
 check "--chat runs" 'printf "%s" "$chat" | grep -q "rc=0"'
 

@@ -83,13 +83,22 @@ void common_init(struct common_opts *o) {
     o->ep = pxq_engine_default_params();
 }
 
-const char *common_help(void) {
-    return "  -m, --model PATH      GGUF file or HF model directory (default: the bundled tiny model)\n"
-           "  -t, --threads N       CPU threads (default: all cores)\n"
-           "  -c, --ctx-size N      context length per sequence (default: model's, at most 4096)\n"
-           "  -b, --batch-size N    tokens per forward step (default 512)\n"
-           "  --device cpu|cuda     backend (default cpu)\n"
-           "  --gpu-mem SIZE        CUDA memory arena, e.g. 16GiB\n";
+void help_print(const struct help_row *rows, int n, int width) {
+    for (int i = 0; i < n; i++) printf("  %-*s %s\n", width - 1, rows[i].flag, rows[i].text);
+}
+
+void common_help(int width, int with_ctx) {
+    static const struct help_row rows[] = {
+        {"-m, --model PATH", "GGUF file or HF model directory (default: the bundled tiny model)"},
+        {"-t, --threads N", "CPU threads (default: all cores)"},
+        {"-c, --ctx-size N", "context length per sequence (default: model's, at most 4096)"},
+        {"-b, --batch-size N", "tokens per forward step (default 512)"},
+        {"--device cpu|cuda", "backend (default cpu)"},
+        {"--gpu-mem SIZE", "CUDA memory arena, e.g. 16GiB"},
+    };
+    const int n = (int)(sizeof rows / sizeof *rows), from = with_ctx ? 2 : 3; /* rows[2] is -c */
+    help_print(rows, 2, width);
+    help_print(rows + from, n - from, width);
 }
 
 int common_parse(struct args *a, struct common_opts *o) {

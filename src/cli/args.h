@@ -36,7 +36,15 @@ int  common_parse(struct args *a, struct common_opts *o);
 /* After parsing: one warning line when --gpu-mem was given with the CPU backend, where it does nothing
  * (it sizes the CUDA arena only). */
 void common_warn_unused(const struct args *a, const struct pxq_engine_params *ep);
-const char *common_help(void);
+/* Help lines: "  FLAG  TEXT" with TEXT from column width + 2, so shared blocks line up with the
+ * command's own lines (width: the command's flag column). */
+struct help_row {
+    const char *flag, *text;
+};
+void help_print(const struct help_row *rows, int n, int width);
+/* The common options' help lines (-m, -t, -c, -b, --device, --gpu-mem) at the command's width;
+ * with_ctx 0 leaves -c out (a command that gives it its own meaning). */
+void common_help(int width, int with_ctx);
 
 /* The model to use when -m is absent: $PXQ_MODEL, else models/tiny-qwen3-Q4_K_M.gguf beside the
  * binary's directory or its parent, else relative to the working directory. */

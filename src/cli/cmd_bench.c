@@ -289,7 +289,8 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(f, "--no-warmup")) o.warmup = 0;
         else if (!strcmp(f, "--json")) o.json = 1;
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
-            printf("%s%s", usage, load_opts_help());
+            printf("%s", usage);
+            load_opts_help(23);
             return 0;
         } else
             fail(&a, 2, "unknown option '%s' (see pxq bench --help)", f);

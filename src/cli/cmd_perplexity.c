@@ -69,9 +69,16 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(f, "--json")) json = 1;
         else if (!strcmp(f, "--kl-base")) kl_base = arg_str(&a);
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
-            printf("usage: pxq perplexity [-m PATH] -f TEXT [-c CTX] [--chunks K] [--kl-base BASE_MODEL] [--json]\n"
-                   "  --kl-base BASE   also report KL(base || model) and top-1 agreement against BASE (same vocabulary)\n%s",
-                   common_help());
+            static const struct help_row rows[] = {
+                {"-f, --file TEXT", "the text to score"},
+                {"-c, --ctx-size N", "tokens per chunk (default 512)"},
+                {"--chunks K", "score the first K chunks only (default: all)"},
+                {"--kl-base BASE", "also report KL(base || model) and top-1 agreement against BASE (same vocabulary)"},
+                {"--json", "one JSON object instead of text"},
+            };
+            printf("usage: pxq perplexity [-m PATH] -f TEXT [-c CTX] [--chunks K] [--kl-base BASE_MODEL] [--json]\n");
+            help_print(rows, (int)(sizeof rows / sizeof *rows), 22);
+            common_help(22, 0);
             return 0;
         } else
             fail(&a, 2, "unknown option '%s'", f);

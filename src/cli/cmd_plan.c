@@ -66,7 +66,8 @@ int cmd_plan(int argc, char **argv) {
         else if (!strcmp(f, "--workspace")) p.workspace = size_arg(&a);
         else if (!strcmp(f, "--cuda-context")) p.cuda_context = size_arg(&a);
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
-            printf("%s%s", usage, load_opts_help());
+            printf("%s", usage);
+            load_opts_help(24);
             return 0;
         } else
             fail(&a, 2, "unknown option '%s' (see pxq plan --help)", f);

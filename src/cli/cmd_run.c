@@ -71,7 +71,8 @@ int cmd_run(int argc, char **argv) {
             stops[n_stop++] = s;
         } else if (!strcmp(f, "--ignore-eos")) gp.ignore_eos = 1;
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
-            printf("%s%s", usage, common_help());
+            printf("%s", usage);
+            common_help(23, 1);
             return 0;
         } else
             fail(&a, 2, "unknown option '%s' (see pxq run --help)", f);

@@ -62,7 +62,8 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(f, "--connection-timeout")) hc.connection_timeout = (unsigned)arg_int(&a, 1, 86400);
         else if (!strcmp(f, "--max-body-bytes")) hc.max_body = (size_t)arg_int(&a, 1024, 1L << 30);
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
-            printf("%s%s", usage, common_help());
+            printf("%s", usage);
+            common_help(33, 1);
             return 0;
         } else
             fail(&a, 2, "unknown option '%s' (see pxq serve --help)", f);

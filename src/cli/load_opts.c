@@ -38,11 +38,14 @@ void load_opts_check(const struct args *a, const struct load_opts *o, const char
     if (!o->dummy && o->config) fail(a, 2, "--config is for --load-format dummy");
 }
 
-const char *load_opts_help(void) {
-    return "  --load-format dummy   random weights instead of -m (with --config)\n"
-           "  --config FILE.json    HF config.json for dummy weights (presets/*.json)\n"
-           "  --dtype T             dummy weight type: q4_0 (default), q4_k, q8_0, f16\n"
-           "  --seed N              dummy weight seed (default 0)\n";
+void load_opts_help(int width) {
+    static const struct help_row rows[] = {
+        {"--load-format dummy", "random weights instead of -m (with --config)"},
+        {"--config FILE.json", "HF config.json for dummy weights (presets/*.json)"},
+        {"--dtype T", "dummy weight type: q4_0 (default), q4_k, q8_0, f16"},
+        {"--seed N", "dummy weight seed (default 0)"},
+    };
+    help_print(rows, (int)(sizeof rows / sizeof *rows), width);
 }
 
 struct pxq_model *load_opts_open(const struct args *a, const struct load_opts *o, const char *model, int n_threads) {

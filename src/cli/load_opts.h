@@ -20,7 +20,8 @@ void load_opts_init(struct load_opts *o);
 int  load_opts_parse(struct args *a, struct load_opts *o);
 /* Check the combination with -m (exit 2 on a conflict or a missing --config). */
 void load_opts_check(const struct args *a, const struct load_opts *o, const char *model);
-const char *load_opts_help(void);
+/* The flags above' help lines at the command's width (args.h help_print). */
+void load_opts_help(int width);
 /* Open -m PATH (default model if NULL) or build the dummy model; exit 1 with the message on failure. */
 struct pxq_model *load_opts_open(const struct args *a, const struct load_opts *o, const char *model, int n_threads);
 
