@@ -38,12 +38,13 @@ endif
 all: $(BUILD)/pxq
 	@echo "built $(BUILD)/pxq$(if $(CU_OBJ), with the CUDA backend (sm_$(CUDA_ARCH)), (CPU only: no nvcc, or NVCC= given))"
 
-# The CUDA objects and main.o (pxq --version names the archs) rebuild when CUDA_ARCH changes.
-ifneq ($(CU_OBJ),)
-$(BUILD)/cuda_arch: FORCE
-	@mkdir -p $(BUILD); echo '$(CUDA_ARCH)' | cmp -s - $@ || echo '$(CUDA_ARCH)' > $@
-$(CU_OBJ) $(BUILD)/src/cli/main.o: $(BUILD)/cuda_arch
-endif
+# Every object rebuilds when the backend changes: CPU only, or CUDA with its CUDA_ARCH (CFLAGS
+# then hold -DPXQ_CUDA, and pxq --version names the archs). Without this, `make NVCC=` after a CUDA
+# build in the same BUILD kept the CUDA binary.
+BACKEND := $(if $(CU_OBJ),cuda $(CUDA_ARCH),cpu)
+$(BUILD)/backend: FORCE
+	@mkdir -p $(BUILD); echo '$(BACKEND)' | cmp -s - $@ || echo '$(BACKEND)' > $@
+$(LIB_OBJ) $(CLI_OBJ) $(CU_OBJ): $(BUILD)/backend
 FORCE:
 
 $(BUILD)/libpxq.a: $(LIB_OBJ) $(CU_OBJ)
@@ -52,7 +53,7 @@ $(BUILD)/libpxq.a: $(LIB_OBJ) $(CU_OBJ)
 
 $(BUILD)/pxq: $(CLI_OBJ) $(BUILD)/libpxq.a
 	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libpxq.a $(LDLIBS)
-	@ln -sf $(BUILD)/pxq pxq 2>/dev/null || true
+	@[ "$(BUILD)" != build ] || ln -sf build/pxq pxq 2>/dev/null || true
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)

@@ -262,7 +262,8 @@ static cJSON *load_json(const char *dir, const char *name, int required, char *e
 static cJSON *load_json_path(const char *path, char *err, size_t errlen, int *failed) {
     *failed = 0;
     if (!file_exists(path)) {
-        *failed = set_err(err, errlen, "%s: not found", path);
+        *failed = is_dir(path) ? set_err(err, errlen, "%s: is a directory, not a JSON file (e.g. config.json)", path)
+                               : set_err(err, errlen, "%s: not found", path);
         return NULL;
     }
     size_t len;

@@ -73,7 +73,7 @@ struct quantize_params quantize_default_params(void) {
 
 int quantize_pick_type(const char *dtype, int group_size, int sym, enum pxq_type *out, char *err, size_t errlen) {
     int bits = !strcmp(dtype, "int4") ? 4 : !strcmp(dtype, "int8") ? 8 : 0;
-    if (!bits) return set_err(err, errlen, "unsupported dtype '%s' (supported: int4, int8)", dtype);
+    if (!bits) return set_err(err, errlen, "unsupported dtype '%s' (supported: int4, int8, or q4_0, q4_1, q8_0)", dtype);
     if (group_size != 32)
         return set_err(err, errlen, "%s with group size %d: no GGUF type (Q4_0/Q4_1/Q8_0 use groups of 32; other sizes would need a type of PXQ's own)",
                        dtype, group_size);

@@ -4,6 +4,8 @@
 #   directory and what a model is (config.json with *.safetensors, or a .gguf file);
 # - --gpu-mem (run) and --gpu-memory-utilization (serve) with the CPU backend: one warning line on
 #   stderr, and the command goes on (exit 0); no warning without the flag;
+# - a directory given for --config or perplexity -f, and a PXQ_MODEL that names nothing: exit 1 and
+#   said so; --gpu-mem's unit in lower case is taken;
 # - a model path longer than 1023 bytes: exit 1, its length and the limit named;
 # - pxq quantize on a calibration text shorter than one --calib-seq-len sequence: a warning that
 #   names the token count, and the file is still written; none for a text long enough.
@@ -42,6 +44,17 @@ up=0; grep -q "listening on" "$tmp/err" && up=1
 kill -TERM $pid 2>/dev/null; wait $pid; rc=$?
 check "serve --gpu-memory-utilization 0.5 on the CPU: one warning line, serves, exits 0 on SIGTERM" \
     '[ $up = 1 ] && [ $rc = 0 ] && warned --gpu-memory-utilization'
+
+# a directory where a file is meant, a PXQ_MODEL that names nothing, a lower-case size unit
+$PXQ plan --load-format dummy --config presets --dtype q4_0 > /dev/null 2> "$tmp/err"; rc=$?
+check "plan --config DIRECTORY: exit 1, says it is a directory, not a JSON file" \
+    '[ $rc = 1 ] && grep -q "presets: is a directory, not a JSON file" "$tmp/err"'
+$PXQ perplexity -f presets > /dev/null 2> "$tmp/err"; rc=$?
+check "perplexity -f DIRECTORY: exit 1, says it is a directory" '[ $rc = 1 ] && grep -q "presets: is a directory, not a text file" "$tmp/err"'
+PXQ_MODEL=$tmp/nosuch.gguf $PXQ run -p hi -n 1 > /dev/null 2> "$tmp/err"; rc=$?
+check "run with PXQ_MODEL naming nothing: exit 1, says to fix PXQ_MODEL" '[ $rc = 1 ] && grep -q "fix PXQ_MODEL" "$tmp/err"'
+$PXQ plan --load-format dummy --config presets/qwen3-32b.json --gpu-mem 24gib > "$tmp/out" 2> "$tmp/err"; rc=$?
+check "--gpu-mem 24gib (the unit in lower case): taken as 24GiB" '[ $rc = 0 ] && grep -q "24.00 GiB" "$tmp/out"'
 
 # a model path longer than model_open takes: a clear error, not a name cut short
 long=$tmp

@@ -33,6 +33,7 @@ bad "a GGUF file as the model" 1 "a file; pxq quantize reads an HF model directo
 bad "unsupported dtype" 2 "unsupported dtype 'int3'" --model $M --dtype int3 --output $out
 bad "group size 64" 2 "group size 64: no GGUF type" --model $M --group-size 64 --output $out
 bad "int8 asym" 2 "int8 --asym: no GGUF weight type" --model $M --dtype int8 --asym --output $out
+bad "q4_0 with --asym" 2 "dtype q4_0 is symmetric: drop --asym" --model $M --dtype q4_0 --asym --output $out
 bad "unknown method" 2 "unknown method" --model $M --method foo --output $out
 bad "gptq without calibration" 2 "needs --calib-file" --model $M --method gptq --output $out
 bad "empty calibration file" 1 "is empty" --model $M --method gptq --calib-file $tmp/empty.txt --output $out
@@ -47,6 +48,9 @@ bad "output a named pipe" 1 "is not a regular file" --model $M --output $tmp/fif
 bad "output a symbolic link" 1 "is not a regular file" --model $M --output $tmp/link
 check "the pipe and the link are left as they were" '[ -p $tmp/fifo ] && [ -L $tmp/link ] && [ "$(cat $tmp/target)" = x ]'
 bad "bad --output-type" 2 "unsupported type" --model $M --output-type q3_k --output $out
+# the GGUF type names of bench and plan: q4_1 is int4 --asym
+"$PXQ" quantize --model $M --dtype q4_1 --no-progress --output $tmp/q41.gguf > /dev/null 2>&1; rc=$?
+check "--dtype q4_1: exit 0, the weights are Q4_1" '[ $rc = 0 ] && "$PXQ" info $tmp/q41.gguf 2>/dev/null | grep -q "^ *q4_1 "'
 
 # a full disk: a 1 MiB file-size limit (the file is 5.5 MiB)
 ( ulimit -f 2048; exec "$PXQ" quantize --model $M --output $out ) > /dev/null 2> $tmp/stderr; rc=$?

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "util.h"
@@ -69,7 +70,7 @@ int parse_size(const char *s, size_t *out) {
         {"GB", 1e9},      {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12},
     };
     for (size_t i = 0; i < sizeof u / sizeof u[0]; i++)
-        if (strcmp(end, u[i].suf) == 0) {
+        if (strcasecmp(end, u[i].suf) == 0) { /* 16gib, 16G, 16GiB alike */
             double b = v * u[i].mul;
             if (b > 1e15) return -1;
             *out = (size_t)b;
@@ -156,6 +157,10 @@ struct pxq_model *open_model_or_fail(const struct args *a, const char *path) {
     const int given = path != NULL;
     if (!path) path = default_model_path();
     struct pxq_model *m = model_open(path, err, sizeof err);
-    if (!m) fail(a, 1, "%s%s", err, given ? "" : " (the default model; give -m MODEL or set PXQ_MODEL)");
+    const char *env = getenv("PXQ_MODEL");
+    if (!m) fail(a, 1, "%s%s", err,
+                 given                ? ""
+                 : env && *env        ? " (the model PXQ_MODEL names; give -m MODEL or fix PXQ_MODEL)"
+                                      : " (the default model; give -m MODEL or set PXQ_MODEL)");
     return m;
 }

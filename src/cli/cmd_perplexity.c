@@ -87,6 +87,7 @@ int cmd_perplexity(int argc, char **argv) {
     common_warn_unused(&a, &co.ep);
     char err[512] = "";
     size_t len;
+    if (is_dir(file)) fail(&a, 1, "%s: is a directory, not a text file", file);
     char *text = read_file(file, 1u << 30, &len, err, sizeof err);
     if (!text) fail(&a, 1, "%s", err);
     struct pxq_model *m = open_model_or_fail(&a, co.model);

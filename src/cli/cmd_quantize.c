@@ -12,7 +12,7 @@
 
 static const char *usage_text =
     "usage: pxq quantize --model HF_DIR --output OUT.gguf [options]\n"
-    "  --dtype int4|int8        weight integer type (default int4)\n"
+    "  --dtype T                int4 (default) or int8; or the GGUF type: q4_0, q4_1 (int4 --asym), q8_0\n"
     "  --group-size N           weights per scale (32: the GGUF types' block; others are rejected)\n"
     "  --sym | --asym           int4: Q4_0 (symmetric, default) or Q4_1 (with a minimum); int8: Q8_0\n"
     "  --method M               rtn (default), awq, gptq, or awq+gptq (both)\n"
@@ -39,15 +39,15 @@ int cmd_quantize(int argc, char **argv) {
     struct args a = {argc, argv, 0, "quantize"};
     struct quantize_params p = quantize_default_params();
     const char *dtype = "int4", *method = "rtn";
-    int sym = 1, progress = isatty(2);
+    int sym = 1, sym_given = 0, progress = isatty(2);
     for (a.i = 1; a.i < argc; a.i++) {
         const char *f = argv[a.i];
         if (!strcmp(f, "--model") || !strcmp(f, "-m")) p.model_dir = arg_str(&a);
         else if (!strcmp(f, "--output") || !strcmp(f, "-o")) p.output = arg_str(&a);
         else if (!strcmp(f, "--dtype")) dtype = arg_str(&a);
         else if (!strcmp(f, "--group-size")) p.group_size = (int)arg_int(&a, 1, 1 << 20);
-        else if (!strcmp(f, "--sym")) sym = 1;
-        else if (!strcmp(f, "--asym")) sym = 0;
+        else if (!strcmp(f, "--sym")) sym = 1, sym_given = 1;
+        else if (!strcmp(f, "--asym")) sym = 0, sym_given = 1;
         else if (!strcmp(f, "--method")) {
             const char *m = method = arg_str(&a);
             if (!strcmp(m, "rtn")) p.method = QUANT_RTN;
@@ -72,6 +72,15 @@ int cmd_quantize(int argc, char **argv) {
         } else
             fail(&a, 2, "unknown option '%s'", f);
     }
+    /* the GGUF type names that bench and plan take: the integer type and the symmetry in one word */
+    static const struct { const char *name, *dtype; int sym; } gguf[] = {{"q4_0", "int4", 1}, {"q4_1", "int4", 0},
+                                                                         {"q8_0", "int8", 1}};
+    for (size_t i = 0; i < sizeof gguf / sizeof *gguf; i++)
+        if (!strcmp(dtype, gguf[i].name)) {
+            if (sym_given && sym != gguf[i].sym)
+                fail(&a, 2, "--dtype %s is %s: drop --%s", dtype, gguf[i].sym ? "symmetric" : "asymmetric", sym ? "sym" : "asym");
+            dtype = gguf[i].dtype, sym = gguf[i].sym;
+        }
     if (!p.model_dir) fail(&a, 2, "no model: give --model HF_DIR");
     if (!p.output) fail(&a, 2, "no output: give --output OUT.gguf");
     char err[1024] = "";
