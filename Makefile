@@ -36,6 +36,7 @@ endif
 endif
 
 all: $(BUILD)/pxq
+	@[ "$(abspath $(BUILD))" != "$(abspath build)" ] || ln -sf build/pxq pxq 2>/dev/null || true
 	@echo "built $(BUILD)/pxq$(if $(CU_OBJ), with the CUDA backend (sm_$(CUDA_ARCH)), (CPU only: no nvcc, or NVCC= given))"
 
 # Every object rebuilds when the backend changes: CPU only, or CUDA with its CUDA_ARCH (CFLAGS
@@ -53,7 +54,6 @@ $(BUILD)/libpxq.a: $(LIB_OBJ) $(CU_OBJ)
 
 $(BUILD)/pxq: $(CLI_OBJ) $(BUILD)/libpxq.a
 	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libpxq.a $(LDLIBS)
-	@[ "$(BUILD)" != build ] || ln -sf build/pxq pxq 2>/dev/null || true
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)

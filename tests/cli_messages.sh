@@ -51,8 +51,17 @@ check "plan --config DIRECTORY: exit 1, says it is a directory, not a JSON file"
     '[ $rc = 1 ] && grep -q "presets: is a directory, not a JSON file" "$tmp/err"'
 $PXQ perplexity -f presets > /dev/null 2> "$tmp/err"; rc=$?
 check "perplexity -f DIRECTORY: exit 1, says it is a directory" '[ $rc = 1 ] && grep -q "presets: is a directory, not a text file" "$tmp/err"'
-PXQ_MODEL=$tmp/nosuch.gguf $PXQ run -p hi -n 1 > /dev/null 2> "$tmp/err"; rc=$?
-check "run with PXQ_MODEL naming nothing: exit 1, says to fix PXQ_MODEL" '[ $rc = 1 ] && grep -q "fix PXQ_MODEL" "$tmp/err"'
+for cmd in "run -p hi -n 1" "info" "tokenize hi"; do
+    PXQ_MODEL=$tmp/nosuch.gguf $PXQ $cmd > /dev/null 2> "$tmp/err"; rc=$?
+    check "$cmd with PXQ_MODEL naming nothing: exit 1, says to fix PXQ_MODEL" '[ $rc = 1 ] && grep -q "fix PXQ_MODEL" "$tmp/err"'
+done
+$PXQ run --gpu-mem 0GiB -p hi -n 1 > /dev/null 2> "$tmp/err"; rc=$?
+check "--gpu-mem 0GiB: exit 2, must be more than 0" '[ $rc = 2 ] && grep -q "must be more than 0" "$tmp/err"'
+if [ -w /dev/full ]; then
+    $PXQ run -p "Once upon a time" -n 200 --ignore-eos --temp 0 > /dev/full 2> "$tmp/err"; rc=$?
+    check "run > /dev/full: exit 1, stops at the first failed write (decodes 1 token, not 200)" \
+        '[ $rc = 1 ] && grep -q "error writing standard output" "$tmp/err" && grep -q "decode 1 tokens" "$tmp/err"'
+fi
 $PXQ plan --load-format dummy --config presets/qwen3-32b.json --gpu-mem 24gib > "$tmp/out" 2> "$tmp/err"; rc=$?
 check "--gpu-mem 24gib (the unit in lower case): taken as 24GiB" '[ $rc = 0 ] && grep -q "24.00 GiB" "$tmp/out"'
 

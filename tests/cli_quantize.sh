@@ -51,6 +51,8 @@ bad "bad --output-type" 2 "unsupported type" --model $M --output-type q3_k --out
 # the GGUF type names of bench and plan: q4_1 is int4 --asym
 "$PXQ" quantize --model $M --dtype q4_1 --no-progress --output $tmp/q41.gguf > /dev/null 2>&1; rc=$?
 check "--dtype q4_1: exit 0, the weights are Q4_1" '[ $rc = 0 ] && "$PXQ" info $tmp/q41.gguf 2>/dev/null | grep -q "^ *q4_1 "'
+"$PXQ" quantize --model $M --dtype Q8_0 --no-progress --output $tmp/q8.gguf > /dev/null 2>&1; rc=$?
+check "--dtype Q8_0 (upper case): exit 0, the weights are Q8_0" '[ $rc = 0 ] && "$PXQ" info $tmp/q8.gguf 2>/dev/null | grep -q "^ *q8_0 "'
 
 # a full disk: a 1 MiB file-size limit (the file is 5.5 MiB)
 ( ulimit -f 2048; exec "$PXQ" quantize --model $M --output $out ) > /dev/null 2> $tmp/stderr; rc=$?

@@ -116,6 +116,7 @@ int common_parse(struct args *a, struct common_opts *o) {
     } else if (!strcmp(f, "--gpu-mem")) {
         const char *s = arg_str(a);
         if (parse_size(s, &o->ep.gpu_mem) != 0) fail(a, 2, "--gpu-mem expects a size with a unit, like 16GiB or 512MiB, got '%s'", s);
+        if (o->ep.gpu_mem == 0) fail(a, 2, "--gpu-mem must be more than 0 (leave it out for no cap)");
     } else
         return 0;
     return 1;
@@ -153,7 +154,7 @@ const char *default_model_path(void) {
 }
 
 struct pxq_model *open_model_or_fail(const struct args *a, const char *path) {
-    char err[512] = "";
+    char err[1536] = ""; /* a path of up to 1023 bytes and its reason */
     const int given = path != NULL;
     if (!path) path = default_model_path();
     struct pxq_model *m = model_open(path, err, sizeof err);

@@ -24,8 +24,7 @@ int cmd_info(int argc, char **argv) {
         else if (path) fail(&a, 2, "one model at a time: got '%s' and '%s'", path, f);
         else path = f;
     }
-    if (!path) path = default_model_path();
-    struct pxq_model *m = open_model_or_fail(&a, path);
+    struct pxq_model *m = open_model_or_fail(&a, path); /* NULL: the default model */
     const struct pxq_hparams *hp = model_hparams(m);
     printf("model:        %s (%s)\n", model_path(m), model_is_gguf(m) ? "GGUF" : "HF safetensors");
     printf("architecture: %s\n", hp->arch_name);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "args.h"
@@ -76,7 +77,7 @@ int cmd_quantize(int argc, char **argv) {
     static const struct { const char *name, *dtype; int sym; } gguf[] = {{"q4_0", "int4", 1}, {"q4_1", "int4", 0},
                                                                          {"q8_0", "int8", 1}};
     for (size_t i = 0; i < sizeof gguf / sizeof *gguf; i++)
-        if (!strcmp(dtype, gguf[i].name)) {
+        if (!strcasecmp(dtype, gguf[i].name)) {
             if (sym_given && sym != gguf[i].sym)
                 fail(&a, 2, "--dtype %s is %s: drop --%s", dtype, gguf[i].sym ? "symmetric" : "asymmetric", sym ? "sym" : "asym");
             dtype = gguf[i].dtype, sym = gguf[i].sym;

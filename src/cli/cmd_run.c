@@ -27,11 +27,12 @@ static const char *usage =
     "  --stop STR             stop string (repeatable)\n"
     "  --ignore-eos           keep generating after an end-of-sequence token\n";
 
+/* The generated text to stdout as it comes; non-zero (stop generating) once stdout has failed: main's
+ * finish() then exits 1 with the error. */
 static int write_out(void *ctx, const char *text, size_t len) {
     (void)ctx;
     fwrite(text, 1, len, stdout);
-    fflush(stdout);
-    return 0;
+    return fflush(stdout) != 0 || ferror(stdout);
 }
 
 int cmd_run(int argc, char **argv) {

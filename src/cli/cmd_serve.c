@@ -25,7 +25,7 @@ static const char *usage =
     "usage: pxq serve [-m PATH] [options]\n"
     "  --host HOST                      address to bind (default 127.0.0.1)\n"
     "  --port N                         TCP port (default 8000; 0: any free port, printed at start)\n"
-    "  --max-model-len N                context per sequence: prompt + max_tokens (default: model's, at most 4096)\n"
+    "  -c, --max-model-len N            context per sequence: prompt + max_tokens (default: model's, at most 4096)\n"
     "  --max-num-seqs N                 sequences batched at once (default 16)\n"
     "  --max-num-batched-tokens N       tokens per scheduler step, decodes + prefill chunks (default 512)\n"
     "  --block-size N                   positions per KV block (default 16)\n"
@@ -63,7 +63,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(f, "--max-body-bytes")) hc.max_body = (size_t)arg_int(&a, 1024, 1L << 30);
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             printf("%s", usage);
-            common_help(33, 1);
+            common_help(33, 0); /* -c is --max-model-len, above */
             return 0;
         } else
             fail(&a, 2, "unknown option '%s' (see pxq serve --help)", f);

@@ -38,6 +38,7 @@ int cmd_tokenize(int argc, char **argv) {
     } else {
         fail(&a, 2, "no text given");
     }
+    const int given = path != NULL;
     if (!path) path = default_model_path();
     struct pxq_tokenizer *tok = NULL;
     struct pxq_model *m = NULL;
@@ -46,7 +47,7 @@ int cmd_tokenize(int argc, char **argv) {
         tok = tokenizer_load_hf(path, err, sizeof err); /* tokenizer-only directory */
         if (!tok) fail(&a, 1, "%s", err);
     } else {
-        m = open_model_or_fail(&a, path);
+        m = open_model_or_fail(&a, given ? path : NULL); /* NULL: the default model, with its hint */
         tok = model_tokenizer(m);
         if (!tok) fail(&a, 1, "%s has no tokenizer", path);
     }
