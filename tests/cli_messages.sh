@@ -57,6 +57,9 @@ for cmd in "run -p hi -n 1" "info" "tokenize hi"; do
 done
 $PXQ run --gpu-mem 0GiB -p hi -n 1 > /dev/null 2> "$tmp/err"; rc=$?
 check "--gpu-mem 0GiB: exit 2, must be more than 0" '[ $rc = 2 ] && grep -q "must be more than 0" "$tmp/err"'
+$PXQ bench --gpu-mem 1000T > /dev/null 2> "$tmp/err"; rc=$?
+check "--gpu-mem 1000T: exit 2, says it is more than the largest size, not that the unit is missing" \
+    '[ $rc = 2 ] && grep -q "1000T: more than 1e+15 bytes" "$tmp/err"'
 if [ -w /dev/full ]; then
     $PXQ run -p "Once upon a time" -n 200 --ignore-eos --temp 0 > /dev/full 2> "$tmp/err"; rc=$?
     check "run > /dev/full: exit 1, stops at the first failed write (decodes 1 token, not 200)" \

@@ -58,6 +58,16 @@ double arg_num(struct args *a, double lo, double hi) {
     return v;
 }
 
+size_t arg_size(struct args *a, size_t min) {
+    const char *flag = a->argv[a->i], *s = arg_str(a);
+    size_t v = 0;
+    const int r = parse_size(s, &v);
+    if (r == -2) fail(a, 2, "%s %s: more than %g bytes", flag, s, PXQ_SIZE_MAX);
+    if (r != 0) fail(a, 2, "%s expects a size with a unit, like 16GiB or 512MiB, got '%s'", flag, s);
+    if (v < min) fail(a, 2, min == 1 ? "%s must be more than 0 (leave it out for no cap)" : "%s must be at least %zu bytes", flag, min);
+    return v;
+}
+
 int parse_size(const char *s, size_t *out) {
     char *end;
     errno = 0;
@@ -72,7 +82,7 @@ int parse_size(const char *s, size_t *out) {
     for (size_t i = 0; i < sizeof u / sizeof u[0]; i++)
         if (strcasecmp(end, u[i].suf) == 0) { /* 16gib, 16G, 16GiB alike */
             double b = v * u[i].mul;
-            if (b > 1e15) return -1;
+            if (b > PXQ_SIZE_MAX) return -2;
             *out = (size_t)b;
             return 0;
         }
@@ -114,9 +124,7 @@ int common_parse(struct args *a, struct common_opts *o) {
         else if (!strcmp(d, "cuda")) o->ep.device = PXQ_DEVICE_CUDA;
         else fail(a, 2, "--device expects cpu or cuda, got '%s'", d);
     } else if (!strcmp(f, "--gpu-mem")) {
-        const char *s = arg_str(a);
-        if (parse_size(s, &o->ep.gpu_mem) != 0) fail(a, 2, "--gpu-mem expects a size with a unit, like 16GiB or 512MiB, got '%s'", s);
-        if (o->ep.gpu_mem == 0) fail(a, 2, "--gpu-mem must be more than 0 (leave it out for no cap)");
+        o->ep.gpu_mem = arg_size(a, 1);
     } else
         return 0;
     return 1;

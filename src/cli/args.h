@@ -53,8 +53,12 @@ const char *default_model_path(void);
 /* Open the model (or exit 1 with the loader's message). */
 struct pxq_model *open_model_or_fail(const struct args *a, const char *path);
 
-/* Parse sizes with a unit: "16GiB", "512MiB", "24GB", "1e9B" (B, K/KiB, KB, M/MiB, MB, G/GiB, GB, T/TiB,
- * TB). A bare number is an error (-1), as are negative or non-finite values. Returns 0 or -1. */
+/* Parse sizes with a unit, in any case: "16GiB", "512MiB", "24GB", "1e9B" (B, K/KiB, KB, M/MiB, MB,
+ * G/GiB, GB, T/TiB, TB). Returns 0; -1 for a bare number, a negative or non-finite value, or an
+ * unknown unit; -2 for more than PXQ_SIZE_MAX bytes. */
+#define PXQ_SIZE_MAX 1e15
 int parse_size(const char *s, size_t *out);
+/* The next argument as a size (parse_size) of at least min bytes; exit 2 with a message otherwise. */
+size_t arg_size(struct args *a, size_t min);
 
 #endif

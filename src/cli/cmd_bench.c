@@ -284,9 +284,7 @@ int cmd_bench(int argc, char **argv) {
             else if (!strcmp(d, "cuda")) o.ep.device = PXQ_DEVICE_CUDA;
             else fail(&a, 2, "--device expects cpu or cuda, got '%s'", d);
         } else if (!strcmp(f, "--gpu-mem")) {
-            const char *s = arg_str(&a);
-            if (parse_size(s, &o.ep.gpu_mem) != 0) fail(&a, 2, "--gpu-mem expects a size with a unit, like 16GiB or 512MiB, got '%s'", s);
-            if (o.ep.gpu_mem == 0) fail(&a, 2, "--gpu-mem must be more than 0 (leave it out for no cap)");
+            o.ep.gpu_mem = arg_size(&a, 1);
         } else if (!strcmp(f, "--no-warmup")) o.warmup = 0;
         else if (!strcmp(f, "--json")) o.json = 1;
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {

@@ -37,13 +37,6 @@ static enum pxq_type parse_kv_type(const struct args *a, const char *s) {
     return PXQ_TYPE_F16;
 }
 
-static size_t size_arg(struct args *a) {
-    const char *flag = a->argv[a->i], *s = arg_str(a);
-    size_t v;
-    if (parse_size(s, &v) != 0) fail(a, 2, "%s expects a size with a unit, like 16GiB or 512MiB, got '%s'", flag, s);
-    return v;
-}
-
 int cmd_plan(int argc, char **argv) {
     struct args a = {argc, argv, 0, "plan"};
     const char *model = NULL;
@@ -56,15 +49,15 @@ int cmd_plan(int argc, char **argv) {
         if (!strcmp(f, "-m") || !strcmp(f, "--model")) model = arg_str(&a);
         else if (!strcmp(f, "-c") || !strcmp(f, "--ctx-size") || !strcmp(f, "--max-model-len")) p.n_ctx = (int)arg_int(&a, 1, 1 << 30);
         else if (!strcmp(f, "--gpu-mem")) {
-            p.budget = size_arg(&a);
+            p.budget = arg_size(&a, 0);
             if (p.budget == 0) fail(&a, 2, "--gpu-mem must be more than 0 (leave it out to print the account alone)");
         }
         else if (!strcmp(f, "--max-num-seqs")) p.n_seq = (int)arg_int(&a, 1, 1 << 16);
         else if (!strcmp(f, "-b") || !strcmp(f, "--batch-size")) p.n_batch = (int)arg_int(&a, 1, 1 << 20);
         else if (!strcmp(f, "--kv-cache-type")) p.kv_type = parse_kv_type(&a, arg_str(&a));
         else if (!strcmp(f, "--kv-block-size")) p.kv_block_size = (int)arg_int(&a, 1, 1 << 16);
-        else if (!strcmp(f, "--workspace")) p.workspace = size_arg(&a);
-        else if (!strcmp(f, "--cuda-context")) p.cuda_context = size_arg(&a);
+        else if (!strcmp(f, "--workspace")) p.workspace = arg_size(&a, 0);
+        else if (!strcmp(f, "--cuda-context")) p.cuda_context = arg_size(&a, 0);
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             printf("%s", usage);
             load_opts_help(24);
