@@ -1,5 +1,7 @@
 /* emu.h - a CPU emulation of the CUDA subset used by src/cuda/deltanet*.cu (tools/cuda_emu/run.sh):
- * one fiber per CUDA thread, blocks one at a time; xform.py turns kernel<<<...>>>(...) into emu_launch. */
+ * one fiber per CUDA thread, clusters (of one block, or of the cluster attribute's) one at a time;
+ * xform.py turns kernel<<<...>>>(...) into emu_launch, cudaLaunchKernelEx into emu_launch_ex, and
+ * (--shared) shared-memory declarations into each block's own memory. */
 #pragma once
 #include <cuda_runtime.h>
 #include <math.h>
@@ -26,17 +28,50 @@ float emu_shfl(float v, int src_lane, int mode); /* mode 0 idx, 1 xor, 2 up */
 static inline float __shfl_sync(unsigned, float v, int src) { return emu_shfl(v, src, 0); }
 static inline float __shfl_xor_sync(unsigned, float v, int m) { return emu_shfl(v, m, 1); }
 static inline float __shfl_up_sync(unsigned, float v, unsigned d) { return emu_shfl(v, (int)d, 2); }
-void emu_run(dim3 grid, dim3 block, void (*body)(void *), void *arg);
+int __syncthreads_or(int pred);
+static inline int atomicAdd(int *p, int v) { int o = *p; *p = o + v; return o; } /* fibers switch only at barriers */
+static inline void __threadfence() {}
+void emu_run(dim3 grid, dim3 block, unsigned cluster_x, void (*body)(void *), void *arg);
 template <typename F, typename... A>
-void emu_launch(F f, dim3 grid, dim3 block, size_t smem, A... args) {
+void emu_launch_cl(F f, dim3 grid, dim3 block, unsigned cluster_x, A... args) {
     auto tup = std::make_tuple(args...);
     struct B { F f; decltype(tup) *t; } b{f, &tup};
-    emu_run(grid, block, [](void *p) { B *b = (B *)p; std::apply(b->f, *b->t); }, &b);
+    emu_run(grid, block, cluster_x, [](void *p) { B *b = (B *)p; std::apply(b->f, *b->t); }, &b);
+}
+template <typename F, typename... A>
+void emu_launch(F f, dim3 grid, dim3 block, size_t, A... args) { emu_launch_cl(f, grid, block, 1, args...); }
+/* each block's shared memory: the dynamic part, and a static array per call site (xform.py --shared) */
+void *emu_dshared();
+void *emu_sshared(int key, size_t bytes);
+/* thread block clusters (cooperative_groups' cluster_group as deltanet.cu uses it) */
+void emu_cluster_arrive();
+void emu_cluster_wait();
+unsigned emu_cluster_blocks();
+void *emu_map_rank(void *p, unsigned rank);
+namespace emu_cg {
+struct cluster_group {
+    void barrier_arrive() { emu_cluster_arrive(); }
+    void barrier_wait() { emu_cluster_wait(); }
+    void sync() { emu_cluster_arrive(), emu_cluster_wait(); }
+    unsigned num_blocks() { return emu_cluster_blocks(); }
+    template <class T> T *map_shared_rank(T *p, unsigned rank) { return (T *)emu_map_rank((void *)p, rank); }
+};
+static inline cluster_group this_cluster() { return cluster_group(); }
+}
+/* cudaLaunchKernelEx: the cluster attribute's x (y and z 1); programmatic serialization ignored */
+template <typename... KArgs, typename... Args>
+cudaError_t emu_launch_ex(const cudaLaunchConfig_t *cfg, void (*kernel)(KArgs...), Args &&...args) {
+    unsigned cx = 1;
+    for (unsigned i = 0; i < cfg->numAttrs; i++)
+        if (cfg->attrs[i].id == cudaLaunchAttributeClusterDimension) cx = cfg->attrs[i].val.clusterDim.x;
+    emu_launch_cl(kernel, cfg->gridDim, cfg->blockDim, cx, KArgs(std::forward<Args>(args))...);
+    return cudaSuccess;
 }
 #include <tuple>
 /* launch.cuh's launchers as emulated launches (no programmatic dependent launch here; the kernels'
  * pdl_wait / pdl_launch_dependents compile to nothing without __CUDA_ARCH__) */
 #define PXQ_CUDA_LAUNCH_CUH
+#define PXQ_PDL_RUNTIME 1
 extern "C" {
 extern thread_local int cuda_pdl; /* emu.cpp: always 0 */
 int cuda_pdl_supported(void);     /* emu.cpp: 0, so sm_90-only launches (thread block clusters) decline */

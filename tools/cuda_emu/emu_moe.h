@@ -29,4 +29,3 @@ static inline float __fadd_rn(float a, float b) { volatile float r = a + b; retu
 static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
 /* xform.py splits launch configurations on commas outside < >: no comparison in a grid size */
 #define EMU_CAP(b) ((unsigned)((b) > 65536 ? 65536 : (b)))
-static inline int atomicAdd(int *p, int v) { int o = *p; *p += v; return o; } /* fibers switch only at barriers */
