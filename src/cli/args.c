@@ -58,13 +58,13 @@ double arg_num(struct args *a, double lo, double hi) {
     return v;
 }
 
-size_t arg_size(struct args *a, size_t min) {
+size_t arg_size(struct args *a, int positive) {
     const char *flag = a->argv[a->i], *s = arg_str(a);
     size_t v = 0;
     const int r = parse_size(s, &v);
     if (r == -2) fail(a, 2, "%s %s: more than %g bytes", flag, s, PXQ_SIZE_MAX);
     if (r != 0) fail(a, 2, "%s expects a size with a unit, like 16GiB or 512MiB, got '%s'", flag, s);
-    if (v < min) fail(a, 2, min == 1 ? "%s must be more than 0 (leave it out for no cap)" : "%s must be at least %zu bytes", flag, min);
+    if (positive && v == 0) fail(a, 2, "%s must be more than 0 (leave it out for no cap)", flag);
     return v;
 }
 

@@ -58,7 +58,7 @@ struct pxq_model *open_model_or_fail(const struct args *a, const char *path);
  * unknown unit; -2 for more than PXQ_SIZE_MAX bytes. */
 #define PXQ_SIZE_MAX 1e15
 int parse_size(const char *s, size_t *out);
-/* The next argument as a size (parse_size) of at least min bytes; exit 2 with a message otherwise. */
-size_t arg_size(struct args *a, size_t min);
+/* The next argument as a size (parse_size), more than 0 if positive; exit 2 with a message otherwise. */
+size_t arg_size(struct args *a, int positive);
 
 #endif

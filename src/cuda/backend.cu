@@ -843,13 +843,15 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
     }
     /* the conv inside the fused launch where the dp4a in-projection launches it early (under PDL, with
      * int8 activations: its taps, weights and counting before the wait, under the in-projection);
-     * else the conv kernel before it: at 16
-     * sequences the fused conv's loads (each tap read by 12 blocks on Qwen3.5-27B) and its atomics, in
-     * the open after the tensor-core in-projection, cost 2.3% (1139.69 against 1166.09 t/s, H200) */
+     * else the conv kernel before it: at 16 sequences the fused conv's loads (each tap read by 12
+     * blocks on Qwen3.5-27B) and its atomics, in the open after the tensor-core in-projection, cost
+     * 2.3% (1139.69 against 1166.09 t/s, H200) */
     const int conv_in = fused && n <= b->dp4a_tokens && (b->early_trigger & 2) && cuda_pdl && s.q8;
-    if (!conv_in)
+    auto conv = [&] {
         ssm_conv_cuda(b->ssm_conv, state, b->rstate_floats, b->ssm_qkv, L->v[CV_SSM_CONV], conv_dim, K, di.run_seq,
                       di.run_off, di.run_tok, s.n_runs, n, st);
+    };
+    if (!conv_in) conv();
     int *count = b->ssm_count + (size_t)e->dn_layer[il] * CUDA_DECODE_MAX * nk; /* this layer's */
     if (fused && deltanet_decode_cuda(b->ssm_o, xq, b->xds, state, b->rstate_floats, conv_in ? b->ssm_qkv : b->ssm_conv,
                                       conv_in ? L->v[CV_SSM_CONV] : NULL, count, ba, z, L->v[CV_SSM_A], L->v[CV_SSM_DT],
@@ -858,9 +860,7 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
         matmul_cuda(b, b->x, &L->w[CM_SSM_OUT], b->ssm_o, n, s.q8, 1, ffn_weight(e, L)); /* x += out_proj(o) */
         return;
     }
-    if (conv_in) /* the fused launch was refused */
-        ssm_conv_cuda(b->ssm_conv, state, b->rstate_floats, b->ssm_qkv, L->v[CV_SSM_CONV], conv_dim, K, di.run_seq,
-                      di.run_off, di.run_tok, s.n_runs, n, st);
+    if (conv_in) conv(); /* the fused launch was refused */
     deltanet_prep_cuda(b->ssm_conv, ba, L->v[CV_SSM_A], L->v[CV_SSM_DT], nk, nv, dk, conv_dim, n, st);
     if (n > CUDA_DECODE_MAX) { /* prefill: the chunked (UT transform) form; its scratch is the FFN's buffer,
                                 * free while the token mixer runs (recurrent if too small) */
