@@ -145,7 +145,7 @@ static void test_matmul_q8_tunings(struct threadpool *tp, int pdl) {
     dnw = dev_put(nw, n_out * sizeof(float));
     free(nw);
     cuda_pdl = pdl;
-    int n_cfg = 0, n_staged = 0;
+    int n_cfg = 0, n_staged = 0, n_ahead = 0;
     double worst = 0.0;
     for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
         for (size_t ii = 0; ii < sizeof n_ins / sizeof *n_ins; ii++) {
@@ -205,15 +205,18 @@ static void test_matmul_q8_tunings(struct threadpool *tp, int pdl) {
                         const struct cuda_l2_prefetch pf = {{dpf + 5, dpf + 3 * ri}, {PF_BYTES - 21, 4099}, 1 + 29 * wi};
                         CK(cudaMemset(dy, 0xff, (size_t)n * n_out * 4));
                         CK(cudaMemset(dz, 0xff, (size_t)n * n_out * 4));
-                        const int launch_next = (ri + wi) & 1; /* and every other tuning staged */
-                        const int flags = (launch_next ? MATMUL_Q8_LAUNCH_NEXT : 0) | (ri & 1 ? MATMUL_Q8_STAGE : 0);
+                        const int launch_next = (ri + wi) & 1; /* and every other tuning staged; two steps
+                                                                * ahead where the rows are even (one warp) */
+                        const int ahead = (ri & 1) == 0 ? MATMUL_Q8_AHEAD2 : 0;
+                        const int flags = (launch_next ? MATMUL_Q8_LAUNCH_NEXT : 0) | (ri & 1 ? MATMUL_Q8_STAGE : 0) | ahead;
+                        n_ahead += ahead && ws[wi] == 1 && n <= 2;
                         matmul_q8_pf_cuda(dy, &w, dxq, dxds, n, n_out, 0, &pf, flags, 0);
                         rmsnorm_cuda(dz, dy, dnw, n_out, n, 1e-6f, NULL, 0);
                         dev_get(got_pf, dy, (size_t)n * n_out * sizeof(float));
                         dev_get(z, dz, (size_t)n * n_out * sizeof(float));
                         CHECK(memcmp(got_pf, got, (size_t)n * n_out * sizeof(float)) == 0,
-                              "matmul q8 %s n_in %d tokens %d rows %d warps %d (pdl %d) with an L2 prefetch differs",
-                              type_name(types[ti]), n_in, n, rs[ri], ws[wi], pdl);
+                              "matmul q8 %s n_in %d tokens %d rows %d warps %d (pdl %d, ahead %d) with an L2 "
+                              "prefetch differs", type_name(types[ti]), n_in, n, rs[ri], ws[wi], pdl, ahead != 0);
                         CK(cudaMemset(dz, 0xff, (size_t)n * n_out * 4));
                         rmsnorm_cuda(dz, dy, dnw, n_out, n, 1e-6f, NULL, 0);
                         dev_get(z_ref, dz, (size_t)n * n_out * sizeof(float));
@@ -233,7 +236,7 @@ static void test_matmul_q8_tunings(struct threadpool *tp, int pdl) {
     cudaFree(dpf), cudaFree(dnw);
     CHECK(!matmul_q8_stage_supported() || n_staged > 0, "matmul q8: the staged kernel is supported but never ran");
     printf("matmul q8 tunings (pdl %d): %d runs, worst normalised difference from the built-in %.2e; %d staged runs "
-           "bit-equal\n", pdl, n_cfg, worst, n_staged);
+           "and %d of two steps ahead bit-equal\n", pdl, n_cfg, worst, n_staged, n_ahead);
 }
 
 static void test_small_ops(void) {

@@ -126,6 +126,9 @@ struct cuda_backend {
                              * (MATMUL_Q8_LAUNCH_NEXT), a mask: 1 the attention's q|k|v projection, 2 the
                              * DeltaNet's in-projection, 8 the FFN's gate|up (PXQ_CUDA_EARLY_TRIGGER,
                              * default 11) */
+    int ahead2;             /* dp4a mat-vecs that keep two steps of their weight in flight (MATMUL_Q8_AHEAD2),
+                             * early_trigger's mask and 16 lm_head (PXQ_CUDA_MV_AHEAD, default 1: the
+                             * attention's q|k|v projection; ops_cuda.h has the measurements) */
     size_t l2_pf_bytes;     /* the dp4a steps: each mat-vec pulls up to this many bytes of the next
                              * weight into L2 as it finishes (0: off; PXQ_CUDA_L2_PREFETCH "MiB[,blocks]") */
     int l2_pf_blocks;       /* ... asked for by this many of its last blocks */
@@ -331,6 +334,7 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     b->stage_o = b->pdl && !env_is("PXQ_CUDA_STAGE_O", "0") && matmul_q8_stage_supported(); /* overlap needs PDL */
     b->fuse_dn = !env_is("PXQ_CUDA_FUSE_DN", "0");
     b->early_trigger = getenv("PXQ_CUDA_EARLY_TRIGGER") ? atoi(getenv("PXQ_CUDA_EARLY_TRIGGER")) : 11;
+    b->ahead2 = getenv("PXQ_CUDA_MV_AHEAD") ? atoi(getenv("PXQ_CUDA_MV_AHEAD")) : 1;
     if (env_pair("PXQ_CUDA_MMA_TUNE", &tune_a, &tune_b)) /* "m-tiles,warps" of the 3..16-token int8 mma mat-vec */
         matmul_q8_mma_tune(tune_a, tune_b);
     {
@@ -646,6 +650,11 @@ static cuda_l2_prefetch l2_span(const cuda_backend *b, const cuda_weight *w) {
     return pf;
 }
 
+/* The dp4a flags of the mat-vec at site (a bit of early_trigger / ahead2's masks). */
+static int mv_flags(const cuda_backend *b, int site) {
+    return (b->early_trigger & site ? MATMUL_Q8_LAUNCH_NEXT : 0) | (b->ahead2 & site ? MATMUL_Q8_AHEAD2 : 0);
+}
+
 /* Whether an n-token decode step's q8 mat-vec of format fmt runs on the int8 tensor cores (else dp4a):
  * steps past dp4a_tokens, where the device and format allow it. */
 static int mma_step(const cuda_backend *b, int n, int fmt) {
@@ -776,7 +785,7 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
     const size_t kv_bytes = (size_t)s.n_split * s.split_len * kv_dim * 2 * (b->kv.kv_f32 ? 4 : 2);
     const cuda_weight *o_next = kv_bytes <= b->l2_size / 4 ? &L->w[CM_O] : NULL;
     /* the q/k norm and the attention launch under the projection */
-    const int early = b->early_trigger & 1 ? MATMUL_Q8_LAUNCH_NEXT : 0;
+    const int early = mv_flags(b, 1);
     if (L->qkv.fmt >= 0) { /* one launch: token row = [q | k | v]; normed, roped q goes to xb2 */
         const int ld = q_dim + 2 * kv_dim;
         float *qkv = b->q, *q_out = b->xb2;
@@ -827,7 +836,7 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
     const int fused = b->fuse_dn && n <= CUDA_DECODE_MAX && s.n_runs == n && (!xq || dv % 32 == 0) &&
                       deltanet_decode_cuda_supported(dk, dv, K);
     /* the conv (or the fused step) launches under the in-projection */
-    const int early = b->early_trigger & 2 ? MATMUL_Q8_LAUNCH_NEXT : 0;
+    const int early = mv_flags(b, 2);
     if (first_weight(e, b, il, n) == &L->dn_in) { /* one launch: the token's [qkv | z | b | a] (ssm_qkv has room) */
         matmul_cuda(b, b->ssm_qkv, &L->dn_in, b->xb, 1, s.q8, 0, &L->w[CM_SSM_OUT], early);
         z = b->ssm_qkv + conv_dim, ba = z + (size_t)nv * dv;
@@ -964,7 +973,7 @@ static void run_layers(struct pxq_engine *e, cuda_backend *b, const step &s) {
         const int ff = hp->n_ff;
         int8_t *xq_down = q8_for(b, q8, &L->w[CM_DOWN]);
         /* the SwiGLU launches under the gate|up mat-vec */
-        const int early = b->early_trigger & 8 ? MATMUL_Q8_LAUNCH_NEXT : 0;
+        const int early = mv_flags(b, 8);
         if (L->gu.fmt >= 0) { /* one launch: token row = [gate | up], into hb; silu(gate) * up into hb2 */
             matmul_cuda(b, b->hb, &L->gu, b->xb, n, q8, 0, &L->w[CM_DOWN], early);
             if (gemm) { /* straight to the down GEMM's half operand */
@@ -991,7 +1000,7 @@ static void lm_head(struct pxq_engine *e, cuda_backend *b, const step &s, int r0
     rmsnorm_q8_cuda(b->xb, q8 ? b->xq : NULL, b->xds, b->x, b->output_norm, hp->n_embd, rc, hp->rms_eps,
                     b->di.rows + r0, b->st);
     b->x16_src = NULL;
-    matmul_cuda(b, b->logits, &b->output, b->xb, rc, q8, 0, first_weight(e, b, 0, s.n)); /* layer 0: the next step's */
+    matmul_cuda(b, b->logits, &b->output, b->xb, rc, q8, 0, first_weight(e, b, 0, s.n), mv_flags(b, 16)); /* layer 0: the next step's */
 }
 
 static cudaGraphExec_t graph_get(struct pxq_engine *e, cuda_backend *b, const step &s) {

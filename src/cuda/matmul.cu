@@ -239,6 +239,8 @@ static __device__ __forceinline__ void wgroup_dot(float (&acc)[R][NT], const wgr
  * projection streams; the FFN's gate|up, before the SwiGLU; optionally the DeltaNet in-projection
  * (backend.cu, PXQ_CUDA_EARLY_TRIGGER).
  * After the main loop, the last pf.n_blocks blocks ask for the next weight's first bytes in L2 (l2_prefetch_share).
+ * PF: steps of weights a lane keeps in flight (1, or 2 under MATMUL_Q8_AHEAD2: both loaded before
+ * the wait; the same sums in the same order, so the same bits).
  * (Tried and dropped, on an H200: a persistent grid of a few blocks per SM, each warp streaming
  * whole rows: slower on long rows, where one warp's steps wait on each other (Qwen3-32B down 27 us
  * against 21), and it lost its one wave under PDL, whose next kernels take SM slots early: 32B
@@ -246,11 +248,12 @@ static __device__ __forceinline__ void wgroup_dot(float (&acc)[R][NT], const wgr
  * dispatch: no end-to-end gain, 32B decode 136-138 t/s against 146; the SwiGLU fused into the
  * gate|up launch, done by the block that completes each group of 32 columns (a fence and an atomic
  * count per block): bit-equal, but 32B decode 137.5 t/s against 145.8, 27B 159.4 against 167.1.) */
-template <int F, int NT, int R>
+template <int F, int NT, int R, int PF = 1>
 __global__ void __launch_bounds__(MM_WARPS_MAX * 32) matmul_q8_kernel(float *__restrict__ y, const cuda_weight w,
                                                                 const int8_t *xq, const float2 *xds, int n_tok, int ldy,
                                                                 int accumulate, const cuda_l2_prefetch pf,
                                                                 int launch_next) {
+    static_assert(PF == 1 || PF == 2, "steps loaded ahead: 1 or 2");
     const int row0 = blockIdx.x * R;
     const int n_in = w.n_in, ng = n_in / 32;
     float acc[R][NT];
@@ -259,17 +262,20 @@ __global__ void __launch_bounds__(MM_WARPS_MAX * 32) matmul_q8_kernel(float *__r
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
     int g = threadIdx.x;
-    wgroup<F, R> cur;
+    const int step = (int)blockDim.x;
+    wgroup<F, R> cur, ahead; /* ahead: step g + blockDim.x when PF == 2 */
     if (launch_next) pdl_launch_dependents();
     if (g < ng) wgroup_load<F, R>(cur, w, row0, g, n_in);
+    if (PF == 2 && g + step < ng) wgroup_load<F, R>(ahead, w, row0, g + step, n_in);
     pdl_wait();
     while (g < ng) {
-        const int gn = g + (int)blockDim.x;
+        const int gn = g + PF * step;
         wgroup<F, R> nxt;
         if (gn < ng) wgroup_load<F, R>(nxt, w, row0, gn, n_in);
         wgroup_dot<F, NT, R>(acc, cur, xq, xds, g, n_in, n_tok);
-        cur = nxt;
-        g = gn;
+        if (PF == 2) cur = ahead, ahead = nxt;
+        else cur = nxt;
+        g += step;
     }
     l2_prefetch_share(pf);
     block_store<NT, R>(acc, y, row0, w.n_out, n_tok, ldy, accumulate);
@@ -395,6 +401,13 @@ static void q8_launch_r(float *y, const cuda_weight &w, const int8_t *xq, const 
         if ((flags & MATMUL_Q8_STAGE) && w.n_in % 256 == 0 && smem + red <= MV_STAGE_SMEM &&
             matmul_q8_stage_supported()) {
             kernel_launch(matmul_q8_staged_kernel<F, R>, dim3(grid), dim3(nw * 32), smem, st, y, w, xq, xds, ldy, acc,
+                          p, launch_next);
+            return;
+        }
+    }
+    if constexpr (NT <= 2) {
+        if ((flags & MATMUL_Q8_AHEAD2) && nw == 1) { /* registers: ops_cuda.h */
+            kernel_launch(matmul_q8_kernel<F, NT, R, 2>, dim3(grid), dim3(nw * 32), 0, st, y, w, xq, xds, n_tok, ldy, acc,
                           p, launch_next);
             return;
         }

@@ -92,9 +92,18 @@ static inline void cuda_l2_share(uint64_t p, uint64_t bytes, int k, int n, uint6
  *   before its pdl_wait, so the weight streams in while the kernels before it run
  *   (matmul_q8_staged_kernel; where matmul_q8_stage_supported, n_in is a multiple of 256 and the
  *   block's slice and its reduction fit the default 48 KiB; else the usual kernel). It pays only
- *   under programmatic dependent launch (without it the copies overlap nothing). */
+ *   under programmatic dependent launch (without it the copies overlap nothing).
+ * MATMUL_Q8_AHEAD2: one or two tokens: each lane keeps two steps of weights in flight, not one, and
+ *   loads both before its pdl_wait (matmul_q8_kernel<.., PF = 2>; 62 registers a thread at two rows,
+ *   96 at four, against 48 and 70: taken by one-warp blocks only, which the 32-blocks-an-SM limit
+ *   caps first). H200, b1, alternated in one call: Qwen3-32B with it on the q|k|v projection (2560 blocks of
+ *   four rows, after the rmsnorm) 169.22, 169.39 t/s against 166.56-167.33; on gate|up, lm_head or the
+ *   DeltaNet in-projection alone no gain (Qwen3.5-27B 189.2-190.3 against 189.6-190.0 for each); on
+ *   every one-warp mat-vec 27B lost 1% (188.2 against 190.1); on the two-warp o / down kernels both
+ *   lost 4-6% (their 2560 blocks no longer fit one wave). */
 #define MATMUL_Q8_LAUNCH_NEXT 1
 #define MATMUL_Q8_STAGE 2
+#define MATMUL_Q8_AHEAD2 4
 /* matmul_q8_cuda that also prefetches pf (NULL: none) for the mat-vec after it, where the one-to-
  * four-token dp4a kernel runs; flags: MATMUL_Q8_* above, or 0. */
 void matmul_q8_pf_cuda(float *y, const struct cuda_weight *w, const int8_t *xq, const float *xds, int n_tokens,
