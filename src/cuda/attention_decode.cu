@@ -336,23 +336,33 @@ __global__ void __launch_bounds__(AD_THREADS)
         Wr[2 * r] = M, Wr[2 * r + 1] = L;
     }
     __syncthreads();
-    static_assert(R * D % AD_THREADS == 0, "whole rounds of the output");
-#pragma unroll
-    for (int k = 0; k < R * D / AD_THREADS; k++) {
-        const int idx = threadIdx.x + k * AD_THREADS, r = idx / D, d = idx % D;
-        if (r >= group) break; /* rows in order: the rest are past the group too */
+    /* the output: four consecutive elements of a row a thread (the 8 lanes of a group of 32 share
+     * a row), a round of the block 512 elements. Not unrolled: this code runs once a launch and is
+     * fetched cold (the mat-vecs before it keep the L2 busy); unrolled rounds of one element a thread
+     * cost Qwen3-32B about 7 us a layer at a short context, from %globaltimer stamps in a probe
+     * build on an H200 (the q, tile, combine phases before it about 2.4 us) */
+    static_assert(R * D % (4 * AD_THREADS) == 0, "whole rounds of the output");
+#pragma unroll 1
+    for (int k = 0; k < R * D / (4 * AD_THREADS) && k * 4 * AD_THREADS / D < group; k++) {
+        const int e = (k * AD_THREADS + threadIdx.x) * 4, r = e / D, d = e % D;
+        const bool act = r < group; /* rows past the group: computed (their shuffles), not stored */
         const float M = Wr[2 * r], L = Wr[2 * r + 1];
-        float O = 0.0f;
+        float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-        for (int w = 0; w < AD_WARPS; w++) O = fmaf(Wo[(size_t)(w * R + r) * LO + d], Wc[w * R + r], O);
+        for (int w = 0; w < AD_WARPS; w++) {
+            const float4 o4 = *(const float4 *)(Wo + (size_t)(w * R + r) * LO + d);
+            const float cf = Wc[w * R + r];
+            O.x = fmaf(o4.x, cf, O.x), O.y = fmaf(o4.y, cf, O.y), O.z = fmaf(o4.z, cf, O.z), O.w = fmaf(o4.w, cf, O.w);
+        }
         const int h = kvh * group + r;
-        if (out) { /* a warp's 32 consecutive d: one aligned group of the q8 form (D % 32 == 0) */
+        if (out) { /* a group of 32 in 8 lanes: one aligned group of the q8 form (D % 32 == 0) */
             const size_t i = (size_t)t * ld + (size_t)h * D + d;
-            out[i] = O / L;
-            if (xq) warp_q8(O / L, xq, xds, (int64_t)i);
-        } else { /* an empty split (p0 > pos[t]) writes l = 0, which the combine skips */
+            const float4 y = make_float4(O.x / L, O.y / L, O.z / L, O.w / L);
+            if (act) *(float4 *)(out + i) = y;
+            if (xq) quad_q8(y, xq, xds, (int64_t)i, act);
+        } else if (act) { /* an empty split (p0 > pos[t]) writes l = 0, which the combine skips */
             const size_t pidx = ((size_t)t * n_head + h) * n_split + split;
-            part_o[pidx * D + d] = O;
+            *(float4 *)(part_o + pidx * D + d) = O;
             if (d == 0) part_ml[2 * pidx] = L > 0.0f ? M * scale : -INFINITY, part_ml[2 * pidx + 1] = L;
         }
     }

@@ -36,6 +36,27 @@ static __device__ __forceinline__ void warp_q8(float v, int8_t *xq, float2 *xds,
     if ((threadIdx.x & 31) == 0) xds[i / 32] = make_float2(d, d * s);
 }
 
+/* warp_q8 with four consecutive elements a lane (v, from element i, a multiple of 4): the 8 lanes
+ * 8j..8j+7 hold one group of 32 (aligned), so a warp quantizes four groups at once with 3 + 3
+ * shuffles instead of four calls' 5 + 5 each. The same bits as warp_q8 (the max is exact, and the
+ * sums of integers below 2^24 are exact in any order). Every lane of the warp calls it; only lanes
+ * with st store (a group's 8 lanes agree on st). */
+static __device__ __forceinline__ void quad_q8(float4 v, int8_t *xq, float2 *xds, int64_t i, bool st) {
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
+    const float d = amax / 127.0f;
+    const float q0 = d > 0.0f ? rintf(v.x / d) : 0.0f, q1 = d > 0.0f ? rintf(v.y / d) : 0.0f;
+    const float q2 = d > 0.0f ? rintf(v.z / d) : 0.0f, q3 = d > 0.0f ? rintf(v.w / d) : 0.0f;
+    float s = (q0 + q1) + (q2 + q3);
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
+    if (st) {
+        *(char4 *)(xq + i) = make_char4((signed char)q0, (signed char)q1, (signed char)q2, (signed char)q3);
+        if ((threadIdx.x & 7) == 0) xds[i / 32] = make_float2(d, d * s);
+    }
+}
+
 /* Element offset of position p of layer l in the paged cache (layout: ops_cuda.h struct cuda_kv);
  * tab is the sequence's block table. */
 static __device__ __forceinline__ size_t kv_off(const cuda_kv &kv, int l, const int32_t *tab, int p) {
