@@ -206,8 +206,8 @@ static void test_matmul_q8_tunings(struct threadpool *tp, int pdl) {
                         CK(cudaMemset(dy, 0xff, (size_t)n * n_out * 4));
                         CK(cudaMemset(dz, 0xff, (size_t)n * n_out * 4));
                         const int launch_next = (ri + wi) & 1; /* and every other tuning staged; two steps
-                                                                * ahead where the rows are even (one warp) */
-                        const int ahead = (ri & 1) == 0 ? MATMUL_Q8_AHEAD2 : 0;
+                                                                * ahead for 2, 4 and 8 rows (taken with one warp) */
+                        const int ahead = rs[ri] > 1 ? MATMUL_Q8_AHEAD2 : 0;
                         const int flags = (launch_next ? MATMUL_Q8_LAUNCH_NEXT : 0) | (ri & 1 ? MATMUL_Q8_STAGE : 0) | ahead;
                         n_ahead += ahead && ws[wi] == 1 && n <= 2;
                         matmul_q8_pf_cuda(dy, &w, dxq, dxds, n, n_out, 0, &pf, flags, 0);
@@ -235,6 +235,7 @@ static void test_matmul_q8_tunings(struct threadpool *tp, int pdl) {
     cuda_pdl = 0;
     cudaFree(dpf), cudaFree(dnw);
     CHECK(!matmul_q8_stage_supported() || n_staged > 0, "matmul q8: the staged kernel is supported but never ran");
+    CHECK(n_ahead > 0, "matmul q8: no run of two steps ahead");
     printf("matmul q8 tunings (pdl %d): %d runs, worst normalised difference from the built-in %.2e; %d staged runs "
            "and %d of two steps ahead bit-equal\n", pdl, n_cfg, worst, n_staged, n_ahead);
 }

@@ -124,8 +124,8 @@ struct cuda_backend {
     int dp4a_tokens;        /* decode steps of up to this many tokens run the dp4a mat-vec (2; 4 without mma) */
     int early_trigger;      /* dp4a mat-vecs that let the next kernel launch at their start
                              * (MATMUL_Q8_LAUNCH_NEXT), a mask: 1 the attention's q|k|v projection, 2 the
-                             * DeltaNet's in-projection, 8 the FFN's gate|up (PXQ_CUDA_EARLY_TRIGGER,
-                             * default 11) */
+                             * DeltaNet's in-projection, 8 the FFN's gate|up, 16 lm_head
+                             * (PXQ_CUDA_EARLY_TRIGGER, default 11) */
     int ahead2;             /* dp4a mat-vecs that keep two steps of their weight in flight (MATMUL_Q8_AHEAD2),
                              * early_trigger's mask and 16 lm_head (PXQ_CUDA_MV_AHEAD, default 1: the
                              * attention's q|k|v projection; ops_cuda.h has the measurements) */
