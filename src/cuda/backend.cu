@@ -127,8 +127,8 @@ struct cuda_backend {
                              * DeltaNet's in-projection, 8 the FFN's gate|up, 16 lm_head
                              * (PXQ_CUDA_EARLY_TRIGGER, default 11) */
     int ahead2;             /* dp4a mat-vecs that keep two steps of their weight in flight (MATMUL_Q8_AHEAD2),
-                             * early_trigger's mask and 16 lm_head (PXQ_CUDA_MV_AHEAD, default 1: the
-                             * attention's q|k|v projection; ops_cuda.h has the measurements) */
+                             * early_trigger's mask (PXQ_CUDA_MV_AHEAD, default 1: the attention's q|k|v
+                             * projection; ops_cuda.h has the measurements) */
     size_t l2_pf_bytes;     /* the dp4a steps: each mat-vec pulls up to this many bytes of the next
                              * weight into L2 as it finishes (0: off; PXQ_CUDA_L2_PREFETCH "MiB[,blocks]") */
     int l2_pf_blocks;       /* ... asked for by this many of its last blocks */
@@ -1000,7 +1000,8 @@ static void lm_head(struct pxq_engine *e, cuda_backend *b, const step &s, int r0
     rmsnorm_q8_cuda(b->xb, q8 ? b->xq : NULL, b->xds, b->x, b->output_norm, hp->n_embd, rc, hp->rms_eps,
                     b->di.rows + r0, b->st);
     b->x16_src = NULL;
-    matmul_cuda(b, b->logits, &b->output, b->xb, rc, q8, 0, first_weight(e, b, 0, s.n), mv_flags(b, 16)); /* layer 0: the next step's */
+    matmul_cuda(b, b->logits, &b->output, b->xb, rc, q8, 0, first_weight(e, b, 0, s.n), /* layer 0: the next step's */
+                mv_flags(b, 16));
 }
 
 static cudaGraphExec_t graph_get(struct pxq_engine *e, cuda_backend *b, const step &s) {

@@ -97,11 +97,12 @@ static inline void cuda_l2_share(uint64_t p, uint64_t bytes, int k, int n, uint6
  *   loads both before its pdl_wait (matmul_q8_kernel<.., PF = 2>; taken by one-warp blocks only. Q4_0,
  *   one token: 62 registers a thread at two rows against 48, where the 32-blocks-an-SM limit still
  *   binds first; 96 at four against 70, which allows 21 blocks an SM instead of 28: Qwen3-32B's
- *   2560 q|k|v blocks still fit one wave on 132 SMs; blocks of several warps would not). H200, b1, alternated in one call: Qwen3-32B with it on the q|k|v projection (2560 blocks of
- *   four rows, after the rmsnorm) 169.22, 169.39 t/s against 166.56-167.33; on gate|up, lm_head or the
- *   DeltaNet in-projection alone no gain (Qwen3.5-27B 189.2-190.3 against 189.6-190.0 for each); on
- *   every one-warp mat-vec 27B lost 1% (188.2 against 190.1); on the two-warp o / down kernels both
- *   lost 4-6% (their 2560 blocks no longer fit one wave). */
+ *   2560 q|k|v blocks still fit one wave on 132 SMs; blocks of several warps would not).
+ *   H200, b1, alternated in one call: Qwen3-32B with it on the q|k|v projection (2560 blocks of
+ *   four rows, after the rmsnorm) 169.22 t/s (169.39 with gate|up and lm_head too) against 166.56,
+ *   167.11; on gate|up, lm_head or the DeltaNet in-projection alone no gain (Qwen3.5-27B
+ *   189.2-190.3 against 189.6-190.0); on every one-warp mat-vec 27B lost 1% (188.2 against 190.1);
+ *   on the two-warp o / down kernels too both lost 4-6% (their 2560 blocks no longer fit one wave). */
 #define MATMUL_Q8_LAUNCH_NEXT 1
 #define MATMUL_Q8_STAGE 2
 #define MATMUL_Q8_AHEAD2 4
