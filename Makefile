@@ -27,7 +27,8 @@ ifneq ($(NVCC),)
 ifneq ($(CU_SRC),)
 CUDA_ARCH ?= 75 80 86 89 90
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-NVFLAGS := -O3 -std=c++17 -Isrc -lineinfo --threads 0 $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a))
+NVFLAGS := -O3 -std=c++17 -Isrc -lineinfo --threads 0 $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
+           $(if $(PROBE),-DPXQ_PROBE)
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.o)
 CFLAGS  += -DPXQ_CUDA -I$(CUDA_HOME)/include
 $(BUILD)/src/cli/main.o: CFLAGS += -DPXQ_CUDA_ARCHS='"$(CUDA_ARCH)"'

@@ -53,6 +53,7 @@
 #include "cuda/ops_cuda.h"
 
 #include "cuda/common.cuh"
+#include "cuda/probe.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/mma.cuh"
 
@@ -82,6 +83,7 @@ __global__ void __launch_bounds__(AD_THREADS)
     constexpr int CPR = D / 8, RPI = 32 / CPR; /* 16-byte chunks per row; rows per 32 copies (D <= 256) */
     static_assert(BN % 16 == 0 && BN * CPR % 32 == 0 && 32 % CPR == 0, "whole k16 steps and rounds of copies");
     extern __shared__ uint4 ad_sm[];
+    PROBE_BEGIN(0);
     const int split = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int group = n_head / kv.n_head_kv;
@@ -144,6 +146,7 @@ __global__ void __launch_bounds__(AD_THREADS)
         n_early++;
     }
     pdl_wait();
+    PROBE(1);
     /* the next kernel launches from here, not from the start: the o projection after the attention
      * copies its weight into shared memory before its own wait (MATMUL_Q8_STAGE), and that copy
      * should start once the q|k|v projection's stream is over, not share the DRAM with it (Qwen3-32B
@@ -176,6 +179,7 @@ __global__ void __launch_bounds__(AD_THREADS)
         for (int kk = 0; kk < ND; kk++)
 #pragma unroll
             for (int j = 0; j < 2; j++) qb[hb][kk][j] = pack_h2(qf[hb][kk][j].x, qf[hb][kk][j].y);
+    PROBE(2);
 
     /* ldmatrix row addresses (halves): K as the row-major A operand (matrix i: rows 8 (i & 1),
      * columns 8 (i >> 1)); V^T as the A operand through .trans (matrix i: V rows 8 (i >> 1), columns
@@ -291,6 +295,7 @@ __global__ void __launch_bounds__(AD_THREADS)
         cp_async_commit();
     }
     cp_async_wait<0>();
+    PROBE(3);
 #pragma unroll
     for (int hb = 0; hb < HB; hb++)
 #pragma unroll
@@ -300,6 +305,7 @@ __global__ void __launch_bounds__(AD_THREADS)
             lsum[hb][j] += __shfl_xor_sync(FULL_MASK, lsum[hb][j], 16);
         }
     __syncthreads(); /* every warp is done with its ring: it becomes the combine scratch */
+    PROBE(6);
 
     float *Wm = (float *)ad_sm, *Wl = Wm + AD_WARPS * R, *Wo = Wl + AD_WARPS * R;
     float *Wc = Wo + (size_t)AD_WARPS * R * (D + 4), *Wr = Wc + AD_WARPS * R; /* after O: factors, (M, L) per row */
@@ -319,6 +325,7 @@ __global__ void __launch_bounds__(AD_THREADS)
                 Wo[(size_t)(warp * R + hb * AD_HEADS + 2 * c + (e & 1)) * LO + md * 16 + g + (e >> 1) * 8] = o[md][hb][e];
     }
     __syncthreads();
+    PROBE(7);
     /* a thread per row (query head): the warps' max M, their factors 2^((m_w - M) sl2) (0 for a warp
      * without tiles, whose O is 0) and L; then every element of O is a sum of AD_WARPS products */
     if (threadIdx.x < R) {
@@ -341,6 +348,7 @@ __global__ void __launch_bounds__(AD_THREADS)
      * fetched cold (the mat-vecs before it keep the L2 busy); unrolled rounds of one element a thread
      * cost Qwen3-32B 5.7-7.3 us a layer at a short context, from %globaltimer stamps in a probe
      * build on an H200 (the q, tile, combine phases before it about 2.4 us) */
+    PROBE(4);
     static_assert(R * D % (4 * AD_THREADS) == 0, "whole rounds of the output");
 #pragma unroll 1
     for (int k = 0; k < R * D / (4 * AD_THREADS) && k * 4 * AD_THREADS / D < group; k++) {
@@ -366,10 +374,19 @@ __global__ void __launch_bounds__(AD_THREADS)
             if (d == 0) part_ml[2 * pidx] = L > 0.0f ? M * scale : -INFINITY, part_ml[2 * pidx + 1] = L;
         }
     }
+    PROBE(5);
 #endif
 }
 
 /* ---- host ---- */
+
+#ifdef PXQ_PROBE
+static const char *probe_names_ad[PROBE_NK][PROBE_NS] = {
+    {"attn entry", "attn wait", "attn q", "attn tiles (warp 0)", "attn factors", "attn end", "attn all warps' tiles",
+     "attn O stored"},
+};
+#endif
+PROBE_HOST(attn, probe_names_ad)
 
 struct ad_config {
     int D, BN, NS;
@@ -437,6 +454,7 @@ extern "C" void attention_decode_cuda(float *out, int8_t *xq, float *xds, const 
                                       int split_len, float *part_o, float *part_ml, cudaStream_t st) {
     const int k = ad_pick(kv->head_dim);
     if (n_tokens <= 0 || k < 0) return;
+    PROBE_REGISTER(attn);
     const ad_config &c = ad_configs[k];
     const float sl2 = 1.4426950408889634f / sqrtf((float)c.D), scale = 1.0f / sqrtf((float)c.D);
     const dim3 grid((unsigned)n_split, (unsigned)kv->n_head_kv, (unsigned)n_tokens), block(AD_THREADS);

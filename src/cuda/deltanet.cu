@@ -14,6 +14,7 @@
 #include "cuda/ops_cuda.h"
 
 #include "cuda/common.cuh"
+#include "cuda/probe.cuh"
 #include "cuda/launch.cuh"
 
 static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
@@ -331,6 +332,7 @@ __global__ void __launch_bounds__(256) deltanet_decode_kernel(
     __shared__ float head[256]; /* the value head's outputs, from every block of the cluster (dv <= 256) */
     __shared__ float vconv[32]; /* the conv output of this block's v channels */
     __shared__ int last;        /* this block writes the q/k channels' conv state */
+    PROBE_BEGIN(0);
     cg::cluster_group cluster = cg::this_cluster();
     cluster.barrier_arrive(); /* waited on before the first DSMEM store: every block of the cluster has started */
     const int nw = blockDim.x >> 5, rows = nw * R;
@@ -377,7 +379,9 @@ __global__ void __launch_bounds__(256) deltanet_decode_kernel(
             if (last) *cnt = 0;
         }
     }
+    PROBE(2);
     pdl_wait();
+    PROBE(1);
     /* the out projection after this kernel launches from here, not from the start: launched at the
      * start, under the in-projection (which lets this kernel launch at its start), its blocks' first
      * weight loads shared the DRAM with the in-projection's last ones. H200, Qwen3.5-27B b1,
@@ -404,6 +408,7 @@ __global__ void __launch_bounds__(256) deltanet_decode_kernel(
     }
     if (warp == 0) vconv[lane] = !col ? 0.0f : CONV ? conv_step(cw[2], cs[2], xn[2], K) : xn[2];
     __syncthreads();
+    PROBE(3);
     for (int hh = warp; hh < 2; hh += nw) { /* prep: l2norm of q (hh 0, times qscale) or k (hh 1); nw may be 1 */
         float *v = hh == 0 ? qs : ks;
         float ss = 0.0f;
@@ -413,6 +418,7 @@ __global__ void __launch_bounds__(256) deltanet_decode_kernel(
         for (int i = lane; i < dk; i += 32) v[i] = v[i] * inv * scale;
     }
     __syncthreads();
+    PROBE(4);
     /* the new conv state (tap k = the (K-1-k)-th newest input): v channels by warp 0, q/k by the last reader */
 #pragma unroll
     for (int m = 0; m < 3; m++) {
@@ -428,6 +434,7 @@ __global__ void __launch_bounds__(256) deltanet_decode_kernel(
     const float vj = vconv[lane];
     delta_step<R>(s, qs, ks, vj, beta, decay, red1, red2, nw, warp, lane, r0);
     __syncthreads();
+    PROBE(5);
     const int n_tiles = (int)cluster.num_blocks();
     float out = 0.0f;
     cluster.barrier_wait();
@@ -441,6 +448,7 @@ __global__ void __launch_bounds__(256) deltanet_decode_kernel(
             if (r0 + i < dk) S[(size_t)(r0 + i) * dv + j] = s[i];
     }
     cluster.sync(); /* head[] complete in every block */
+    PROBE(6);
     if (warp == 0) { /* gated_rmsnorm_silu_kernel's row, this block's 32 columns */
         float ss = 0.0f;
         for (int i = lane; i < dv; i += 32) ss = fmaf(head[i], head[i], ss);
@@ -451,12 +459,21 @@ __global__ void __launch_bounds__(256) deltanet_decode_kernel(
         if (col) o[oi] = v;
         if (xq) warp_q8(v, xq, xds, (int64_t)oi);
     }
+    PROBE(7);
 #else
     (void)o, (void)xq, (void)xds, (void)state, (void)seq_stride, (void)x, (void)conv_w, (void)count, (void)ba, (void)z;
     (void)A, (void)dt_bias, (void)norm_w, (void)nk, (void)nv, (void)dk, (void)dv, (void)K, (void)conv_dim, (void)v_tiled;
     (void)qscale, (void)eps, (void)run_seq, (void)run_off, (void)run_tok;
 #endif
 }
+
+#ifdef PXQ_PROBE
+static const char *probe_names_dn[PROBE_NK][PROBE_NS] = {
+    {"dn_decode entry", "dn_decode wait", "dn_decode taps counted", "dn_decode conv", "dn_decode prep",
+     "dn_decode delta step", "dn_decode cluster sync", "dn_decode end"},
+};
+#endif
+PROBE_HOST(dn, probe_names_dn)
 
 extern "C" int deltanet_decode_cuda_supported(int dk, int dv, int K) {
     static int sm90 = -1;
@@ -498,6 +515,7 @@ extern "C" int deltanet_decode_cuda(float *o, int8_t *xq, float *xds, float *sta
                                     int conv_dim, int v_tiled, float eps, const int32_t *run_seq,
                                     const int32_t *run_off, const int32_t *run_tok, int n_runs, cudaStream_t st) {
     if (n_runs <= 0 || !deltanet_decode_cuda_supported(dk, dv, K)) return -1;
+    PROBE_REGISTER(dn);
     const int R = delta_rows(dk);
     const int nw = (dk + R - 1) / R;
     const dim3 grid(dv / 32, nv, n_runs);

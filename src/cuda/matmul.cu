@@ -16,6 +16,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda/common.cuh"
+#include "cuda/probe.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/ops_cuda.h"
@@ -254,6 +255,9 @@ __global__ void __launch_bounds__(MM_WARPS_MAX * 32) matmul_q8_kernel(float *__r
                                                                 int accumulate, const cuda_l2_prefetch pf,
                                                                 int launch_next) {
     static_assert(PF == 1 || PF == 2, "steps loaded ahead: 1 or 2");
+    /* probe kernel ids: 0 many blocks (gate|up, in-proj, lm_head), 1 several warps a block (o, down),
+     * 2 the rest (q|k|v) */
+    PROBE_BEGIN(gridDim.x >= 8192 ? 0 : blockDim.x > 32 ? 1 : 2);
     const int row0 = blockIdx.x * R;
     const int n_in = w.n_in, ng = n_in / 32;
     float acc[R][NT];
@@ -268,6 +272,7 @@ __global__ void __launch_bounds__(MM_WARPS_MAX * 32) matmul_q8_kernel(float *__r
     if (g < ng) wgroup_load<F, R>(cur, w, row0, g, n_in);
     if (PF == 2 && g + step < ng) wgroup_load<F, R>(ahead, w, row0, g + step, n_in);
     pdl_wait();
+    PROBE(1);
     while (g < ng) {
         const int gn = g + PF * step;
         wgroup<F, R> nxt;
@@ -277,8 +282,10 @@ __global__ void __launch_bounds__(MM_WARPS_MAX * 32) matmul_q8_kernel(float *__r
         else cur = nxt;
         g += step;
     }
+    PROBE(2);
     l2_prefetch_share(pf);
     block_store<NT, R>(acc, y, row0, w.n_out, n_tok, ldy, accumulate);
+    PROBE(3);
 }
 
 /* Bytes a row of F's codes and of its scales takes (backend.cu's repacked layout: codes [n_out][..],
@@ -313,6 +320,7 @@ __global__ void __launch_bounds__(MM_WARPS_MAX * 32)
     const int row0 = blockIdx.x * R, n_in = w.n_in, ng = n_in / 32, rows = min(R, w.n_out - row0);
     const size_t cb = q8_code_bytes<F>(n_in), sb = q8_scale_bytes<F>(ng);
     uint8_t *codes = (uint8_t *)mv_sm, *scales = codes + R * cb;
+    PROBE_BEGIN(3);
     if (launch_next) pdl_launch_dependents();
     const uint8_t *gc = (const uint8_t *)w.q + (size_t)row0 * cb, *gs = (const uint8_t *)w.s + (size_t)row0 * sb;
     const int nc = (int)(rows * cb / 16), ns = (int)(rows * sb / 16);
@@ -320,8 +328,10 @@ __global__ void __launch_bounds__(MM_WARPS_MAX * 32)
     for (int i = threadIdx.x; i < ns; i += blockDim.x) cp_async16(scales + (size_t)i * 16, gs + (size_t)i * 16, 1);
     cp_async_commit();
     pdl_wait();
+    PROBE(1);
     cp_async_wait<0>();
     __syncthreads();
+    PROBE(2);
     float acc[R][1];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r][0] = 0.0f;
@@ -348,12 +358,24 @@ __global__ void __launch_bounds__(MM_WARPS_MAX * 32)
         }
         wgroup_dot<F, 1, R>(acc, a, xq, xds, g, n_in, 1);
     }
+    PROBE(3);
     l2_prefetch_share(pf);
     block_store<1, R>(acc, y, row0, w.n_out, 1, ldy, accumulate);
+    PROBE(4);
 #endif
 }
 
 static int q8_tune_r, q8_tune_warps; /* matmul_q8_tune: 0 = the built-in choice */
+
+#ifdef PXQ_PROBE
+static const char *probe_names_mv[PROBE_NK][PROBE_NS] = {
+    {"mv big entry", "mv big wait", "mv big loop", "mv big end"},
+    {"mv warps entry", "mv warps wait", "mv warps loop", "mv warps end"},
+    {"mv small entry", "mv small wait", "mv small loop", "mv small end"},
+    {"mv staged entry", "mv staged wait", "mv staged copied", "mv staged summed", "mv staged end"},
+};
+#endif
+PROBE_HOST(mv, probe_names_mv)
 
 /* The staged kernel's shared memory at most, its slice and block_store's static red[MM_WARPS_MAX][R]
  * together: the default limit, no opt-in (Qwen3-32B's o_proj, R 2 x 8192 inputs of Q4_0: 9 KiB) */
@@ -395,6 +417,7 @@ static void q8_launch_r(float *y, const cuda_weight &w, const int8_t *xq, const 
     cuda_l2_prefetch p = pf;
     if (p.n_blocks > (int)grid) p.n_blocks = (int)grid;
     const int launch_next = (flags & MATMUL_Q8_LAUNCH_NEXT) != 0;
+    PROBE_REGISTER(mv);
     if constexpr (NT == 1) {
         const size_t smem = R * (q8_code_bytes<F>(w.n_in) + q8_scale_bytes<F>(w.n_in / 32));
         const size_t red = (size_t)MM_WARPS_MAX * R * sizeof(float);

@@ -11,6 +11,7 @@
 #include "cuda/ops_cuda.h"
 
 #include "cuda/common.cuh"
+#include "cuda/probe.cuh"
 #include "cuda/launch.cuh"
 
 extern "C" thread_local int cuda_pdl = 0; /* cuda/launch.cuh */
@@ -85,9 +86,11 @@ __global__ void __launch_bounds__(RMS_SLICE) rmsnorm_slice_kernel(float *out, in
                                                                  const float *x, const float *w, int n, float eps,
                                                                  const int32_t *rows) {
     __shared__ float red[RMS_SLICE / 32];
+    PROBE_BEGIN(0);
     pdl_launch_dependents();
     const float wi = w[blockIdx.y * RMS_SLICE + threadIdx.x]; /* a weight: before the wait */
     pdl_wait();
+    PROBE(1);
     const float4 *xr = (const float4 *)(x + (size_t)(rows ? rows[blockIdx.x] : blockIdx.x) * n);
     float ss = 0.0f;
 #pragma unroll 8 /* the row's loads issued together (L2 latency), the sum in order */
@@ -96,25 +99,38 @@ __global__ void __launch_bounds__(RMS_SLICE) rmsnorm_slice_kernel(float *out, in
         ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
     }
     ss = warp_sum(ss);
+    PROBE(2);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
     __syncthreads();
     float t = 0.0f;
 #pragma unroll
     for (int k = 0; k < RMS_SLICE / 32; k++) t += red[k];
     const float scale = 1.0f / sqrtf(t / (float)n + eps);
+    PROBE(3);
     const int i = blockIdx.y * RMS_SLICE + threadIdx.x;
     const size_t o = (size_t)blockIdx.x * n + i;
     const float y = ((const float *)xr)[i] * scale * wi;
     if (out) out[o] = y;
     if (x16) x16[o] = __float2half_rn(y);
     if (xq) warp_q8(y, xq, xds, (int64_t)o);
+    PROBE(4);
 }
+
+#ifdef PXQ_PROBE
+static const char *probe_names_ops[PROBE_NK][PROBE_NS] = {
+    {"rmsnorm entry", "rmsnorm wait", "rmsnorm loads summed", "rmsnorm scale", "rmsnorm end"},
+    {"swiglu entry", "swiglu wait", "swiglu end"},
+    {"qk_norm entry", "qk_norm wait", "qk_norm loads", "qk_norm end"},
+};
+#endif
+PROBE_HOST(ops, probe_names_ops)
 
 static void rmsnorm_launch(float *out, int8_t *xq, float2 *xds, __half *x16, const float *x, const float *w, int n,
                            int n_rows, float eps, const int32_t *rows, cudaStream_t st) {
     if (n_rows <= 0) return;
     if (n_rows <= 16 && n >= 1024 && n % RMS_SLICE == 0 && out != x) { /* decode: a row over n / 256 blocks
                                                                            * (each reads the whole row: not in place) */
+        PROBE_REGISTER(ops);
         kernel_launch(rmsnorm_slice_kernel, dim3(n_rows, n / RMS_SLICE), dim3(RMS_SLICE), 0, st, out, xq, xds, x16, x, w,
                       n, eps, rows);
         return;
@@ -185,8 +201,10 @@ extern "C" void rope_cuda(float *x, int n_heads, int head_dim, int n_rot, const 
  * they are separate buffers, 2 ff when they are the halves of one stacked gate|up matmul). */
 __global__ void swiglu_kernel(float *out, int8_t *xq, float2 *xds, __half *x16, const float *gate, const float *up,
                               int64_t n, int ff, int ld) {
+    PROBE_BEGIN(1);
     pdl_launch_dependents();
     pdl_wait();
+    PROBE(1);
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = i / ff, k = t * ld + (i - t * ff);
         float g = gate[k];
@@ -195,6 +213,7 @@ __global__ void swiglu_kernel(float *out, int8_t *xq, float2 *xds, __half *x16, 
         if (x16) x16[i] = __float2half_rn(v);
         if (xq) warp_q8(v, xq, xds, i); /* n % 32 == 0: whole warps take each step */
     }
+    PROBE(2);
 }
 
 extern "C" void swiglu_cuda(float *out, const float *gate, const float *up, int64_t n, cudaStream_t st) {
@@ -207,6 +226,7 @@ extern "C" void swiglu_q8_cuda(float *out, int8_t *xq, float *xds, const float *
                                int ff, int ld, cudaStream_t st) {
     const int64_t n = (int64_t)n_tokens * ff;
     if (n <= 0) return;
+    PROBE_REGISTER(ops);
     kernel_launch(swiglu_kernel, dim3(grid_for(n, 256)), dim3(256), 0, st, out, xq, (float2 *)xds, (__half *)NULL, gate, up,
                   n, ff, ld);
 }
@@ -279,6 +299,7 @@ __global__ void __launch_bounds__(QKR_WARPS * 32)
                               const int32_t *pos, const float *inv_freq, int neox, const cuda_kv kv, int l,
                               const int32_t *seq_id) {
     __shared__ float hvs[QKR_WARPS][256];
+    PROBE_BEGIN(2);
     pdl_launch_dependents();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int t = blockIdx.x, hh = blockIdx.y * QKR_WARPS + warp, hd = kv.head_dim, is_k = hh >= n_head;
@@ -310,6 +331,7 @@ __global__ void __launch_bounds__(QKR_WARPS * 32)
         }
     }
     pdl_wait();
+    PROBE(1);
     if (!live) return;
     const float *x = is_k ? k + (size_t)t * ld_kv + (size_t)h * hd : q + (size_t)t * ld_q + (size_t)h * hd;
     float *y = is_k ? k + (size_t)t * ld_kv + (size_t)h * hd : q_out + ((size_t)t * n_head + h) * hd;
@@ -325,6 +347,7 @@ __global__ void __launch_bounds__(QKR_WARPS * 32)
 #pragma unroll
     for (int k2 = 0; k2 < QKR_PER; k2++)
         if (lane + 32 * k2 < hd) ss = fmaf(xv[k2], xv[k2], ss);
+    PROBE(2);
     const float scale = w ? 1.0f / sqrtf(warp_sum(ss) / (float)hd + eps) : 1.0f;
 #pragma unroll
     for (int k2 = 0; k2 < QKR_PER; k2++) {
@@ -359,6 +382,7 @@ __global__ void __launch_bounds__(QKR_WARPS * 32)
             }
         }
     }
+    PROBE(3);
 }
 
 extern "C" void qk_norm_rope_store_cuda(float *q_out, const float *q, float *k, const float *v, int ld_q, int ld_kv,
@@ -367,6 +391,7 @@ extern "C" void qk_norm_rope_store_cuda(float *q_out, const float *q, float *k, 
                                         int l, const int32_t *seq_id, int n_tokens, cudaStream_t st) {
     if (n_tokens <= 0) return;
     dim3 grid(n_tokens, (n_head + kv->n_head_kv + QKR_WARPS - 1) / QKR_WARPS);
+    PROBE_REGISTER(ops);
     kernel_launch(qk_norm_rope_store_kernel, grid, dim3(QKR_WARPS * 32), 0, st, q_out, q, k, v, ld_q, ld_kv, q_norm,
                   k_norm, eps, n_head, n_rot, pos, inv_freq, neox, *kv, l, seq_id);
 }
