@@ -5,12 +5,14 @@
 # others. If the machine lacks the -dev libraries, put their headers and .so files in .devlibs/
 # (include/, lib/) and carry it: they are used when present.
 #   usage: tools/gpu-check.sh [build] [tests] [serve] [bench] [sanitize] [qwen35] [bench35] [ptx75] [timeline]
+#          [probe] [readstream]
 #   (default: build tests serve bench; qwen35 = the hybrid's CUDA tests and perplexities, bench35 =
 #   the Qwen3.5-27B preset's plan and bench at 16 GiB; ptx75 = the build as sm_75 PTX only, which
 #   the driver JIT-compiles for this GPU: the kernels see __CUDA_ARCH__ 750, so the tensor-core
 #   paths select themselves off and the Volta/Turing fallbacks run, checked by the CUDA tests; timeline =
 #   tools/cuda_timeline/run.sh on the Qwen3-32B and Qwen3.5-27B presets, b1 decode: each kernel's
-#   share of a decode step)
+#   share of a decode step; probe = tools/probe-small-kernels.sh, the phases inside each decode kernel;
+#   readstream = tools/cuda_probe/read_stream.cu, read-only rates against the copy roofline)
 # The tracked fixtures (about 115 MB) exceed what a lent GPU machine receives of the working tree
 # (64 MiB): move what the run does not need out of the tree for the call and back after it (e.g.
 # tests/data/qwen35 and tests/data/gguf/tiny-qwen3-bf16.gguf; test_cuda_model then reports the
@@ -86,6 +88,12 @@ for s in $steps; do
             OUT="$OUT/timeline-$(basename "$C" .json)" timeout 200 sh tools/cuda_timeline/run.sh --load-format dummy \
                 --config "$C" --dtype q4_0 --device cuda --gpu-mem "$G" -p 0 -n 32 -b 1 -r 1
         done ;;
+    probe)
+        timeout 300 sh tools/probe-small-kernels.sh >"$OUT/probe.log" 2>&1
+        echo "probe: rc $?"; cat "$OUT/probe.log" ;;
+    readstream)
+        nvcc -arch=sm_90 -O3 -std=c++17 -o "$OUT/read_stream" tools/cuda_probe/read_stream.cu &&
+            timeout 120 "$OUT/read_stream" | tee "$OUT/read_stream.log" ;;
     ptx75)
         timeout 200 make -j"$(nproc)" BUILD=build-ptx75 \
             NVFLAGS="-O3 -std=c++17 -Isrc --threads 0 -gencode arch=compute_75,code=compute_75" all tests \
