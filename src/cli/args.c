@@ -112,21 +112,27 @@ void common_help(int width, int with_ctx) {
     help_print(rows + from, n - from, width);
 }
 
+int device_parse(struct args *a, struct pxq_engine_params *ep) {
+    const char *f = a->argv[a->i];
+    if (!strcmp(f, "--device")) {
+        const char *d = arg_str(a);
+        if (!strcmp(d, "cpu")) ep->device = PXQ_DEVICE_CPU;
+        else if (!strcmp(d, "cuda")) ep->device = PXQ_DEVICE_CUDA;
+        else fail(a, 2, "--device expects cpu or cuda, got '%s'", d);
+    } else if (!strcmp(f, "--gpu-mem")) {
+        ep->gpu_mem = arg_size(a, 1);
+    } else
+        return 0;
+    return 1;
+}
+
 int common_parse(struct args *a, struct common_opts *o) {
     const char *f = a->argv[a->i];
     if (!strcmp(f, "-m") || !strcmp(f, "--model")) o->model = arg_str(a);
     else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) o->ep.n_threads = (int)arg_int(a, 1, 1024);
     else if (!strcmp(f, "-c") || !strcmp(f, "--ctx-size") || !strcmp(f, "--max-model-len")) o->ep.n_ctx = (int)arg_int(a, 2, 1 << 22);
     else if (!strcmp(f, "-b") || !strcmp(f, "--batch-size")) o->ep.n_batch = (int)arg_int(a, 1, 1 << 16);
-    else if (!strcmp(f, "--device")) {
-        const char *d = arg_str(a);
-        if (!strcmp(d, "cpu")) o->ep.device = PXQ_DEVICE_CPU;
-        else if (!strcmp(d, "cuda")) o->ep.device = PXQ_DEVICE_CUDA;
-        else fail(a, 2, "--device expects cpu or cuda, got '%s'", d);
-    } else if (!strcmp(f, "--gpu-mem")) {
-        o->ep.gpu_mem = arg_size(a, 1);
-    } else
-        return 0;
+    else return device_parse(a, &o->ep);
     return 1;
 }
 

@@ -25,14 +25,16 @@ void fail(const struct args *a, int status, const char *fmt, ...) __attribute__(
 /* Print "pxq CMD: warning: ..." (one line on stderr) and go on. */
 void warn_user(const struct args *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Engine flags common to run/perplexity/bench/serve: -m, -t, -c, -b, --device, --gpu-mem.
- * Returns 1 if argv[i] was one of them (consumed), 0 otherwise. */
+/* Engine flags common to run/perplexity/serve: -m, -t, -c, -b, --device, --gpu-mem.
+ * Returns 1 if argv[i] was one of them (consumed), 0 otherwise. device_parse: --device and --gpu-mem
+ * alone (bench, whose -b is a list), into ep; exit 2 with a message on a bad value. */
 struct common_opts {
     const char *model;
     struct pxq_engine_params ep;
 };
 void common_init(struct common_opts *o);
 int  common_parse(struct args *a, struct common_opts *o);
+int  device_parse(struct args *a, struct pxq_engine_params *ep);
 /* After parsing: one warning line when --gpu-mem was given with the CPU backend, where it does nothing
  * (it sizes the CUDA arena only). */
 void common_warn_unused(const struct args *a, const struct pxq_engine_params *ep);

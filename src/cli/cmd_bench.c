@@ -278,14 +278,8 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(f, "-r") || !strcmp(f, "--repetitions")) o.reps = (int)arg_int(&a, 1, 64);
         else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) o.ep.n_threads = (int)arg_int(&a, 1, 1024);
         else if (!strcmp(f, "-ub") || !strcmp(f, "--ubatch-size")) o.ep.n_batch = (int)arg_int(&a, 1, 1 << 16);
-        else if (!strcmp(f, "--device")) {
-            const char *d = arg_str(&a);
-            if (!strcmp(d, "cpu")) o.ep.device = PXQ_DEVICE_CPU;
-            else if (!strcmp(d, "cuda")) o.ep.device = PXQ_DEVICE_CUDA;
-            else fail(&a, 2, "--device expects cpu or cuda, got '%s'", d);
-        } else if (!strcmp(f, "--gpu-mem")) {
-            o.ep.gpu_mem = arg_size(&a, 1);
-        } else if (!strcmp(f, "--no-warmup")) o.warmup = 0;
+        else if (device_parse(&a, &o.ep)) continue;
+        else if (!strcmp(f, "--no-warmup")) o.warmup = 0;
         else if (!strcmp(f, "--json")) o.json = 1;
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             printf("%s", usage);
