@@ -124,9 +124,22 @@ static void test_prefill(int hd, int n_head, int n_head_kv, int bs, float q_scal
     /* the prefill kernel */
     double err_all = INFINITY, err_row = INFINITY;
     CHECK(attention_prefill_prepare(hd) == 0, "attention_prefill_prepare(%d)", hd);
-    attention_prefill_cuda(dout, dq, &kv, l, dpos, dseq, dtiles, n_tiles, n_head, 0);
+    attention_prefill_cuda(dout, 0, dq, &kv, l, dpos, dseq, dtiles, n_tiles, n_head, 0);
     dev_get(got, dout, (size_t)n_tok * q_dim * 4);
     err_row = max_row_err(got, ref, n_tok, q_dim, &err_all);
+    { /* the half output: the same floats rounded to nearest f16 */
+        const size_t ne = (size_t)n_tok * q_dim;
+        uint16_t *h = xmalloc(ne * 2);
+        void *d16 = dev_poison_bytes(ne * 2);
+        attention_prefill_cuda(d16, 1, dq, &kv, l, dpos, dseq, dtiles, n_tiles, n_head, 0);
+        dev_get(h, d16, ne * 2);
+        size_t diff = 0;
+        for (size_t i = 0; i < ne; i++) diff += h[i] != f32_to_fp16(got[i]);
+        CHECK(diff == 0, "attention_prefill hd %d f16 output: %zu of %zu halves are not the f32 output rounded", hd, diff,
+              ne);
+        cudaFree(d16);
+        free(h);
+    }
     CHECK(err_all <= 2e-3 && err_row <= 2e-3, "attention_prefill hd %d heads %d/%d bs %d q x%g: error %.3g (worst token %.3g) > 2e-3",
           hd, n_head, n_head_kv, bs, q_scale, err_all, err_row);
     /* attention_cuda on the same inputs: fp32 arithmetic over the same f16 K/V */
@@ -187,7 +200,7 @@ static void bench(int n_tok) {
         for (int it = -3; it < 20; it++) {
             CK(cudaEventRecord(e0, 0));
             if (which == 0) attention_cuda(dout, dq, &kv, l, dpos, dseq, n_tok, n_head, 1, n_tok, po, pml, 0);
-            else attention_prefill_cuda(dout2, dq, &kv, l, dpos, dseq, dtiles, n_tiles, n_head, 0);
+            else attention_prefill_cuda(dout2, 0, dq, &kv, l, dpos, dseq, dtiles, n_tiles, n_head, 0);
             CK(cudaEventRecord(e1, 0));
             CK(cudaEventSynchronize(e1));
             CK(cudaGetLastError());

@@ -7,17 +7,21 @@
  *     group of 32: about 4e-3 for uniform x); rmsnorm/swiglu's int8 groups <= 1e-2 of their floats;
  *     every (rows, warps) tuning of it vs the built-in one <= 1e-5, with plain launches and, on
  *     sm_90, with programmatic dependent launch (quantize and mat-vec back to back)
- *   dequantized rows to f32 (embedding)                          <= 1e-6; to f16 (prefill tiles) <= 1e-3
+ *   dequantized rows to f32 (embedding)                          <= 1e-6; to f16 (prefill tiles) <= 1e-3;
+ *     Q4_0, Q8_0 and Q4M tiles (their own kernel): bit-equal to the CPU rows rounded to f16, and
+ *     to the generic kernel but for the sign of zero (it writes +0 where a Q4_0 weight is 0, d < 0)
  *   rmsnorm, swiglu, biases, residual                            <= 1e-6
  *   rope, neox and interleaved, positions up to 32767            <= 1e-5
- *   fused q/k norm + rope + KV store vs the CPU ops in order      <= 1e-5 (f16 cache rows <= 1e-3)
+ *   fused q/k norm + rope + KV store vs the CPU ops in order      <= 1e-5 (f16 cache rows <= 1e-3);
+ *     its prefill form (40 tokens at once) bit-equal to its decode form a token at a time
  *   attention over a shuffled paged cache vs float64, f32 KV     <= 1e-5; f16 KV <= 2e-3
  *     (f16 rounds K and V to 11 bits: 2^-12 relative each), split into 1 or several chunks;
  *     the tensor-core decode kernel (f16 KV, sm_80+; q and P also rounded to f16) <= 2e-3, with
  *     splits that leave warps and whole splits empty, GQA groups of 1 to 16; and at 6001
  *     positions with up to 94 tiles a warp
  *   the split-K combine alone vs float64, 3 to 5000 splits, empty splits skipped   <= 1e-5
- *   the half forms of rmsnorm and swiglu (prefill GEMM operands)  <= 1e-3 (f16 rounding)
+ *   the half forms of rmsnorm and swiglu (prefill GEMM operands)  <= 1e-3 (f16 rounding); both
+ *     paths (vectors, scalar) of swiglu's and of f32_to_f16 (the latter bit-equal to the host's)
  *   the dp4a mat-vec with an L2 prefetch riding on it: bit-equal to without; the prefetch's shares
  *     (cuda_l2_share) tile their span, checked on the host (also without a GPU)
  *   the decode attention's split-K (cuda_decode_splits): covering, within the buffers, one wave,
@@ -113,6 +117,43 @@ static void test_matmul(struct threadpool *tp) {
             for (int i = 0; i < 5 * n_in; i++) got[i] = fp16_to_f32(h16[i]);
             err = norm_err(got, ref, 5 * (size_t)n_in);
             CHECK(err <= 1e-3, "dequant rows to f16 %s: %.3g", type_name(type), err);
+            if (w.fmt == WFMT_Q4_0 || w.fmt == WFMT_Q8_0 || w.fmt == WFMT_Q4M) { /* the tile kernel */
+                const int nr = 37; /* several blocks of units, a partial last one */
+                uint16_t *fast = xmalloc((size_t)nr * n_in * 2), *gen = xmalloc((size_t)nr * n_in * 2);
+                void *dt = dev_poison_bytes((size_t)nr * n_in * 2);
+                dequant_rows_cuda(dt, 1, &w, NULL, 3, nr, 0);
+                dev_get(fast, dt, (size_t)nr * n_in * 2);
+                dequant_tile_f16_tune(1, 0);
+                CK(cudaMemset(dt, 0xff, (size_t)nr * n_in * 2));
+                dequant_rows_cuda(dt, 1, &w, NULL, 3, nr, 0);
+                dequant_tile_f16_tune(0, 0);
+                dev_get(gen, dt, (size_t)nr * n_in * 2);
+                size_t diff = 0;
+                for (size_t i = 0; i < (size_t)nr * n_in; i++) /* the generic kernel's zeros are +0 */
+                    diff += fast[i] != gen[i] && !((fast[i] | gen[i]) == 0x8000 && (fast[i] & gen[i]) == 0);
+                CHECK(diff == 0, "dequant tile f16 %s: %zu of %zu halves differ from the generic kernel", type_name(type),
+                      diff, (size_t)nr * n_in);
+                float rowf[8192];
+                const int tunings[3] = {0, 4, 16}; /* units a thread: the built-in, then each other */
+                for (int ti = 0; ti < 3; ti++) { /* each half: the f32 row's value rounded to f16 */
+                    if (tunings[ti]) {
+                        dequant_tile_f16_tune(0, tunings[ti]);
+                        CK(cudaMemset(dt, 0xff, (size_t)nr * n_in * 2));
+                        dequant_rows_cuda(dt, 1, &w, NULL, 3, nr, 0);
+                        dequant_tile_f16_tune(0, 0);
+                        dev_get(fast, dt, (size_t)nr * n_in * 2);
+                    }
+                    size_t off = 0;
+                    for (int r = 0; r < nr && n_in <= 8192; r++) {
+                        tensor_row_f32(rowf, &t, 3 + r);
+                        for (int i = 0; i < n_in; i++) off += fast[(size_t)r * n_in + i] != f32_to_fp16(rowf[i]);
+                    }
+                    CHECK(off == 0, "dequant tile f16 %s, units a thread %d (0: built-in): %zu halves differ from the "
+                          "CPU rows rounded to f16", type_name(type), tunings[ti], off);
+                }
+                free(fast), free(gen);
+                cudaFree(dt);
+            }
             free(h16), free(ref), free(got);
             cudaFree(drows), cudaFree(dout);
             weight_free(&w);
@@ -422,6 +463,53 @@ static void test_half_forms(void) {
     }
 }
 
+/* The prefill operand conversions' two paths each (16-byte vectors where the length and alignment
+ * allow, the scalar kernel otherwise): f32_to_f16_cuda bit-equal to the host's round-to-nearest-even
+ * (util.c), swiglu_f16_cuda with ff 2056 (vectors; a partial last block) and 1004 (scalar) within
+ * f16 rounding of the CPU (<= 1e-3), three tokens of stacked gate|up rows. */
+static void test_half_converts(void) {
+    const int64_t ns[2] = {4096 + 8 * 300, 1001};
+    for (int i = 0; i < 2; i++) {
+        const int64_t n = ns[i];
+        float *x = xmalloc((size_t)n * 4);
+        uint16_t *h = xmalloc((size_t)n * 2);
+        fill(x, (size_t)n, 70000.0f); /* past the f16 range too: inf both sides */
+        for (int64_t k = 0; k < n; k += 7) x[k] *= 1e-6f; /* and subnormals */
+        float *dx = dev_put(x, (size_t)n * 4);
+        void *d16 = dev_poison_bytes((size_t)n * 2);
+        f32_to_f16_cuda(d16, dx, n, 0);
+        dev_get(h, d16, (size_t)n * 2);
+        size_t diff = 0;
+        for (int64_t k = 0; k < n; k++) diff += h[k] != f32_to_fp16(x[k]);
+        CHECK(diff == 0, "f32_to_f16 n %lld: %zu halves differ from the host's rounding", (long long)n, diff);
+        cudaFree(dx), cudaFree(d16);
+        free(x), free(h);
+    }
+    const int ffs[2] = {2056, 1004}, rows = 3;
+    for (int i = 0; i < 2; i++) {
+        const int ff = ffs[i];
+        const size_t nn = (size_t)rows * ff;
+        float *g = xmalloc(nn * 4), *u = xmalloc(nn * 4), *gu = xmalloc(2 * nn * 4), *ref = xmalloc(nn * 4);
+        float *got = xmalloc(nn * 4);
+        uint16_t *h16 = xmalloc(nn * 2);
+        fill(g, nn, 6.0f), fill(u, nn, 3.0f);
+        for (int r = 0; r < rows; r++) {
+            memcpy(gu + (size_t)r * 2 * ff, g + (size_t)r * ff, (size_t)ff * 4);
+            memcpy(gu + (size_t)r * 2 * ff + ff, u + (size_t)r * ff, (size_t)ff * 4);
+        }
+        float *dgu = dev_put(gu, 2 * nn * 4);
+        void *d16 = dev_poison_bytes(nn * 2);
+        swiglu_cpu(ref, g, u, (int64_t)nn);
+        swiglu_f16_cuda(d16, dgu, dgu + ff, rows, ff, 2 * ff, 0);
+        dev_get(h16, d16, nn * 2);
+        for (size_t k = 0; k < nn; k++) got[k] = fp16_to_f32(h16[k]);
+        const double e = norm_err(got, ref, nn);
+        CHECK(e <= 1e-3, "swiglu f16 ff %d: %.3g", ff, e);
+        cudaFree(dgu), cudaFree(d16);
+        free(g), free(u), free(gu), free(ref), free(got), free(h16);
+    }
+}
+
 static void test_rope(void) {
     const int n_tok = 9, n_heads = 6, hd = 64;
     const int n_rots[2] = {64, 32};
@@ -624,6 +712,58 @@ static void test_qk_norm_rope_store(int neox, int kv_f32) {
     free(q), free(k), free(v), free(got);
 }
 
+/* The prefill form of qk_norm_rope_store_cuda (over 16 tokens: a block per token, the rotation
+ * computed once; 32 heads, four a warp) bit-equal to the decode form run one token at a time: 40
+ * tokens of two sequences, stacked q|k|v rows, head_dim 128 with partial NeoX RoPE (n_rot 64) and interleaved full RoPE,
+ * f16 cache; the q rows, the normed k rows and both caches compared whole. */
+static void test_qk_norm_rope_rows(int neox) {
+    const int n_tok = 40, n_head = 28, n_head_kv = 4, hd = 128, n_rot = neox ? 64 : 128, bs = 16, n_layer_kv = 2, l = 0;
+    const int max_blocks = 4, n_blocks = 2 * max_blocks, q_dim = n_head * hd, kv_dim = n_head_kv * hd;
+    const int ld = q_dim + 2 * kv_dim;
+    int32_t pos[40], seq[40], tab[8] = {5, 2, 7, 0, 3, 6, 1, 4};
+    for (int t = 0; t < n_tok; t++) seq[t] = t < 25 ? 0 : 1, pos[t] = t < 25 ? 3 + t : 15 + t; /* 3..27, 40..54 */
+    float *qkv = xmalloc((size_t)n_tok * ld * 4), qn[128], kn[128], inv[64];
+    fill(qkv, (size_t)n_tok * ld, 2.0f), fill(qn, 128, 1.0f), fill(kn, 128, 1.0f);
+    rope_inv_freq(inv, n_rot, 1000000.0f);
+    float *dqn = dev_put(qn, sizeof qn), *dkn = dev_put(kn, sizeof kn), *dinv = dev_put(inv, sizeof inv);
+    int32_t *dpos = dev_put(pos, sizeof pos), *dseq = dev_put(seq, sizeof seq);
+    const size_t kv_elems = (size_t)n_blocks * n_layer_kv * bs * kv_dim, qn_elems = (size_t)n_tok * q_dim;
+    float *dqkv[2], *dqo[2];
+    void *dk[2], *dvv[2];
+    for (int r = 0; r < 2; r++) { /* r 0: all tokens at once; r 1: one launch per token */
+        struct cuda_kv kv = {0};
+        dk[r] = dev_poison_bytes(kv_elems * 2), dvv[r] = dev_poison_bytes(kv_elems * 2);
+        kv.k = dk[r], kv.v = dvv[r], kv.kv_f32 = 0, kv.n_layer_kv = n_layer_kv, kv.block_size = bs;
+        kv.n_head_kv = n_head_kv, kv.head_dim = hd, kv.kv_dim = kv_dim, kv.max_blocks = max_blocks;
+        kv.block_tab = dev_put(tab, sizeof tab);
+        dqkv[r] = dev_put(qkv, (size_t)n_tok * ld * 4), dqo[r] = dev_poison(qn_elems);
+        for (int t0 = 0; t0 < n_tok; t0 += r ? 1 : n_tok) {
+            const int nt = r ? 1 : n_tok;
+            float *row = dqkv[r] + (size_t)t0 * ld;
+            qk_norm_rope_store_cuda(dqo[r] + (size_t)t0 * q_dim, row, row + q_dim, row + q_dim + kv_dim, ld, ld, dqn, dkn,
+                                    1e-6f, n_head, n_rot, dpos + t0, dinv, neox, &kv, l, dseq + t0, nt, 0);
+        }
+        CK(cudaDeviceSynchronize());
+        cudaFree((void *)kv.block_tab);
+    }
+    float *a = xmalloc((size_t)n_tok * ld * 4), *b = xmalloc((size_t)n_tok * ld * 4);
+    uint16_t *ka = xmalloc(kv_elems * 2), *kb = xmalloc(kv_elems * 2);
+    dev_get(a, dqo[0], qn_elems * 4), dev_get(b, dqo[1], qn_elems * 4);
+    int same = !memcmp(a, b, qn_elems * 4);
+    dev_get(a, dqkv[0], (size_t)n_tok * ld * 4), dev_get(b, dqkv[1], (size_t)n_tok * ld * 4);
+    same = same && !memcmp(a, b, (size_t)n_tok * ld * 4);
+    int same_kv = 1;
+    for (int i = 0; i < 2; i++) {
+        dev_get(ka, i ? dvv[0] : dk[0], kv_elems * 2), dev_get(kb, i ? dvv[1] : dk[1], kv_elems * 2);
+        same_kv = same_kv && !memcmp(ka, kb, kv_elems * 2);
+    }
+    CHECK(same && same_kv, "qk_norm_rope_store neox %d, 40 tokens at once vs one at a time: rows %s, cache %s", neox,
+          same ? "equal" : "differ", same_kv ? "equal" : "differ");
+    for (int r = 0; r < 2; r++) cudaFree(dqkv[r]), cudaFree(dqo[r]), cudaFree(dk[r]), cudaFree(dvv[r]);
+    cudaFree(dqn), cudaFree(dkn), cudaFree(dinv), cudaFree(dpos), cudaFree(dseq);
+    free(qkv), free(a), free(b), free(ka), free(kb);
+}
+
 /* Host only: cuda_l2_share's shares of random spans (unaligned, 0..64 MiB, 1..2000 shares) are
  * 16-byte aligned multiples of 16 inside the span, and tile it rounded inward, in order. */
 static void test_l2_share(void) {
@@ -795,9 +935,11 @@ int main(void) {
     test_small_ops();
     test_rmsnorm_widths();
     test_half_forms();
+    test_half_converts();
     test_rope();
     for (int neox = 0; neox < 2; neox++)
         for (int f32 = 0; f32 < 2; f32++) test_qk_norm_rope_store(neox, f32);
+    for (int neox = 0; neox < 2; neox++) test_qk_norm_rope_rows(neox);
     test_attention(1, 64, 6, 2, 16);
     test_attention(0, 64, 6, 2, 16);
     test_attention(1, 128, 16, 2, 16);

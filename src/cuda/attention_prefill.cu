@@ -64,7 +64,8 @@ extern "C" size_t attention_prefill_smem_bytes(int head_dim) {
 /* grid (n_tiles * group, n_head_kv), block 128; sl2 = log2(e) / sqrt(head_dim). Layout: file comment. */
 template <int D>
 __global__ void __launch_bounds__(PF_THREADS)
-    attention_prefill_kernel(float *__restrict__ out, const float *__restrict__ q, const cuda_kv kv, int l,
+    attention_prefill_kernel(float *__restrict__ out, __half *__restrict__ out16, const float *__restrict__ q,
+                             const cuda_kv kv, int l,
                              const int32_t *__restrict__ pos, const int32_t *__restrict__ seq_id,
                              const int32_t *__restrict__ tiles, int n_head, float sl2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -176,9 +177,16 @@ __global__ void __launch_bounds__(PF_THREADS)
         const int R = r0 + warp * 16 + (lane >> 2) + 8 * i, tok = R / group, g = R - tok * group;
         if (tok < n_tok) {
             const float inv = 1.0f / ls;
-            float *dst = out + (size_t)(t0 + tok) * ld + (size_t)(kvh * group + g) * D + 2 * (lane & 3);
+            const size_t at = (size_t)(t0 + tok) * ld + (size_t)(kvh * group + g) * D + 2 * (lane & 3);
+            if (out16) { /* the o projection's GEMM operand: the same floats rounded to f16 */
 #pragma unroll
-            for (int nd = 0; nd < D / 8; nd++) *(float2 *)(dst + nd * 8) = make_float2(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
+                for (int nd = 0; nd < D / 8; nd++)
+                    *(__half2 *)(out16 + at + nd * 8) = __floats2half2_rn(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
+            } else {
+#pragma unroll
+                for (int nd = 0; nd < D / 8; nd++)
+                    *(float2 *)(out + at + nd * 8) = make_float2(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
+            }
         }
     }
 #endif
@@ -250,18 +258,20 @@ extern "C" int attention_prefill_tiles(int32_t *tiles_host, int cap, const int32
     return n;
 }
 
-extern "C" void attention_prefill_cuda(float *out, const float *q, const struct cuda_kv *kv, int l, const int32_t *pos,
-                                       const int32_t *seq_id, const int32_t *tiles, int n_tiles, int n_head,
-                                       cudaStream_t st) {
+extern "C" void attention_prefill_cuda(void *out, int out_half, const float *q, const struct cuda_kv *kv, int l,
+                                       const int32_t *pos, const int32_t *seq_id, const int32_t *tiles, int n_tiles,
+                                       int n_head, cudaStream_t st) {
     if (n_tiles <= 0) return;
     const int hd = kv->head_dim, group = n_head / kv->n_head_kv;
     const float sl2 = 1.4426950408889634f / sqrtf((float)hd); /* log2(e) / sqrt(head_dim): exp(x) = 2^(x log2 e) */
     const dim3 grid((unsigned)(n_tiles * group), (unsigned)kv->n_head_kv), block(PF_THREADS);
     const size_t smem = attention_prefill_smem_bytes(hd);
+    float *o32 = out_half ? NULL : (float *)out;
+    __half *o16 = out_half ? (__half *)out : NULL;
     switch (hd) {
-    case 64: attention_prefill_kernel<64><<<grid, block, smem, st>>>(out, q, *kv, l, pos, seq_id, tiles, n_head, sl2); break;
-    case 128: attention_prefill_kernel<128><<<grid, block, smem, st>>>(out, q, *kv, l, pos, seq_id, tiles, n_head, sl2); break;
-    case 256: attention_prefill_kernel<256><<<grid, block, smem, st>>>(out, q, *kv, l, pos, seq_id, tiles, n_head, sl2); break;
+    case 64: attention_prefill_kernel<64><<<grid, block, smem, st>>>(o32, o16, q, *kv, l, pos, seq_id, tiles, n_head, sl2); break;
+    case 128: attention_prefill_kernel<128><<<grid, block, smem, st>>>(o32, o16, q, *kv, l, pos, seq_id, tiles, n_head, sl2); break;
+    case 256: attention_prefill_kernel<256><<<grid, block, smem, st>>>(o32, o16, q, *kv, l, pos, seq_id, tiles, n_head, sl2); break;
     default: break;
     }
 }

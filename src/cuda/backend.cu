@@ -331,6 +331,10 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     int tune_a, tune_b;
     if (env_pair("PXQ_CUDA_MV", &tune_a, &tune_b)) /* "rows,warps" of the 1..2-token dp4a mat-vec */
         matmul_q8_tune(tune_a, tune_b);
+    qk_norm_rope_store_rows_off(env_is("PXQ_CUDA_QK_ROWS", "0")); /* A/B knob: the decode form for prefill */
+    /* A/B knobs: the generic tile kernel, the tile kernel's units a thread */
+    dequant_tile_f16_tune(env_is("PXQ_CUDA_DEQ_TILE", "generic"),
+                          getenv("PXQ_CUDA_DEQ_U") ? atoi(getenv("PXQ_CUDA_DEQ_U")) : 0);
     b->stage_o = b->pdl && !env_is("PXQ_CUDA_STAGE_O", "0") && matmul_q8_stage_supported(); /* overlap needs PDL */
     b->fuse_dn = !env_is("PXQ_CUDA_FUSE_DN", "0");
     b->early_trigger = getenv("PXQ_CUDA_EARLY_TRIGGER") ? atoi(getenv("PXQ_CUDA_EARLY_TRIGGER")) : 11;
@@ -738,11 +742,16 @@ struct step {
 };
 
 /* Causal attention of q over KV layer l into b->att: the tensor-core flash attention for prefill
- * steps where the device and shapes allow it, else split-K flash-decoding. Returns 1 if it also
- * wrote xq (b->xds), the q8 form of b->att (xq != NULL and the tensor-core decode kernel ran). */
-static int attention(cuda_backend *b, const float *q, int l, int n_head, const step &s, int8_t *xq) {
-    if (s.n_tiles > 0) {
-        attention_prefill_cuda(b->att, q, &b->kv, l, b->di.pos, b->di.seq, b->di.tiles, s.n_tiles, n_head, b->st);
+ * steps where the device and shapes allow it, else split-K flash-decoding. to_gemm: the output feeds
+ * the o projection's prefill GEMM as it is (no gate, not exact mode), so the prefill kernel writes
+ * its half operand (b->x16) instead of b->att. Returns 1 if it also wrote xq (b->xds), the q8 form
+ * of b->att (xq != NULL and the tensor-core decode kernel ran). */
+static int attention(cuda_backend *b, const float *q, int l, int n_head, const step &s, int8_t *xq, int to_gemm) {
+    if (s.n_tiles > 0 && to_gemm && !b->exact && s.n > CUDA_DECODE_MAX) {
+        attention_prefill_cuda(b->x16, 1, q, &b->kv, l, b->di.pos, b->di.seq, b->di.tiles, s.n_tiles, n_head, b->st);
+        b->x16_src = b->att; /* matmul_ld: x16 holds att's half form */
+    } else if (s.n_tiles > 0) {
+        attention_prefill_cuda(b->att, 0, q, &b->kv, l, b->di.pos, b->di.seq, b->di.tiles, s.n_tiles, n_head, b->st);
     } else if (b->decode_attn && s.n <= CUDA_DECODE_MAX) { /* the q8 form too: no quantize launch */
         attention_decode_cuda(b->att, xq, b->xds, q, &b->kv, l, b->di.pos, b->di.seq, s.n, n_head, s.n_split,
                               s.split_len, b->part_o, b->part_ml, b->st);
@@ -794,7 +803,7 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
         qk_norm_rope_store_cuda(q_out, qkv, qkv + q_dim, qkv + q_dim + kv_dim, ld, ld, L->v[CV_Q_NORM],
                                 L->v[CV_K_NORM], hp->rms_eps, hp->n_head, hp->n_rot, b->di.pos, b->inv_freq, neox,
                                 &b->kv, l, b->di.seq, n, st);
-        att_q8 = attention(b, q_out, l, hp->n_head, s, xq_att);
+        att_q8 = attention(b, q_out, l, hp->n_head, s, xq_att, !gated);
     } else {
         float *k = b->k, *v = b->v;
         if (first_weight(e, b, il, n) == &L->qgkv) { /* one launch: the token's [q_proj | k | v] (qg has room) */
@@ -812,7 +821,7 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
         /* q/k norm (before RoPE), RoPE, and the KV store: one kernel */
         qk_norm_rope_store_cuda(b->q, b->q, k, v, q_dim, kv_dim, L->v[CV_Q_NORM], L->v[CV_K_NORM], hp->rms_eps,
                                 hp->n_head, hp->n_rot, b->di.pos, b->inv_freq, neox, &b->kv, l, b->di.seq, n, st);
-        att_q8 = attention(b, b->q, l, hp->n_head, s, xq_att);
+        att_q8 = attention(b, b->q, l, hp->n_head, s, xq_att, !gated);
     }
     if (gated) sigmoid_gate_cuda(b->att, xq, b->xds, b->xb2, (int64_t)n * q_dim, st);
     else if (xq && !att_q8) quantize_q8_cuda(b->xq, b->xds, b->att, (int64_t)n * q_dim, st);

@@ -139,6 +139,12 @@ void matmul_q8_mma_tune(int mr, int kp);
 void dequant_rows_cuda(void *out, int out_half, const struct cuda_weight *w, const int32_t *rows, int64_t r0,
                        int n_rows, cudaStream_t st);
 
+/* Tests and A/B runs only: generic != 0 sends the f16 tiles of Q4_0 and Q8_0 rows through the
+ * generic dequantization kernel instead of their own (the same values); units: their own kernel's
+ * units a thread (4, 8 or 16; other values: the built-in 8). 0, 0 restores the built-in choice.
+ * Process-wide. */
+void dequant_tile_f16_tune(int generic, int units);
+
 /* x[n] float32 -> half (prefill GEMM operands). */
 void f32_to_f16_cuda(void *out, const float *x, int64_t n, cudaStream_t st);
 
@@ -201,6 +207,9 @@ void qk_norm_rope_store_cuda(float *q_out, const float *q, float *k, const float
                              const float *q_norm, const float *k_norm, float eps, int n_head, int n_rot,
                              const int32_t *pos, const float *inv_freq, int neox, const struct cuda_kv *kv, int l,
                              const int32_t *seq_id, int n_tokens, cudaStream_t st);
+/* Tests and A/B runs only: off != 0 sends prefill steps (over 16 tokens) through the decode form
+ * above (the same bits); 0 restores the prefill form. Process-wide. */
+void qk_norm_rope_store_rows_off(int off);
 
 /* Causal attention of q[t] ([n_tokens][n_head*head_dim]) over positions 0..pos[t] of its sequence
  * in layer l: out[t][h] = softmax(q k^T / sqrt(head_dim)) v (the CPU forward's attn_range). Split-K
@@ -268,7 +277,8 @@ int attention_prefill_supported(const struct cuda_kv *kv, int n_head);
 size_t attention_prefill_smem_bytes(int head_dim);
 int attention_prefill_prepare(int head_dim);
 
-/* attention_cuda's semantics for prefill: out [n_tokens][n_head * head_dim] (fp32), for each
+/* attention_cuda's semantics for prefill: out [n_tokens][n_head * head_dim] (fp32, or with out_half
+ * f16: the same values rounded to nearest, the o projection's GEMM operand), for each
  * token t and query head h, softmax(q[t][h] K^T / sqrt(head_dim)) V over positions 0..pos[t] of
  * sequence seq_id[t] in layer l, K/V head h / (n_head / n_head_kv); q [n_tokens][n_head *
  * head_dim] fp32. The ubatch's own K/V must already be in the cache. tiles (device) [n_tiles][2]
@@ -276,8 +286,9 @@ int attention_prefill_prepare(int head_dim);
  * KV head), 64 (token, query head) rows per block share each K/V tile staged in shared memory; QK^T
  * and PV on mma.sync m16n8k16 with Q and P rounded to f16, fp32 accumulation, online softmax in
  * fp32. Only where attention_prefill_supported. */
-void attention_prefill_cuda(float *out, const float *q, const struct cuda_kv *kv, int l, const int32_t *pos,
-                            const int32_t *seq_id, const int32_t *tiles, int n_tiles, int n_head, cudaStream_t st);
+void attention_prefill_cuda(void *out, int out_half, const float *q, const struct cuda_kv *kv, int l,
+                            const int32_t *pos, const int32_t *seq_id, const int32_t *tiles, int n_tiles, int n_head,
+                            cudaStream_t st);
 
 #ifdef __cplusplus
 }
