@@ -32,7 +32,10 @@ extern "C" int deltanet_cuda_supported(int dk, int dv) { return dk >= 1 && dk <=
  * Token tiles past the run's end exit. KT > 0: K = KT at compile time (window in registers);
  * KT == 0: K at run time, at most 16. Layout read: conv state [K-1][conv_dim] at state + run_seq *
  * seq_stride, oldest first; w [conv_dim][K]. (Tiles along the tokens: a 512-token prefill of the
- * 27B's 10240 channels ran 77 us as 320 blocks walking all tokens, latency-bound.) */
+ * 27B's 10240 channels ran 77 us as 320 blocks walking all tokens, latency-bound.) With K known at
+ * compile time a warp takes CONV_TOK / CONV_WARPS consecutive tokens and loads their
+ * CONV_TOK / CONV_WARPS + K - 1 inputs once, all before the first use (the strided form, kept for
+ * K at run time, loads each input K times: 50 us for that prefill under the timeline). */
 #define CONV_WARPS 4
 #define CONV_TOK 32
 template <int KT>
@@ -56,7 +59,24 @@ __global__ void ssm_conv_kernel(float *__restrict__ y, float *__restrict__ state
     pdl_wait();
     if (i0 >= m) return; /* the whole block: past this run's tokens */
     const int i1 = min(m, i0 + CONV_TOK);
-    if (ok)
+    if (KT > 0 && ok) { /* warp w: tokens b..b+TPW-1, b = i0 + w TPW; their inputs loaded once, all at once */
+        constexpr int TPW = CONV_TOK / CONV_WARPS, NW = TPW + KM - 1;
+        const int b = i0 + warp * TPW;
+        float win[NW]; /* win[t] = input position b - (K - 1) + t */
+#pragma unroll
+        for (int t = 0; t < NW; t++) {
+            const int q = b - (K - 1) + t;
+            win[t] = q >= m ? 0.0f : q >= 0 ? x[(size_t)tok[q] * conv_dim + c] : cs[(size_t)(K - 1 + q) * conv_dim];
+        }
+#pragma unroll
+        for (int t = 0; t < TPW; t++) {
+            if (b + t >= i1) break;
+            float acc = wc[K - 1] * win[t + K - 1]; /* the CPU's order: newest tap first */
+#pragma unroll
+            for (int j = 0; j < K - 1; j++) acc = fmaf(wc[j], win[t + j], acc);
+            y[(size_t)tok[b + t] * conv_dim + c] = silu_f(acc);
+        }
+    } else if (ok)
         for (int i = i0 + warp; i < i1; i += CONV_WARPS) {
             float acc = wc[K - 1] * x[(size_t)tok[i] * conv_dim + c]; /* the CPU's order: newest tap first */
 #pragma unroll
