@@ -9,7 +9,7 @@
  *     sm_90, with programmatic dependent launch (quantize and mat-vec back to back)
  *   dequantized rows to f32 (embedding)                          <= 1e-6; to f16 (prefill tiles) <= 1e-3;
  *     Q4_0, Q8_0 and Q4M tiles (their own kernel): bit-equal to the CPU rows rounded to f16, and
- *     to the generic kernel but for the sign of zero (it writes +0 where a Q4_0 weight is 0, d < 0)
+ *     to the generic kernel but for the sign of zero (its sums give +0 where a zero weight is -0)
  *   rmsnorm, swiglu, biases, residual                            <= 1e-6
  *   rope, neox and interleaved, positions up to 32767            <= 1e-5
  *   fused q/k norm + rope + KV store vs the CPU ops in order      <= 1e-5 (f16 cache rows <= 1e-3);
@@ -118,7 +118,8 @@ static void test_matmul(struct threadpool *tp) {
             err = norm_err(got, ref, 5 * (size_t)n_in);
             CHECK(err <= 1e-3, "dequant rows to f16 %s: %.3g", type_name(type), err);
             if (w.fmt == WFMT_Q4_0 || w.fmt == WFMT_Q8_0 || w.fmt == WFMT_Q4M) { /* the tile kernel */
-                const int nr = 37; /* several blocks of units, a partial last one */
+                const int nr = 90; /* rows 3..92: 2880 units of Q4 (5760 of Q8_0), so 2 to 6 blocks at each
+                                    * units-a-thread tuning, a partial last one */
                 uint16_t *fast = xmalloc((size_t)nr * n_in * 2), *gen = xmalloc((size_t)nr * n_in * 2);
                 void *dt = dev_poison_bytes((size_t)nr * n_in * 2);
                 dequant_rows_cuda(dt, 1, &w, NULL, 3, nr, 0);
@@ -466,7 +467,8 @@ static void test_half_forms(void) {
 /* The prefill operand conversions' two paths each (16-byte vectors where the length and alignment
  * allow, the scalar kernel otherwise): f32_to_f16_cuda bit-equal to the host's round-to-nearest-even
  * (util.c), swiglu_f16_cuda with ff 2056 (vectors; a partial last block) and 1004 (scalar) within
- * f16 rounding of the CPU (<= 1e-3), three tokens of stacked gate|up rows. */
+ * f16 rounding of the CPU (<= 1e-3), three tokens of stacked gate|up rows, and each bit-equal to
+ * the scalar kernel on the same rows one float off alignment. */
 static void test_half_converts(void) {
     const int64_t ns[2] = {4096 + 8 * 300, 1001};
     for (int i = 0; i < 2; i++) {
@@ -505,6 +507,15 @@ static void test_half_converts(void) {
         for (size_t k = 0; k < nn; k++) got[k] = fp16_to_f32(h16[k]);
         const double e = norm_err(got, ref, nn);
         CHECK(e <= 1e-3, "swiglu f16 ff %d: %.3g", ff, e);
+        /* the same rows one float off 16-byte alignment take the scalar kernel: the same bits */
+        float *dgu1 = dev_poison(2 * nn + 1);
+        CK(cudaMemcpy(dgu1 + 1, dgu, 2 * nn * 4, cudaMemcpyDeviceToDevice));
+        uint16_t *h16b = xmalloc(nn * 2);
+        CK(cudaMemset(d16, 0xff, nn * 2));
+        swiglu_f16_cuda(d16, dgu1 + 1, dgu1 + 1 + ff, rows, ff, 2 * ff, 0);
+        dev_get(h16b, d16, nn * 2);
+        CHECK(!memcmp(h16, h16b, nn * 2), "swiglu f16 ff %d: the vector and scalar kernels differ", ff);
+        cudaFree(dgu1), free(h16b);
         cudaFree(dgu), cudaFree(d16);
         free(g), free(u), free(gu), free(ref), free(got), free(h16);
     }
@@ -722,7 +733,7 @@ static void test_qk_norm_rope_rows(int neox) {
     const int ld = q_dim + 2 * kv_dim;
     int32_t pos[40], seq[40], tab[8] = {5, 2, 7, 0, 3, 6, 1, 4};
     for (int t = 0; t < n_tok; t++) seq[t] = t < 25 ? 0 : 1, pos[t] = t < 25 ? 3 + t : 15 + t; /* 3..27, 40..54 */
-    float *qkv = xmalloc((size_t)n_tok * ld * 4), qn[128], kn[128], inv[64];
+    float *qkv = xmalloc((size_t)n_tok * ld * 4), qn[128], kn[128], inv[64] = {0};
     fill(qkv, (size_t)n_tok * ld, 2.0f), fill(qn, 128, 1.0f), fill(kn, 128, 1.0f);
     rope_inv_freq(inv, n_rot, 1000000.0f);
     float *dqn = dev_put(qn, sizeof qn), *dkn = dev_put(kn, sizeof kn), *dinv = dev_put(inv, sizeof inv);

@@ -554,8 +554,9 @@ __global__ void dequant_rows_kernel(T *__restrict__ out, const cuda_weight w, co
  * mantissa of the half 1024 + u (bits 0x6400 | u: a byte permute, a mask), one subtraction makes the
  * weight's integer exact, and one multiplication by the group's f16 scale d rounds once:
  * round_f16(d * (nib - 8)), as the f32 path's exact fmaf(d, nib, -8 d) followed by the rounding to f16
- * (bit for bit the CPU's rows rounded to f16, -0 included: the generic kernel writes +0 where the
- * weight is 0 and d < 0; the GEMM sums the same either way).
+ * (bit for bit the CPU's rows rounded to f16, the sign of zero included: a zero weight is
+ * (code) x d here and on the CPU, -0 when the two signs differ, where the generic kernel's sum gives
+ * +0; the GEMM sums the same either way).
  * The rows r0..r0+n_rows are one flat range of codes and scales (layouts: backend.h). A unit is 8
  * code bytes: Q4_0 and Q4M half a group, bytes j..j+7 holding elements j..j+7 (low nibbles) and
  * j+16..j+23 (high), stored as 16 bytes at 32-byte distance, so that two lanes fill each 32-byte

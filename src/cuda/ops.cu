@@ -437,7 +437,8 @@ __global__ void __launch_bounds__(QKR_WARPS * 32)
  * QKP_WARPS, ...: the same bits as qk_norm_rope_store_kernel. (A warp per head in blocks of up to
  * 24 warps, the decode form's split, ran Qwen3-32B pp512 0.7% slower on an H200.) */
 #define QKP_WARPS 8
-#define QKP_DECODE_MAX 16 /* the decode steps' 1..16 tokens keep the form above (PDL, one warp a head) */
+#define QKP_DECODE_MAX 16 /* the backend's CUDA_DECODE_MAX: decode steps keep the form above (PDL, a warp a
+                          * head); either form gives the same bits, so only speed hangs on this */
 __global__ void __launch_bounds__(QKP_WARPS * 32)
     qk_norm_rope_store_rows_kernel(float *q_out, const float *q, float *k, const float *v, int ld_q, int ld_kv,
                                    const float *q_norm, const float *k_norm, float eps, int n_head, int n_rot,

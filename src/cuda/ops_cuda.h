@@ -139,7 +139,7 @@ void matmul_q8_mma_tune(int mr, int kp);
 void dequant_rows_cuda(void *out, int out_half, const struct cuda_weight *w, const int32_t *rows, int64_t r0,
                        int n_rows, cudaStream_t st);
 
-/* Tests and A/B runs only: generic != 0 sends the f16 tiles of Q4_0 and Q8_0 rows through the
+/* Tests and A/B runs only: generic != 0 sends the f16 tiles of Q4_0, Q8_0 and Q4M rows through the
  * generic dequantization kernel instead of their own (the same values); units: their own kernel's
  * units a thread (4, 8 or 16; other values: the built-in 8). 0, 0 restores the built-in choice.
  * Process-wide. */

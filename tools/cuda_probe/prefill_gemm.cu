@@ -120,5 +120,6 @@ int main(int argc, char **argv) {
     }
     cublasLtDestroy(lt);
     cublasDestroy(h);
+    cudaFree(W), cudaFree(X), cudaFree(Y), cudaFree(ws);
     return 0;
 }

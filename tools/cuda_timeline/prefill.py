@@ -3,8 +3,8 @@
 run (tools/cuda_timeline/run.sh with those arguments; summary.py reads decode steps only).
 
 The prefill runs on two streams: the GEMMs (cuBLAS) and the small kernels on one, the weight tiles'
-dequantization on the other (docs/CUDA.md). This prints, for the last run of the CSV (the
-kernels after its last pause of over 5 ms):
+dequantization on the other (docs/CUDA.md). This prints, for the kernels after the CSV's last
+pause of over 5 ms (with -r 1 that is the bench's warm-up pass and its timed pass together):
   - each kernel class's count and summed duration (gemm, dequant, attention, other);
   - the run's span cut by what was running: G = a GEMM, D = a dequantization, O = another kernel,
     '-' = none (so "-DO" is time with no GEMM running, only dequantization and small kernels);
@@ -54,7 +54,7 @@ def main():
         last_end = max(last_end, r[1])
     run = rows[cut:]
     t0, t1 = run[0][0], max(r[1] for r in run)
-    print(f"last run: {len(run)} kernels, span {(t1 - t0) / 1e6:.2f} ms")
+    print(f"after the last pause: {len(run)} kernels, span {(t1 - t0) / 1e6:.2f} ms")
     tot, cnt = collections.defaultdict(float), collections.Counter()
     for r in run:
         c = kernel_class(r[4])
@@ -77,7 +77,9 @@ def main():
     qk = [i for i, r in enumerate(run) if "qk_norm" in r[4]]
     starts = [max(j for j in range(q) if "rmsnorm_kernel" in run[j][4]) for q in qk
               if any("rmsnorm_kernel" in run[j][4] for j in range(q))]
-    if len(starts) > a.layer + 1:
+    if len(starts) <= a.layer + 1:
+        print(f"no attention layer {a.layer} with one after it in the run ({len(starts)} attention layers)")
+    else:
         i0, i1 = starts[a.layer], starts[a.layer + 1]
         base = run[i0][0]
         print(f"attention layer {a.layer} of the run (from its pre-norm to the next one's):")
