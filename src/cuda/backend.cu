@@ -104,6 +104,13 @@ struct cuda_backend {
     cudaStream_t st_deq;
     cudaEvent_t deq_done[2], gemm_done[2];
     int tile_next;          /* the half the next tile goes to */
+    /* the GEMM after a short kernel (a norm, the SwiGLU) holds the next tile's dequantization back
+     * until that kernel is over (gemm_ready, recorded on st before the GEMM): launched during it, the
+     * dequantization's blocks took every SM and the GEMM waited 10-15 us for them to leave.
+     * deq_defer: armed by the short kernel, taken by the next GEMM; deq_after: gemm_ready is pending
+     * for the next tile's dequantization. PXQ_CUDA_DEQ_DEFER=0 turns it off. */
+    cudaEvent_t gemm_ready;
+    int deq_defer, deq_after, deq_defer_on;
     int8_t *xq;             /* q8 activations [nb][max_in] and their (d, s) [nb][max_in/32][2] */
     float *xds;
     size_t w16_elems, w16_half; /* the two tile buffers, and the elements of a tile */
@@ -386,6 +393,8 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
         CK(cudaEventCreateWithFlags(&b->gemm_done[i], cudaEventDisableTiming));
         CK(cudaEventRecord(b->gemm_done[i], b->st));
     }
+    CK(cudaEventCreateWithFlags(&b->gemm_ready, cudaEventDisableTiming));
+    b->deq_defer_on = !env_is("PXQ_CUDA_DEQ_DEFER", "0");
     if (cublasCreate(&b->cublas) != CUBLAS_STATUS_SUCCESS) die("cublasCreate failed");
     cublasSetStream(b->cublas, b->st);
     { /* prefill GEMMs sized for 7/8 of the SMs, so the next tile's dequantization runs beside them
@@ -607,6 +616,7 @@ extern "C" void cuda_backend_free(struct pxq_engine *e) {
     cublasDestroy(b->cublas);
     cudaStreamSynchronize(b->st_deq);
     for (int i = 0; i < 2; i++) cudaEventDestroy(b->deq_done[i]), cudaEventDestroy(b->gemm_done[i]);
+    cudaEventDestroy(b->gemm_ready);
     cudaStreamDestroy(b->st_deq);
     cudaStreamDestroy(b->st);
     cudaFree(b->arena);
@@ -710,11 +720,18 @@ static void matmul_ld(cuda_backend *b, float *y, const cuda_weight *w, const flo
         } else { /* dequantize tile into half i once its last GEMM is over, overlapping the running GEMM */
             uint16_t *wt = (uint16_t *)b->w16 + (size_t)i * half;
             CK(cudaStreamWaitEvent(b->st_deq, b->gemm_done[i], 0));
+            if (b->deq_after) CK(cudaStreamWaitEvent(b->st_deq, b->gemm_ready, 0));
+            b->deq_after = 0;
             dequant_rows_cuda(wt, 1, w, NULL, r0, rc, b->st_deq);
             CK(cudaEventRecord(b->deq_done[i], b->st_deq));
             CK(cudaStreamWaitEvent(b->st, b->deq_done[i], 0));
             A = wt;
+            if (b->deq_defer) { /* the next tile's dequantization starts with this GEMM */
+                CK(cudaEventRecord(b->gemm_ready, b->st));
+                b->deq_after = 1;
+            }
         }
+        b->deq_defer = 0;
         /* column-major view: y^T[n_out x n] = W[n_in x n_out]^T x^T[n_in x n] */
         cublasStatus_t s = cublasGemmEx(b->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rc, n, n_in, &one, A, CUDA_R_16F, n_in,
                                         b->x16, CUDA_R_16F, n_in, &beta, y + r0, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
@@ -943,6 +960,7 @@ static void gemm_in_norm(cuda_backend *b, const float *w, int d, int n, float ep
     if (gemm) {
         rmsnorm_f16_cuda(b->xb, b->x16, b->x, w, d, n, eps, b->st);
         b->x16_src = b->xb;
+        b->deq_defer = b->deq_defer_on;
     } else {
         rmsnorm_q8_cuda(b->xb, q8 ? b->xq : NULL, b->xds, b->x, w, d, n, eps, NULL, b->st);
         b->x16_src = NULL;
@@ -988,6 +1006,7 @@ static void run_layers(struct pxq_engine *e, cuda_backend *b, const step &s) {
             if (gemm) { /* straight to the down GEMM's half operand */
                 swiglu_f16_cuda(b->x16, b->hb, b->hb + ff, n, ff, 2 * ff, st);
                 b->x16_src = b->hb2; /* hb2 itself is not written */
+                b->deq_defer = b->deq_defer_on;
             } else {
                 swiglu_q8_cuda(b->hb2, xq_down, b->xds, b->hb, b->hb + ff, n, ff, 2 * ff, st);
             }
