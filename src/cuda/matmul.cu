@@ -546,6 +546,72 @@ __global__ void dequant_rows_kernel(T *__restrict__ out, const cuda_weight w, co
         for (int i = n_vec + threadIdx.x; i < n_in; i += blockDim.x) o[i] = (T)load1<F>(w, row, i);
 }
 
+/* A tile unit's scale: f16 d (Q4_0, Q8_0) or float2 (d, m) (Q4M); units per quantization group. */
+template <int F> struct tile_fmt {
+    using scale = unsigned short;
+    static constexpr int per_group = F == WFMT_Q8_0 ? 4 : 2;
+};
+template <> struct tile_fmt<WFMT_Q4M> {
+    using scale = float2;
+    static constexpr int per_group = 2;
+};
+
+/* One unit u of the tile (code bytes a, its group's scale d) to f16 at out (the kernel below). */
+template <int F>
+static __device__ __forceinline__ void tile_unit(__half *out, int64_t u, uint2 a, typename tile_fmt<F>::scale d) {
+    if constexpr (F == WFMT_Q4_0) {
+        const __half2 d2 = __half2half2(__ushort_as_half(d));
+        const __half2 off = __half2half2(__ushort_as_half(0x6408)); /* 1024 + 8 */
+        const uint32_t word[2] = {a.x, a.y};
+        uint32_t lo[4], hi[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) { /* bytes 2j, 2j+1 of the 8 -> 16-bit lanes */
+            const uint32_t t = __byte_perm(word[j / 2], 0, (j & 1) ? 0x4342 : 0x4140);
+            lo[j] = (t & 0x000F000Fu) | 0x64006400u;
+            hi[j] = ((t >> 4) & 0x000F000Fu) | 0x64006400u;
+        }
+        uint4 vl, vh;
+        uint32_t *pl = (uint32_t *)&vl, *ph = (uint32_t *)&vh;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const __half2 l = __hmul2(__hsub2(*(const __half2 *)&lo[j], off), d2);
+            const __half2 h = __hmul2(__hsub2(*(const __half2 *)&hi[j], off), d2);
+            pl[j] = *(const uint32_t *)&l, ph[j] = *(const uint32_t *)&h;
+        }
+        __half *o = out + (u / 2) * 32 + (u & 1) * 8;
+        *(uint4 *)o = vl;
+        *(uint4 *)(o + 16) = vh;
+    } else if constexpr (F == WFMT_Q4M) {
+        const uint32_t word[2] = {a.x, a.y};
+        float lo[8], hi[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) { /* 2^23 + nib, less 2^23 */
+            const uint32_t b = word[j / 4] >> (8 * (j & 3));
+            lo[j] = fmaf(d.x, __uint_as_float(0x4B000000u | (b & 15)) - 8388608.0f, d.y);
+            hi[j] = fmaf(d.x, __uint_as_float(0x4B000000u | ((b >> 4) & 15)) - 8388608.0f, d.y);
+        }
+        __half2 hl[4], hh[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            hl[j] = __floats2half2_rn(lo[2 * j], lo[2 * j + 1]), hh[j] = __floats2half2_rn(hi[2 * j], hi[2 * j + 1]);
+        __half *o = out + (u / 2) * 32 + (u & 1) * 8;
+        *(uint4 *)o = *(const uint4 *)hl;
+        *(uint4 *)(o + 16) = *(const uint4 *)hh;
+    } else { /* Q8_0: 8 code bytes, one 16-byte store */
+        const __half2 d2 = __half2half2(__ushort_as_half(d));
+        const __half2 off = __half2half2(__ushort_as_half(0x6480)); /* 1024 + 128 */
+        const uint32_t word[2] = {a.x ^ 0x80808080u, a.y ^ 0x80808080u}; /* q + 128: 0..255 */
+        uint32_t v[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint32_t t = __byte_perm(word[j / 2], 0x64646464u, (j & 1) ? 0x4342 : 0x4140);
+            const __half2 h = __hmul2(__hsub2(*(const __half2 *)&t, off), d2);
+            v[j] = *(const uint32_t *)&h;
+        }
+        *(uint4 *)(out + u * 8) = make_uint4(v[0], v[1], v[2], v[3]);
+    }
+}
+
 /* The prefill tiles of Q4_0, Q8_0 and Q4M (a range of whole rows to f16): dequant_rows_kernel's
  * values without its int-to-float conversions (a reduced-throughput instruction, and these tiles
  * dequantize on the few SMs the GEMM leaves). Q4M (f32 d, m): each nibble becomes a float as
@@ -562,106 +628,30 @@ __global__ void dequant_rows_kernel(T *__restrict__ out, const cuda_weight w, co
  * j+16..j+23 (high), stored as 16 bytes at 32-byte distance, so that two lanes fill each 32-byte
  * sector; Q8_0 a quarter group, one 16-byte store (a store of 16 bytes at a 32-byte stride per
  * lane, which leaves each sector half written, cost a Q8_0 pp512 11%). U units a thread
- * (dequant_tile_f16_tune), their loads issued first; the launch covers the tile (a smaller grid
- * would loop). */
+ * (dequant_tile_f16_tune), their loads issued first; the launch covers the tile (the loop runs
+ * once: taking it out left ptxas spilling at 16 units a thread). */
 template <int F, int U>
 __global__ void __launch_bounds__(256)
     dequant_tile_f16_kernel(__half *__restrict__ out, const cuda_weight w, int64_t r0, int64_t n_units) {
+    using S = typename tile_fmt<F>::scale;
     pdl_launch_dependents();
     pdl_wait();
     const int64_t n_in = w.n_in, stride = (int64_t)gridDim.x * blockDim.x * U;
-    const unsigned short *sc = (const unsigned short *)w.s + r0 * (n_in / 32);
+    const uint2 *q = (const uint2 *)((const uint8_t *)w.q + r0 * (F == WFMT_Q8_0 ? n_in : n_in / 2));
+    const S *sc = (const S *)w.s + r0 * (n_in / 32);
     for (int64_t u0 = (int64_t)blockIdx.x * blockDim.x * U + threadIdx.x; u0 < n_units; u0 += stride) {
-        if (F == WFMT_Q4_0) {
-            const uint2 *q = (const uint2 *)((const uint8_t *)w.q + r0 * (n_in / 2));
-            uint2 a[U];
-            unsigned short d[U];
+        uint2 a[U];
+        S d[U];
 #pragma unroll
-            for (int k = 0; k < U; k++) {
-                const int64_t u = u0 + (int64_t)k * blockDim.x;
-                if (u < n_units) a[k] = __ldg(q + u), d[k] = __ldg(sc + u / 2);
-            }
+        for (int k = 0; k < U; k++) {
+            const int64_t u = u0 + (int64_t)k * blockDim.x;
+            if (u < n_units) a[k] = __ldg(q + u), d[k] = __ldg(sc + u / tile_fmt<F>::per_group);
+        }
 #pragma unroll
-            for (int k = 0; k < U; k++) {
-                const int64_t u = u0 + (int64_t)k * blockDim.x;
-                if (u >= n_units) break;
-                const __half2 d2 = __half2half2(__ushort_as_half(d[k]));
-                const __half2 off = __half2half2(__ushort_as_half(0x6408)); /* 1024 + 8 */
-                const uint32_t word[2] = {a[k].x, a[k].y};
-                uint32_t lo[4], hi[4];
-#pragma unroll
-                for (int j = 0; j < 4; j++) { /* bytes 2j, 2j+1 of the 8 -> 16-bit lanes */
-                    const uint32_t t = __byte_perm(word[j / 2], 0, (j & 1) ? 0x4342 : 0x4140);
-                    lo[j] = (t & 0x000F000Fu) | 0x64006400u;
-                    hi[j] = ((t >> 4) & 0x000F000Fu) | 0x64006400u;
-                }
-                uint4 vl, vh;
-                uint32_t *pl = (uint32_t *)&vl, *ph = (uint32_t *)&vh;
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const __half2 l = __hmul2(__hsub2(*(const __half2 *)&lo[j], off), d2);
-                    const __half2 h = __hmul2(__hsub2(*(const __half2 *)&hi[j], off), d2);
-                    pl[j] = *(const uint32_t *)&l, ph[j] = *(const uint32_t *)&h;
-                }
-                __half *o = out + (u / 2) * 32 + (u & 1) * 8;
-                *(uint4 *)o = vl;
-                *(uint4 *)(o + 16) = vh;
-            }
-        } else if (F == WFMT_Q4M) {
-            const uint2 *q = (const uint2 *)((const uint8_t *)w.q + r0 * (n_in / 2));
-            const float2 *dm = (const float2 *)w.s + r0 * (n_in / 32);
-            uint2 a[U];
-            float2 s2[U];
-#pragma unroll
-            for (int k = 0; k < U; k++) {
-                const int64_t u = u0 + (int64_t)k * blockDim.x;
-                if (u < n_units) a[k] = __ldg(q + u), s2[k] = __ldg(dm + u / 2);
-            }
-#pragma unroll
-            for (int k = 0; k < U; k++) {
-                const int64_t u = u0 + (int64_t)k * blockDim.x;
-                if (u >= n_units) break;
-                const uint32_t word[2] = {a[k].x, a[k].y};
-                float lo[8], hi[8];
-#pragma unroll
-                for (int j = 0; j < 8; j++) { /* 2^23 + nib, less 2^23 */
-                    const uint32_t b = word[j / 4] >> (8 * (j & 3));
-                    lo[j] = fmaf(s2[k].x, __uint_as_float(0x4B000000u | (b & 15)) - 8388608.0f, s2[k].y);
-                    hi[j] = fmaf(s2[k].x, __uint_as_float(0x4B000000u | ((b >> 4) & 15)) - 8388608.0f, s2[k].y);
-                }
-                __half2 hl[4], hh[4];
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    hl[j] = __floats2half2_rn(lo[2 * j], lo[2 * j + 1]), hh[j] = __floats2half2_rn(hi[2 * j], hi[2 * j + 1]);
-                __half *o = out + (u / 2) * 32 + (u & 1) * 8;
-                *(uint4 *)o = *(const uint4 *)hl;
-                *(uint4 *)(o + 16) = *(const uint4 *)hh;
-            }
-        } else { /* Q8_0: a unit is 8 code bytes here (a quarter group), one 16-byte store */
-            const uint2 *q = (const uint2 *)((const int8_t *)w.q + r0 * n_in);
-            uint2 a[U];
-            unsigned short d[U];
-#pragma unroll
-            for (int k = 0; k < U; k++) {
-                const int64_t u = u0 + (int64_t)k * blockDim.x;
-                if (u < n_units) a[k] = __ldg(q + u), d[k] = __ldg(sc + u / 4);
-            }
-#pragma unroll
-            for (int k = 0; k < U; k++) {
-                const int64_t u = u0 + (int64_t)k * blockDim.x;
-                if (u >= n_units) break;
-                const __half2 d2 = __half2half2(__ushort_as_half(d[k]));
-                const __half2 off = __half2half2(__ushort_as_half(0x6480)); /* 1024 + 128 */
-                const uint32_t word[2] = {a[k].x ^ 0x80808080u, a[k].y ^ 0x80808080u}; /* q + 128: 0..255 */
-                uint32_t v[4];
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const uint32_t t = __byte_perm(word[j / 2], 0x64646464u, (j & 1) ? 0x4342 : 0x4140);
-                    const __half2 h = __hmul2(__hsub2(*(const __half2 *)&t, off), d2);
-                    v[j] = *(const uint32_t *)&h;
-                }
-                *(uint4 *)(out + u * 8) = make_uint4(v[0], v[1], v[2], v[3]);
-            }
+        for (int k = 0; k < U; k++) {
+            const int64_t u = u0 + (int64_t)k * blockDim.x;
+            if (u >= n_units) break;
+            tile_unit<F>(out, u, a[k], d[k]);
         }
     }
 }

@@ -15,14 +15,8 @@
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 
-#define CK(x)                                                                             \
-    do {                                                                                  \
-        cudaError_t e_ = (x);                                                             \
-        if (e_ != cudaSuccess) {                                                          \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
+#include "probe_check.h"
+
 #define CB(x)                                                                    \
     do {                                                                         \
         int s_ = (int)(x);                                                       \

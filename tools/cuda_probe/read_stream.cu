@@ -19,14 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CK(x)                                                                               \
-    do {                                                                                    \
-        cudaError_t e_ = (x);                                                               \
-        if (e_ != cudaSuccess) {                                                            \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));   \
-            exit(1);                                                                        \
-        }                                                                                   \
-    } while (0)
+#include "probe_check.h"
 
 template <int U>
 __global__ void stream_kernel(const uint4 *__restrict__ p, size_t n, unsigned *sink) {
