@@ -17,6 +17,7 @@ import argparse
 import collections
 import csv
 import gzip
+import sys
 
 
 def kernel_class(name):
@@ -43,9 +44,16 @@ def main():
     ap.add_argument("--layer", type=int, default=20)
     a = ap.parse_args()
     opener = gzip.open if a.csv.endswith(".gz") else open
-    with opener(a.csv, "rt") as f:
-        rows = [(int(r["start_ns"]), int(r["end_ns"]), int(r["stream"]), int(r["blocks"]), r["name"])
-                for r in csv.DictReader(f)]
+    try:
+        with opener(a.csv, "rt") as f:
+            rows = [(int(r["start_ns"]), int(r["end_ns"]), int(r["stream"]), int(r["blocks"]), r["name"])
+                    for r in csv.DictReader(f)]
+    except (OSError, EOFError) as e:
+        sys.exit(f"prefill.py: {a.csv}: {e}")
+    except (KeyError, ValueError, TypeError) as e:
+        sys.exit(f"prefill.py: {a.csv}: not a timeline.c CSV (start_ns,end_ns,...,name): {e!r}")
+    if not rows:
+        sys.exit(f"prefill.py: {a.csv}: no kernels")
     rows.sort()
     cut, last_end = 0, 0
     for i, r in enumerate(rows):
