@@ -83,7 +83,8 @@ size_t pxq_engine_device_mem_peak(const struct pxq_engine *e);
 /* The device's name, e.g. "NVIDIA H200", or "cpu". */
 const char *pxq_engine_device_name(const struct pxq_engine *e);
 /* The kernel path the last pxq_decode took: "cpu", "cuda gemv q4_0 graph" (fused dequant mat-vec,
- * replayed CUDA graph), "cuda gemv q4_0" (eager), "cuda cublas-f16 q4_0" (prefill: f16 tiles + cuBLAS). */
+ * replayed CUDA graph), "cuda gemv q4_0" (eager), "cuda cublas-f16 q4_0" (prefill: f16 tiles + cuBLAS;
+ * MoE models add how the experts ran: " experts q8-mma", int8 tensor cores, or " experts fp32"). */
 const char *pxq_engine_kernel_path(const struct pxq_engine *e);
 
 #endif

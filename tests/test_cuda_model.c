@@ -266,11 +266,12 @@ static void check_graphs(const char *path) {
 /* A dummy-weight model (config in tests/data, weights of type dtype) on CUDA against the CPU engine:
  * a 20-token prefill (all rows) and 8 greedy decode steps from the CPU's tokens, by the normalised
  * error and top-1 agreement. Exact mode: <= 1e-5 and every row. Default mode (int8 activations,
- * f16 KV and prefill GEMMs) only <= 5e-2, top-1 reported: random weights give near-uniform logits,
- * and a near-tie in a router can pick another expert for a token (a real, bounded difference), but
- * a wrong layout or expert gives errors of order 1.
+ * f16 KV and prefill GEMMs) only <= 1e-2 (prefill) and 5e-2 (decode), top-1 reported: random
+ * weights give near-uniform logits, and a near-tie in a router can pick another expert for a token
+ * (a real, bounded difference), but a wrong layout or expert gives errors of order 1.
  * For MoE configs this runs the quantized experts through the gathered mat-vecs: fp32 activations
- * in exact mode, int8 (dp4a) in default decode steps. */
+ * in exact mode; in default mode int8 activations, on the tensor cores for the prefill's expert
+ * tiles (moe_q8_mma_cuda; Q4_0, Q8_0, Q4_K) and through dp4a in decode steps. */
 static void check_dummy(const char *config, enum pxq_type dtype, int exact) {
     char path[512], err[512] = "";
     snprintf(path, sizeof path, "%s/%s", test_data_dir(), config);
@@ -294,12 +295,15 @@ static void check_dummy(const char *config, enum pxq_type dtype, int exact) {
                   err2);
             cmp_rows(&dec, pxq_logits(e, 0), pxq_logits(c, 0), n_vocab);
         }
+        /* default mode: the prefill's rows agree to ~2e-3 (int8 / f16 rounding), so 1e-2 still catches a
+         * wrong band of tokens; decode steps 5e-2 */
         const double ep = sqrt(pre.num / pre.den), ed = sqrt(dec.num / dec.den), bound = exact ? 1e-5 : 5e-2;
+        const double bound_pre = exact ? 1e-5 : 1e-2;
         printf("%s dummy %s %s vs CPU engine: prefill normalised %.3g top-1 %d/%d, decode normalised %.3g top-1 %d/%d [%s]\n",
                exact ? "fp32" : "f16 ", config, type_name(dtype), ep, pre.top1, pre.rows, ed, dec.top1, dec.rows,
                pxq_engine_kernel_path(e));
-        CHECK(ep <= bound && ed <= bound, "dummy %s %s: normalised error %.3g / %.3g > %.1g", config, type_name(dtype), ep,
-              ed, bound);
+        CHECK(ep <= bound_pre && ed <= bound, "dummy %s %s: normalised error %.3g / %.3g > %.1g / %.1g", config,
+              type_name(dtype), ep, ed, bound_pre, bound);
         if (exact) CHECK(pre.top1 == pre.rows && dec.top1 == dec.rows, "dummy %s %s: top-1 differs", config, type_name(dtype));
     }
     pxq_engine_free(e);

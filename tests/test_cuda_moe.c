@@ -18,8 +18,12 @@
  *   moe_q8_cuda (int8 activations, dp4a), Q8_0, Q4_0, Q4_1, Q4_K: vs matmul_q8_cuda on the expert's
  *     own rows per pair <= 1e-5 (same group arithmetic, another summation order), vs float64 <= 1e-2
  *   moe_sort_cuda + moe_gemv_tiles_cuda (prefill), 17..40 tokens, k 2..8, 4..128 experts (tiles full,
- *     partial and experts without pairs), F32, F16 (rows of 100), Q4_0, Q4_K, Q6_K: order a permutation
- *     grouped by expert, tiles covering it; outputs bit-exact vs moe_gemv_cuda, gap untouched
+ *     partial and experts without pairs), F32, F16 (rows of 100), Q8_0, Q4_0, Q4_K, Q6_K: order a
+ *     permutation grouped by expert, tiles covering it; outputs bit-exact vs moe_gemv_cuda, gap untouched
+ *   moe_q8_mma_cuda (prefill, int8 tensor cores; sm_80+, else reported as skipped), the same tiles,
+ *     Q8_0, Q4_0, Q4_K (Q4M), rows per expert 97 (a partial band) at each m-tile count (1, 2, 4) and
+ *     1 or 2 warps: vs moe_q8_cuda (same group arithmetic, another summation order) <= 1e-5, every
+ *     row written, gap untouched
  *   moe_combine_cuda: bit-exact against the CPU's float order (acc = 0; acc += w * y per slot; x += acc)
  * Every output buffer is poisoned with NaN (ids with -1 bytes) first, so an unwritten element fails. */
 #define TEST_RNG_SEED 0x6a09e667f3bcc909ull
@@ -313,39 +317,82 @@ static void test_gathered(void) {
 /* moe_sort_cuda's order is a permutation of the pairs grouped by increasing expert, its tiles cover
  * each expert's range in order with at most CUDA_MOE_TILE pairs; moe_gemv_tiles_cuda equals
  * moe_gemv_cuda bit for bit (same arithmetic per pair), every row written, the ldy gap untouched. */
+/* moe_sort_cuda into dorder / dtiles / dnt, checked: order a permutation grouped by increasing
+ * expert, the tiles (at most CUDA_MOE_TILE pairs) covering it in order. */
+static void sort_check(const int32_t *ids, const int32_t *dids, int32_t *dorder, int32_t *dtiles, int32_t *dnt, int n_tok,
+                       int k, int ne, int max_tiles) {
+    const int n_pairs = n_tok * k;
+    int32_t *order = xmalloc((size_t)n_pairs * sizeof(int32_t)), *tiles = xmalloc((size_t)max_tiles * 3 * sizeof(int32_t));
+    int32_t n_tiles = -1;
+    moe_sort_cuda(dorder, dtiles, dnt, dids, n_pairs, ne, 0);
+    dev_get(order, dorder, (size_t)n_pairs * sizeof(int32_t));
+    dev_get(tiles, dtiles, (size_t)max_tiles * 3 * sizeof(int32_t));
+    dev_get(&n_tiles, dnt, sizeof n_tiles);
+    int ok = n_tiles > 0 && n_tiles <= max_tiles, covered = 0;
+    char *seen = calloc((size_t)n_pairs, 1);
+    for (int i = 0; ok && i < n_pairs; i++) {
+        ok &= order[i] >= 0 && order[i] < n_pairs && !seen[order[i]];
+        if (ok) seen[order[i]] = 1;
+        if (ok && i > 0) ok &= ids[order[i]] >= ids[order[i - 1]];
+    }
+    for (int t = 0; ok && t < n_tiles; t++) {
+        const int x = tiles[3 * t], f = tiles[3 * t + 1], c = tiles[3 * t + 2];
+        ok &= f == covered && c >= 1 && c <= CUDA_MOE_TILE && f + c <= n_pairs;
+        for (int i = f; ok && i < f + c; i++) ok &= ids[order[i]] == x;
+        covered += c;
+    }
+    ok &= covered == n_pairs;
+    printf("moe_sort tokens %2d k %d n_expert %3d: %d tiles (at most %d), order and tiles %s\n", n_tok, k, ne, n_tiles,
+           max_tiles, ok ? "valid" : "WRONG");
+    CHECK(ok, "moe_sort %d/%d/%d: order or tiles wrong", n_tok, k, ne);
+    free(order), free(tiles), free(seen);
+}
+
+/* moe_q8_mma_cuda over the tiles against moe_q8_cuda per pair, both from x quantized on the device,
+ * at each m-tile count and 1 or 2 warps a block. */
+static void check_moe_mma(const struct cuda_weight *w, int rpe, int ldy, const float *dx, int n_x_elems,
+                          const int32_t *dids, const int32_t *dorder, const int32_t *dtiles, const int32_t *dnt,
+                          int max_tiles, int by_pair, int n_pairs, int k, enum pxq_type type) {
+    int8_t *dxq = dev_poison_bytes((size_t)n_x_elems);
+    float *dxds = dev_poison_bytes((size_t)n_x_elems / 32 * 2 * sizeof(float));
+    quantize_q8_cuda(dxq, dxds, dx, n_x_elems, 0);
+    float *dref = dev_poison_bytes((size_t)n_pairs * ldy * sizeof(float)), *dy = dev_poison_bytes((size_t)n_pairs * ldy * sizeof(float));
+    moe_q8_cuda(dref, ldy, w, rpe, dids, dxq, dxds, by_pair, n_pairs, k, 0);
+    float *ref = xmalloc((size_t)n_pairs * ldy * sizeof(float)), *got = xmalloc((size_t)n_pairs * ldy * sizeof(float));
+    double *refd = xmalloc((size_t)n_pairs * rpe * sizeof(double));
+    dev_get(ref, dref, (size_t)n_pairs * ldy * sizeof(float));
+    for (int p = 0; p < n_pairs; p++)
+        for (int r = 0; r < rpe; r++) refd[(size_t)p * rpe + r] = ref[(size_t)p * ldy + r];
+    const int tunes[][2] = {{0, 0}, {1, 1}, {2, 2}, {4, 1}, {4, 2}};
+    for (size_t i = 0; i < sizeof tunes / sizeof *tunes; i++) {
+        moe_q8_mma_tune(tunes[i][0], tunes[i][1]);
+        CK(cudaMemset(dy, 0xff, (size_t)n_pairs * ldy * sizeof(float)));
+        moe_q8_mma_cuda(dy, ldy, w, rpe, dorder, dtiles, dnt, max_tiles, dxq, dxds, by_pair, k, 0);
+        dev_get(got, dy, (size_t)n_pairs * ldy * sizeof(float));
+        int gap_ok;
+        const double e = err_rows(got, refd, n_pairs, rpe, ldy, &gap_ok);
+        printf("moe_q8_mma %-5s by %-5s m-tiles %d warps %d: vs moe_q8_cuda %.3g%s\n", type_name(type),
+               by_pair ? "pair" : "token", tunes[i][0], tunes[i][1], e, gap_ok ? "" : ", WROTE PAST THE ROWS");
+        CHECK(e <= 1e-5 && gap_ok, "moe_q8_mma %s m-tiles %d warps %d: error %.3g (gap %d)", type_name(type), tunes[i][0],
+              tunes[i][1], e, gap_ok);
+    }
+    moe_q8_mma_tune(0, 0);
+    cudaFree(dxq), cudaFree(dxds), cudaFree(dref), cudaFree(dy);
+    free(ref), free(got), free(refd);
+}
+
 static void test_sorted(void) {
-    const enum pxq_type types[] = {PXQ_TYPE_F32, PXQ_TYPE_F16, PXQ_TYPE_Q4_0, PXQ_TYPE_Q4_K, PXQ_TYPE_Q6_K};
+    const enum pxq_type types[] = {PXQ_TYPE_F32, PXQ_TYPE_F16, PXQ_TYPE_Q8_0, PXQ_TYPE_Q4_0, PXQ_TYPE_Q4_K, PXQ_TYPE_Q6_K};
     const int shapes[][3] = {{40, 3, 8}, {33, 8, 128}, {17, 2, 4}}; /* tokens, k, n_expert */
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         const int n_tok = shapes[si][0], k = shapes[si][1], ne = shapes[si][2], n_pairs = n_tok * k;
         const int max_tiles = moe_max_tiles(n_pairs, ne);
-        int32_t *ids = xmalloc((size_t)n_pairs * sizeof(int32_t)), *order = xmalloc((size_t)n_pairs * sizeof(int32_t));
-        int32_t *tiles = xmalloc((size_t)max_tiles * 3 * sizeof(int32_t)), n_tiles = -1;
+        int32_t *ids = xmalloc((size_t)n_pairs * sizeof(int32_t));
         random_ids(ids, n_tok, k, ne);
         int32_t *dids = dev_put(ids, (size_t)n_pairs * sizeof(int32_t));
         int32_t *dorder = dev_poison_bytes((size_t)n_pairs * sizeof(int32_t)), *dtiles = dev_poison_bytes((size_t)max_tiles * 3 * 4);
         int32_t *dnt = dev_poison_bytes(sizeof(int32_t));
-        moe_sort_cuda(dorder, dtiles, dnt, dids, n_pairs, ne, 0);
-        dev_get(order, dorder, (size_t)n_pairs * sizeof(int32_t));
-        dev_get(tiles, dtiles, (size_t)max_tiles * 3 * sizeof(int32_t));
-        dev_get(&n_tiles, dnt, sizeof n_tiles);
-        int ok = n_tiles > 0 && n_tiles <= max_tiles, covered = 0;
-        char *seen = calloc((size_t)n_pairs, 1);
-        for (int i = 0; ok && i < n_pairs; i++) {
-            ok &= order[i] >= 0 && order[i] < n_pairs && !seen[order[i]];
-            if (ok) seen[order[i]] = 1;
-            if (ok && i > 0) ok &= ids[order[i]] >= ids[order[i - 1]];
-        }
-        for (int t = 0; ok && t < n_tiles; t++) {
-            const int x = tiles[3 * t], f = tiles[3 * t + 1], c = tiles[3 * t + 2];
-            ok &= f == covered && c >= 1 && c <= CUDA_MOE_TILE && f + c <= n_pairs;
-            for (int i = f; ok && i < f + c; i++) ok &= ids[order[i]] == x;
-            covered += c;
-        }
-        ok &= covered == n_pairs;
-        printf("moe_sort tokens %2d k %d n_expert %3d: %d tiles (at most %d), order and tiles %s\n", n_tok, k, ne, n_tiles,
-               max_tiles, ok ? "valid" : "WRONG");
-        CHECK(ok, "moe_sort %d/%d/%d: order or tiles wrong", n_tok, k, ne);
+        sort_check(ids, dids, dorder, dtiles, dnt, n_tok, k, ne, max_tiles);
         for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
             const enum pxq_type type = types[ti];
             const int n_in = type == PXQ_TYPE_F16 ? 100 : 256, rpe = 97, ldy = rpe + 2;
@@ -373,6 +420,11 @@ static void test_sorted(void) {
                 printf("moe_gemv_tiles %-5s n_in %3d by %-5s: %s, rows %s\n", type_name(type), n_in, by_pair ? "pair" : "token",
                        same ? "bit-exact vs moe_gemv" : "DIFFERS", written && gap ? "all written, gap untouched" : "WRONG");
                 CHECK(same && written && gap, "moe_gemv_tiles %s %d/%d/%d", type_name(type), n_tok, k, ne);
+                if (matmul_q8_supported(w.fmt) && !moe_q8_mma_supported(&w, rpe))
+                    printf("moe_q8_mma %-5s: skipped (no sm_80+ device or image)\n", type_name(type));
+                else if (matmul_q8_supported(w.fmt))
+                    check_moe_mma(&w, rpe, ldy, dx, n_x * n_in, dids, dorder, dtiles, dnt, max_tiles, by_pair, n_pairs, k,
+                                  type);
                 cudaFree(dx), cudaFree(dya), cudaFree(dyb);
                 cudaFree((void *)w.q);
                 if (w.s) cudaFree((void *)w.s);
@@ -380,7 +432,7 @@ static void test_sorted(void) {
             }
         }
         cudaFree(dids), cudaFree(dorder), cudaFree(dtiles), cudaFree(dnt);
-        free(ids), free(order), free(tiles), free(seen);
+        free(ids);
     }
 }
 

@@ -2,7 +2,7 @@
  * normalised error ||out - ref|| / ||ref|| (llama.cpp test-backend-ops style).
  *
  * Bounds (float32 on both sides, only summation order and fma contraction differ):
- *   matmul (fused mat-vec), every weight type, 1..21 tokens      <= 1e-5, also accumulating (y += W x)
+ *   matmul (fused mat-vec), every weight type, 1..50 tokens      <= 1e-5, also accumulating (y += W x)
  *   matmul with int8 activations (q8, dp4a): Q4_0, Q8_0, Q4_1, Q4_K <= 1e-2 (x rounded to 8 bits per
  *     group of 32: about 4e-3 for uniform x); rmsnorm/swiglu's int8 groups <= 1e-2 of their floats;
  *     every (rows, warps) tuning of it vs the built-in one <= 1e-5, with plain launches and, on
@@ -10,7 +10,8 @@
  *   dequantized rows to f32 (embedding)                          <= 1e-6; to f16 (prefill tiles) <= 1e-3;
  *     Q4_0, Q8_0 and Q4M tiles (their own kernel): bit-equal to the CPU rows rounded to f16, and
  *     to the generic kernel but for the sign of zero (its sums give +0 where a zero weight is -0)
- *   rmsnorm, swiglu, biases, residual                            <= 1e-6
+ *   rmsnorm, swiglu, biases, residual                            <= 1e-6; swiglu's q8 form over 37 rows
+ *     (the row-grid kernel) bit-equal, floats and int8 groups, to it row by row
  *   rope, neox and interleaved, positions up to 32767            <= 1e-5
  *   fused q/k norm + rope + KV store vs the CPU ops in order      <= 1e-5 (f16 cache rows <= 1e-3);
  *     its prefill form (40 tokens at once) bit-equal to its decode form a token at a time
@@ -54,7 +55,7 @@ static void weight_free(struct cuda_weight *w) {
 static void test_matmul(struct threadpool *tp) {
     const enum pxq_type types[] = {PXQ_TYPE_F32, PXQ_TYPE_F16, PXQ_TYPE_BF16, PXQ_TYPE_Q8_0, PXQ_TYPE_Q4_0, PXQ_TYPE_Q4_1,
                                    PXQ_TYPE_Q5_0, PXQ_TYPE_Q5_1, PXQ_TYPE_Q4_K, PXQ_TYPE_Q5_K, PXQ_TYPE_Q6_K};
-    const int toks[] = {1, 3, 16, 21};
+    const int toks[] = {1, 3, 16, 21, 50}; /* 50: three 16-token grid rows and a rest */
     for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
         for (int shape = 0; shape < 2; shape++) {
             enum pxq_type type = types[ti];
@@ -337,6 +338,31 @@ static void test_small_ops(void) {
         err = norm_err(got, ref, (size_t)rows * n);
         CHECK(err <= 1e-6, "swiglu of stacked gate|up rows: %.3g", err);
         printf("swiglu stacked gate|up: %.2e\n", err);
+        { /* more than CUDA_DECODE_MAX rows take the row-grid kernel: the same bits, floats and int8
+           * groups, as one row at a time (the decode form) */
+            int8_t *dq1, *dq2;
+            float *dd1, *dd2, *dy2 = dev_poison((size_t)rows * n);
+            CK(cudaMalloc((void **)&dq1, (size_t)rows * n));
+            CK(cudaMalloc((void **)&dq2, (size_t)rows * n));
+            CK(cudaMalloc((void **)&dd1, (size_t)rows * n / 32 * 8));
+            CK(cudaMalloc((void **)&dd2, (size_t)rows * n / 32 * 8));
+            swiglu_q8_cuda(dy, dq1, dd1, dgu, dgu + n, rows, n, 2 * n, 0);
+            for (int r = 0; r < rows; r++)
+                swiglu_q8_cuda(dy2 + (size_t)r * n, dq2 + (size_t)r * n, dd2 + (size_t)r * n / 32 * 2,
+                               dgu + (size_t)r * 2 * n, dgu + (size_t)r * 2 * n + n, 1, n, 2 * n, 0);
+            float *a = xmalloc((size_t)rows * n * 4), *b = xmalloc((size_t)rows * n * 4);
+            int8_t *qa = xmalloc((size_t)rows * n), *qb = xmalloc((size_t)rows * n);
+            float *da = xmalloc((size_t)rows * n / 32 * 8), *db = xmalloc((size_t)rows * n / 32 * 8);
+            dev_get(a, dy, (size_t)rows * n * 4), dev_get(b, dy2, (size_t)rows * n * 4);
+            dev_get(qa, dq1, (size_t)rows * n), dev_get(qb, dq2, (size_t)rows * n);
+            dev_get(da, dd1, (size_t)rows * n / 32 * 8), dev_get(db, dd2, (size_t)rows * n / 32 * 8);
+            const int same = rows > CUDA_DECODE_MAX && !memcmp(a, b, (size_t)rows * n * 4) &&
+                             !memcmp(qa, qb, (size_t)rows * n) && !memcmp(da, db, (size_t)rows * n / 32 * 8);
+            CHECK(same, "swiglu_q8 over %d rows differs from row by row", rows);
+            printf("swiglu_q8 %d rows (row grid) vs row by row: %s\n", rows, same ? "bit-equal" : "DIFFERS");
+            cudaFree(dq1), cudaFree(dq2), cudaFree(dd1), cudaFree(dd2), cudaFree(dy2);
+            free(a), free(b), free(qa), free(qb), free(da), free(db);
+        }
         cudaFree(dgu), free(gu);
     }
     for (int r = 0; r < rows; r++)

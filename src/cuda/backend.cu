@@ -124,6 +124,8 @@ struct cuda_backend {
     int pdl;                /* decode steps of up to pdl_tokens tokens launch with programmatic dependent
                              * launch (PXQ_CUDA_PDL=0: off; PXQ_CUDA_PDL_TOKENS, default dp4a_tokens) */
     int pdl_tokens;
+    int moe_mma;            /* MoE prefill: the experts' tiles on int8 tensor cores where they can (moe_ffn) */
+    int moe_tiles_mma;      /* ... and whether the last prefill step's last MoE layer did (the bench's path) */
     int stage_o;            /* the one-token o projection after the decode attention stages its weight in shared
                              * memory (MATMUL_Q8_STAGE; PXQ_CUDA_STAGE_O=0: off) */
     int fuse_dn;            /* decode DeltaNet: conv, prep, delta rule and gated norm in one launch where it
@@ -348,6 +350,9 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     b->ahead2 = getenv("PXQ_CUDA_MV_AHEAD") ? atoi(getenv("PXQ_CUDA_MV_AHEAD")) : 1;
     if (env_pair("PXQ_CUDA_MMA_TUNE", &tune_a, &tune_b)) /* "m-tiles,warps" of the 3..16-token int8 mma mat-vec */
         matmul_q8_mma_tune(tune_a, tune_b);
+    b->moe_mma = !exact && !env_is("PXQ_CUDA_MOE_MMA", "0"); /* MoE prefill on int8 tensor cores (moe_ffn) */
+    if (env_pair("PXQ_CUDA_MOE_MMA_TUNE", &tune_a, &tune_b)) /* its "m-tiles,warps" */
+        moe_q8_mma_tune(tune_a, tune_b);
     {
         cuda_kv probe = {};
         probe.kv_f32 = exact, probe.n_head_kv = hp->n_head_kv, probe.head_dim = hd, probe.kv_dim = hp->n_head_kv * hd;
@@ -916,17 +921,29 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
 }
 
 /* An expert mat-vec over the step's n_pairs (token, slot) pairs (cuda/ops_moe_cuda.h): for prefill
- * steps the expert-sorted tiles (b->moe_order.., from moe_sort_cuda), else one block per pair with
- * int8 activations (b->xq) where the step has them and the format a q8 kernel, else fp32 x. */
+ * steps the expert-sorted tiles (b->moe_order.., from moe_sort_cuda), on the int8 tensor cores when
+ * q8 (the activations in b->xq), else in fp32 from x; decode steps one block per pair with int8
+ * activations (b->xq) where the step has them and the format a q8 kernel, else fp32 x. */
 static void expert_mv(cuda_backend *b, float *y, int ldy, const cuda_weight *w, int rows_per_expert, const float *x,
                       int x_per_pair, int n_pairs, int k, int q8, int max_tiles) {
-    if (max_tiles)
+    if (max_tiles && q8)
+        moe_q8_mma_cuda(y, ldy, w, rows_per_expert, b->moe_order, b->moe_tiles, b->moe_ntiles, max_tiles, b->xq, b->xds,
+                        x_per_pair, k, b->st);
+    else if (max_tiles)
         moe_gemv_tiles_cuda(y, ldy, w, rows_per_expert, b->moe_order, b->moe_tiles, b->moe_ntiles, max_tiles, x,
                             x_per_pair, k, b->st);
     else if (q8 && matmul_q8_supported(w->fmt))
         moe_q8_cuda(y, ldy, w, rows_per_expert, b->moe_ids, b->xq, b->xds, x_per_pair, n_pairs, k, b->st);
     else
         moe_gemv_cuda(y, ldy, w, rows_per_expert, b->moe_ids, x, x_per_pair, n_pairs, k, b->st);
+}
+
+/* 1 if every expert weight of L takes moe_q8_mma_cuda (rows per expert: 2 ff for a stacked gate|up,
+ * ff for gate and up apart, d for down) */
+static int moe_mma_ok(const cuda_layer *L, int ff, int d) {
+    const int gu = L->moe_gu.fmt >= 0 ? moe_q8_mma_supported(&L->moe_gu, 2 * ff)
+                                      : moe_q8_mma_supported(&L->moe_gate, ff) && moe_q8_mma_supported(&L->moe_up, ff);
+    return gu && moe_q8_mma_supported(&L->moe_down, d);
 }
 
 /* Qwen3-MoE's sparse FFN (forward_cpu.c's ffn_moe, HF Qwen3MoeSparseMoeBlock), x += sum_j w_j
@@ -942,15 +959,19 @@ static void moe_ffn(struct pxq_engine *e, cuda_backend *b, const cuda_layer *L, 
     moe_route_cuda(b->moe_ids, b->moe_w, b->moe_logits, n, hp->n_expert, k, hp->norm_topk_prob, st);
     const int tiles = n > CUDA_DECODE_MAX ? moe_max_tiles(np, hp->n_expert) : 0; /* prefill: sorted by expert */
     if (tiles) moe_sort_cuda(b->moe_order, b->moe_tiles, b->moe_ntiles, b->moe_ids, np, hp->n_expert, st);
+    /* prefill on the tensor cores: xb and silu(gate) * up quantized to int8 like a decode step's */
+    const int q8 = tiles ? b->moe_mma && moe_mma_ok(L, ff, d) : s.q8;
+    if (tiles && q8) quantize_q8_cuda(b->xq, b->xds, b->xb, (int64_t)n * d, st);
+    if (tiles) b->moe_tiles_mma = q8;
     float *gu = b->moe_hb, *h = b->moe_hb + (size_t)np * 2 * ff; /* [np][gate | up], [np][ff] */
     if (L->moe_gu.fmt >= 0) {
-        expert_mv(b, gu, 2 * ff, &L->moe_gu, 2 * ff, b->xb, 0, np, k, s.q8, tiles);
+        expert_mv(b, gu, 2 * ff, &L->moe_gu, 2 * ff, b->xb, 0, np, k, q8, tiles);
     } else {
-        expert_mv(b, gu, 2 * ff, &L->moe_gate, ff, b->xb, 0, np, k, s.q8, tiles);
-        expert_mv(b, gu + ff, 2 * ff, &L->moe_up, ff, b->xb, 0, np, k, s.q8, tiles);
+        expert_mv(b, gu, 2 * ff, &L->moe_gate, ff, b->xb, 0, np, k, q8, tiles);
+        expert_mv(b, gu + ff, 2 * ff, &L->moe_up, ff, b->xb, 0, np, k, q8, tiles);
     }
-    swiglu_q8_cuda(h, q8_for(b, s.q8, &L->moe_down), b->xds, gu, gu + ff, np, ff, 2 * ff, st);
-    expert_mv(b, b->moe_y, d, &L->moe_down, d, h, 1, np, k, s.q8, tiles);
+    swiglu_q8_cuda(tiles && q8 ? NULL : h, q8_for(b, q8, &L->moe_down), b->xds, gu, gu + ff, np, ff, 2 * ff, st);
+    expert_mv(b, b->moe_y, d, &L->moe_down, d, h, 1, np, k, q8, tiles);
     moe_combine_cuda(b->x, b->moe_y, b->moe_w, n, k, d, st); /* x += sum_j w_j y_j */
 }
 
@@ -1155,7 +1176,8 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
             CK(cudaMemcpyAsync(e->logits + ((size_t)first + r0) * hp->n_vocab, b->logits, (size_t)rc * row_bytes,
                                cudaMemcpyDeviceToHost, b->st));
         }
-        snprintf(b->path, sizeof b->path, b->exact ? "cuda gemv-fp32 %s" : "cuda cublas-f16 %s", fmt);
+        snprintf(b->path, sizeof b->path, b->exact ? "cuda gemv-fp32 %s%s" : "cuda cublas-f16 %s%s", fmt,
+                 !hp->n_expert ? "" : b->moe_tiles_mma ? " experts q8-mma" : " experts fp32");
     }
     CK(cudaGetLastError());
     CK(cudaStreamSynchronize(b->st));

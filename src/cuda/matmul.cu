@@ -55,10 +55,14 @@ static __device__ __forceinline__ void block_store(float (&acc)[R][NT], float *y
 
 /* ---- fp32 mat-vec ---- */
 
+/* Grid: (row blocks of R, token chunks): chunk blockIdx.y takes tokens blockIdx.y * NT .. of which
+ * n_tok (<= NT) are present. */
 template <int F, int NT, int R>
 __global__ void __launch_bounds__(MM_WARPS * 32) matmul_gemv_kernel(float *__restrict__ y, const cuda_weight w,
                                                                   const float *__restrict__ x, int n_tok, int ldy,
                                                                   int accumulate) {
+    x += (size_t)blockIdx.y * NT * w.n_in;
+    y += (size_t)blockIdx.y * NT * ldy;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row0 = blockIdx.x * R;
     const int n_in = w.n_in;
@@ -103,35 +107,43 @@ __global__ void __launch_bounds__(MM_WARPS * 32) matmul_gemv_kernel(float *__res
 }
 
 template <int F, int NT>
-static void gemv_launch_nt(float *y, const cuda_weight &w, const float *x, int n_tok, int ldy, int acc, cudaStream_t st) {
+static void gemv_launch_nt(float *y, const cuda_weight &w, const float *x, int n_tok, int chunks, int ldy, int acc,
+                           cudaStream_t st) {
     constexpr int R = NT >= 8 ? 8 : 4;
-    matmul_gemv_kernel<F, NT, R><<<(w.n_out + R - 1) / R, MM_WARPS * 32, 0, st>>>(y, w, x, n_tok, ldy, acc);
+    matmul_gemv_kernel<F, NT, R><<<dim3((w.n_out + R - 1) / R, chunks), MM_WARPS * 32, 0, st>>>(y, w, x, n_tok, ldy, acc);
 }
 
+/* chunks grid rows of n_tok tokens each (chunks > 1 only with n_tok 16) */
 template <int F>
-static void gemv_launch(float *y, const cuda_weight &w, const float *x, int n_tok, int ldy, int acc, cudaStream_t st) {
-    if (n_tok <= 1) gemv_launch_nt<F, 1>(y, w, x, n_tok, ldy, acc, st);
-    else if (n_tok <= 2) gemv_launch_nt<F, 2>(y, w, x, n_tok, ldy, acc, st);
-    else if (n_tok <= 4) gemv_launch_nt<F, 4>(y, w, x, n_tok, ldy, acc, st);
-    else if (n_tok <= 8) gemv_launch_nt<F, 8>(y, w, x, n_tok, ldy, acc, st);
-    else gemv_launch_nt<F, 16>(y, w, x, n_tok, ldy, acc, st);
+static void gemv_launch(float *y, const cuda_weight &w, const float *x, int n_tok, int chunks, int ldy, int acc,
+                        cudaStream_t st) {
+    if (n_tok <= 1) gemv_launch_nt<F, 1>(y, w, x, n_tok, chunks, ldy, acc, st);
+    else if (n_tok <= 2) gemv_launch_nt<F, 2>(y, w, x, n_tok, chunks, ldy, acc, st);
+    else if (n_tok <= 4) gemv_launch_nt<F, 4>(y, w, x, n_tok, chunks, ldy, acc, st);
+    else if (n_tok <= 8) gemv_launch_nt<F, 8>(y, w, x, n_tok, chunks, ldy, acc, st);
+    else gemv_launch_nt<F, 16>(y, w, x, n_tok, chunks, ldy, acc, st);
 }
 
+/* The tokens in chunks of 16, every full chunk in one launch (a grid row each: a prefill's router
+ * is one launch, not n/16 launches of a few blocks), then the rest; each token's arithmetic is the
+ * same whichever chunk holds it. */
 extern "C" void matmul_gemv_cuda(float *y, const struct cuda_weight *w, const float *x, int n_tokens, int ldy,
                                  int accumulate, cudaStream_t st) {
-    for (int t0 = 0; t0 < n_tokens; t0 += 16) {
-        int nt = n_tokens - t0 < 16 ? n_tokens - t0 : 16;
+    for (int t0 = 0; t0 < n_tokens;) {
+        const int left = n_tokens - t0, nt = left < 16 ? left : 16;
+        const int chunks = left < 16 ? 1 : (left / 16 < 65535 ? left / 16 : 65535);
         float *yt = y + (size_t)t0 * ldy;
         const float *xt = x + (size_t)t0 * w->n_in;
         switch (w->fmt) {
-        case WFMT_F32: gemv_launch<WFMT_F32>(yt, *w, xt, nt, ldy, accumulate, st); break;
-        case WFMT_F16: gemv_launch<WFMT_F16>(yt, *w, xt, nt, ldy, accumulate, st); break;
-        case WFMT_BF16: gemv_launch<WFMT_BF16>(yt, *w, xt, nt, ldy, accumulate, st); break;
-        case WFMT_Q4_0: gemv_launch<WFMT_Q4_0>(yt, *w, xt, nt, ldy, accumulate, st); break;
-        case WFMT_Q8_0: gemv_launch<WFMT_Q8_0>(yt, *w, xt, nt, ldy, accumulate, st); break;
-        case WFMT_Q4M: gemv_launch<WFMT_Q4M>(yt, *w, xt, nt, ldy, accumulate, st); break;
-        case WFMT_Q8M: gemv_launch<WFMT_Q8M>(yt, *w, xt, nt, ldy, accumulate, st); break;
+        case WFMT_F32: gemv_launch<WFMT_F32>(yt, *w, xt, nt, chunks, ldy, accumulate, st); break;
+        case WFMT_F16: gemv_launch<WFMT_F16>(yt, *w, xt, nt, chunks, ldy, accumulate, st); break;
+        case WFMT_BF16: gemv_launch<WFMT_BF16>(yt, *w, xt, nt, chunks, ldy, accumulate, st); break;
+        case WFMT_Q4_0: gemv_launch<WFMT_Q4_0>(yt, *w, xt, nt, chunks, ldy, accumulate, st); break;
+        case WFMT_Q8_0: gemv_launch<WFMT_Q8_0>(yt, *w, xt, nt, chunks, ldy, accumulate, st); break;
+        case WFMT_Q4M: gemv_launch<WFMT_Q4M>(yt, *w, xt, nt, chunks, ldy, accumulate, st); break;
+        case WFMT_Q8M: gemv_launch<WFMT_Q8M>(yt, *w, xt, nt, chunks, ldy, accumulate, st); break;
         }
+        t0 += nt * chunks;
     }
 }
 

@@ -49,6 +49,7 @@
 #include "cuda/common.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ops_cuda.h"
+#include "cuda/ops_moe_cuda.h"
 
 #define MMA_MAX_WARPS 8
 #define MMA_MAGIC 0x4B400000  /* bits of 12582912.0f = 1.5 * 2^23 */
@@ -124,10 +125,12 @@ static __device__ __forceinline__ void mma_k32(int (&c)[4], const uint32_t (&a)[
 
 /* Start the copies of step s (groups s*G ..) into the stage at st: the warp's rows row0.. (rows past
  * n_out read as zeros), their scales, and the activations of tokens < n_tok (rows n_tok.. of the
- * activation tiles were zeroed once and are never written). */
-template <int F, int NTI, int MR, bool ONE>
+ * activation tiles were zeroed once and are never written). GATHER: token tr's activations are row
+ * xr[tr] of xq / xds (shared memory), else row tr. */
+template <int F, int NTI, int MR, bool ONE, bool GATHER = false>
 static __device__ __forceinline__ void mma_issue(uint32_t st, const cuda_weight &w, const int8_t *xq,
-                                                 const float2 *xds, int row0, int s, int n_tok, int lane) {
+                                                 const float2 *xds, int row0, int s, int n_tok, int lane,
+                                                 const int *xr = NULL) {
     using C = mma_cfg<F, NTI, MR, ONE>;
     const int n_in = w.n_in, ng = n_in / 32;
     const size_t row_bytes = F == WFMT_Q8_0 ? (size_t)n_in : (size_t)n_in / 2;
@@ -156,15 +159,18 @@ static __device__ __forceinline__ void mma_issue(uint32_t st, const cuda_weight 
         const int idx = lane + 32 * i, tr = idx / C::XC, c = idx % C::XC;
         if (tr < n_tok) {
             const int pos = C::XC == 8 ? swz8(c, tr) : swz4(c, tr);
-            cp_async_ca<16>(st + C::OFF_X + tr * C::XB + (pos << 4), xq + (size_t)tr * n_in + (size_t)s * C::XB + c * 16, 16);
+            const size_t xrow = GATHER ? (size_t)xr[tr] : (size_t)tr;
+            cp_async_ca<16>(st + C::OFF_X + tr * C::XB + (pos << 4), xq + xrow * n_in + (size_t)s * C::XB + c * 16, 16);
         }
     }
     constexpr int DPR = C::DB / 16; /* 16-byte chunks of (d, s) per token: 2 (Q4), 1 (Q8_0) */
     if (lane < C::NTOK * DPR) {
         const int tr = lane / DPR, part = lane % DPR;
-        if (tr < n_tok)
+        if (tr < n_tok) {
+            const size_t xrow = GATHER ? (size_t)xr[tr] : (size_t)tr;
             cp_async_ca<16>(st + C::OFF_D + tr * C::DB + part * 16,
-                            (const uint8_t *)(xds + (size_t)tr * ng + (size_t)s * C::G) + part * 16, 16);
+                            (const uint8_t *)(xds + xrow * ng + (size_t)s * C::G) + part * 16, 16);
+        }
     }
 }
 
@@ -271,18 +277,18 @@ static __device__ __forceinline__ void mma_compute(const uint8_t *stp, float (&a
 #endif
 
 extern __shared__ uint4 mma_smem[];
-
-/* Grid: one block per band of 16*MR rows; block: KP warps splitting n_in by steps; dynamic shared
- * memory KP * S * STAGE bytes. n_tok <= 8 * NTI (1 if ONE); n_in % 128 == 0. */
-template <int F, int NTI, int MR, bool ONE>
-__global__ void __launch_bounds__(MMA_MAX_WARPS * 32, MR * NTI >= 4 ? 1 : 2) /* <= 128 registers where no spill */
-    matmul_q8_mma_kernel(float *__restrict__ y, const cuda_weight w, const int8_t *__restrict__ xq,
-                         const float2 *__restrict__ xds, int n_tok, int ldy, int accumulate) {
 #ifdef MMA_ARCH_OK
-    pdl_wait(); /* no early pdl_launch_dependents(): see matmul_q8_kernel (matmul.cu) */
+
+/* One block's band of 16*MR rows from row0: KP warps splitting n_in by steps; dynamic shared memory
+ * KP * S * STAGE bytes. n_tok <= 8 * NTI (1 if ONE); n_in % 128 == 0. GATHER: token t's activations
+ * are row xr[t] of xq / xds and its outputs row yr[t] of y (shared memory), else row t of each. */
+template <int F, int NTI, int MR, bool ONE, bool GATHER>
+static __device__ __forceinline__ void mma_band(float *__restrict__ y, const cuda_weight &w,
+                                                const int8_t *__restrict__ xq, const float2 *__restrict__ xds,
+                                                int n_tok, int ldy, int accumulate, int row0, const int *xr,
+                                                const int *yr) {
     using C = mma_cfg<F, NTI, MR, ONE>;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kp = blockDim.x >> 5;
-    const int row0 = blockIdx.x * C::ROWS;
     const int n_steps = w.n_in / (32 * C::G);
     const int n_my = warp < n_steps ? (n_steps - 1 - warp) / kp + 1 : 0;
     uint8_t *ring = (uint8_t *)mma_smem + (size_t)warp * C::S * C::STAGE;
@@ -311,14 +317,17 @@ __global__ void __launch_bounds__(MMA_MAX_WARPS * 32, MR * NTI >= 4 ? 1 : 2) /* 
     /* ring: steps i .. i+S-2 in flight while step i is computed; one commit group per step */
 #pragma unroll
     for (int i = 0; i < C::S - 1; i++) {
-        if (i < n_my) mma_issue<F, NTI, MR, ONE>(ring_s + i * C::STAGE, w, xq, xds, row0, warp + i * kp, n_tok, lane);
+        if (i < n_my)
+            mma_issue<F, NTI, MR, ONE, GATHER>(ring_s + i * C::STAGE, w, xq, xds, row0, warp + i * kp, n_tok, lane, xr);
         cp_async_commit();
     }
     for (int i = 0; i < n_my; i++) {
         cp_async_wait<C::S - 2>(); /* this lane's copies of step i have landed */
         __syncwarp();              /* ... and every lane's; every lane is done with step i-1's slot */
         const int ni = i + C::S - 1;
-        if (ni < n_my) mma_issue<F, NTI, MR, ONE>(ring_s + (ni % C::S) * C::STAGE, w, xq, xds, row0, warp + ni * kp, n_tok, lane);
+        if (ni < n_my)
+            mma_issue<F, NTI, MR, ONE, GATHER>(ring_s + (ni % C::S) * C::STAGE, w, xq, xds, row0, warp + ni * kp, n_tok,
+                                               lane, xr);
         cp_async_commit();
         mma_compute<F, NTI, MR, ONE>(ring + (i % C::S) * C::STAGE, acc, lane);
     }
@@ -341,12 +350,59 @@ __global__ void __launch_bounds__(MMA_MAX_WARPS * 32, MR * NTI >= 4 ? 1 : 2) /* 
         if (row < w.n_out && tok < n_tok) {
             float s = 0.0f;
             for (int k2 = 0; k2 < kp; k2++) s += red[k2 * NE * 32 + i];
-            float *o = y + (size_t)tok * ldy + row;
+            float *o = y + (size_t)(GATHER ? yr[tok] : tok) * ldy + row;
             *o = accumulate ? *o + s : s;
         }
     }
+}
+#endif
+
+/* Grid: one block per band of 16*MR rows (mma_band). */
+template <int F, int NTI, int MR, bool ONE>
+__global__ void __launch_bounds__(MMA_MAX_WARPS * 32, MR * NTI >= 4 ? 1 : 2) /* <= 128 registers where no spill */
+    matmul_q8_mma_kernel(float *__restrict__ y, const cuda_weight w, const int8_t *__restrict__ xq,
+                         const float2 *__restrict__ xds, int n_tok, int ldy, int accumulate) {
+#ifdef MMA_ARCH_OK
+    pdl_wait(); /* no early pdl_launch_dependents(): see matmul_q8_kernel (matmul.cu) */
+    mma_band<F, NTI, MR, ONE, false>(y, w, xq, xds, n_tok, ldy, accumulate, blockIdx.x * mma_cfg<F, NTI, MR, ONE>::ROWS,
+                                     NULL, NULL);
 #else
     __trap(); /* never launched: matmul_q8_mma_supported() is 0 below sm_80 */
+#endif
+}
+
+/* Prefill MoE (moe_q8_mma_cuda): grid (bands of 16*MR rows of one expert, tiles tile0 + blockIdx.y);
+ * the tile's pairs (at most CUDA_MOE_TILE = 16: two n-tiles) are the block's tokens: activations row
+ * pair / x_div, outputs row pair. Blocks past *n_tiles leave at once. (mma_issue copies the
+ * activation scales of at most 32 / (DB / 16) tokens: 16 for Q4.) */
+template <int F, int MR>
+__global__ void __launch_bounds__(MMA_MAX_WARPS * 32, MR >= 2 ? 1 : 2)
+    moe_q8_mma_kernel(float *__restrict__ y, int ldy, const cuda_weight w, int rpe, const int32_t *__restrict__ order,
+                      const int32_t *__restrict__ tiles, const int32_t *__restrict__ n_tiles,
+                      const int8_t *__restrict__ xq, const float2 *__restrict__ xds, int x_div, int tile0) {
+#ifdef MMA_ARCH_OK
+    constexpr int NTI = 2;
+    static_assert(CUDA_MOE_TILE == 8 * NTI, "a tile is the tokens of two n-tiles");
+    __shared__ int xr[CUDA_MOE_TILE], yr[CUDA_MOE_TILE];
+    pdl_wait();
+    const int tile = tile0 + (int)blockIdx.y;
+    if (tile >= *n_tiles) return; /* the whole block: no barrier is left waiting */
+    const int32_t *tl = tiles + 3 * tile;
+    const int e = tl[0], first = tl[1], cnt = tl[2];
+    if ((int)threadIdx.x < cnt) { /* blocks have 32 threads or more */
+        const int p = order[first + threadIdx.x];
+        xr[threadIdx.x] = p / x_div, yr[threadIdx.x] = p;
+    }
+    __syncthreads();
+    const size_t row_bytes = F == WFMT_Q8_0 ? (size_t)w.n_in : (size_t)w.n_in / 2;
+    const size_t scale_bytes = (size_t)(w.n_in / 32) * mma_cfg<F, NTI, MR, false>::ES;
+    cuda_weight we = w; /* expert e's rows */
+    we.n_out = rpe;
+    we.q = (const uint8_t *)w.q + (size_t)e * rpe * row_bytes;
+    we.s = (const uint8_t *)w.s + (size_t)e * rpe * scale_bytes;
+    mma_band<F, NTI, MR, false, true>(y, we, xq, xds, cnt, ldy, 0, blockIdx.x * 16 * MR, xr, yr);
+#else
+    __trap(); /* never launched: moe_q8_mma_supported() is 0 below sm_80 */
 #endif
 }
 
@@ -567,5 +623,79 @@ extern "C" void matmul_q8_mma_cuda(float *y, const struct cuda_weight *w, const 
         case WFMT_Q8_0: mma_launch<WFMT_Q8_0>(yt, *w, xt, dt, nt, ldy, accumulate, d, st); break;
         case WFMT_Q4M: mma_launch<WFMT_Q4M>(yt, *w, xt, dt, nt, ldy, accumulate, d, st); break;
         }
+    }
+}
+
+/* ---- prefill MoE: the experts' tiles on the same tensor-core bands ---- */
+
+static int g_moe_force_mr, g_moe_force_kp;
+
+extern "C" void moe_q8_mma_tune(int mr, int kp) {
+    g_moe_force_mr = mr == 1 || mr == 2 || mr == 4 ? mr : 0;
+    g_moe_force_kp = kp >= 1 && kp <= MMA_MAX_WARPS ? kp : 0;
+}
+
+extern "C" int moe_q8_mma_supported(const struct cuda_weight *w, int rows_per_expert) {
+    if (!matmul_q8_mma_supported(w->fmt) || w->n_in % 128 != 0 || rows_per_expert <= 0) return 0;
+    const size_t rb = w->fmt == WFMT_Q8_0 ? (size_t)w->n_in : (size_t)w->n_in / 2;
+    const size_t sb = (size_t)(w->n_in / 32) * (w->fmt == WFMT_Q4M ? 8 : 2);
+    return mma_aligned16(w->q) && mma_aligned16(w->s) && rows_per_expert * rb % 16 == 0 &&
+           rows_per_expert * sb % 16 == 0; /* every expert's rows and scales start 16-byte aligned */
+}
+
+template <int F, int MR>
+static void moe_mma_launch_cfg(float *y, int ldy, const cuda_weight &w, int rpe, const int32_t *order,
+                               const int32_t *tiles, const int32_t *n_tiles, int max_tiles, const int8_t *xq,
+                               const float2 *xds, int x_div, int kp, const mma_device *d, cudaStream_t st) {
+    using C = mma_cfg<F, 2, MR, false>;
+    static size_t dyn_max; /* per instance, read once: the dynamic shared memory a block may have */
+    if (!dyn_max) {
+        cudaFuncAttributes fa;
+        const size_t fixed =
+            cudaFuncGetAttributes(&fa, moe_q8_mma_kernel<F, MR>) == cudaSuccess ? fa.sharedSizeBytes : 0;
+        dyn_max = d->smem_optin - fixed; /* the opt-in limit counts the static tile lists too */
+        if (cudaFuncSetAttribute(moe_q8_mma_kernel<F, MR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)dyn_max) != cudaSuccess)
+            dyn_max = 48 * 1024 - fixed; /* the default limit */
+        (void)cudaGetLastError();
+    }
+    while (kp > 1 && (size_t)kp * C::S * C::STAGE > dyn_max) kp--;
+    const int bands = (rpe + C::ROWS - 1) / C::ROWS;
+    for (int t0 = 0; t0 < max_tiles; t0 += 65535) {
+        const int nt = max_tiles - t0 < 65535 ? max_tiles - t0 : 65535;
+        kernel_launch(moe_q8_mma_kernel<F, MR>, dim3(bands, nt), dim3(kp * 32), (size_t)kp * C::S * C::STAGE, st, y,
+                      ldy, w, rpe, order, tiles, n_tiles, xq, xds, x_div, t0);
+    }
+}
+
+/* Four m-tiles (each activation fragment serves 64 rows) where an expert has 64 rows or more, and one
+ * warp a block: the blocks (bands x tiles) are many. Qwen3-30B-A3B pp512 on an H200 (t/s, m-tiles /
+ * warps): 4/1 11332, 4/2 10935, 2/1 11178, 2/2 10829, 1/1 8877, 4/4 10161, 1/2 8208, 4/8 9007; one
+ * warp per 8 steps of n_in (gate|up 2, down 1) 11141 (the router then took 44% of the time; since
+ * its one launch, 4/1 19158). 32-pair tiles (four n-tiles, two m-tiles: half the expert reads)
+ * measured no faster (18877 against 19158). moe_q8_mma_tune overrides. */
+template <int F>
+static void moe_mma_launch(float *y, int ldy, const cuda_weight &w, int rpe, const int32_t *order, const int32_t *tiles,
+                           const int32_t *n_tiles, int max_tiles, const int8_t *xq, const float2 *xds, int x_div,
+                           const mma_device *d, cudaStream_t st) {
+    int mr = rpe >= 64 ? 4 : rpe >= 32 ? 2 : 1, kp = 1;
+    if (g_moe_force_mr) mr = g_moe_force_mr;
+    if (g_moe_force_kp) kp = g_moe_force_kp;
+    if (mr == 4) moe_mma_launch_cfg<F, 4>(y, ldy, w, rpe, order, tiles, n_tiles, max_tiles, xq, xds, x_div, kp, d, st);
+    else if (mr == 2) moe_mma_launch_cfg<F, 2>(y, ldy, w, rpe, order, tiles, n_tiles, max_tiles, xq, xds, x_div, kp, d, st);
+    else moe_mma_launch_cfg<F, 1>(y, ldy, w, rpe, order, tiles, n_tiles, max_tiles, xq, xds, x_div, kp, d, st);
+}
+
+extern "C" void moe_q8_mma_cuda(float *y, int ldy, const struct cuda_weight *w, int rows_per_expert, const int32_t *order,
+                                const int32_t *tiles, const int32_t *n_tiles, int max_tiles, const int8_t *xq,
+                                const float *xds, int x_per_pair, int k, cudaStream_t st) {
+    if (max_tiles <= 0) return;
+    const mma_device *d = mma_dev();
+    const int x_div = x_per_pair ? 1 : k, rpe = rows_per_expert;
+    const float2 *ds = (const float2 *)xds;
+    switch (w->fmt) {
+    case WFMT_Q4_0: moe_mma_launch<WFMT_Q4_0>(y, ldy, *w, rpe, order, tiles, n_tiles, max_tiles, xq, ds, x_div, d, st); break;
+    case WFMT_Q8_0: moe_mma_launch<WFMT_Q8_0>(y, ldy, *w, rpe, order, tiles, n_tiles, max_tiles, xq, ds, x_div, d, st); break;
+    case WFMT_Q4M: moe_mma_launch<WFMT_Q4M>(y, ldy, *w, rpe, order, tiles, n_tiles, max_tiles, xq, ds, x_div, d, st); break;
     }
 }

@@ -222,10 +222,36 @@ extern "C" void swiglu_cuda(float *out, const float *gate, const float *up, int6
                                                n > INT32_MAX ? INT32_MAX : (int)n);
 }
 
+/* The form for more than CUDA_DECODE_MAX rows (a MoE prefill's pairs): a grid row per token, so no
+ * 64-bit index division per element; the same expression and the same int8 groups (whole warps:
+ * ff % 32 == 0), so the same bits as swiglu_kernel. */
+__global__ void swiglu_rows_kernel(float *out, int8_t *xq, float2 *xds, const float *gate, const float *up, int ff,
+                                   int ld) {
+    pdl_wait();
+    const int64_t t = blockIdx.y;
+    for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < ff; k += gridDim.x * blockDim.x) {
+        const int64_t src = t * ld + k, i = t * ff + k;
+        float g = gate[src];
+        float v = g / (1.0f + expf(-g)) * up[src];
+        if (out) out[i] = v;
+        if (xq) warp_q8(v, xq, xds, i);
+    }
+}
+
 extern "C" void swiglu_q8_cuda(float *out, int8_t *xq, float *xds, const float *gate, const float *up, int n_tokens,
                                int ff, int ld, cudaStream_t st) {
     const int64_t n = (int64_t)n_tokens * ff;
     if (n <= 0) return;
+    if (n_tokens > CUDA_DECODE_MAX && ff % 32 == 0) {
+        for (int t0 = 0; t0 < n_tokens; t0 += 65535) {
+            const int nt = n_tokens - t0 < 65535 ? n_tokens - t0 : 65535;
+            kernel_launch(swiglu_rows_kernel, dim3((ff + 255) / 256, nt), dim3(256), 0, st,
+                          out ? out + (size_t)t0 * ff : out, xq ? xq + (size_t)t0 * ff : xq,
+                          xq ? (float2 *)xds + (size_t)t0 * (ff / 32) : (float2 *)NULL, gate + (size_t)t0 * ld,
+                          up + (size_t)t0 * ld, ff, ld);
+        }
+        return;
+    }
     PROBE_REGISTER(ops);
     kernel_launch(swiglu_kernel, dim3(grid_for(n, 256)), dim3(256), 0, st, out, xq, (float2 *)xds, (__half *)NULL, gate, up,
                   n, ff, ld);

@@ -63,6 +63,21 @@ void moe_gemv_tiles_cuda(float *y, int ldy, const struct cuda_weight *w, int row
                          const int32_t *tiles, const int32_t *n_tiles, int max_tiles, const float *x, int x_per_pair,
                          int k, cudaStream_t st);
 
+/* Prefill with int8 activations on the tensor cores (matmul_mma.cu, sm_80+): the tiles of
+ * moe_sort_cuda as moe_gemv_tiles_cuda takes them, the activations in q8 form (xq [rows][n_in] int8,
+ * xds [rows][n_in/32] (d, d * sum q) float2, quantize_q8_cuda / swiglu_q8_cuda; rows by token or
+ * by pair as x above). Each tile's up to 16 pairs are the tokens of matmul_q8_mma_cuda's bands over
+ * its expert's rows: y[pair][r] = that kernel's sum for the pair's activation row (the formula of
+ * moe_q8_cuda, another fp32 summation order), so each expert row is read once per tile. Call only
+ * where moe_q8_mma_supported(w, rows_per_expert): Q4_0, Q8_0 or Q4M, n_in % 128 == 0, every
+ * expert's rows 16-byte aligned, an sm_80+ device and image. moe_q8_mma_tune: benchmarks only,
+ * m-tiles (1, 2, 4) and warps per block (1..8) instead of the built-in choice; 0 restores it. */
+int  moe_q8_mma_supported(const struct cuda_weight *w, int rows_per_expert);
+void moe_q8_mma_cuda(float *y, int ldy, const struct cuda_weight *w, int rows_per_expert, const int32_t *order,
+                     const int32_t *tiles, const int32_t *n_tiles, int max_tiles, const int8_t *xq, const float *xds,
+                     int x_per_pair, int k, cudaStream_t st);
+void moe_q8_mma_tune(int mr, int kp);
+
 /* The weighted sum into the residual: x[t][c] += sum_j wts[t*k + j] * y[(t*k + j) * n + c], the sum
  * over j in slot order (increasing expert id after moe_route_cuda) from 0, each term a product then
  * an add (forward_cpu.c's acc, then add_residual). x [n_tokens][n], y [n_tokens * k][n]. */
