@@ -1,5 +1,6 @@
 /* probe_check.h - CK(call): a CUDA runtime call whose error ends the probe with its file, line and
- * message (exit 1). Shared by the standalone probes here (read_stream.cu, prefill_gemm.cu). */
+ * message (exit 1). Shared by the standalone probes here (read_stream.cu, prefill_gemm.cu,
+ * ffn_persist.cu). */
 #ifndef PXQ_TOOLS_PROBE_CHECK_H
 #define PXQ_TOOLS_PROBE_CHECK_H
 
