@@ -125,7 +125,7 @@ struct cuda_backend {
                              * launch (PXQ_CUDA_PDL=0: off; PXQ_CUDA_PDL_TOKENS, default dp4a_tokens) */
     int pdl_tokens;
     int moe_mma;            /* MoE prefill: the experts' tiles on int8 tensor cores where they can (moe_ffn) */
-    int moe_tiles_mma;      /* ... and whether the last prefill step's last MoE layer did (the bench's path) */
+    int moe_tiles_mma;      /* ... and whether every MoE layer of the last prefill step did (the bench's path) */
     int stage_o;            /* the one-token o projection after the decode attention stages its weight in shared
                              * memory (MATMUL_Q8_STAGE; PXQ_CUDA_STAGE_O=0: off) */
     int fuse_dn;            /* decode DeltaNet: conv, prep, delta rule and gated norm in one launch where it
@@ -962,7 +962,7 @@ static void moe_ffn(struct pxq_engine *e, cuda_backend *b, const cuda_layer *L, 
     /* prefill on the tensor cores: xb and silu(gate) * up quantized to int8 like a decode step's */
     const int q8 = tiles ? b->moe_mma && moe_mma_ok(L, ff, d) : s.q8;
     if (tiles && q8) quantize_q8_cuda(b->xq, b->xds, b->xb, (int64_t)n * d, st);
-    if (tiles) b->moe_tiles_mma = q8;
+    if (tiles) b->moe_tiles_mma &= q8;
     float *gu = b->moe_hb, *h = b->moe_hb + (size_t)np * 2 * ff; /* [np][gate | up], [np][ff] */
     if (L->moe_gu.fmt >= 0) {
         expert_mv(b, gu, 2 * ff, &L->moe_gu, 2 * ff, b->xb, 0, np, k, q8, tiles);
@@ -1169,6 +1169,7 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
     } else {
         s.n_split = 1;
         s.split_len = e->p.n_ctx;
+        b->moe_tiles_mma = 1; /* moe_ffn clears it for a layer whose experts ran in fp32 */
         run_layers(e, b, s);
         for (int r0 = 0; r0 < s.n_out; r0 += CUDA_LOGITS_ROWS) { /* lm_head in chunks of the logits buffer */
             const int rc = s.n_out - r0 < CUDA_LOGITS_ROWS ? s.n_out - r0 : CUDA_LOGITS_ROWS;
@@ -1177,7 +1178,9 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
                                cudaMemcpyDeviceToHost, b->st));
         }
         snprintf(b->path, sizeof b->path, b->exact ? "cuda gemv-fp32 %s%s" : "cuda cublas-f16 %s%s", fmt,
-                 !hp->n_expert ? "" : b->moe_tiles_mma ? " experts q8-mma" : " experts fp32");
+                 !hp->n_expert || s.n <= CUDA_DECODE_MAX ? "" /* no expert tiles */
+                 : b->moe_tiles_mma                      ? " experts q8-mma"
+                                                         : " experts fp32");
     }
     CK(cudaGetLastError());
     CK(cudaStreamSynchronize(b->st));

@@ -1,5 +1,6 @@
 /* matmul_mma.cu - matmul_q8_cuda on int8 tensor cores (sm_80+): the decode mat-vec for 1..16 tokens
- * that reads each weight byte once and costs about the same for 16 tokens as for 1.
+ * that reads each weight byte once and costs about the same for 16 tokens as for 1; and the same
+ * bands over a MoE prefill's expert tiles (moe_q8_mma_cuda, at the end: tokens gathered by pair).
  *
  * Same contract as matmul_q8_cuda (ops_cuda.h): y[t][o] (+)= sum_i W[o][i] x[t][i] with the
  * activations quantized per group of 32 (xq int8, xds = (d, d * sum q), quantize_q8_cuda).
@@ -648,7 +649,9 @@ static void moe_mma_launch_cfg(float *y, int ldy, const cuda_weight &w, int rpe,
                                const int32_t *tiles, const int32_t *n_tiles, int max_tiles, const int8_t *xq,
                                const float2 *xds, int x_div, int kp, const mma_device *d, cudaStream_t st) {
     using C = mma_cfg<F, 2, MR, false>;
-    static size_t dyn_max; /* per instance, read once: the dynamic shared memory a block may have */
+    /* per instance and device, read once: the dynamic shared memory a block may have */
+    static size_t dyn_max_dev[MMA_MAX_DEVICES];
+    size_t &dyn_max = dyn_max_dev[d - g_mma_dev];
     if (!dyn_max) {
         cudaFuncAttributes fa;
         const size_t fixed =
@@ -689,8 +692,8 @@ static void moe_mma_launch(float *y, int ldy, const cuda_weight &w, int rpe, con
 extern "C" void moe_q8_mma_cuda(float *y, int ldy, const struct cuda_weight *w, int rows_per_expert, const int32_t *order,
                                 const int32_t *tiles, const int32_t *n_tiles, int max_tiles, const int8_t *xq,
                                 const float *xds, int x_per_pair, int k, cudaStream_t st) {
-    if (max_tiles <= 0) return;
     const mma_device *d = mma_dev();
+    if (max_tiles <= 0 || !d || !d->ok) return; /* moe_q8_mma_supported() was 0: not to be called */
     const int x_div = x_per_pair ? 1 : k, rpe = rows_per_expert;
     const float2 *ds = (const float2 *)xds;
     switch (w->fmt) {

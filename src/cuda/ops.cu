@@ -222,11 +222,13 @@ extern "C" void swiglu_cuda(float *out, const float *gate, const float *up, int6
                                                n > INT32_MAX ? INT32_MAX : (int)n);
 }
 
-/* The form for more than CUDA_DECODE_MAX rows (a MoE prefill's pairs): a grid row per token, so no
- * 64-bit index division per element; the same expression and the same int8 groups (whole warps:
- * ff % 32 == 0), so the same bits as swiglu_kernel. */
+/* The form for more than CUDA_DECODE_MAX rows (a MoE step's (token, expert) pairs, a prefill with
+ * gate and up apart): a grid row per token, so no 64-bit index division per element; the same
+ * expression and the same int8 groups (whole warps: ff % 32 == 0), so the same bits as
+ * swiglu_kernel, and its PDL calls (no probe marks). */
 __global__ void swiglu_rows_kernel(float *out, int8_t *xq, float2 *xds, const float *gate, const float *up, int ff,
                                    int ld) {
+    pdl_launch_dependents();
     pdl_wait();
     const int64_t t = blockIdx.y;
     for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < ff; k += gridDim.x * blockDim.x) {

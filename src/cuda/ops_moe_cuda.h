@@ -70,7 +70,8 @@ void moe_gemv_tiles_cuda(float *y, int ldy, const struct cuda_weight *w, int row
  * its expert's rows: y[pair][r] = that kernel's sum for the pair's activation row (the formula of
  * moe_q8_cuda, another fp32 summation order), so each expert row is read once per tile. Call only
  * where moe_q8_mma_supported(w, rows_per_expert): Q4_0, Q8_0 or Q4M, n_in % 128 == 0, every
- * expert's rows 16-byte aligned, an sm_80+ device and image. moe_q8_mma_tune: benchmarks only,
+ * expert's rows 16-byte aligned, an sm_80+ device and image; xq and xds 16-byte aligned (the rows
+ * then are too: n_in % 128 == 0). moe_q8_mma_tune: benchmarks only,
  * m-tiles (1, 2, 4) and warps per block (1..8) instead of the built-in choice; 0 restores it. */
 int  moe_q8_mma_supported(const struct cuda_weight *w, int rows_per_expert);
 void moe_q8_mma_cuda(float *y, int ldy, const struct cuda_weight *w, int rows_per_expert, const int32_t *order,
