@@ -675,8 +675,9 @@ static void moe_mma_launch_cfg(float *y, int ldy, const cuda_weight &w, int rpe,
  * warp a block: the blocks (bands x tiles) are many. Qwen3-30B-A3B pp512 on an H200 (t/s, m-tiles /
  * warps): 4/1 11332, 4/2 10935, 2/1 11178, 2/2 10829, 1/1 8877, 4/4 10161, 1/2 8208, 4/8 9007; one
  * warp per 8 steps of n_in (gate|up 2, down 1) 11141 (the router then took 44% of the time; since
- * its one launch, 4/1 19158). 32-pair tiles (four n-tiles, two m-tiles: half the expert reads)
- * measured no faster (18877 against 19158). moe_q8_mma_tune overrides. */
+ * its one launch, 4/1 19336, 19480 against 2/1 18998, 18808 and 1/1 13323). 32-pair tiles (four
+ * n-tiles, two m-tiles: half the expert reads) measured no faster (18877 against 19158).
+ * moe_q8_mma_tune overrides. */
 template <int F>
 static void moe_mma_launch(float *y, int ldy, const cuda_weight &w, int rpe, const int32_t *order, const int32_t *tiles,
                            const int32_t *n_tiles, int max_tiles, const int8_t *xq, const float2 *xds, int x_div,
