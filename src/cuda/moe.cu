@@ -2,11 +2,11 @@
  * (softmax, top-k, renormalisation) in one warp per token, gathered mat-vecs over (token, slot)
  * pairs reading the chosen expert's rows of a stacked weight, and the weighted sum into the residual.
  *
- * Mat-vecs: a block per (pair, MOE_R rows of its expert), pairs along grid.x so that the blocks
- * running together read the same rows of the experts (pairs sharing an expert then share them
- * through L2); its warps split n_in as matmul.cu's do
- * (fp32: 8 elements per thread per step, load8; int8: one group of 32 per thread, __dp4a) and meet in
- * shared memory. One pair per block keeps the kernel simple; tokens routed to the same expert each
+ * Mat-vecs: a block per (pair, MOE_R rows of its expert; the int8 decode kernel 2-16 by
+ * moe_q8_tune), pairs along grid.x so that the blocks running together read the same rows of the
+ * experts (pairs sharing an expert then share them through L2); its warps split n_in as matmul.cu's
+ * do (fp32: 8 elements per thread per step, load8; int8: one group of 32 per thread, __dp4a) and
+ * meet in shared memory. One pair per block keeps the kernel simple; tokens routed to the same expert each
  * read its rows (a decode step of 8 tokens x top-8 touches at most 64 experts of 128: most reads are
  * distinct, and repeated ones come from L2). Everything compiles for sm_70 and up. */
 #include <math.h>
@@ -99,16 +99,17 @@ extern "C" void moe_route_cuda(int32_t *ids, float *wts, const float *logits, in
 /* ---- gathered mat-vecs ---- */
 
 /* Sum acc[R] over the block and store rows r0.. (< rpe) of the pair's output row yp. */
-static __device__ __forceinline__ void moe_store(float (&acc)[MOE_R], float *yp, int r0, int rpe) {
-    __shared__ float red[MOE_WARPS][MOE_R];
+template <int R = MOE_R>
+static __device__ __forceinline__ void moe_store(float (&acc)[R], float *yp, int r0, int rpe) {
+    __shared__ float red[MOE_WARPS][R];
     const int n_warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
-    for (int r = 0; r < MOE_R; r++) {
+    for (int r = 0; r < R; r++) {
         const float s = warp_sum(acc[r]);
         if (lane == 0) red[warp][r] = s;
     }
     __syncthreads();
-    if (threadIdx.x < MOE_R && r0 + (int)threadIdx.x < rpe) {
+    if (threadIdx.x < R && r0 + (int)threadIdx.x < rpe) {
         float s = 0.0f;
         for (int k = 0; k < n_warps; k++) s += red[k][threadIdx.x];
         yp[r0 + threadIdx.x] = s;
@@ -186,24 +187,24 @@ static __device__ __forceinline__ float dot_q8(const cuda_weight &w, int64_t row
     return fmaf(d * ds.x, (float)sumi, fmaf(m, ds.y, acc));
 }
 
-template <int F>
+template <int F, int R>
 __global__ void __launch_bounds__(MOE_WARPS * 32) moe_q8_kernel(float *__restrict__ y, int ldy, const cuda_weight w,
                                                                 int rpe, const int32_t *__restrict__ ids,
                                                                 const int8_t *__restrict__ xq,
                                                                 const float2 *__restrict__ xds, int x_div, int r_off) {
-    const int p = blockIdx.x, r0 = r_off + blockIdx.y * MOE_R;
+    const int p = blockIdx.x, r0 = r_off + blockIdx.y * R;
     const int n_in = w.n_in, ng = n_in / 32;
     const int64_t base = (int64_t)__ldg(ids + p) * rpe;
     const size_t q = (size_t)(p / x_div);
-    float acc[MOE_R];
+    float acc[R];
 #pragma unroll
-    for (int r = 0; r < MOE_R; r++) acc[r] = 0.0f;
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
     for (int g = threadIdx.x; g < ng; g += blockDim.x) {
         const int4 *xp = (const int4 *)(xq + q * n_in + (size_t)g * 32);
         const int4 xa = __ldg(xp), xb = __ldg(xp + 1);
         const float2 ds = __ldg(xds + q * ng + g);
 #pragma unroll
-        for (int r = 0; r < MOE_R; r++) acc[r] = dot_q8<F>(w, base + min(r0 + r, rpe - 1), g, ng, xa, xb, ds, acc[r]);
+        for (int r = 0; r < R; r++) acc[r] = dot_q8<F>(w, base + min(r0 + r, rpe - 1), g, ng, xa, xb, ds, acc[r]);
     }
     moe_store(acc, y + (size_t)p * ldy, r0, rpe);
 }
@@ -239,13 +240,32 @@ extern "C" void moe_gemv_cuda(float *y, int ldy, const struct cuda_weight *w, in
     }
 }
 
+/* Expert rows per block of moe_q8_kernel: MOE_R (4). Qwen3-30B-A3B decode on an H200 (b1 / b16
+ * t/s): 2 rows 443.00 / 1594.43, 4 455.20, 454.78 / 1961.11, 1962.07, 8 453.67, 449.98 / 2010.96,
+ * 2005.58, 16 477.97, 477.78 / 2233.59, 2234.44. 16 is to become the default once test_cuda_moe
+ * (which runs every choice) has passed with it on a GPU; moe_q8_tune(16) selects it now. */
+static int g_moe_q8_rows = MOE_R;
+
+extern "C" void moe_q8_tune(int rows) { g_moe_q8_rows = rows == 2 || rows == 8 || rows == 16 ? rows : MOE_R; }
+
+template <int F, int R>
+static void q8_launch_r(float *y, int ldy, const cuda_weight &w, int rpe, const int32_t *ids, const int8_t *xq,
+                        const float2 *xds, int x_div, int n_pairs, cudaStream_t st) {
+    const int threads = 32 * moe_warps(w.n_in / 32), rb = (rpe + R - 1) / R;
+    for (int b0 = 0; b0 < rb; b0 += MOE_MAX_BLOCKS_Y) {
+        dim3 grid(n_pairs, rb - b0 < MOE_MAX_BLOCKS_Y ? rb - b0 : MOE_MAX_BLOCKS_Y);
+        moe_q8_kernel<F, R><<<grid, threads, 0, st>>>(y, ldy, w, rpe, ids, xq, xds, x_div, b0 * R);
+    }
+}
+
 template <int F>
 static void q8_launch(float *y, int ldy, const cuda_weight &w, int rpe, const int32_t *ids, const int8_t *xq,
                       const float2 *xds, int x_div, int n_pairs, cudaStream_t st) {
-    const int threads = 32 * moe_warps(w.n_in / 32), rb = (rpe + MOE_R - 1) / MOE_R;
-    for (int b0 = 0; b0 < rb; b0 += MOE_MAX_BLOCKS_Y) {
-        dim3 grid(n_pairs, rb - b0 < MOE_MAX_BLOCKS_Y ? rb - b0 : MOE_MAX_BLOCKS_Y);
-        moe_q8_kernel<F><<<grid, threads, 0, st>>>(y, ldy, w, rpe, ids, xq, xds, x_div, b0 * MOE_R);
+    switch (g_moe_q8_rows) {
+    case 2: q8_launch_r<F, 2>(y, ldy, w, rpe, ids, xq, xds, x_div, n_pairs, st); break;
+    case 8: q8_launch_r<F, 8>(y, ldy, w, rpe, ids, xq, xds, x_div, n_pairs, st); break;
+    case 16: q8_launch_r<F, 16>(y, ldy, w, rpe, ids, xq, xds, x_div, n_pairs, st); break;
+    default: q8_launch_r<F, MOE_R>(y, ldy, w, rpe, ids, xq, xds, x_div, n_pairs, st); break;
     }
 }
 
