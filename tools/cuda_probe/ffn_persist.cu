@@ -169,6 +169,17 @@ static __device__ __forceinline__ float row_sum(const float *pp, int64_t r) {
     for (int k = 0; k < SPR; k++) v += p[k];
     return v;
 }
+/* SwiGLU and its int8 groups (warp_q8: the engine's format), a warp a group of 32 channels; gate
+ * and up rows c and D_FF + c of the step sums, SPR sums a row */
+template <int SPR>
+static __device__ __forceinline__ void swiglu_phase(const float *pp_gu, int8_t *aq, float2 *ad, int wid, int n_warps,
+                                                    int lane) {
+    for (int gi = wid; gi < D_FF / 32; gi += n_warps) {
+        const int c = gi * 32 + lane;
+        const float g = row_sum<SPR>(pp_gu, c), u = row_sum<SPR>(pp_gu, c + D_FF);
+        warp_q8(g / (1.0f + expf(-g)) * u, aq, ad, c);
+    }
+}
 
 static __device__ __forceinline__ void grid_barrier(unsigned *bar, unsigned target) {
     __syncthreads();
@@ -233,31 +244,15 @@ __global__ void __launch_bounds__(NW * 32, 1)
         float tot = 0.0f;
         for (int k = 0; k < NW; k++) tot += red[k];
         const float scale = 1.0f / sqrtf(tot / (float)D_EMBD + EPS);
-        for (int i = threadIdx.x; i < D_EMBD; i += blockDim.x) { /* whole warps: D_EMBD and the block are multiples of 32 */
-            const float y = xn[i] * scale * W.norm[i];
-            const float amax = warp_max(fabsf(y)), d = amax / 127.0f;
-            const float q = d > 0.0f ? rintf(y / d) : 0.0f;
-            xs[i] = (int8_t)q;
-            const float sq = warp_sum(q);
-            if (lane == 0) xd[i / 32] = make_float2(d, d * sq);
-        }
+        for (int i = threadIdx.x; i < D_EMBD; i += blockDim.x) /* whole warps: D_EMBD and the block are multiples of 32 */
+            warp_q8(xn[i] * scale * W.norm[i], xs, xd, i);
         __syncthreads();
         mark(2);
         mv_steps(W.gu, a, b, xs, xd, pp_gu, wid, n_warps, lane);
         mark(3);
         grid_barrier(bar, ++nb * gridDim.x); /* gate|up step sums */
         mark(4);
-        /* SwiGLU and its int8 groups: a warp a group of 32 channels */
-        for (int gi = wid; gi < D_FF / 32; gi += n_warps) {
-            const int c = gi * 32 + lane;
-            const float g = row_sum<D_EMBD / 1024>(pp_gu, c), u = row_sum<D_EMBD / 1024>(pp_gu, c + D_FF);
-            const float v = g / (1.0f + expf(-g)) * u;
-            const float amax = warp_max(fabsf(v)), d = amax / 127.0f;
-            const float q = d > 0.0f ? rintf(v / d) : 0.0f;
-            aq[c] = (int8_t)q;
-            const float sq = warp_sum(q);
-            if (lane == 0) ad[gi] = make_float2(d, d * sq);
-        }
+        swiglu_phase<D_EMBD / 1024>(pp_gu, aq, ad, wid, n_warps, lane);
         mark(5);
         first_steps(W.down, wid, n_warps, lane, a, b);
         grid_barrier(bar, ++nb * gridDim.x); /* the SwiGLU's int8 groups */
@@ -448,17 +443,6 @@ static __device__ __forceinline__ void ring_mv(const layer_w *L, int l, int m, r
     if (lane == 0) ring_fill(L, rg, wid, n_warps, n_layer); /* the stage just summed: the next weight's */
 }
 
-template <int PPR>
-static __device__ __forceinline__ float piece_sum(const float *pp, int64_t r) {
-    float p[PPR];
-#pragma unroll
-    for (int k = 0; k < PPR; k++) p[k] = __ldcg(pp + r * PPR + k);
-    float v = 0.0f;
-#pragma unroll
-    for (int k = 0; k < PPR; k++) v += p[k];
-    return v;
-}
-
 __global__ void __launch_bounds__(NC * 32, 1)
     ffn_ring_kernel(const layer_w *L, int n_layer, float *xb0, float *xb1, float *pp_gu, float *pp_d, int8_t *aq,
                     float2 *ad, unsigned *bar, unsigned long long *tp) {
@@ -513,16 +497,9 @@ __global__ void __launch_bounds__(NC * 32, 1)
         for (int k = 0; k < NC; k++) tot += red[k];
         const float scale = 1.0f / sqrtf(tot / (float)D_EMBD + EPS);
 #pragma unroll
-        for (int j = 0; j < PER; j++) { /* whole warps: D_EMBD and NT are multiples of 32 */
+        for (int j = 0; j < PER; j++) { /* whole warps in or out: D_EMBD and NT are multiples of 32 */
             const int i = threadIdx.x + j * NT;
-            if (j * NT < D_EMBD) {
-                const float y = i < D_EMBD ? xv[j] * scale * nw[j] : 0.0f;
-                const float amax = warp_max(fabsf(y)), d = amax / 127.0f;
-                const float q = d > 0.0f ? rintf(y / d) : 0.0f;
-                if (i < D_EMBD) xs[i] = (int8_t)q;
-                const float sq = warp_sum(q);
-                if (lane == 0 && i < D_EMBD) xd[i / 32] = make_float2(d, d * sq);
-            }
+            if (i < D_EMBD) warp_q8(xv[j] * scale * nw[j], xs, xd, i);
         }
         __syncthreads();
         mark(2);
@@ -530,16 +507,7 @@ __global__ void __launch_bounds__(NC * 32, 1)
         mark(3);
         grid_barrier(bar, ++nb * gridDim.x);
         mark(4);
-        for (int gi = wid; gi < D_FF / 32; gi += n_warps) {
-            const int c = gi * 32 + lane;
-            const float g = piece_sum<1>(pp_gu, c), u = piece_sum<1>(pp_gu, c + D_FF);
-            const float v = g / (1.0f + expf(-g)) * u;
-            const float amax = warp_max(fabsf(v)), d = amax / 127.0f;
-            const float q = d > 0.0f ? rintf(v / d) : 0.0f;
-            aq[c] = (int8_t)q;
-            const float sq = warp_sum(q);
-            if (lane == 0) ad[gi] = make_float2(d, d * sq);
-        }
+        swiglu_phase<1>(pp_gu, aq, ad, wid, n_warps, lane); /* gate|up rows are one piece each */
         mark(5);
         grid_barrier(bar, ++nb * gridDim.x);
         mark(6);
