@@ -4,10 +4,11 @@
 # $OUT (default /tmp/pxq-gpu). Each step has its own time limit so one slow step cannot eat the
 # others. If the machine lacks the -dev libraries, put their headers and .so files in .devlibs/
 # (include/, lib/) and carry it: they are used when present.
-#   usage: tools/gpu-check.sh [build] [tests] [serve] [bench] [sanitize] [qwen35] [bench35] [ptx75] [timeline]
-#          [probe] [readstream]
+#   usage: tools/gpu-check.sh [build] [tests] [serve] [bench] [sanitize] [qwen35] [bench35] [moe] [ptx75]
+#          [timeline] [probe] [readstream]
 #   (default: build tests serve bench; qwen35 = the hybrid's CUDA tests and perplexities, bench35 =
-#   the Qwen3.5-27B preset's plan and bench at 16 GiB; ptx75 = the build as sm_75 PTX only, which
+#   the Qwen3.5-27B preset's plan and bench at 16 GiB; moe = the MoE tests (test_cuda_moe,
+#   test_cuda_model's MoE rows) and the Qwen3-30B-A3B preset's bench row of docs/PERF.md; ptx75 = the build as sm_75 PTX only, which
 #   the driver JIT-compiles for this GPU: the kernels see __CUDA_ARCH__ 750, so the tensor-core
 #   paths select themselves off and the Volta/Turing fallbacks run, checked by the CUDA tests; timeline =
 #   tools/cuda_timeline/run.sh on the Qwen3-32B and Qwen3.5-27B presets, b1 decode: each kernel's
@@ -71,6 +72,14 @@ for s in $steps; do
         echo "test_cuda_model (qwen35): rc $? ($(tail -n 1 "$OUT/test_cuda_model35.log"))"
         timeout 240 sh tests/cuda_perplexity.sh >"$OUT/cuda_perplexity.log" 2>&1
         echo "cuda_perplexity: rc $?"; cat "$OUT/cuda_perplexity.log" ;;
+    moe)
+        PXQ_TEST_CUDA=1 timeout 120 build/tests/test_cuda_moe >"$OUT/test_cuda_moe.log" 2>&1
+        echo "test_cuda_moe: rc $? ($(tail -n 1 "$OUT/test_cuda_moe.log"))"
+        PXQ_TEST_ONLY=moe PXQ_TEST_CUDA=1 timeout 180 build/tests/test_cuda_model >"$OUT/test_cuda_model_moe.log" 2>&1
+        echo "test_cuda_model (moe): rc $? ($(tail -n 1 "$OUT/test_cuda_model_moe.log"))"
+        timeout 200 $PXQ bench --load-format dummy --config presets/qwen3-30b-a3b.json --dtype q4_0 --device cuda \
+            --gpu-mem 24GiB -p 512 -n 64 -b 1,16 -r 2 >"$OUT/benchmoe.log" 2>&1
+        echo "bench 30B-A3B: rc $?"; tail -n 4 "$OUT/benchmoe.log" ;;
     bench35)
         C=presets/qwen3.5-27b.json
         timeout 60 $PXQ plan --load-format dummy --config $C --dtype q4_0 -c 16384 --gpu-mem 16GiB >"$OUT/plan35.log" 2>&1
