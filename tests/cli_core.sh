@@ -37,6 +37,18 @@ for c in run perplexity quantize serve plan bench; do # one column for the text 
     cols=$($PXQ $c --help | awk '/^  -/ { s = substr($0, 3); i = match(s, /  +[^ ]/); if (i) print i + RLENGTH }' | sort -u | wc -l)
     check "pxq $c --help: the flags' descriptions start in one column" '[ "$cols" = 1 ]'
 done
+check "pxq help run and pxq --help run print run's options, as pxq run --help" \
+    '[ "$($PXQ help run)" = "$($PXQ run --help)" ] && [ "$($PXQ --help run)" = "$($PXQ run --help)" ] && $PXQ help run | grep -q -- "--prompt"'
+nohelp=$($PXQ help frobnicate 2>&1; echo "rc=$?")
+check "pxq help of an unknown command: exit 2 naming it" \
+    'printf "%s" "$nohelp" | grep -q "no help for .frobnicate." && printf "%s" "$nohelp" | grep -q "rc=2"'
+if $PXQ --version | grep -q "cuda"; then # a CUDA build on a machine without a usable GPU (CI): why, and what to do
+    nodev=$($PXQ run --device cuda -p hi -n 1 2>&1 >/dev/null; echo "rc=$?")
+    if printf "%s" "$nodev" | grep -q "no CUDA device"; then
+        check "--device cuda without a GPU: exit 1, the reason in words, --device cpu named" \
+            'printf "%s" "$nodev" | grep -q "rc=1" && printf "%s" "$nodev" | grep -Eq "no CUDA device: (no NVIDIA|the CUDA runtime failed)" && printf "%s" "$nodev" | grep -q "use --device cpu"'
+    fi
+fi
 chat=$($PXQ run --chat -p "Hello" -n 8 --seed 1 2>/dev/null; echo "rc=$?")
 check "--chat runs" 'printf "%s" "$chat" | grep -q "rc=0"'
 

@@ -1,6 +1,6 @@
 /* test_cuda_common.h - shared by tests/test_cuda_*.c: the device gate and the normalised error.
  *
- * Without a CUDA device (or in a build without CUDA) a test prints "SKIP: no CUDA device" and exits
+ * Without a CUDA device (or in a build without CUDA) a test prints "SKIP: no CUDA device: ..." and exits
  * 0, so `make test` passes on CI machines; with PXQ_TEST_CUDA=1 (set by `make test-cuda`) the same
  * situation is a failure. */
 #ifndef PXQ_TEST_CUDA_COMMON_H
@@ -31,7 +31,7 @@ static inline int cuda_test_gate(const char *name) {
         fprintf(stderr, "%s: FAIL: no CUDA device (PXQ_TEST_CUDA=1 asks for one)\n", name);
         return 1;
     }
-    printf("SKIP: no CUDA device (%s)\n", name);
+    printf("SKIP: no CUDA device: %s's GPU checks did not run\n", name);
     return 0;
 }
 

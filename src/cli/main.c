@@ -32,7 +32,7 @@ static const struct {
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: pxq COMMAND [options]   (pxq COMMAND --help for its options)\n\ncommands:\n");
+    fprintf(f, "usage: pxq COMMAND [options]   (pxq COMMAND --help, or pxq help COMMAND, for its options)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) fprintf(f, "  %-12s %s\n", cmds[i].name, cmds[i].help);
     fprintf(f, "\npxq --version (-V, version): the version and what this binary was built with\n");
 }
@@ -70,6 +70,16 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        if (argc > 2) { /* pxq help COMMAND: that command's --help (as git help) */
+            for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+                if (!strcmp(argv[2], cmds[i].name)) {
+                    char help_flag[] = "--help", *sub[] = {argv[2], help_flag, NULL};
+                    return finish(cmds[i].fn(2, sub));
+                }
+            fprintf(stderr, "pxq: no help for '%s': not a command\n", argv[2]);
+            usage(stderr);
+            return 2;
+        }
         usage(stdout);
         return finish(0);
     }

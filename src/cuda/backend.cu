@@ -289,13 +289,24 @@ static int env_pair(const char *name, int *a, int *b) {
     return v && sscanf(v, "%d,%d", a, b) == 2;
 }
 
+extern "C" void cuda_no_device_msg(int cuda_error, int n_dev, char *out, size_t cap) {
+    const cudaError_t ce = (cudaError_t)cuda_error;
+    const char *why = ce == cudaErrorInsufficientDriver ? "no NVIDIA driver is loaded, or it is older than this build's "
+                                                          "CUDA runtime"
+                      : ce == cudaErrorNoDevice || (ce == cudaSuccess && n_dev == 0) ? "no NVIDIA GPU found"
+                                                                                      : "the CUDA runtime failed";
+    snprintf(out, cap, "no CUDA device: %s (CUDA: %s)", why, ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
+}
+
 extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) {
     const struct pxq_hparams *hp = e->hp;
     int n_dev = 0;
     cudaError_t ce = cudaGetDeviceCount(&n_dev);
-    if (ce != cudaSuccess || n_dev == 0)
-        return set_err(err, errlen, "no CUDA device (%s); use --device cpu",
-                       ce != cudaSuccess ? cudaGetErrorString(ce) : "count 0");
+    if (ce != cudaSuccess || n_dev == 0) {
+        char why[256];
+        cuda_no_device_msg(ce, n_dev, why, sizeof why);
+        return set_err(err, errlen, "%s; use --device cpu", why);
+    }
     const int exact = env_is("PXQ_CUDA_FP32", "1");
     if (cudaSetDevice(0) != cudaSuccess) return set_err(err, errlen, "cudaSetDevice(0) failed");
     size_t free_b = 0, total_b = 0;

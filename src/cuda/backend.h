@@ -145,6 +145,11 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
 /* One line: "weights X GiB + KV Y GiB (Z KiB/token x N tokens) + activations A MiB + workspace B MiB = T GiB". */
 void cuda_mem_plan_str(const struct cuda_plan *plan, char *out, size_t cap);
 
+/* "no CUDA device: ..." into out (cap bytes) for cudaGetDeviceCount's result (cuda_error, a
+ * cudaError_t; n_dev the count when it succeeded), saying what the user can check: no GPU, or no
+ * driver / one older than this build's runtime (which CUDA reports as an insufficient driver),
+ * with CUDA's own words after it. Defined in CUDA builds only (backend.cu). */
+void cuda_no_device_msg(int cuda_error, int n_dev, char *out, size_t cap);
 #ifdef PXQ_CUDA
 struct pxq_engine;
 struct ubatch;

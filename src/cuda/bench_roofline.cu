@@ -6,6 +6,8 @@
 #include <cublas_v2.h>
 #include <stdio.h>
 
+#include "cuda/backend.h"
+
 extern "C" int pxq_cuda_roofline(double *copy_gbs, double *gemm_tflops, char *name, size_t name_len, char *err,
                                  size_t errlen);
 
@@ -37,8 +39,7 @@ extern "C" int pxq_cuda_roofline(double *copy_gbs, double *gemm_tflops, char *na
     int n_dev = 0;
     const cudaError_t ce = cudaGetDeviceCount(&n_dev);
     if (ce != cudaSuccess || n_dev == 0) { /* as the engine words it (cuda_backend_new) */
-        if (err && errlen)
-            snprintf(err, errlen, "no CUDA device (%s)", ce != cudaSuccess ? cudaGetErrorString(ce) : "count 0");
+        if (err && errlen) cuda_no_device_msg(ce, n_dev, err, errlen);
         return -1;
     }
     RF_CHECK(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
