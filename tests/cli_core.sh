@@ -47,6 +47,9 @@ if $PXQ --version | grep -q "cuda"; then # a CUDA build on a machine without a u
     if printf "%s" "$nodev" | grep -q "no CUDA device"; then
         check "--device cuda without a GPU: exit 1, the reason in words, --device cpu named" \
             'printf "%s" "$nodev" | grep -q "rc=1" && printf "%s" "$nodev" | grep -Eq "no CUDA device: (no NVIDIA|the CUDA runtime failed)" && printf "%s" "$nodev" | grep -q "use --device cpu"'
+        util=$($PXQ serve --device cuda --gpu-memory-utilization 0.9 --port 18999 2>&1 >/dev/null; echo "rc=$?")
+        check "serve --gpu-memory-utilization without a GPU: exit 1, the same reason" \
+            'printf "%s" "$util" | grep -q "rc=1" && printf "%s" "$util" | grep -Eq "gpu-memory-utilization: no CUDA device: (no NVIDIA|the CUDA runtime failed)"'
     fi
 fi
 chat=$($PXQ run --chat -p "Hello" -n 8 --seed 1 2>/dev/null; echo "rc=$?")

@@ -12,6 +12,8 @@
 
 #ifdef PXQ_CUDA
 #include <cuda_runtime_api.h>
+
+#include "cuda/backend.h"
 #endif
 
 #include "args.h"
@@ -75,7 +77,12 @@ int cmd_serve(int argc, char **argv) {
          * arena (--gpu-mem) holds weights + KV + activations + workspace; the CUDA context lives
          * outside it, so its estimate (memplan.h) is taken off. */
         size_t dev_free = 0, dev_total = 0;
-        if (cudaMemGetInfo(&dev_free, &dev_total) != cudaSuccess) fail(&a, 1, "--gpu-memory-utilization: no CUDA device");
+        const cudaError_t ce = cudaMemGetInfo(&dev_free, &dev_total);
+        if (ce != cudaSuccess) { /* worded as the engine's own check (cuda_backend_new) */
+            char why[256];
+            cuda_no_device_msg((int)ce, 0, why, sizeof why);
+            fail(&a, 1, "--gpu-memory-utilization: %s", why);
+        }
         double arena = gpu_util * (double)dev_total - (double)MEMPLAN_CONTEXT_DEFAULT;
         if (arena < (double)(64u << 20)) fail(&a, 2, "--gpu-memory-utilization %g leaves no room on this device", gpu_util);
         co.ep.gpu_mem = (size_t)arena;
