@@ -194,6 +194,20 @@ static __device__ __forceinline__ void grid_barrier(unsigned *bar, unsigned targ
     __syncthreads();
 }
 
+/* Block 0's time between its phase marks (%globaltimer), summed over the layers, into tp[k] (ns):
+ * mark(0) starts a layer, mark(k) ends phase k. */
+struct phase_clock {
+    unsigned long long *tp, prev;
+    __device__ __forceinline__ void mark(int k) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) {
+            unsigned long long t;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            if (k > 0) tp[k] += t - prev;
+            prev = t;
+        }
+    }
+};
+
 /* x of layer l is xb[l % 2]; the output is xb[n_layer % 2]. */
 __global__ void __launch_bounds__(NW * 32, 1)
     ffn_persist_kernel(const layer_w *L, int n_layer, float *xb0, float *xb1, float *pp_gu, float *pp_d, int8_t *aq,
@@ -205,16 +219,8 @@ __global__ void __launch_bounds__(NW * 32, 1)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_warps = gridDim.x * NW, wid = blockIdx.x * NW + warp;
     unsigned nb = 0; /* barriers passed */
-    unsigned long long t_prev = 0;
-    /* block 0's time between its phase marks, summed over the layers, into tp[k] (ns) */
-    auto mark = [&](int k) {
-        if (blockIdx.x == 0 && threadIdx.x == 0) {
-            unsigned long long t;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-            if (k > 0) tp[k] += t - t_prev;
-            t_prev = t;
-        }
-    };
+    phase_clock clk{tp, 0}; /* block 0's phase times into tp */
+    auto mark = [&](int k) { clk.mark(k); };
     for (int l = 0; l < n_layer; l++) {
         mark(0);
         const layer_w &W = L[l];
@@ -463,15 +469,8 @@ __global__ void __launch_bounds__(NC * 32, 1)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     __syncthreads();
     unsigned nb = 0;
-    unsigned long long t_prev = 0;
-    auto mark = [&](int k) {
-        if (blockIdx.x == 0 && threadIdx.x == 0) {
-            unsigned long long t;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-            if (k > 0) tp[k] += t - t_prev;
-            t_prev = t;
-        }
-    };
+    phase_clock clk{tp, 0};
+    auto mark = [&](int k) { clk.mark(k); };
     if (lane == 0) ring_fill(L, rg, wid, n_warps, n_layer); /* the first pieces, before anything else */
     for (int l = 0; l < n_layer; l++) {
         mark(0);
