@@ -2,8 +2,7 @@
  * (softmax, top-k, renormalisation) in one warp per token, gathered mat-vecs over (token, slot)
  * pairs reading the chosen expert's rows of a stacked weight, and the weighted sum into the residual.
  *
- * Mat-vecs: a block per (pair, MOE_R rows of its expert; the int8 decode kernel 2-16 by
- * moe_q8_tune), pairs along grid.x so that the blocks running together read the same rows of the
+ * Mat-vecs: a block per (pair, MOE_R rows of its expert; MOE_Q8_R = 16 for the int8 decode kernel), pairs along grid.x so that the blocks running together read the same rows of the
  * experts (pairs sharing an expert then share them through L2); its warps split n_in as matmul.cu's
  * do (fp32: 8 elements per thread per step, load8; int8: one group of 32 per thread, __dp4a) and
  * meet in shared memory. One pair per block keeps the kernel simple; tokens routed to the same expert each
@@ -240,13 +239,13 @@ extern "C" void moe_gemv_cuda(float *y, int ldy, const struct cuda_weight *w, in
     }
 }
 
-/* Expert rows per block of moe_q8_kernel: MOE_R (4). Qwen3-30B-A3B decode on an H200 (b1 / b16
+/* Expert rows per block of moe_q8_kernel: MOE_Q8_R. Qwen3-30B-A3B decode on an H200 (b1 / b16
  * t/s): 2 rows 443.00 / 1594.43, 4 455.20, 454.78 / 1961.11, 1962.07, 8 453.67, 449.98 / 2010.96,
- * 2005.58, 16 477.97, 477.78 / 2233.59, 2234.44. 16 is to become the default once test_cuda_moe
- * (which runs every choice) has passed with it on a GPU; moe_q8_tune(16) selects it now. */
-static int g_moe_q8_rows = MOE_R;
+ * 2005.58, 16 477.97, 477.78 / 2233.59, 2234.44 (moe_q8_tune overrides). */
+#define MOE_Q8_R 16
+static int g_moe_q8_rows = MOE_Q8_R;
 
-extern "C" void moe_q8_tune(int rows) { g_moe_q8_rows = rows == 2 || rows == 8 || rows == 16 ? rows : MOE_R; }
+extern "C" void moe_q8_tune(int rows) { g_moe_q8_rows = rows == 2 || rows == 4 || rows == 8 ? rows : MOE_Q8_R; }
 
 template <int F, int R>
 static void q8_launch_r(float *y, int ldy, const cuda_weight &w, int rpe, const int32_t *ids, const int8_t *xq,
@@ -263,9 +262,9 @@ static void q8_launch(float *y, int ldy, const cuda_weight &w, int rpe, const in
                       const float2 *xds, int x_div, int n_pairs, cudaStream_t st) {
     switch (g_moe_q8_rows) {
     case 2: q8_launch_r<F, 2>(y, ldy, w, rpe, ids, xq, xds, x_div, n_pairs, st); break;
+    case 4: q8_launch_r<F, 4>(y, ldy, w, rpe, ids, xq, xds, x_div, n_pairs, st); break;
     case 8: q8_launch_r<F, 8>(y, ldy, w, rpe, ids, xq, xds, x_div, n_pairs, st); break;
-    case 16: q8_launch_r<F, 16>(y, ldy, w, rpe, ids, xq, xds, x_div, n_pairs, st); break;
-    default: q8_launch_r<F, MOE_R>(y, ldy, w, rpe, ids, xq, xds, x_div, n_pairs, st); break;
+    default: q8_launch_r<F, MOE_Q8_R>(y, ldy, w, rpe, ids, xq, xds, x_div, n_pairs, st); break;
     }
 }
 

@@ -49,8 +49,8 @@ void moe_gemv_cuda(float *y, int ldy, const struct cuda_weight *w, int rows_per_
  * indexed as x above. Formats where matmul_q8_supported (Q4_0, Q8_0, Q4M); n_in % 32 == 0. */
 void moe_q8_cuda(float *y, int ldy, const struct cuda_weight *w, int rows_per_expert, const int32_t *ids,
                  const int8_t *xq, const float *xds, int x_per_pair, int n_pairs, int k, cudaStream_t st);
-/* Benchmarks and tests: moe_q8_cuda's expert rows per block (2, 8, 16; anything else: the built-in
- * 4). Process-wide. */
+/* Benchmarks and tests: moe_q8_cuda's expert rows per block (2, 4, 8; anything else: the built-in
+ * 16). Process-wide. */
 void moe_q8_tune(int rows);
 
 /* Prefill: the pairs grouped by expert so that each expert's rows are read once per CUDA_MOE_TILE
