@@ -7,8 +7,8 @@
  *     at least every tensor's bytes, at most 2 x 256 alignment bytes more per stacked weight / tensor;
  *     one expert of another type is refused naming it; a layer's ups all in f16 (gate and up stacked
  *     apart) cost n_expert x n_ff_exp x n_embd x 2 bytes less, to the alignment
- *   moe_route_cuda: logits on a grid of 1/8 (many exact ties, no near-ties), n_expert 8..512, k 1..10,
- *     norm_topk_prob 0/1, token counts not a multiple of the block's 4 warps: ids equal to the
+ *   moe_route_cuda: logits on a grid of 1/8 (many exact ties, no near-ties), n_expert 8..512 (fewer and
+ *     more than the block's 128 threads), k 1..33, norm_topk_prob 0/1, 1..130 tokens: ids equal to the
  *     reference's top-k (ties to the lower index) in increasing id order; weights within 1e-6 of a
  *     float64 softmax; every slot written (outputs poisoned first)
  *   moe_gemv_cuda (fp32 activations), every device format (F32, F16, BF16, Q8_0, Q4_0, Q4M from Q4_1

@@ -1,5 +1,5 @@
 /* moe.cu - Qwen3-MoE's sparse FFN on the device (cuda/ops_moe_cuda.h has the formulas): routing
- * (softmax, top-k, renormalisation) in one warp per token, gathered mat-vecs over (token, slot)
+ * (softmax, top-k, renormalisation) in one block per token, gathered mat-vecs over (token, slot)
  * pairs reading the chosen expert's rows of a stacked weight, and the weighted sum into the residual.
  *
  * Mat-vecs: a block per (pair, MOE_R rows of its expert; MOE_Q8_R = 16 for the int8 decode kernel), pairs along grid.x so that the blocks running together read the same rows of the
@@ -14,6 +14,7 @@
 #include "cuda/common.cuh"
 #include "cuda/ops_moe_cuda.h"
 #include "cuda/wload.cuh"
+#include "model.h" /* PXQ_MAX_EXPERTS */
 
 #define MOE_WARPS 4        /* at most, per block of the gathered mat-vecs */
 #define MOE_R 4            /* expert rows per block */
@@ -22,77 +23,90 @@
 
 /* ---- routing ---- */
 
-/* Warp per token; shared memory per warp: the n_expert probabilities, then k ids and k weights. */
-__global__ void moe_route_kernel(int32_t *__restrict__ ids, float *__restrict__ wts, const float *__restrict__ logits,
-                                 int n_tok, int ne, int k, int norm) {
-    extern __shared__ float sm[];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int t = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (t >= n_tok) return; /* whole warps leave; the rest only synchronise within their warp */
-    float *r = sm + (size_t)warp * (ne + 2 * k);
-    int *sel = (int *)(r + ne);
-    float *sw = r + ne + k;
-    const float *l = logits + (size_t)t * ne;
-    /* softmax_cpu: max, exp(x - max), divided by the sum. Lane owns experts lane, lane + 32, ... */
-    float mx = -INFINITY;
-    for (int x = lane; x < ne; x += 32) {
-        const float v = l[x];
-        r[x] = v;
-        mx = fmaxf(mx, v);
+/* A block of MOE_ROUTE_THREADS per token: logits [ne] (ne <= PXQ_MAX_EXPERTS) to ids [k] and wts [k].
+ * The probabilities are softmax_cpu's (max, expf(x - max), divided by the sum; the sum's order is the
+ * block's: each thread's experts tid, tid + threads, .., then the warps). Top-k by rank, not by k
+ * rounds of argmax: expert i is chosen when fewer than k experts come before it in (probability
+ * descending, index ascending) order, torch.topk's choice with ties to the lower index; a NaN
+ * probability ranks as -1, below every other, so exactly k are chosen. The renormalising sum adds
+ * the chosen probabilities in rank order (the CPU's selection order), and each goes to the slot of
+ * its rank among the chosen ids. (The kernel before it ran one warp a token through k rounds of
+ * argmax, then a serial insertion sort: 7.5 us a Qwen3-30B-A3B decode layer on an H200 against 3.1
+ * for this one, docs/PERF.md.) */
+#define MOE_ROUTE_THREADS 128
+
+/* 1 where key kj of expert j comes before key kp of expert i (larger, or equal and a lower index) */
+static __device__ __forceinline__ int route_before(float kj, int j, float kp, int i) {
+    return kj > kp || (kj == kp && j < i);
+}
+
+__global__ void __launch_bounds__(MOE_ROUTE_THREADS) moe_route_kernel(int32_t *__restrict__ ids, float *__restrict__ wts,
+                                                                   const float *__restrict__ logits, int ne, int k,
+                                                                   int norm) {
+    __shared__ float4 key4[PXQ_MAX_EXPERTS / 4]; /* padded with -2, below every key */
+    __shared__ float pr[PXQ_MAX_EXPERTS], by_rank[PXQ_MAX_EXPERTS], red[MOE_ROUTE_THREADS / 32];
+    __shared__ int id_by_rank[PXQ_MAX_EXPERTS];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, n_warps = MOE_ROUTE_THREADS / 32;
+    const float *l = logits + (size_t)blockIdx.x * ne;
+    ids += (size_t)blockIdx.x * k, wts += (size_t)blockIdx.x * k;
+    float m = -INFINITY;
+    for (int i = tid; i < ne; i += MOE_ROUTE_THREADS) {
+        const float v = l[i];
+        pr[i] = v; /* this thread's own experts: read back by it alone until the rank loop */
+        m = fmaxf(m, v);
     }
-    mx = warp_max(mx);
+    m = warp_max(m);
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    m = red[0];
+    for (int w = 1; w < n_warps; w++) m = fmaxf(m, red[w]);
+    __syncthreads(); /* red is reused */
     float s = 0.0f;
-    for (int x = lane; x < ne; x += 32) {
-        const float v = expf(r[x] - mx);
-        r[x] = v;
-        s += v;
+    for (int i = tid; i < ne; i += MOE_ROUTE_THREADS) {
+        const float e = expf(pr[i] - m);
+        pr[i] = e;
+        s += e;
     }
     s = warp_sum(s);
-    for (int x = lane; x < ne; x += 32) r[x] = r[x] / s;
-    /* top-k by repeated argmax, ties to the lower index; a taken expert is marked -1 (probabilities
-     * are >= 0). A NaN is never greater, but an expert is always chosen, so ids stay valid. */
-    for (int j = 0; j < k; j++) {
-        float bv = -INFINITY;
-        int bi = -1;
-        for (int x = lane; x < ne; x += 32) {
-            const float v = r[x];
-            if (v != -1.0f && (bi < 0 || v > bv)) bv = v, bi = x;
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(FULL_MASK, bv, o);
-            const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
-            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
-        }
-        bi = __shfl_sync(FULL_MASK, bi, 0); /* lane 0's choice for all (NaNs could split the lanes) */
-        bv = __shfl_sync(FULL_MASK, bv, 0);
-        if (lane == (bi & 31)) r[bi] = -1.0f; /* the owner marks it */
-        if (lane == 0) sel[j] = bi, sw[j] = bv;
-        __syncwarp();
+    if (lane == 0) red[warp] = s;
+    __syncthreads();
+    s = red[0];
+    for (int w = 1; w < n_warps; w++) s += red[w];
+    float *key = (float *)key4;
+    const int ne4 = (ne + 3) / 4;
+    for (int i = tid; i < ne4 * 4; i += MOE_ROUTE_THREADS) {
+        const float p = i < ne ? pr[i] / s : 0.0f;
+        if (i < ne) pr[i] = p;
+        key[i] = i >= ne ? -2.0f : p == p ? p : -1.0f;
     }
-    if (lane == 0) {
-        float sum = 0.0f;
-        for (int j = 0; j < k; j++) sum += sw[j];
-        if (norm)
-            for (int j = 0; j < k; j++) sw[j] = sw[j] / sum;
-        for (int j = 1; j < k; j++) { /* slots in increasing expert id (insertion sort; k is small) */
-            const int id = sel[j];
-            const float wj = sw[j];
-            int i = j - 1;
-            for (; i >= 0 && sel[i] > id; i--) sel[i + 1] = sel[i], sw[i + 1] = sw[i];
-            sel[i + 1] = id, sw[i + 1] = wj;
+    __syncthreads();
+    for (int i = tid; i < ne; i += MOE_ROUTE_THREADS) { /* 4 keys a shared-memory load, unrolled ahead */
+        const float kp = key[i];
+        int rank = 0;
+#pragma unroll 4
+        for (int j4 = 0; j4 < ne4; j4++) {
+            const float4 q = key4[j4];
+            const int j = 4 * j4;
+            rank += route_before(q.x, j, kp, i) + route_before(q.y, j + 1, kp, i) + route_before(q.z, j + 2, kp, i) +
+                    route_before(q.w, j + 3, kp, i);
         }
-        for (int j = 0; j < k; j++) ids[(size_t)t * k + j] = sel[j], wts[(size_t)t * k + j] = sw[j];
+        if (rank < k) by_rank[rank] = pr[i], id_by_rank[rank] = i;
+    }
+    __syncthreads();
+    for (int r = tid; r < k; r += MOE_ROUTE_THREADS) {
+        const int id = id_by_rank[r];
+        int slot = 0;
+        float sum = 0.0f;
+        for (int q = 0; q < k; q++) slot += id_by_rank[q] < id, sum += by_rank[q];
+        ids[slot] = id;
+        wts[slot] = norm ? by_rank[r] / sum : by_rank[r];
     }
 }
 
 extern "C" void moe_route_cuda(int32_t *ids, float *wts, const float *logits, int n_tokens, int n_expert, int k,
                                int norm_topk_prob, cudaStream_t st) {
     if (n_tokens <= 0) return;
-    const int warps = 4;
-    const size_t smem = (size_t)warps * (n_expert + 2 * k) * sizeof(float);
-    moe_route_kernel<<<(n_tokens + warps - 1) / warps, warps * 32, smem, st>>>(ids, wts, logits, n_tokens, n_expert, k,
-                                                                              norm_topk_prob);
+    moe_route_kernel<<<n_tokens, MOE_ROUTE_THREADS, 0, st>>>(ids, wts, logits, n_expert, k, norm_topk_prob);
 }
 
 /* ---- gathered mat-vecs ---- */

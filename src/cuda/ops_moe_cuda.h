@@ -30,7 +30,7 @@ extern "C" {
  * lower index), weights renormalised to sum 1 when norm_topk_prob != 0 (the sum taken in selection
  * order, as the CPU). Each token's k slots are then written in increasing expert id, so that
  * moe_combine_cuda adds the experts in the CPU's order. n_expert <= 512 (PXQ_MAX_EXPERTS),
- * 1 <= k <= n_expert. One warp per token. */
+ * 1 <= k <= n_expert. One block per token; the top-k by rank (moe.cu). */
 void moe_route_cuda(int32_t *ids, float *wts, const float *logits, int n_tokens, int n_expert, int k,
                     int norm_topk_prob, cudaStream_t st);
 
