@@ -365,6 +365,7 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     if (env_pair("PXQ_CUDA_MOE_MMA_TUNE", &tune_a, &tune_b)) /* its "m-tiles,warps" */
         moe_q8_mma_tune(tune_a, tune_b);
     if (getenv("PXQ_CUDA_MOE_Q8_R")) moe_q8_tune(atoi(getenv("PXQ_CUDA_MOE_Q8_R"))); /* decode experts' rows a block */
+    if (getenv("PXQ_CUDA_GEMV_FILL")) matmul_gemv_tune(atoi(getenv("PXQ_CUDA_GEMV_FILL"))); /* A/B: 0 = 4 rows */
     {
         cuda_kv probe = {};
         probe.kv_f32 = exact, probe.n_head_kv = hp->n_head_kv, probe.head_dim = hd, probe.kv_dim = hp->n_head_kv * hd;

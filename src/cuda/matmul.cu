@@ -106,10 +106,28 @@ __global__ void __launch_bounds__(MM_WARPS * 32) matmul_gemv_kernel(float *__res
     block_store<NT, R>(acc, y, row0, w.n_out, n_tok, ldy, accumulate);
 }
 
+/* Rows per block of the one-token fp32 mat-vec where 4 would leave SMs without a block (a MoE router
+ * of 128 experts: 32 blocks); 0 = always 4 (matmul_gemv_tune). Each row's sum is formed the same way
+ * at any count: the same bits. */
+static int gemv_fill = 1;
+extern "C" void matmul_gemv_tune(int fill) { gemv_fill = fill != 0; }
+
+static int device_sms(void) {
+    static int n[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
+    if (!n[dev] && cudaDeviceGetAttribute(&n[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) n[dev] = 0;
+    return n[dev];
+}
+
 template <int F, int NT>
 static void gemv_launch_nt(float *y, const cuda_weight &w, const float *x, int n_tok, int chunks, int ldy, int acc,
                            cudaStream_t st) {
     constexpr int R = NT >= 8 ? 8 : 4;
+    if (NT == 1 && gemv_fill && (w.n_out + R - 1) / R < device_sms()) {
+        matmul_gemv_kernel<F, 1, 1><<<dim3(w.n_out, chunks), MM_WARPS * 32, 0, st>>>(y, w, x, n_tok, ldy, acc);
+        return;
+    }
     matmul_gemv_kernel<F, NT, R><<<dim3((w.n_out + R - 1) / R, chunks), MM_WARPS * 32, 0, st>>>(y, w, x, n_tok, ldy, acc);
 }
 
