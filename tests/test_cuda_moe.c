@@ -7,10 +7,10 @@
  *     at least every tensor's bytes, at most 2 x 256 alignment bytes more per stacked weight / tensor;
  *     one expert of another type is refused naming it; a layer's ups all in f16 (gate and up stacked
  *     apart) cost n_expert x n_ff_exp x n_embd x 2 bytes less, to the alignment
- *   moe_route_cuda: logits on a grid of 1/8 (many exact ties, no near-ties), n_expert 8..512 (fewer and
- *     more than the block's 128 threads), k 1..33, norm_topk_prob 0/1, 1..130 tokens: ids equal to the
- *     reference's top-k (ties to the lower index) in increasing id order; weights within 1e-6 of a
- *     float64 softmax; every slot written (outputs poisoned first)
+ *   moe_route_cuda: logits on a grid of 1/8 (many exact ties, no near-ties) or all equal, n_expert
+ *     5..512 (fewer and more than the block's 128 threads), k 1..33, norm_topk_prob 0/1, 1..130
+ *     tokens: ids equal to the reference's top-k (ties to the lower index) in increasing id order;
+ *     weights within 1e-6 of a float64 softmax; every slot written (outputs poisoned first)
  *   moe_gemv_cuda (fp32 activations), every device format (F32, F16, BF16, Q8_0, Q4_0, Q4M from Q4_1
  *     and Q4_K, Q8M from Q5_0 and Q6_K), input rows by token (gate/up) and by pair (down), rows per
  *     expert 128 and 97 (a partial last block), dense rows of 100 (the tail loop): normalised error vs
@@ -141,14 +141,16 @@ static void route_ref(int32_t *ids, double *w, const float *l, int ne, int k, in
 }
 
 static void test_route(void) {
-    const int cases[][4] = {/* n_expert, k, norm, n_tokens */
-                            {8, 2, 1, 7},   {8, 1, 0, 1},   {128, 8, 1, 16}, {128, 8, 0, 33},
-                            {60, 4, 1, 5},  {512, 10, 1, 9}, {33, 33, 1, 3},  {256, 8, 1, 130}};
+    const int cases[][5] = {/* n_expert, k, norm, n_tokens, all logits equal */
+                            {8, 2, 1, 7, 0},    {8, 1, 0, 1, 0},   {128, 8, 1, 16, 0}, {128, 8, 0, 33, 0},
+                            {60, 4, 1, 5, 0},   {512, 10, 1, 9, 0}, {33, 33, 1, 3, 0},  {256, 8, 1, 130, 0},
+                            {130, 6, 1, 2, 1}, {5, 3, 0, 1, 0}};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-        const int ne = cases[c][0], k = cases[c][1], norm = cases[c][2], n = cases[c][3];
+        const int ne = cases[c][0], k = cases[c][1], norm = cases[c][2], n = cases[c][3], equal = cases[c][4];
         float *l = xmalloc((size_t)n * ne * sizeof(float)), *w = xmalloc((size_t)n * k * sizeof(float));
         int32_t *ids = xmalloc((size_t)n * k * sizeof(int32_t));
-        for (size_t i = 0; i < (size_t)n * ne; i++) l[i] = (float)((int)(rnd_u32() % 49) - 24) / 8.0f; /* ties */
+        for (size_t i = 0; i < (size_t)n * ne; i++) /* a grid of 1/8: exact ties */
+            l[i] = equal ? 0.75f : (float)((int)(rnd_u32() % 49) - 24) / 8.0f;
         float *dl = dev_put(l, (size_t)n * ne * sizeof(float)), *dw = dev_poison_bytes((size_t)n * k * sizeof(float));
         int32_t *di = dev_poison_bytes((size_t)n * k * sizeof(int32_t));
         moe_route_cuda(di, dw, dl, n, ne, k, norm, 0);

@@ -7,7 +7,8 @@
  *                     s = d * sum q), integer dot products with __dp4a (sm_61+), fp32 scale per
  *                     group; Q4_0, Q8_0, Q4M. w.x = d_w (d_x sum (nib q) - 8 s_x) for Q4_0.
  *                     Lane = one whole group (16-byte loads).
- * Both use blocks of warps over R rows (the fp32 one 4; the q8 one 1..8, by shape); the warps split
+ * Both use blocks of warps over R rows (the fp32 one 4, 8 from 5 tokens, 1 for one token where 4
+ * would leave SMs without a block; the q8 one 1..8, by shape); the warps split
  * n_in (coalesced loads: consecutive lanes read consecutive bytes) and meet in shared memory.
  * Everything here compiles for sm_70 (V100) and up. */
 #include <math.h>
@@ -106,17 +107,20 @@ __global__ void __launch_bounds__(MM_WARPS * 32) matmul_gemv_kernel(float *__res
     block_store<NT, R>(acc, y, row0, w.n_out, n_tok, ldy, accumulate);
 }
 
-/* Rows per block of the one-token fp32 mat-vec where 4 would leave SMs without a block (a MoE router
- * of 128 experts: 32 blocks); 0 = always 4 (matmul_gemv_tune). Each row's sum is formed the same way
- * at any count: the same bits. */
+/* The one-token fp32 mat-vec takes a row a block where blocks of 4 would leave SMs without one (a
+ * MoE router of 128 experts: 32 blocks) when gemv_fill is 1 (the default); 0 keeps 4, 2 takes one
+ * everywhere (tests: the path runs whatever the GPU). Each row's sum is formed the same way at any
+ * count: the same bits. */
 static int gemv_fill = 1;
-extern "C" void matmul_gemv_tune(int fill) { gemv_fill = fill != 0; }
+extern "C" void matmul_gemv_tune(int fill) { gemv_fill = fill == 0 || fill == 2 ? fill : 1; }
 
+/* The current device's SM count, cached per device (0 where it cannot be read: 4 rows then). */
 static int device_sms(void) {
     static int n[64];
     int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
-    if (!n[dev] && cudaDeviceGetAttribute(&n[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) n[dev] = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return (void)cudaGetLastError(), 0;
+    if (!n[dev] && cudaDeviceGetAttribute(&n[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        n[dev] = 0, (void)cudaGetLastError(); /* not left for the next launch's check to find */
     return n[dev];
 }
 
@@ -124,7 +128,7 @@ template <int F, int NT>
 static void gemv_launch_nt(float *y, const cuda_weight &w, const float *x, int n_tok, int chunks, int ldy, int acc,
                            cudaStream_t st) {
     constexpr int R = NT >= 8 ? 8 : 4;
-    if (NT == 1 && gemv_fill && (w.n_out + R - 1) / R < device_sms()) {
+    if (NT == 1 && (gemv_fill == 2 || (gemv_fill && (w.n_out + R - 1) / R < device_sms()))) {
         matmul_gemv_kernel<F, 1, 1><<<dim3(w.n_out, chunks), MM_WARPS * 32, 0, st>>>(y, w, x, n_tok, ldy, acc);
         return;
     }

@@ -30,7 +30,10 @@ extern "C" {
  * lower index), weights renormalised to sum 1 when norm_topk_prob != 0 (the sum taken in selection
  * order, as the CPU). Each token's k slots are then written in increasing expert id, so that
  * moe_combine_cuda adds the experts in the CPU's order. n_expert <= 512 (PXQ_MAX_EXPERTS),
- * 1 <= k <= n_expert. One block per token; the top-k by rank (moe.cu). */
+ * 1 <= k <= n_expert. One block per token; the top-k by rank (moe.cu). The softmax's sum is the
+ * block's, in another order than the CPU's: two probabilities an ulp apart may round to a tie on
+ * one side and not on the other, so at such near-ties the chosen expert can differ from the CPU's
+ * (the test's logits have exact ties and no near-ties). */
 void moe_route_cuda(int32_t *ids, float *wts, const float *logits, int n_tokens, int n_expert, int k,
                     int norm_topk_prob, cudaStream_t st);
 
