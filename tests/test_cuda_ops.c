@@ -3,7 +3,7 @@
  *
  * Bounds (float32 on both sides, only summation order and fma contraction differ):
  *   matmul (fused mat-vec), every weight type, 1..50 tokens      <= 1e-5, also accumulating (y += W x);
- *     one token at 1 and 4 rows a block (matmul_gemv_tune 2 and 0) and the default: the same bits
+ *     at 1 and 4 (8) rows a block (matmul_gemv_tune 2 and 0) and the default: the same bits
  *   matmul with int8 activations (q8, dp4a): Q4_0, Q8_0, Q4_1, Q4_K <= 1e-2 (x rounded to 8 bits per
  *     group of 32: about 4e-3 for uniform x); rmsnorm/swiglu's int8 groups <= 1e-2 of their floats;
  *     every (rows, warps) tuning of it vs the built-in one <= 1e-5, with plain launches and, on
@@ -78,18 +78,19 @@ static void test_matmul(struct threadpool *tp) {
                 double err = norm_err(got, ref, (size_t)n * n_out);
                 CHECK(err <= 1e-5, "matmul %s n_in %d tokens %d: normalised error %.3g", type_name(type), n_in, n, err);
                 if (n == 1) printf("matmul %-5s n_in %3d: normalised error %.2e\n", type_name(type), n_in, err);
-                if (n == 1) { /* a row a block (matmul_gemv_tune 2) and 4 rows a block (0): the same bits */
-                    float *one = xmalloc((size_t)n_out * sizeof(float)), *four = xmalloc((size_t)n_out * sizeof(float));
+                { /* a row a block (matmul_gemv_tune 2) and 4 or 8 (0), and the default: the same bits */
+                    const size_t yb = (size_t)n * n_out * sizeof(float);
+                    float *one = xmalloc(yb), *four = xmalloc(yb);
                     const int tunes[2] = {2, 0};
                     for (int ti2 = 0; ti2 < 2; ti2++) {
                         matmul_gemv_tune(tunes[ti2]);
-                        CK(cudaMemset(dy, 0xff, (size_t)n_out * sizeof(float)));
+                        CK(cudaMemset(dy, 0xff, yb));
                         matmul_gemv_cuda(dy, &w, dx, n, n_out, 0, 0);
-                        dev_get(ti2 ? four : one, dy, (size_t)n_out * sizeof(float));
+                        dev_get(ti2 ? four : one, dy, yb);
                     }
                     matmul_gemv_tune(1);
-                    CHECK(!memcmp(one, four, (size_t)n_out * sizeof(float)) && !memcmp(one, got, (size_t)n_out * sizeof(float)),
-                          "matmul %s n_in %d: 1 and 4 rows a block differ", type_name(type), n_in);
+                    CHECK(!memcmp(one, four, yb) && !memcmp(one, got, yb), "matmul %s n_in %d tokens %d: 1 and 4 (8) rows a block differ",
+                          type_name(type), n_in, n);
                     free(one), free(four);
                 }
                 /* accumulate: y += W x over y = ref gives 2 ref */

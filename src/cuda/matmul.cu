@@ -7,8 +7,8 @@
  *                     s = d * sum q), integer dot products with __dp4a (sm_61+), fp32 scale per
  *                     group; Q4_0, Q8_0, Q4M. w.x = d_w (d_x sum (nib q) - 8 s_x) for Q4_0.
  *                     Lane = one whole group (16-byte loads).
- * Both use blocks of warps over R rows (the fp32 one 4, 8 from 5 tokens, 1 for one token where 4
- * would leave SMs without a block; the q8 one 1..8, by shape); the warps split
+ * Both use blocks of warps over R rows (the fp32 one 4, 8 from 5 tokens, 1 where those would leave
+ * SMs without a block; the q8 one 1..8, by shape); the warps split
  * n_in (coalesced loads: consecutive lanes read consecutive bytes) and meet in shared memory.
  * Everything here compiles for sm_70 (V100) and up. */
 #include <math.h>
@@ -107,10 +107,10 @@ __global__ void __launch_bounds__(MM_WARPS * 32) matmul_gemv_kernel(float *__res
     block_store<NT, R>(acc, y, row0, w.n_out, n_tok, ldy, accumulate);
 }
 
-/* The one-token fp32 mat-vec takes a row a block where blocks of 4 would leave SMs without one (a
- * MoE router of 128 experts: 32 blocks) when gemv_fill is 1 (the default); 0 keeps 4, 2 takes one
- * everywhere (tests: the path runs whatever the GPU). Each row's sum is formed the same way at any
- * count: the same bits. */
+/* The fp32 mat-vec takes a row a block where blocks of 4 (8 from 5 tokens) would leave SMs without
+ * one (a MoE router of 128 experts: 32 blocks, 16 at 16 tokens) when gemv_fill is 1 (the default);
+ * 0 keeps 4 or 8, 2 takes one everywhere (tests: the path runs whatever the GPU). Each row's sum is
+ * formed the same way at any count: the same bits. */
 static int gemv_fill = 1;
 extern "C" void matmul_gemv_tune(int fill) { gemv_fill = fill == 0 || fill == 2 ? fill : 1; }
 
@@ -128,8 +128,8 @@ template <int F, int NT>
 static void gemv_launch_nt(float *y, const cuda_weight &w, const float *x, int n_tok, int chunks, int ldy, int acc,
                            cudaStream_t st) {
     constexpr int R = NT >= 8 ? 8 : 4;
-    if (NT == 1 && (gemv_fill == 2 || (gemv_fill && (w.n_out + R - 1) / R < device_sms()))) {
-        matmul_gemv_kernel<F, 1, 1><<<dim3(w.n_out, chunks), MM_WARPS * 32, 0, st>>>(y, w, x, n_tok, ldy, acc);
+    if (gemv_fill == 2 || (gemv_fill && (int64_t)(w.n_out + R - 1) / R * chunks < device_sms())) {
+        matmul_gemv_kernel<F, NT, 1><<<dim3(w.n_out, chunks), MM_WARPS * 32, 0, st>>>(y, w, x, n_tok, ldy, acc);
         return;
     }
     matmul_gemv_kernel<F, NT, R><<<dim3((w.n_out + R - 1) / R, chunks), MM_WARPS * 32, 0, st>>>(y, w, x, n_tok, ldy, acc);

@@ -51,9 +51,9 @@ int  cuda_pdl_supported(void);
  * weight once for up to 16 tokens per pass (loops over chunks of 16 beyond that). Formula: matmul_cpu. */
 void matmul_gemv_cuda(float *y, const struct cuda_weight *w, const float *x, int n_tokens, int ldy, int accumulate,
                       cudaStream_t st);
-/* Benchmarks and tests: matmul_gemv_cuda's rows a block for one token. 1 (the default): one where
- * blocks of 4 would leave SMs without a block, else 4; 0: always 4; 2: always one. The same bits at
- * every setting. Process-wide. */
+/* Benchmarks and tests: matmul_gemv_cuda's rows a block. 1 (the default): one where blocks of 4 (8
+ * from 5 tokens) would leave SMs without a block, else 4 (8); 0: always 4 (8); 2: always one. The
+ * same bits at every setting. Process-wide. */
 void matmul_gemv_tune(int fill);
 
 /* The same with int8 activations (llama.cpp q8_1): xq [n_tokens][n_in] int8 and xds
