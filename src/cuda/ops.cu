@@ -340,6 +340,16 @@ extern "C" void kv_store_cuda(const struct cuda_kv *kv, int l, const float *k, c
 #define QKR_WARPS 4
 #define QKR_PER 8 /* elements of a head per lane: head_dim <= 256 (cuda_mem_plan refuses more) */
 
+/* This lane's norm weights of a head (qk_norm_rope_store's kernels): w[i] for its elements i < hd,
+ * 1 past hd or without w. */
+static __device__ __forceinline__ void qkr_weights(const float *w, int hd, int lane, float (&wv)[QKR_PER]) {
+#pragma unroll
+    for (int k2 = 0; k2 < QKR_PER; k2++) {
+        const int i = lane + 32 * k2;
+        wv[k2] = w && i < hd ? w[i] : 1.0f;
+    }
+}
+
 /* The loads of one head of token t (qk_norm_rope_store's kernels): this lane's elements of the head
  * (xv) and, for a k head, of v (vv), all issued before any use. */
 static __device__ __forceinline__ void qkr_load(const float *x, const float *vh, bool is_k, int hd, int lane,
@@ -430,11 +440,7 @@ __global__ void __launch_bounds__(QKR_WARPS * 32)
     float wv[QKR_PER], cs[QKR_PER / 2], sn[QKR_PER / 2];
     size_t off = 0;
     if (live) {
-#pragma unroll
-        for (int k2 = 0; k2 < QKR_PER; k2++) {
-            const int i = lane + 32 * k2;
-            wv[k2] = w && i < hd ? w[i] : 1.0f;
-        }
+        qkr_weights(w, hd, lane, wv);
         const float p = (float)pos[t];
 #pragma unroll
         for (int k2 = 0; k2 < QKR_PER / 2; k2++) {
@@ -492,11 +498,7 @@ __global__ void __launch_bounds__(QKP_WARPS * 32)
         const int h = is_k ? hh - n_head : hh;
         const float *w = is_k ? k_norm : q_norm;
         float wv[QKR_PER];
-#pragma unroll
-        for (int k2 = 0; k2 < QKR_PER; k2++) {
-            const int i = lane + 32 * k2;
-            wv[k2] = w && i < hd ? w[i] : 1.0f;
-        }
+        qkr_weights(w, hd, lane, wv);
         const size_t xo = is_k ? (size_t)t * ld_kv + (size_t)h * hd : (size_t)t * ld_q + (size_t)h * hd;
         float xv[QKR_PER], vv[QKR_PER];
         qkr_load((is_k ? k : q) + xo, v + (size_t)t * ld_kv + (size_t)h * hd, is_k, hd, lane, xv, vv);
