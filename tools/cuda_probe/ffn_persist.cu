@@ -181,6 +181,17 @@ static __device__ __forceinline__ void swiglu_phase(const float *pp_gu, int8_t *
     }
 }
 
+/* The rmsnorm's 1 / rms from each thread's sum of squares ss: the block's sum (warps in order, through
+ * red[n_warps]), after a barrier that every thread reaches. */
+static __device__ __forceinline__ float block_rms_scale(float ss, float *red, int n_warps) {
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+    for (int k = 0; k < n_warps; k++) tot += red[k];
+    return 1.0f / sqrtf(tot / (float)D_EMBD + EPS);
+}
+
 static __device__ __forceinline__ void grid_barrier(unsigned *bar, unsigned target) {
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -244,12 +255,7 @@ __global__ void __launch_bounds__(NW * 32, 1)
             if (i < D_EMBD) xn[i] = xv[j];
             ss = fmaf(xv[j], xv[j], ss);
         }
-        ss = warp_sum(ss);
-        if (lane == 0) red[warp] = ss;
-        __syncthreads();
-        float tot = 0.0f;
-        for (int k = 0; k < NW; k++) tot += red[k];
-        const float scale = 1.0f / sqrtf(tot / (float)D_EMBD + EPS);
+        const float scale = block_rms_scale(ss, red, NW);
         for (int i = threadIdx.x; i < D_EMBD; i += blockDim.x) /* whole warps: D_EMBD and the block are multiples of 32 */
             warp_q8(xn[i] * scale * W.norm[i], xs, xd, i);
         __syncthreads();
@@ -489,12 +495,7 @@ __global__ void __launch_bounds__(NC * 32, 1)
         }
 #pragma unroll
         for (int j = 0; j < PER; j++) ss = fmaf(xv[j], xv[j], ss);
-        ss = warp_sum(ss);
-        if (lane == 0) red[warp] = ss;
-        __syncthreads();
-        float tot = 0.0f;
-        for (int k = 0; k < NC; k++) tot += red[k];
-        const float scale = 1.0f / sqrtf(tot / (float)D_EMBD + EPS);
+        const float scale = block_rms_scale(ss, red, NC);
 #pragma unroll
         for (int j = 0; j < PER; j++) { /* whole warps in or out: D_EMBD and NT are multiples of 32 */
             const int i = threadIdx.x + j * NT;
