@@ -23,6 +23,11 @@ static __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+/* SiLU and the sigmoid as the CPU writes them (ops_cpu.c swiglu_cpu, forward_qwen35.c): x / (1 + e^-x),
+ * 1 / (1 + e^-x) */
+static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+static __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
 static __device__ __forceinline__ float bf16_bits_to_f32(uint32_t b) { return __uint_as_float(b << 16); }
 static __device__ __forceinline__ float half_bits_to_f32(uint16_t b) { return __half2float(__ushort_as_half(b)); }
 

@@ -17,8 +17,6 @@
 #include "cuda/probe.cuh"
 #include "cuda/launch.cuh"
 
-static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
-static __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 extern "C" int deltanet_cuda_supported(int dk, int dv) { return dk >= 1 && dk <= 256 && dv >= 1 && dv <= 4096; }
 

@@ -208,7 +208,7 @@ __global__ void swiglu_kernel(float *out, int8_t *xq, float2 *xds, __half *x16, 
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = i / ff, k = t * ld + (i - t * ff);
         float g = gate[k];
-        float v = g / (1.0f + expf(-g)) * up[k];
+        float v = silu_f(g) * up[k];
         if (out) out[i] = v;
         if (x16) x16[i] = __float2half_rn(v);
         if (xq) warp_q8(v, xq, xds, i); /* n % 32 == 0: whole warps take each step */
@@ -234,7 +234,7 @@ __global__ void swiglu_rows_kernel(float *out, int8_t *xq, float2 *xds, const fl
     for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < ff; k += gridDim.x * blockDim.x) {
         const int64_t src = t * ld + k, i = t * ff + k;
         float g = gate[src];
-        float v = g / (1.0f + expf(-g)) * up[src];
+        float v = silu_f(g) * up[src];
         if (out) out[i] = v;
         if (xq) warp_q8(v, xq, xds, i);
     }
@@ -273,8 +273,8 @@ __global__ void swiglu_f16_kernel(__half *__restrict__ x16, const float *__restr
     __half2 h[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        const float a = g[2 * j] / (1.0f + expf(-g[2 * j])) * u[2 * j];
-        const float b = g[2 * j + 1] / (1.0f + expf(-g[2 * j + 1])) * u[2 * j + 1];
+        const float a = silu_f(g[2 * j]) * u[2 * j];
+        const float b = silu_f(g[2 * j + 1]) * u[2 * j + 1];
         h[j] = __halves2half2(__float2half_rn(a), __float2half_rn(b));
     }
     *(uint4 *)(x16 + t * ff + k) = *(const uint4 *)h;
