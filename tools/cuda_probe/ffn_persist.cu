@@ -40,43 +40,11 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
-#include "cuda/backend.h"
-#include "cuda/common.cuh"
-#include "cuda/ops_cuda.h"
-#include "probe_check.h"
+#include "ffn_common.cuh"
 
-#define D_EMBD 5120
-#define D_FF 25600
 #ifndef NW
 #define NW 32 /* warps a block; one block an SM */
 #endif
-#define EPS 1e-6f
-
-struct mv {               /* one Q4_0 weight */
-    const uint8_t *q;     /* [n_out][n_in / 2] */
-    const uint16_t *s;    /* [n_out][n_in / 32] half */
-    int n_in, n_out;
-};
-struct layer_w {
-    mv gu, down;
-    const float *norm;
-};
-
-__global__ void fill_kernel(uint8_t *p, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
-        p[i] = (uint8_t)h;
-    }
-}
-__global__ void fill_scales(uint16_t *s, size_t n, float lo, float hi, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
-        s[i] = __half_as_ushort(__float2half(lo + (hi - lo) * (float)(h & 0xffff) / 65535.0f));
-    }
-}
-
 /* ---- B: the persistent kernel ---- */
 
 #ifndef RS
@@ -355,34 +323,16 @@ static __device__ __forceinline__ void pos_next(const layer_w *L, ring_pos &r, i
         pos_start(L, r, l, m, wid, n_warps);
     }
 }
-static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-static __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t n, uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     smem_u32(dst)),
-                 "l"(src), "r"(n), "r"(bar)
-                 : "memory");
-}
 /* lane 0: the copies of piece r into stage buffer buf (codes, then scales at PIECE_CB), completing on bar */
 static __device__ __forceinline__ void ring_issue(const layer_w *L, const ring_pos &r, uint8_t *buf, uint64_t *bar) {
     const mv &w = ring_w(L, r.l, r.m);
     const int s0 = r.k * PSL, ns = min(PSL, r.g.spr - s0);
     const int64_t row = (int64_t)r.rg * r.g.rp;
     const uint32_t cb = r.g.rp * ns * 512, sb = r.g.rp * ns * 64, b = smem_u32(bar);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(cb + sb) : "memory");
+    mbar_expect(bar, cb + sb);
     bulk_copy(buf, w.q + row * (w.n_in / 2) + s0 * 512, cb, b);
     bulk_copy(buf + PIECE_CB, w.s + row * (w.n_in / 32) + s0 * 32, sb, b);
 }
-static __device__ __forceinline__ void ring_wait(uint64_t *bar, uint32_t parity) {
-    const uint32_t b = smem_u32(bar);
-    uint32_t done = 0;
-    while (!done) {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done)
-                     : "r"(b), "r"(parity)
-                     : "memory");
-    }
-}
-
 struct ring {
     uint8_t *buf;      /* NS stages of PIECE_B */
     uint64_t *bar;     /* NS mbarriers */
@@ -411,7 +361,7 @@ static __device__ __forceinline__ void ring_mv(const layer_w *L, int l, int m, r
     for (; c.p < c.g.n; c.p += n_warps) {
         if (lane == 0) ring_fill(L, rg, wid, n_warps, n_layer);
         const int st = rg.n_used % NS;
-        ring_wait(rg.bar + st, (rg.n_used / NS) & 1);
+        mbar_wait(rg.bar + st, (rg.n_used / NS) & 1);
         const uint8_t *codes = rg.buf + st * PIECE_B, *scales = codes + PIECE_CB;
         const int s0 = c.k * PSL, ns = min(PSL, c.g.spr - s0), rp = c.g.rp;
         float acc[RPM];
@@ -471,7 +421,7 @@ __global__ void __launch_bounds__(NC * 32, 1)
     rg.bar = bars + warp * NS;
     pos_start(L, rg.ld, 0, 0, wid, n_warps);
     rg.n_used = rg.n_issued = 0;
-    if (lane < NS) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(rg.bar + lane)) : "memory");
+    if (lane < NS) mbar_init(rg.bar + lane, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     __syncthreads();
     unsigned nb = 0;
@@ -529,20 +479,6 @@ __global__ void __launch_bounds__(NC * 32, 1)
     }
 }
 
-/* ---- A: the engine's launches ---- */
-
-static void chain(const std::vector<layer_w> &h, float *x, int8_t *xq, float *xds, float *hb, float *hb2,
-                  cudaStream_t st) {
-    for (const layer_w &l : h) {
-        cuda_weight gu = {WFMT_Q4_0, D_EMBD, 2 * D_FF, l.gu.q, l.gu.s};
-        cuda_weight dn = {WFMT_Q4_0, D_FF, D_EMBD, l.down.q, l.down.s};
-        rmsnorm_q8_cuda(NULL, xq, xds, x, l.norm, D_EMBD, 1, EPS, NULL, st);
-        matmul_q8_pf_cuda(hb, &gu, xq, xds, 1, 2 * D_FF, 0, NULL, MATMUL_Q8_LAUNCH_NEXT, st);
-        swiglu_q8_cuda(hb2, xq, xds, hb, hb + D_FF, 1, D_FF, 2 * D_FF, st);
-        matmul_q8_pf_cuda(x, &dn, xq, xds, 1, D_EMBD, 1, NULL, 0, st);
-    }
-}
-
 int main(int argc, char **argv) {
     const int n_layer = argc > 1 ? atoi(argv[1]) : 32;
     if (n_layer < 1 || n_layer > 1024) {
@@ -560,35 +496,12 @@ int main(int argc, char **argv) {
     printf("SMs %d, cooperative %d, persistent blocks an SM %d, %d registers, %zu B static shared\n", n_sm, coop,
            per_sm, fa.numRegs, fa.sharedSizeBytes);
     if (!coop || per_sm < 1) return 1;
-    std::vector<layer_w> h(n_layer);
-    size_t wbytes = 0;
-    for (int l = 0; l < n_layer; l++) {
-        mv *m[2] = {&h[l].gu, &h[l].down};
-        const int shp[2][2] = {{D_EMBD, 2 * D_FF}, {D_FF, D_EMBD}};
-        for (int k = 0; k < 2; k++) {
-            const size_t nq = (size_t)shp[k][1] * shp[k][0] / 2, ns = (size_t)shp[k][1] * shp[k][0] / 32;
-            uint8_t *q;
-            uint16_t *s;
-            CK(cudaMalloc(&q, nq));
-            CK(cudaMalloc(&s, ns * 2));
-            fill_kernel<<<1024, 256>>>(q, nq, 0x9e3779b9u * (2 * l + k + 1));
-            /* scales keep the residual's growth moderate: gate|up sums 5120 terms, down 25600 */
-            fill_scales<<<1024, 256>>>(s, ns, k ? 0.0005f : 0.002f, k ? 0.001f : 0.004f, 0x85ebca6bu * (2 * l + k + 1));
-            *m[k] = mv{q, s, shp[k][0], shp[k][1]};
-            wbytes += nq + ns * 2;
-        }
-        float *nw;
-        CK(cudaMalloc(&nw, D_EMBD * 4));
-        std::vector<float> hn(D_EMBD);
-        for (int i = 0; i < D_EMBD; i++) hn[i] = 0.5f + (float)((i * 7919) % 1000) / 1000.0f;
-        CK(cudaMemcpy(nw, hn.data(), D_EMBD * 4, cudaMemcpyHostToDevice));
-        h[l].norm = nw;
-    }
+    std::vector<layer_w> h;
+    const size_t wbytes = make_layers(h, n_layer);
     layer_w *dl;
     CK(cudaMalloc(&dl, sizeof(layer_w) * n_layer));
     CK(cudaMemcpy(dl, h.data(), sizeof(layer_w) * n_layer, cudaMemcpyHostToDevice));
-    std::vector<float> x0(D_EMBD);
-    for (int i = 0; i < D_EMBD; i++) x0[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+    const std::vector<float> x0 = start_x();
     float *x0d, *xa, *xb0, *xb1, *p_gu, *p_d, *xds, *hb, *hb2, *ad;
     int8_t *xq, *aq;
     unsigned *bar;
@@ -653,21 +566,9 @@ int main(int argc, char **argv) {
     std::vector<float> ra(D_EMBD), rb(D_EMBD);
     CK(cudaMemcpy(ra.data(), xa, D_EMBD * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(rb.data(), (n_layer & 1) ? xb1 : xb0, D_EMBD * 4, cudaMemcpyDeviceToHost));
-    double num = 0, den = 0, mx = 0;
-    for (int i = 0; i < D_EMBD; i++) {
-        const double d = (double)ra[i] - rb[i];
-        num += d * d, den += (double)ra[i] * ra[i];
-        if (fabs(d) > mx) mx = fabs(d);
-    }
-    printf("%d layers, %.2f GB of weights; B against A: normalised %.3g, max |diff| %.3g (|x| rms %.3g)\n", n_layer,
-           wbytes / 1e9, sqrt(num / (den > 0 ? den : 1)), mx, sqrt(den / D_EMBD));
-    num = 0, mx = 0;
-    for (int i = 0; i < D_EMBD; i++) {
-        const double d = (double)ra[i] - rc[i];
-        num += d * d;
-        if (fabs(d) > mx) mx = fabs(d);
-    }
-    printf("C against A: normalised %.3g, max |diff| %.3g\n", sqrt(num / (den > 0 ? den : 1)), mx);
+    printf("%d layers, %.2f GB of weights\n", n_layer, wbytes / 1e9);
+    report_diff("B against A", ra, rb);
+    report_diff("C against A", ra, rc);
 
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));

@@ -1,0 +1,142 @@
+/* ffn_common.cuh - what the feed-forward probes share (ffn_persist.cu, ffn_flow.cu): Qwen3-32B's
+ * FFN weights as dummy Q4_0 in the CUDA backend's layout, the engine's launches of one FFN (the
+ * probes' variant A), and the shared-memory bulk-copy primitives their rings use.
+ *
+ * Layout of a weight (backend.h): codes [n_out][n_in / 2] (byte j of a group: element j low,
+ * j + 16 high), half scales [n_out][n_in / 32]; w = d (q - 8). */
+#ifndef PXQ_TOOLS_FFN_COMMON_CUH
+#define PXQ_TOOLS_FFN_COMMON_CUH
+
+#include <cstdint>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "cuda/backend.h"
+#include "cuda/common.cuh"
+#include "cuda/ops_cuda.h"
+#include "probe_check.h"
+
+#define D_EMBD 5120
+#define D_FF 25600
+#define EPS 1e-6f
+
+struct mv {               /* one Q4_0 weight */
+    const uint8_t *q;     /* [n_out][n_in / 2] */
+    const uint16_t *s;    /* [n_out][n_in / 32] half */
+    int n_in, n_out;
+};
+struct layer_w {
+    mv gu, down;          /* gate|up: n_out 2 D_FF (gate rows, then up rows); down: n_in D_FF */
+    const float *norm;    /* the FFN's rmsnorm weight, D_EMBD */
+};
+
+__global__ void fill_kernel(uint8_t *p, size_t n, uint32_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+        p[i] = (uint8_t)h;
+    }
+}
+__global__ void fill_scales(uint16_t *s, size_t n, float lo, float hi, uint32_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+        s[i] = __half_as_ushort(__float2half(lo + (hi - lo) * (float)(h & 0xffff) / 65535.0f));
+    }
+}
+
+/* n_layer distinct weight sets (the L2 keeps nothing between layers); returns their bytes. The
+ * scales keep the residual's growth moderate: gate|up sums 5120 terms, down 25600. */
+static size_t make_layers(std::vector<layer_w> &h, int n_layer) {
+    h.resize(n_layer);
+    size_t wbytes = 0;
+    for (int l = 0; l < n_layer; l++) {
+        mv *m[2] = {&h[l].gu, &h[l].down};
+        const int shp[2][2] = {{D_EMBD, 2 * D_FF}, {D_FF, D_EMBD}};
+        for (int k = 0; k < 2; k++) {
+            const size_t nq = (size_t)shp[k][1] * shp[k][0] / 2, ns = (size_t)shp[k][1] * shp[k][0] / 32;
+            uint8_t *q;
+            uint16_t *s;
+            CK(cudaMalloc(&q, nq));
+            CK(cudaMalloc(&s, ns * 2));
+            fill_kernel<<<1024, 256>>>(q, nq, 0x9e3779b9u * (2 * l + k + 1));
+            fill_scales<<<1024, 256>>>(s, ns, k ? 0.0005f : 0.002f, k ? 0.001f : 0.004f, 0x85ebca6bu * (2 * l + k + 1));
+            *m[k] = mv{q, s, shp[k][0], shp[k][1]};
+            wbytes += nq + ns * 2;
+        }
+        float *nw;
+        CK(cudaMalloc(&nw, D_EMBD * 4));
+        std::vector<float> hn(D_EMBD);
+        for (int i = 0; i < D_EMBD; i++) hn[i] = 0.5f + (float)((i * 7919) % 1000) / 1000.0f;
+        CK(cudaMemcpy(nw, hn.data(), D_EMBD * 4, cudaMemcpyHostToDevice));
+        h[l].norm = nw;
+    }
+    return wbytes;
+}
+
+/* The probes' starting residual, D_EMBD values in [-1, 1]. */
+static std::vector<float> start_x() {
+    std::vector<float> x0(D_EMBD);
+    for (int i = 0; i < D_EMBD; i++) x0[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+    return x0;
+}
+
+/* A: the engine's kernels as a decode step launches them (rmsnorm_q8_cuda, matmul_q8_pf_cuda with
+ * gate|up's early trigger, swiglu_q8_cuda, matmul_q8_pf_cuda accumulating), x += FFN(x) a layer.
+ * Scratch: xq D_FF int8, xds D_FF / 32 float2, hb 2 D_FF floats, hb2 D_FF floats. */
+static void chain(const std::vector<layer_w> &h, float *x, int8_t *xq, float *xds, float *hb, float *hb2,
+                  cudaStream_t st) {
+    for (const layer_w &l : h) {
+        cuda_weight gu = {WFMT_Q4_0, D_EMBD, 2 * D_FF, l.gu.q, l.gu.s};
+        cuda_weight dn = {WFMT_Q4_0, D_FF, D_EMBD, l.down.q, l.down.s};
+        rmsnorm_q8_cuda(NULL, xq, xds, x, l.norm, D_EMBD, 1, EPS, NULL, st);
+        matmul_q8_pf_cuda(hb, &gu, xq, xds, 1, 2 * D_FF, 0, NULL, MATMUL_Q8_LAUNCH_NEXT, st);
+        swiglu_q8_cuda(hb2, xq, xds, hb, hb + D_FF, 1, D_FF, 2 * D_FF, st);
+        matmul_q8_pf_cuda(x, &dn, xq, xds, 1, D_EMBD, 1, NULL, 0, st);
+    }
+}
+
+/* ---- bulk copies into shared memory on mbarriers (sm_90) ---- */
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+/* n bytes (a multiple of 16, both addresses 16-byte aligned) from global src to shared dst,
+ * completing on the mbarrier at shared address bar */
+static __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t n, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(n), "r"(bar)
+                 : "memory");
+}
+static __device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+/* arrive on bar, expecting tx more bytes of copies to complete on it */
+static __device__ __forceinline__ void mbar_expect(uint64_t *bar, uint32_t tx) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(tx) : "memory");
+}
+/* spin until the phase of parity `parity` of bar has completed */
+static __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
+    const uint32_t b = smem_u32(bar);
+    uint32_t done = 0;
+    while (!done) {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(b), "r"(parity)
+                     : "memory");
+    }
+}
+
+/* Normalised and largest difference of b against a (n values): prints "what: ..." */
+static void report_diff(const char *what, const std::vector<float> &a, const std::vector<float> &b) {
+    double num = 0, den = 0, mx = 0;
+    for (size_t i = 0; i < a.size(); i++) {
+        const double d = (double)a[i] - b[i];
+        num += d * d, den += (double)a[i] * a[i];
+        if (fabs(d) > mx) mx = fabs(d);
+    }
+    printf("%s: normalised %.3g, max |diff| %.3g (|x| rms %.3g)\n", what, sqrt(num / (den > 0 ? den : 1)), mx,
+           sqrt(den / (a.size() ? a.size() : 1)));
+}
+
+#endif
