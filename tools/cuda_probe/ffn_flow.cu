@@ -32,16 +32,19 @@
  * is counted), and two that break the results to take the time apart: NOWAIT (no waits for
  * inputs) and NOSYNC (no waits, counts or epilogues: the stream alone).
  *
+ * DCHUNK: down's pieces K-major within chunks of rows, so that the residual's first slices are
+ * final before down ends (the next layer's first gate|up pieces need them).
+ *
  * Measured (H200, docs/PERF.md, twentieth session): the stream alone runs at the copy rate (F
- * 50.4 us a layer, 4.38 TB/s); with the counts, the epilogues and the waits at each layer's start
- * the best (E, 8 warps of 16-row pieces) takes 73.9-75.6 us against the engine's 63.0-63.6, and
- * C's grid barriers 68.8. Not a path to the roofline as built.
+ * 50.4 us a layer, 4.38 TB/s); with the counts, the epilogues and the waits the best (E, 8 warps
+ * of 16-row pieces, -DDCHUNK=2560) takes 70.6 us against the engine's 63.0-63.6, and C's grid
+ * barriers 68.8. Not a path to the roofline as built.
  *
  * The run builds the same weights as ffn_persist.cu, checks D, E and F against A (the engine's
  * launches), times all four (us a layer, best of 10, three rounds alternated) and reports the time
  * an average warp spends waiting for inputs and in epilogues. Build and run on the GPU from the
  * repository root after `make CUDA_ARCH=90`:
- *   nvcc -arch=sm_90 -O3 -std=c++17 -Isrc [-DNC=8 -DRPP=16 -DDEFER=3 -DGRAB=4] \
+ *   nvcc -arch=sm_90 -O3 -std=c++17 -Isrc [-DNC=8 -DRPP=16 -DDCHUNK=2560] \
  *       -o /tmp/ffn_flow tools/cuda_probe/ffn_flow.cu build/libpxq.a -lcublas
  *   /tmp/ffn_flow [n_layer]          (default 32: 7 GB of weights) */
 #include <cstdio>
@@ -95,20 +98,33 @@ struct flow_bufs {
                              * epilogues, the whole run */
 };
 
-/* Repack: piece p = k * (n_out / RPP) + rg of weight w holds rows rg RPP .. (row j of the piece order
- * is source row perm(j)), slice k: RPP x 512 code bytes, then RPP x 64 scale bytes. gu_perm:
+#ifndef DCHUNK
+#define DCHUNK D_EMBD /* down's pieces K-major within chunks of DCHUNK rows (D_EMBD: K-major throughout) */
+#endif
+/* Piece p of a weight of n_out rows and sl slices, K-major within chunks of chunk rows (chunk
+ * n_out: K-major throughout): its slice k and first row r0. */
+static __host__ __device__ __forceinline__ void piece_at(int p, int sl, int chunk, int &k, int &r0) {
+    const int cr = chunk / RPP, per = cr * sl, c = p / per, w = p % per;
+    k = w / cr;
+    r0 = (c * cr + w % cr) * RPP;
+}
+static_assert(D_EMBD % DCHUNK == 0 && DCHUNK % RPP == 0, "DCHUNK: a divisor of D_EMBD, in whole pieces");
+
+/* Repack: piece p of weight w (piece_at, in chunks of chunk rows) holds rows r0 .. r0 + RPP (row j
+ * of the piece order is source row perm(j)), slice k: RPP x 512 code bytes, then RPP x 64 scale bytes. gu_perm:
  * gate|up's rows interleaved in 32s (group G: gate rows 32G.., then up rows 32G..), so that a
  * SwiGLU group's 64 rows are one run of pieces. One thread a 16 bytes. */
-__global__ void repack_pieces(uint8_t *dst, mv w, int gu_perm) {
+__global__ void repack_pieces(uint8_t *dst, mv w, int gu_perm, int chunk) {
     const int nrg = w.n_out / RPP, spr = w.n_in / 1024;
     const int64_t n16 = (int64_t)nrg * spr * (PIECE_B / 16);
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n16; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t p = i / (PIECE_B / 16);
         const int o = (int)(i % (PIECE_B / 16)) * 16;
-        const int k = (int)(p / nrg), rg = (int)(p % nrg);
+        int k, r0;
+        piece_at((int)p, spr, chunk, k, r0);
         const bool code = o < PIECE_CB;
         const int r = code ? o / 512 : (o - PIECE_CB) / 64, in = code ? o % 512 : (o - PIECE_CB) % 64;
-        int src = rg * RPP + r;
+        int src = r0 + r;
         if (gu_perm) {
             const int G = src / 64, c = src % 64;
             src = c < 32 ? 32 * G + c : D_FF + 32 * G + (c - 32);
@@ -307,7 +323,8 @@ static __device__ __forceinline__ void flow_mv(const flow_w *L, flow_ring &rg, c
     int4 xa = {}, xb = {};
     float2 ds = {};
     for (int p = wid; p < SL * NRG; p += n_warps) {
-        const int k = p / NRG, r0 = (p % NRG) * RPP;
+        int k, r0;
+        piece_at(p, SL, NOUT == D_EMBD ? DCHUNK : NOUT, k, r0);
         if (k != xk) { /* the lane's input group of slice k */
             wait_slice(rdy + k, rdy_target, lane, t_wait);
             load_group(xq, xd, k * 32 + lane, xa, xb, ds);
@@ -506,8 +523,9 @@ template <class Release>
 static __device__ __forceinline__ void consume(const flow_w *L, int n_layer, const flow_bufs &B, uint32_t q,
                                                const uint8_t *stage, piece_state &ps, int lane, Release release) {
     const int l = q / NP_LAYER, r = q % NP_LAYER, m = r >= NP_GU, p = m ? r - NP_GU : r;
-    const int nout = m ? D_EMBD : GU_ROWS, nrg = nout / RPP;
-    const int k = p / nrg, r0 = (p % nrg) * RPP;
+    const int nout = m ? D_EMBD : GU_ROWS;
+    int k, r0;
+    piece_at(p, m ? DN_SL : GU_SL, m ? DCHUNK : GU_ROWS, k, r0);
     const int key = (l * 2 + m) * 32 + k;
     if (key != ps.xkey) { /* the lane's input group of slice k */
         const unsigned *rdy = (m ? B.ff_rdy : B.res_rdy) + k, target = 32u * (l + 1);
@@ -705,8 +723,8 @@ int main(int argc, char **argv) {
         uint8_t *gu, *dn;
         CK(cudaMalloc(&gu, (size_t)GU_SL * (GU_ROWS / RPP) * PIECE_B));
         CK(cudaMalloc(&dn, (size_t)DN_SL * (D_EMBD / RPP) * PIECE_B));
-        repack_pieces<<<2048, 256>>>(gu, h[l].gu, 1);
-        repack_pieces<<<2048, 256>>>(dn, h[l].down, 0);
+        repack_pieces<<<2048, 256>>>(gu, h[l].gu, 1, GU_ROWS);
+        repack_pieces<<<2048, 256>>>(dn, h[l].down, 0, DCHUNK);
         CK(cudaGetLastError());
         hf[l] = flow_w{gu, dn, h[l].norm};
     }
