@@ -29,22 +29,25 @@
  *   F: E's dealing, but one producer warp a block fills the block's ring for NC consumer warps.
  * Knobs (-D): NC warps a block, NS ring stages a warp (F: NSB a block), RPP rows a piece, GRAB /
  * GRABB pieces dealt at once, POLL (how a warp waits for a slice), ATOM_REL and DEFER (how a piece
- * is counted), and two that break the results to take the time apart: NOWAIT (no waits for
- * inputs) and NOSYNC (no waits, counts or epilogues: the stream alone).
+ * is counted), TAGGED (E: no counts; each sum stored with its layer's tag, and TAGGED epilogue
+ * warps a block poll them; POLL_E their sleep), DCHUNK (below), and two that break the results to
+ * take the time apart: NOWAIT (no waits for inputs) and NOSYNC (no waits, counts or epilogues: the
+ * stream alone).
  *
  * DCHUNK: down's pieces K-major within chunks of rows, so that the residual's first slices are
  * final before down ends (the next layer's first gate|up pieces need them).
  *
  * Measured (H200, docs/PERF.md, twentieth session): the stream alone runs at the copy rate (F
- * 50.4 us a layer, 4.38 TB/s); with the counts, the epilogues and the waits the best (E, 8 warps
- * of 16-row pieces, -DDCHUNK=2560) takes 70.6 us against the engine's 63.0-63.6, and C's grid
- * barriers 68.8. Not a path to the roofline as built.
+ * 50.4 us a layer, 4.38 TB/s). With counts, E's best (8 warps of 16-row pieces, -DDCHUNK=2560)
+ * takes 70.6 us against the engine's 63.0-63.6 (C's grid barriers: 68.8). With tagged sums and 4
+ * epilogue warps a block (-DTAGGED=4 -DDCHUNK=2560) it takes 62.7-63.5: parity with the engine,
+ * the rest of the gap to the stream being down's wait for the SwiGLU's last groups.
  *
  * The run builds the same weights as ffn_persist.cu, checks D, E and F against A (the engine's
- * launches), times all four (us a layer, best of 10, three rounds alternated) and reports the time
+ * launches; a TAGGED build runs only A and E), times them (us a layer, best of 10, three rounds alternated) and reports the time
  * an average warp spends waiting for inputs and in epilogues. Build and run on the GPU from the
  * repository root after `make CUDA_ARCH=90`:
- *   nvcc -arch=sm_90 -O3 -std=c++17 -Isrc [-DNC=8 -DRPP=16 -DDCHUNK=2560] \
+ *   nvcc -arch=sm_90 -O3 -std=c++17 -Isrc [-DNC=8 -DRPP=16 -DDCHUNK=2560 -DTAGGED=4] \
  *       -o /tmp/ffn_flow tools/cuda_probe/ffn_flow.cu build/libpxq.a -lcublas
  *   /tmp/ffn_flow [n_layer]          (default 32: 7 GB of weights) */
 #include <cstdio>
@@ -89,6 +92,7 @@ struct flow_bufs {
     int8_t *hq[2];        /* the SwiGLU's int8 groups (down's input) */
     float2 *hd[2];
     float *pp_gu, *pp_d;  /* partial sums [slice][row] */
+    unsigned long long *tp_gu, *tp_d; /* TAGGED: the same, each with its layer + 1 in the high word */
     unsigned *res_rdy;    /* [GU_SL] groups of the residual written, cumulative over layers */
     unsigned *ff_rdy;     /* [DN_SL] the same for the SwiGLU's */
     unsigned *cnt_gu;     /* [D_FF / 32] pieces summed into a gate|up group */
@@ -191,13 +195,21 @@ static __device__ __forceinline__ void ring_fill(const flow_w *L, flow_ring &rg,
 
 /* The epilogue of gate|up group G: rows 64G + lane (gate) and 64G + 32 + lane (up), their GU_SL
  * partial sums in slice order, times 1 / rms of the residual (its 160 group sums of squares);
- * SwiGLU and the int8 group G of down's input; then group G counts on its slice. */
-static __device__ void gu_epilogue(const flow_bufs &B, int l, int G, int lane) {
+ * SwiGLU and the int8 group G of down's input; then group G counts on its slice. (gu_finish: from
+ * the rows' sums g and u.) */
+static __device__ __forceinline__ void gu_finish(const flow_bufs &B, int l, int G, int lane, float g, float u) {
     const float *ssq = B.ssq[l & 1];
     float ss = 0.0f;
 #pragma unroll
     for (int i = 0; i < GU_SL; i++) ss += __ldcg(ssq + lane + 32 * i);
     const float inv = 1.0f / sqrtf(warp_sum(ss) / (float)D_EMBD + EPS);
+    g *= inv, u *= inv;
+    warp_q8(g / (1.0f + expf(-g)) * u, B.hq[l & 1], B.hd[l & 1], 32 * G + lane);
+    __threadfence();
+    __syncwarp();
+    if (lane == 0) red_release(B.ff_rdy + G / 32, 1);
+}
+static __device__ void gu_epilogue(const flow_bufs &B, int l, int G, int lane) {
     float pg[GU_SL], pu[GU_SL];
 #pragma unroll
     for (int k = 0; k < GU_SL; k++) {
@@ -207,26 +219,16 @@ static __device__ void gu_epilogue(const flow_bufs &B, int l, int G, int lane) {
     float g = 0.0f, u = 0.0f;
 #pragma unroll
     for (int k = 0; k < GU_SL; k++) g += pg[k], u += pu[k];
-    g *= inv, u *= inv;
-    warp_q8(g / (1.0f + expf(-g)) * u, B.hq[l & 1], B.hd[l & 1], 32 * G + lane);
-    __threadfence();
-    __syncwarp();
-    if (lane == 0) red_release(B.ff_rdy + G / 32, 1);
+    gu_finish(B, l, G, lane, g, u);
 }
 
 /* The epilogue of down group R: row 32R + lane's DN_SL partial sums in slice order added to the
  * residual; the group's sum of squares and its int8 group of x * norm_next; then R counts on its
- * slice of the residual. */
-static __device__ void down_epilogue(const flow_bufs &B, int l, int R, const float *norm_next, int lane) {
+ * slice of the residual. (down_finish: from the row's sum s.) */
+static __device__ __forceinline__ void down_finish(const flow_bufs &B, int l, int R, const float *norm_next, int lane,
+                                                   float s) {
     const int row = 32 * R + lane;
-    float p[DN_SL];
-#pragma unroll
-    for (int k = 0; k < DN_SL; k++) p[k] = __ldcg(B.pp_d + (int64_t)k * D_EMBD + row);
-    float v = __ldcg(B.x[l & 1] + row);
-    float s = 0.0f;
-#pragma unroll
-    for (int k = 0; k < DN_SL; k++) s += p[k];
-    v += s;
+    const float v = __ldcg(B.x[l & 1] + row) + s;
     const int o = (l + 1) & 1;
     B.x[o][row] = v;
     const float ss = warp_sum(v * v);
@@ -235,6 +237,15 @@ static __device__ void down_epilogue(const flow_bufs &B, int l, int R, const flo
     __threadfence();
     __syncwarp();
     if (lane == 0) red_release(B.res_rdy + R / 32, 1);
+}
+static __device__ void down_epilogue(const flow_bufs &B, int l, int R, const float *norm_next, int lane) {
+    float p[DN_SL];
+#pragma unroll
+    for (int k = 0; k < DN_SL; k++) p[k] = __ldcg(B.pp_d + (int64_t)k * D_EMBD + 32 * R + lane);
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < DN_SL; k++) s += p[k];
+    down_finish(B, l, R, norm_next, lane, s);
 }
 
 /* The residual's groups before layer 0 (x[0] as given): as down_epilogue's second half. */
@@ -416,6 +427,13 @@ __global__ void __launch_bounds__(NC * 32, 1) ffn_flow_kernel(const flow_w *L, i
                  * 2: and look at the count after the sums of the piece after that;
                  * 3: count a warp's run of pieces on one output group with one atomic */
 #endif
+#ifndef TAGGED
+#define TAGGED 0 /* E without counts: a piece stores each sum with its layer's tag in one 64-bit store,
+                  * and TAGGED more warps a block (epilogue warps) poll their groups' tagged sums */
+#endif
+#ifndef POLL_E
+#define POLL_E 128 /* TAGGED: the epilogue warp's sleep between polls, ns */
+#endif
 #ifndef NOWAIT
 #define NOWAIT 0 /* measurement only: counts and epilogues, but no wait for the inputs (wrong results) */
 #endif
@@ -546,7 +564,18 @@ static __device__ __forceinline__ void consume(const flow_w *L, int n_layer, con
     float *o = (m ? B.pp_d : B.pp_gu) + (int64_t)k * nout + r0;
     unsigned *c = (m ? B.cnt_d : B.cnt_gu) + r0 / (m ? 32 : 64);
     const unsigned last = (unsigned)(l + 1) * (m ? DN_SL * 32 / RPP : GU_SL * 64 / RPP) - 1;
-    if (NOSYNC) {
+    if (TAGGED) { /* lane r stores row r's sum and the layer's tag, one 64-bit store: no fence, no count */
+#pragma unroll
+        for (int r = 0; r < RPP; r++) acc[r] = warp_sum(acc[r]);
+        float v = 0.0f;
+#pragma unroll
+        for (int r = 0; r < RPP; r++) v = lane == r ? acc[r] : v;
+        if (lane < RPP) {
+            unsigned long long *t = (m ? B.tp_d : B.tp_gu) + (int64_t)k * nout + r0 + lane;
+            const unsigned long long w = (unsigned long long)__float_as_uint(v) | (unsigned long long)(l + 1) << 32;
+            asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(t), "l"(w) : "memory");
+        }
+    } else if (NOSYNC) {
 #pragma unroll
         for (int r = 0; r < RPP; r++) acc[r] = warp_sum(acc[r]);
         if (lane < RPP / 4) *(float4 *)(o + 4 * lane) = make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -612,11 +641,79 @@ static __device__ __forceinline__ void dyn_fill(const flow_w *L, dyn_ring &rg, u
     }
 }
 
-__global__ void __launch_bounds__(NC * 32, 1) ffn_dyn_kernel(const flow_w *L, int n_layer, flow_bufs B) {
+/* TAGGED: epilogue warp e of n_e. The residual's groups e, e + n_e .. before layer 0; then for
+ * each layer, gate|up's groups e, e + n_e .., then down's, each as soon as every
+ * partial sum it adds carries the layer's tag (polled, POLL_E ns apart), in that order (each
+ * group's inputs come from groups earlier in every epilogue warp's order). */
+static __device__ __forceinline__ unsigned long long ld_tagged(const unsigned long long *p) {
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+static __device__ void epilogue_warp(const flow_w *L, int n_layer, const flow_bufs &B, int e, int n_e, int lane,
+                                     unsigned long long &t_epi) {
+    const unsigned long long t0 = now_ns();
+    for (int R = e; R < D_EMBD / 32; R += n_e) start_group(B, R, L[0].norm, lane);
+    for (int l = 0; l < n_layer; l++) {
+        const unsigned tag = (unsigned)(l + 1);
+        for (int G = e; G < D_FF / 32; G += n_e) {
+            unsigned long long pg[GU_SL], pu[GU_SL];
+            for (;;) {
+                bool ok = true;
+#pragma unroll
+                for (int k = 0; k < GU_SL; k++) {
+                    pg[k] = ld_tagged(B.tp_gu + (int64_t)k * GU_ROWS + 64 * G + lane);
+                    pu[k] = ld_tagged(B.tp_gu + (int64_t)k * GU_ROWS + 64 * G + 32 + lane);
+                    ok &= (unsigned)(pg[k] >> 32) == tag && (unsigned)(pu[k] >> 32) == tag;
+                }
+                if (__all_sync(FULL_MASK, ok)) break;
+                __nanosleep(POLL_E);
+            }
+            float g = 0.0f, u = 0.0f;
+#pragma unroll
+            for (int k = 0; k < GU_SL; k++) g += __uint_as_float((unsigned)pg[k]), u += __uint_as_float((unsigned)pu[k]);
+            /* the residual's sums of squares: written before its slices were made ready (the tagged
+             * sums, relaxed, do not order them); they are, so these acquire loads do not wait */
+            if (lane < GU_SL)
+                while (ld_acquire(B.res_rdy + lane) < 32 * tag) {
+                }
+            __syncwarp();
+            gu_finish(B, l, G, lane, g, u);
+        }
+        const float *norm_next = L[l + 1 < n_layer ? l + 1 : l].norm;
+        for (int R = e; R < D_EMBD / 32; R += n_e) {
+            unsigned long long p[DN_SL];
+            for (;;) {
+                bool ok = true;
+#pragma unroll
+                for (int k = 0; k < DN_SL; k++) {
+                    p[k] = ld_tagged(B.tp_d + (int64_t)k * D_EMBD + 32 * R + lane);
+                    ok &= (unsigned)(p[k] >> 32) == tag;
+                }
+                if (__all_sync(FULL_MASK, ok)) break;
+                __nanosleep(POLL_E);
+            }
+            float sum = 0.0f;
+#pragma unroll
+            for (int k = 0; k < DN_SL; k++) sum += __uint_as_float((unsigned)p[k]);
+            down_finish(B, l, R, norm_next, lane, sum);
+        }
+    }
+    t_epi += now_ns() - t0;
+}
+
+__global__ void __launch_bounds__((NC + TAGGED) * 32, 1) ffn_dyn_kernel(const flow_w *L, int n_layer, flow_bufs B) {
     extern __shared__ __align__(128) uint8_t e_sm[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_warps = gridDim.x * NC, wid = blockIdx.x * NC + warp;
     const unsigned long long t_start = now_ns();
+    if (TAGGED && warp >= NC) {
+        unsigned long long t_epi = 0;
+        epilogue_warp(L, n_layer, B, (warp - NC) * gridDim.x + blockIdx.x, gridDim.x * (TAGGED ? TAGGED : 1), lane,
+                      t_epi);
+        if (lane == 0) atomicAdd(B.tw + 2, t_epi);
+        return;
+    }
     dyn_ring rg;
     rg.buf = e_sm + warp * NS * PIECE_B;
     rg.bar = (uint64_t *)(e_sm + NC * NS * PIECE_B) + warp * NS;
@@ -628,7 +725,8 @@ __global__ void __launch_bounds__(NC * 32, 1) ffn_dyn_kernel(const flow_w *L, in
     __syncwarp();
     const uint32_t total = (uint32_t)n_layer * NP_LAYER;
     if (lane == 0) dyn_fill(L, rg, B.next, total);
-    for (int R = wid; R < D_EMBD / 32; R += n_warps) start_group(B, R, L[0].norm, lane);
+    if (!TAGGED)
+        for (int R = wid; R < D_EMBD / 32; R += n_warps) start_group(B, R, L[0].norm, lane);
     piece_state ps;
     consumer_begin(ps);
     for (;;) {
@@ -753,6 +851,8 @@ int main(int argc, char **argv) {
     }
     CK(cudaMalloc(&B.pp_gu, (size_t)GU_SL * GU_ROWS * 4));
     CK(cudaMalloc(&B.pp_d, (size_t)DN_SL * D_EMBD * 4));
+    CK(cudaMalloc(&B.tp_gu, (size_t)GU_SL * GU_ROWS * 8));
+    CK(cudaMalloc(&B.tp_d, (size_t)DN_SL * D_EMBD * 8));
     const size_t n_cnt = GU_SL + DN_SL + D_FF / 32 + D_EMBD / 32 + 1;
     unsigned *cnt;
     CK(cudaMalloc(&cnt, n_cnt * 4));
@@ -775,7 +875,8 @@ int main(int argc, char **argv) {
         CK(cudaGraphLaunch(ge, st));
     };
     void *kern[3] = {(void *)ffn_flow_kernel, (void *)ffn_dyn_kernel, (void *)ffn_ws_kernel};
-    const int smem[3] = {(int)D_SMEM, (int)E_SMEM, (int)F_SMEM}, threads[3] = {NC * 32, NC * 32, (NC + 1) * 32};
+    const int smem[3] = {(int)D_SMEM, (int)E_SMEM, (int)F_SMEM}, threads[3] = {NC * 32, (NC + TAGGED) * 32, (NC + 1) * 32};
+    const bool on[4] = {true, !TAGGED, true, !TAGGED}; /* D and F count pieces: not in a TAGGED build */
     const char *name[4] = {"A launches", "D flow    ", "E dealt   ", "F producer"};
     for (int v = 0; v < 3; v++) {
         CK(cudaFuncSetAttribute(kern[v], cudaFuncAttributeMaxDynamicSharedMemorySize, smem[v]));
@@ -797,6 +898,10 @@ int main(int argc, char **argv) {
         }
         CK(cudaMemcpyAsync(B.x[0], x0d, D_EMBD * 4, cudaMemcpyDeviceToDevice, st));
         CK(cudaMemsetAsync(cnt, 0, n_cnt * 4, st));
+        if (TAGGED) {
+            CK(cudaMemsetAsync(B.tp_gu, 0, (size_t)GU_SL * GU_ROWS * 8, st));
+            CK(cudaMemsetAsync(B.tp_d, 0, (size_t)DN_SL * D_EMBD * 8, st));
+        }
         CK(cudaLaunchCooperativeKernel(kern[v - 1], dim3(n_sm), dim3(threads[v - 1]), args, smem[v - 1], st));
     };
     printf("%d layers, %.2f GB of weights\n", n_layer, wbytes / 1e9);
@@ -805,6 +910,7 @@ int main(int argc, char **argv) {
     std::vector<float> ra(D_EMBD), rv(D_EMBD);
     CK(cudaMemcpy(ra.data(), xa, D_EMBD * 4, cudaMemcpyDeviceToHost));
     for (int v = 1; v < 4; v++) {
+        if (!on[v]) continue;
         run_v(v);
         CK(cudaStreamSynchronize(st));
         CK(cudaMemcpy(rv.data(), B.x[n_layer & 1], D_EMBD * 4, cudaMemcpyDeviceToHost));
@@ -818,6 +924,7 @@ int main(int argc, char **argv) {
     CK(cudaEventCreate(&e1));
     for (int rep = 0; rep < 3; rep++) {
         for (int v = 0; v < 4; v++) {
+            if (!on[v]) continue;
             float best = 1e30f;
             for (int it = 0; it < 10; it++) {
                 CK(cudaEventRecord(e0, st));
@@ -835,6 +942,7 @@ int main(int argc, char **argv) {
     }
     const double per = 1e3 * n_sm * NC * n_layer; /* ns summed over warps -> us a warp and layer */
     for (int v = 1; v < 4; v++) {
+        if (!on[v]) continue;
         CK(cudaMemset(B.tw, 0, 4 * 8));
         run_v(v);
         CK(cudaStreamSynchronize(st));
