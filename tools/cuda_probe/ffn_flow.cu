@@ -40,14 +40,15 @@
  * Measured (H200, docs/PERF.md, twentieth session): the stream alone runs at the copy rate (F
  * 50.4 us a layer, 4.38 TB/s). With counts, E's best (8 warps of 16-row pieces, -DDCHUNK=2560)
  * takes 70.6 us against the engine's 63.0-63.6 (C's grid barriers: 68.8). With tagged sums and 4
- * epilogue warps a block (-DTAGGED=4 -DDCHUNK=2560) it takes 62.7-63.5: parity with the engine,
- * the rest of the gap to the stream being down's wait for the SwiGLU's last groups.
+ * epilogue warps a block (-DTAGGED=4 -DDCHUNK=2560) it takes 62.7-63.5: parity with the engine;
+ * with 6 consumer warps of 4 stages (-DNC=6 -DNS=4) 62.2-62.6, 2% under it. The rest of the gap to
+ * the stream is down's wait for the SwiGLU's last groups.
  *
  * The run builds the same weights as ffn_persist.cu, checks D, E and F against A (the engine's
  * launches; a TAGGED build runs only A and E), times them (us a layer, best of 10, three rounds alternated) and reports the time
  * an average warp spends waiting for inputs and in epilogues. Build and run on the GPU from the
  * repository root after `make CUDA_ARCH=90`:
- *   nvcc -arch=sm_90 -O3 -std=c++17 -Isrc [-DNC=8 -DRPP=16 -DDCHUNK=2560 -DTAGGED=4] \
+ *   nvcc -arch=sm_90 -O3 -std=c++17 -Isrc [-DNC=6 -DNS=4 -DRPP=16 -DDCHUNK=2560 -DTAGGED=4] \
  *       -o /tmp/ffn_flow tools/cuda_probe/ffn_flow.cu build/libpxq.a -lcublas
  *   /tmp/ffn_flow [n_layer]          (default 32: 7 GB of weights) */
 #include <cstdio>
