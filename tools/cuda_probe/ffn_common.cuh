@@ -8,6 +8,8 @@
 #define PXQ_TOOLS_FFN_COMMON_CUH
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -75,6 +77,48 @@ static size_t make_layers(std::vector<layer_w> &h, int n_layer) {
     return wbytes;
 }
 
+/* The probes' command line ([n_layer], 1..1024, default 32; exit 2 on anything else) and the
+ * device's SM count and cooperative launch. */
+struct probe_setup {
+    int n_layer, n_sm, coop;
+};
+static probe_setup probe_start(int argc, char **argv) {
+    probe_setup p = {argc > 1 ? atoi(argv[1]) : 32, 0, 0};
+    if (p.n_layer < 1 || p.n_layer > 1024) {
+        fprintf(stderr, "usage: %s [n_layer 1..1024]\n", argv[0]);
+        exit(2);
+    }
+    int dev = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&p.n_sm, cudaDevAttrMultiProcessorCount, dev));
+    CK(cudaDeviceGetAttribute(&p.coop, cudaDevAttrCooperativeLaunch, dev));
+    return p;
+}
+
+/* The best of 10 runs of run() on st, in us a layer of n_layer; prints it with the weights' rate
+ * (wbytes over all layers) under name. */
+template <class F>
+static double time_best(const char *name, F run, cudaStream_t st, int n_layer, size_t wbytes) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    float best = 1e30f;
+    for (int it = 0; it < 10; it++) {
+        CK(cudaEventRecord(e0, st));
+        run();
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (ms < best) best = ms;
+    }
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    const double us = best * 1000.0 / n_layer;
+    printf("%s: %.2f us a layer, %.1f GB/s of weights (best of 10)\n", name, us, wbytes / n_layer / (us * 1e3));
+    return us;
+}
+
 /* The probes' starting residual, D_EMBD values in [-1, 1]. */
 static std::vector<float> start_x() {
     std::vector<float> x0(D_EMBD);
@@ -82,20 +126,54 @@ static std::vector<float> start_x() {
     return x0;
 }
 
-/* A: the engine's kernels as a decode step launches them (rmsnorm_q8_cuda, matmul_q8_pf_cuda with
- * gate|up's early trigger, swiglu_q8_cuda, matmul_q8_pf_cuda accumulating), x += FFN(x) a layer.
- * Scratch: xq D_FF int8, xds D_FF / 32 float2, hb 2 D_FF floats, hb2 D_FF floats. */
-static void chain(const std::vector<layer_w> &h, float *x, int8_t *xq, float *xds, float *hb, float *hb2,
-                  cudaStream_t st) {
-    for (const layer_w &l : h) {
-        cuda_weight gu = {WFMT_Q4_0, D_EMBD, 2 * D_FF, l.gu.q, l.gu.s};
-        cuda_weight dn = {WFMT_Q4_0, D_FF, D_EMBD, l.down.q, l.down.s};
-        rmsnorm_q8_cuda(NULL, xq, xds, x, l.norm, D_EMBD, 1, EPS, NULL, st);
-        matmul_q8_pf_cuda(hb, &gu, xq, xds, 1, 2 * D_FF, 0, NULL, MATMUL_Q8_LAUNCH_NEXT, st);
-        swiglu_q8_cuda(hb2, xq, xds, hb, hb + D_FF, 1, D_FF, 2 * D_FF, st);
-        matmul_q8_pf_cuda(x, &dn, xq, xds, 1, D_EMBD, 1, NULL, 0, st);
-    }
+/* The probes' starting residual, on the device (D_EMBD floats). */
+static float *start_x_device() {
+    const std::vector<float> x0 = start_x();
+    float *d;
+    CK(cudaMalloc(&d, D_EMBD * 4));
+    CK(cudaMemcpy(d, x0.data(), D_EMBD * 4, cudaMemcpyHostToDevice));
+    return d;
 }
+
+/* A: the engine's kernels as a decode step launches them (rmsnorm_q8_cuda, matmul_q8_pf_cuda with
+ * gate|up's early trigger, swiglu_q8_cuda, matmul_q8_pf_cuda accumulating), x += FFN(x) a layer,
+ * captured once in a CUDA graph with programmatic dependent launch where the device has it, on a
+ * stream of its own that the probes use for every run (init waits for the device first: the
+ * weights' fills); run() copies x0 into x and launches the graph on st. */
+struct engine_ffn {
+    float *x, *xds, *hb, *hb2; /* the residual; scratch: int8 scales, gate|up's rows, the SwiGLU's */
+    int8_t *xq;
+    const float *x0;
+    cudaStream_t st;
+    cudaGraphExec_t ge;
+    void init(const std::vector<layer_w> &h, const float *x0d) {
+        x0 = x0d;
+        CK(cudaDeviceSynchronize());
+        CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+        CK(cudaMalloc(&x, D_EMBD * 4));
+        CK(cudaMalloc(&xq, D_FF));
+        CK(cudaMalloc(&xds, D_FF / 32 * 8));
+        CK(cudaMalloc(&hb, 2 * D_FF * 4));
+        CK(cudaMalloc(&hb2, D_FF * 4));
+        cuda_pdl = cuda_pdl_supported();
+        cudaGraph_t g;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+        for (const layer_w &l : h) {
+            cuda_weight gu = {WFMT_Q4_0, D_EMBD, 2 * D_FF, l.gu.q, l.gu.s};
+            cuda_weight dn = {WFMT_Q4_0, D_FF, D_EMBD, l.down.q, l.down.s};
+            rmsnorm_q8_cuda(NULL, xq, xds, x, l.norm, D_EMBD, 1, EPS, NULL, st);
+            matmul_q8_pf_cuda(hb, &gu, xq, xds, 1, 2 * D_FF, 0, NULL, MATMUL_Q8_LAUNCH_NEXT, st);
+            swiglu_q8_cuda(hb2, xq, xds, hb, hb + D_FF, 1, D_FF, 2 * D_FF, st);
+            matmul_q8_pf_cuda(x, &dn, xq, xds, 1, D_EMBD, 1, NULL, 0, st);
+        }
+        CK(cudaStreamEndCapture(st, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+    }
+    void run() {
+        CK(cudaMemcpyAsync(x, x0, D_EMBD * 4, cudaMemcpyDeviceToDevice, st));
+        CK(cudaGraphLaunch(ge, st));
+    }
+};
 
 /* ---- bulk copies into shared memory on mbarriers (sm_90) ---- */
 

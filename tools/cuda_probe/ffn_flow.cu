@@ -806,15 +806,8 @@ __global__ void __launch_bounds__((NC + 1) * 32, 1) ffn_ws_kernel(const flow_w *
 }
 
 int main(int argc, char **argv) {
-    const int n_layer = argc > 1 ? atoi(argv[1]) : 32;
-    if (n_layer < 1 || n_layer > 1024) {
-        fprintf(stderr, "usage: %s [n_layer 1..1024]\n", argv[0]);
-        return 2;
-    }
-    int dev = 0, n_sm = 0, coop = 0;
-    CK(cudaGetDevice(&dev));
-    CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-    CK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
+    const probe_setup ps0 = probe_start(argc, argv);
+    const int n_layer = ps0.n_layer, n_sm = ps0.n_sm, coop = ps0.coop;
     std::vector<layer_w> h;
     const size_t wbytes = make_layers(h, n_layer);
     std::vector<flow_w> hf(n_layer);
@@ -831,16 +824,8 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&dl, sizeof(flow_w) * n_layer));
     CK(cudaMemcpy(dl, hf.data(), sizeof(flow_w) * n_layer, cudaMemcpyHostToDevice));
 
-    const std::vector<float> x0 = start_x();
-    float *x0d, *xa, *xds, *hb, *hb2;
-    int8_t *xq;
-    CK(cudaMalloc(&x0d, D_EMBD * 4));
-    CK(cudaMemcpy(x0d, x0.data(), D_EMBD * 4, cudaMemcpyHostToDevice));
-    CK(cudaMalloc(&xa, D_EMBD * 4));
-    CK(cudaMalloc(&xq, D_FF));
-    CK(cudaMalloc(&xds, D_FF / 32 * 8));
-    CK(cudaMalloc(&hb, 2 * D_FF * 4));
-    CK(cudaMalloc(&hb2, D_FF * 4));
+    float *x0d;
+    x0d = start_x_device();
     flow_bufs B;
     for (int i = 0; i < 2; i++) {
         CK(cudaMalloc(&B.x[i], D_EMBD * 4));
@@ -860,21 +845,10 @@ int main(int argc, char **argv) {
     B.res_rdy = cnt, B.ff_rdy = cnt + GU_SL, B.cnt_gu = B.ff_rdy + DN_SL, B.cnt_d = B.cnt_gu + D_FF / 32;
     B.next = B.cnt_d + D_EMBD / 32;
     CK(cudaMalloc(&B.tw, 4 * 8));
-    CK(cudaDeviceSynchronize());
-    cudaStream_t st;
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-
-    cuda_pdl = cuda_pdl_supported();
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    chain(h, xa, xq, xds, hb, hb2, st);
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    auto run_a = [&]() {
-        CK(cudaMemcpyAsync(xa, x0d, D_EMBD * 4, cudaMemcpyDeviceToDevice, st));
-        CK(cudaGraphLaunch(ge, st));
-    };
+    engine_ffn A;
+    A.init(h, x0d);
+    cudaStream_t st = A.st;
+    auto run_a = [&]() { A.run(); };
     void *kern[3] = {(void *)ffn_flow_kernel, (void *)ffn_dyn_kernel, (void *)ffn_ws_kernel};
     const int smem[3] = {(int)D_SMEM, (int)E_SMEM, (int)F_SMEM}, threads[3] = {NC * 32, (NC + TAGGED) * 32, (NC + 1) * 32};
     const bool on[4] = {true, !TAGGED, true, !TAGGED}; /* D and F count pieces: not in a TAGGED build */
@@ -909,7 +883,7 @@ int main(int argc, char **argv) {
     run_v(0);
     CK(cudaStreamSynchronize(st));
     std::vector<float> ra(D_EMBD), rv(D_EMBD);
-    CK(cudaMemcpy(ra.data(), xa, D_EMBD * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(ra.data(), A.x, D_EMBD * 4, cudaMemcpyDeviceToHost));
     for (int v = 1; v < 4; v++) {
         if (!on[v]) continue;
         run_v(v);
@@ -920,27 +894,9 @@ int main(int argc, char **argv) {
         report_diff(what, ra, rv);
     }
 
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    for (int rep = 0; rep < 3; rep++) {
-        for (int v = 0; v < 4; v++) {
-            if (!on[v]) continue;
-            float best = 1e30f;
-            for (int it = 0; it < 10; it++) {
-                CK(cudaEventRecord(e0, st));
-                run_v(v);
-                CK(cudaEventRecord(e1, st));
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                if (ms < best) best = ms;
-            }
-            const double us = best * 1000.0 / n_layer;
-            printf("%s: %.2f us a layer, %.1f GB/s of weights (best of 10)\n", name[v], us,
-                   wbytes / n_layer / (us * 1e3));
-        }
-    }
+    for (int rep = 0; rep < 3; rep++)
+        for (int v = 0; v < 4; v++)
+            if (on[v]) time_best(name[v], [&]() { run_v(v); }, st, n_layer, wbytes);
     const double per = 1e3 * n_sm * NC * n_layer; /* ns summed over warps -> us a warp and layer */
     for (int v = 1; v < 4; v++) {
         if (!on[v]) continue;

@@ -480,15 +480,8 @@ __global__ void __launch_bounds__(NC * 32, 1)
 }
 
 int main(int argc, char **argv) {
-    const int n_layer = argc > 1 ? atoi(argv[1]) : 32;
-    if (n_layer < 1 || n_layer > 1024) {
-        fprintf(stderr, "usage: %s [n_layer 1..1024]\n", argv[0]);
-        return 2;
-    }
-    int dev = 0, n_sm = 0, coop = 0;
-    CK(cudaGetDevice(&dev));
-    CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-    CK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
+    const probe_setup ps0 = probe_start(argc, argv);
+    const int n_layer = ps0.n_layer, n_sm = ps0.n_sm, coop = ps0.coop;
     int per_sm = 0;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ffn_persist_kernel, NW * 32, 0));
     cudaFuncAttributes fa;
@@ -501,42 +494,23 @@ int main(int argc, char **argv) {
     layer_w *dl;
     CK(cudaMalloc(&dl, sizeof(layer_w) * n_layer));
     CK(cudaMemcpy(dl, h.data(), sizeof(layer_w) * n_layer, cudaMemcpyHostToDevice));
-    const std::vector<float> x0 = start_x();
-    float *x0d, *xa, *xb0, *xb1, *p_gu, *p_d, *xds, *hb, *hb2, *ad;
-    int8_t *xq, *aq;
+    float *x0d, *xb0, *xb1, *p_gu, *p_d, *ad;
+    int8_t *aq;
     unsigned *bar;
     unsigned long long *tp;
     CK(cudaMalloc(&tp, 16 * 8));
-    CK(cudaMalloc(&x0d, D_EMBD * 4));
-    CK(cudaMemcpy(x0d, x0.data(), D_EMBD * 4, cudaMemcpyHostToDevice));
-    CK(cudaMalloc(&xa, D_EMBD * 4));
+    x0d = start_x_device();
     CK(cudaMalloc(&xb0, D_EMBD * 4));
     CK(cudaMalloc(&xb1, D_EMBD * 4));
     CK(cudaMalloc(&p_gu, (size_t)2 * D_FF * (D_EMBD / 1024) * 4));
     CK(cudaMalloc(&p_d, (size_t)D_EMBD * (D_FF / 1024) * 4));
-    CK(cudaMalloc(&xq, D_FF));
-    CK(cudaMalloc(&xds, D_FF / 32 * 8));
-    CK(cudaMalloc(&hb, 2 * D_FF * 4));
-    CK(cudaMalloc(&hb2, D_FF * 4));
     CK(cudaMalloc(&aq, D_FF));
     CK(cudaMalloc(&ad, D_FF / 32 * 8));
     CK(cudaMalloc(&bar, 4));
-    CK(cudaDeviceSynchronize());
-    cudaStream_t st;
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-
-    /* A in a graph, with PDL */
-    cuda_pdl = cuda_pdl_supported();
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    chain(h, xa, xq, xds, hb, hb2, st);
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    auto run_a = [&]() {
-        CK(cudaMemcpyAsync(xa, x0d, D_EMBD * 4, cudaMemcpyDeviceToDevice, st));
-        CK(cudaGraphLaunch(ge, st));
-    };
+    engine_ffn A;
+    A.init(h, x0d);
+    cudaStream_t st = A.st;
+    auto run_a = [&]() { A.run(); };
     int nl = n_layer;
     void *args[] = {&dl, &nl, &xb0, &xb1, &p_gu, &p_d, &aq, &ad, &bar, &tp};
     auto run_b = [&]() {
@@ -564,32 +538,16 @@ int main(int argc, char **argv) {
     run_b();
     CK(cudaStreamSynchronize(st));
     std::vector<float> ra(D_EMBD), rb(D_EMBD);
-    CK(cudaMemcpy(ra.data(), xa, D_EMBD * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(ra.data(), A.x, D_EMBD * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(rb.data(), (n_layer & 1) ? xb1 : xb0, D_EMBD * 4, cudaMemcpyDeviceToHost));
     printf("%d layers, %.2f GB of weights\n", n_layer, wbytes / 1e9);
     report_diff("B against A", ra, rb);
     report_diff("C against A", ra, rc);
 
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     for (int rep = 0; rep < 3; rep++) {
-        for (int v = 0; v < 3; v++) {
-            float best = 1e30f;
-            for (int it = 0; it < 10; it++) {
-                CK(cudaEventRecord(e0, st));
-                v == 2 ? run_c() : v ? run_b() : run_a();
-                CK(cudaEventRecord(e1, st));
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                if (ms < best) best = ms;
-            }
-            const double us = best * 1000.0 / n_layer;
-            printf("%s: %.2f us a layer, %.1f GB/s of weights (best of 10)\n",
-                   v == 2 ? "C ring      " : v ? "B persistent" : "A launches  ", us,
-                   wbytes / n_layer / (us * 1e3));
-        }
+        time_best("A launches  ", run_a, st, n_layer, wbytes);
+        time_best("B persistent", run_b, st, n_layer, wbytes);
+        time_best("C ring      ", run_c, st, n_layer, wbytes);
     }
     CK(cudaMemset(tp, 0, 16 * 8));
     run_b();
