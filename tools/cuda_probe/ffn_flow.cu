@@ -32,7 +32,7 @@
  * is counted), TAGGED (E: no counts; each sum stored with its layer's tag, and TAGGED epilogue
  * warps a block poll them; POLL_E their sleep), DCHUNK (below), and two that break the results to
  * take the time apart: NOWAIT (no waits for inputs) and NOSYNC (no waits, counts or epilogues: the
- * stream alone).
+ * stream alone). DEFER, NOWAIT and NOSYNC apply to E and F; D is always the full, correct kernel.
  *
  * DCHUNK: down's pieces K-major within chunks of rows, so that the residual's first slices are
  * final before down ends (the next layer's first gate|up pieces need them).
@@ -66,7 +66,7 @@
 #define NS 3 /* ring stages a warp */
 #endif
 #ifndef RPP
-#define RPP 8 /* rows a piece: 8, 16 or 32 (a down group is 32 rows, a gate|up group 64) */
+#define RPP 8 /* rows a piece: 4, 8, 16 or 32 (a down group is 32 rows, a gate|up group 64) */
 #endif
 #ifndef POLL
 #define POLL 0 /* 0: every lane spins on ld.acquire; n: lane 0 spins relaxed with __nanosleep(n) */
@@ -114,6 +114,8 @@ static __host__ __device__ __forceinline__ void piece_at(int p, int sl, int chun
     r0 = (c * cr + w % cr) * RPP;
 }
 static_assert(D_EMBD % DCHUNK == 0 && DCHUNK % RPP == 0, "DCHUNK: a divisor of D_EMBD, in whole pieces");
+static_assert(RPP % 4 == 0 && 32 % RPP == 0, "RPP: 4, 8, 16 or 32 (a piece within one output group, float4 stores)");
+static_assert(NS <= 32, "NS: at most 32 stages a warp (one lane initialises each)");
 
 /* Repack: piece p of weight w (piece_at, in chunks of chunk rows) holds rows r0 .. r0 + RPP (row j
  * of the piece order is source row perm(j)), slice k: RPP x 512 code bytes, then RPP x 64 scale bytes. gu_perm:
@@ -354,6 +356,7 @@ static __device__ __forceinline__ void flow_mv(const flow_w *L, flow_ring &rg, c
         if (old == cnt_last) {
             if (ATOM_REL) __threadfence(); /* acquire: the other pieces' sums */
             const unsigned long long t0 = now_ns();
+            __syncwarp(); /* lane 0's acquire, for the other lanes' loads */
             epi(r0 / GR);
             t_epi += now_ns() - t0;
         }
@@ -420,6 +423,7 @@ __global__ void __launch_bounds__(NC * 32, 1) ffn_flow_kernel(const flow_w *L, i
 #define E_SMEM (D_SMEM + NC * NS * 4)
 #define F_SMEM (NSB * PIECE_B + NSB * 16 + NSB * 4)
 #define F_END 0xffffffffu
+static_assert(NSB >= NC, "NSB: at least a stage for each consumer (the end marks wait on stages NSB back)");
 #ifndef REFILL
 #define REFILL 0 /* E: refill a stage as soon as it is read, not at the top of the next piece */
 #endif
@@ -441,6 +445,8 @@ __global__ void __launch_bounds__(NC * 32, 1) ffn_flow_kernel(const flow_w *L, i
 #ifndef NOSYNC
 #define NOSYNC 0 /* measurement only: no waits, counts or epilogues (wrong results): the stream's rate */
 #endif
+static_assert(!(TAGGED && (NOWAIT || NOSYNC)), "TAGGED with NOWAIT or NOSYNC: layer l + 1's sums could overwrite "
+                                               "layer l's before an epilogue warp sees them (a hang)");
 
 static __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
@@ -465,6 +471,7 @@ struct piece_state {
 
 static __device__ __forceinline__ void run_epilogue(const flow_w *L, int n_layer, const flow_bufs &B,
                                                     const pending &e, piece_state &ps, int lane) {
+    __syncwarp(); /* the acquire that found e last was lane 0's: order the other lanes' loads after it */
     const unsigned long long t0 = now_ns();
     if (e.m) down_epilogue(B, e.l, e.r0 / 32, L[e.l + 1 < n_layer ? e.l + 1 : e.l].norm, lane);
     else gu_epilogue(B, e.l, e.r0 / 64, lane);
@@ -549,7 +556,8 @@ static __device__ __forceinline__ void consume(const flow_w *L, int n_layer, con
     if (key != ps.xkey) { /* the lane's input group of slice k */
         const unsigned *rdy = (m ? B.ff_rdy : B.res_rdy) + k, target = 32u * (l + 1);
         if (!NOSYNC && !NOWAIT) {
-            if (DEFER && (ps.pend.c || ps.chk.c) && ld_relaxed(rdy) < target) settle(L, n_layer, B, ps, lane);
+            if (DEFER && (ps.pend.c || ps.chk.c) && __shfl_sync(FULL_MASK, ld_relaxed(rdy) < target, 0))
+                settle(L, n_layer, B, ps, lane); /* the whole warp, as lane 0 saw it */
             unsigned long long tw = 0;
             wait_slice(rdy, target, lane, tw);
             if (m) ps.t_wait_d += tw;
@@ -794,7 +802,8 @@ __global__ void __launch_bounds__((NC + 1) * 32, 1) ffn_ws_kernel(const flow_w *
     consumer_begin(ps);
     for (uint32_t i = warp;; i += NC) {
         const int st = i % NSB;
-        if (DEFER && !mbar_test(full + st, (i / NSB) & 1)) settle(L, n_layer, B, ps, lane); /* the producer may wait on it */
+        if (DEFER && !__all_sync(FULL_MASK, mbar_test(full + st, (i / NSB) & 1)))
+            settle(L, n_layer, B, ps, lane); /* the producer may wait on it; the whole warp */
         mbar_wait(full + st, (i / NSB) & 1);
         const uint32_t q = tag[st];
         if (q == F_END) break;
@@ -900,14 +909,19 @@ int main(int argc, char **argv) {
     const double per = 1e3 * n_sm * NC * n_layer; /* ns summed over warps -> us a warp and layer */
     for (int v = 1; v < 4; v++) {
         if (!on[v]) continue;
-        CK(cudaMemset(B.tw, 0, 4 * 8));
+        CK(cudaMemsetAsync(B.tw, 0, 4 * 8, st));
         run_v(v);
         CK(cudaStreamSynchronize(st));
         unsigned long long tw[4];
         CK(cudaMemcpy(tw, B.tw, sizeof tw, cudaMemcpyDeviceToHost));
-        printf("%s, an average warp, us a layer: waiting for gate|up's inputs %.2f, for down's %.2f, epilogues "
-               "%.2f, the whole run %.2f\n",
-               name[v], tw[0] / per, tw[1] / per, tw[2] / per, tw[3] / per);
+        if (TAGGED) /* the epilogues run in warps of their own: their time is not a consumer's */
+            printf("%s, an average consumer warp, us a layer: waiting for gate|up's inputs %.2f, for down's %.2f, "
+                   "the whole run %.2f\n",
+                   name[v], tw[0] / per, tw[1] / per, tw[3] / per);
+        else
+            printf("%s, an average warp, us a layer: waiting for gate|up's inputs %.2f, for down's %.2f, epilogues "
+                   "%.2f, the whole run %.2f\n",
+                   name[v], tw[0] / per, tw[1] / per, tw[2] / per, tw[3] / per);
     }
     return 0;
 }

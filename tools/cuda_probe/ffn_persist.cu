@@ -549,7 +549,7 @@ int main(int argc, char **argv) {
         time_best("B persistent", run_b, st, n_layer, wbytes);
         time_best("C ring      ", run_c, st, n_layer, wbytes);
     }
-    CK(cudaMemset(tp, 0, 16 * 8));
+    CK(cudaMemsetAsync(tp, 0, 16 * 8, st));
     run_b();
     CK(cudaStreamSynchronize(st));
     unsigned long long ht[16];
@@ -559,7 +559,7 @@ int main(int argc, char **argv) {
     printf("B, block 0's phases, us a layer:");
     for (int k = 1; k <= 10; k++) printf(" %s %.2f;", names[k], ht[k] / 1e3 / n_layer);
     printf("\n");
-    CK(cudaMemset(tp, 0, 16 * 8));
+    CK(cudaMemsetAsync(tp, 0, 16 * 8, st));
     run_c();
     CK(cudaStreamSynchronize(st));
     CK(cudaMemcpy(ht, tp, sizeof ht, cudaMemcpyDeviceToHost));
