@@ -65,17 +65,10 @@
 #ifndef NS
 #define NS 3 /* ring stages a warp */
 #endif
-#ifndef RPP
-#define RPP 8 /* rows a piece: 4, 8, 16 or 32 (a down group is 32 rows, a gate|up group 64) */
-#endif
-#ifndef POLL
-#define POLL 0 /* 0: every lane spins on ld.acquire; n: lane 0 spins relaxed with __nanosleep(n) */
-#endif
+#include "flow_common.cuh"
 #ifndef ATOM_REL
 #define ATOM_REL 0 /* a piece's count: 0 atom.acq_rel; 1 atom.release, the last one's acquire a fence */
 #endif
-#define PIECE_CB (RPP * 512)          /* codes: RPP rows x 32 groups x 16 bytes */
-#define PIECE_B (RPP * 576)           /* + scales: RPP rows x 32 halves */
 #define D_SMEM (NC * NS * PIECE_B + NC * NS * 8)
 #define GU_ROWS (2 * D_FF)
 #define GU_SL (D_EMBD / 1024)         /* slices of gate|up's input: 5 */
@@ -106,70 +99,8 @@ struct flow_bufs {
 #ifndef DCHUNK
 #define DCHUNK D_EMBD /* down's pieces K-major within chunks of DCHUNK rows (D_EMBD: K-major throughout) */
 #endif
-/* Piece p of a weight of n_out rows and sl slices, K-major within chunks of chunk rows (chunk
- * n_out: K-major throughout): its slice k and first row r0. */
-static __host__ __device__ __forceinline__ void piece_at(int p, int sl, int chunk, int &k, int &r0) {
-    const int cr = chunk / RPP, per = cr * sl, c = p / per, w = p % per;
-    k = w / cr;
-    r0 = (c * cr + w % cr) * RPP;
-}
 static_assert(D_EMBD % DCHUNK == 0 && DCHUNK % RPP == 0, "DCHUNK: a divisor of D_EMBD, in whole pieces");
-static_assert(RPP % 4 == 0 && 32 % RPP == 0, "RPP: 4, 8, 16 or 32 (a piece within one output group, float4 stores)");
 static_assert(NS <= 32, "NS: at most 32 stages a warp (one lane initialises each)");
-
-/* Repack: piece p of weight w (piece_at, in chunks of chunk rows) holds rows r0 .. r0 + RPP (row j
- * of the piece order is source row perm(j)), slice k: RPP x 512 code bytes, then RPP x 64 scale bytes. gu_perm:
- * gate|up's rows interleaved in 32s (group G: gate rows 32G.., then up rows 32G..), so that a
- * SwiGLU group's 64 rows are one run of pieces. One thread a 16 bytes. */
-__global__ void repack_pieces(uint8_t *dst, mv w, int gu_perm, int chunk) {
-    const int nrg = w.n_out / RPP, spr = w.n_in / 1024;
-    const int64_t n16 = (int64_t)nrg * spr * (PIECE_B / 16);
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n16; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t p = i / (PIECE_B / 16);
-        const int o = (int)(i % (PIECE_B / 16)) * 16;
-        int k, r0;
-        piece_at((int)p, spr, chunk, k, r0);
-        const bool code = o < PIECE_CB;
-        const int r = code ? o / 512 : (o - PIECE_CB) / 64, in = code ? o % 512 : (o - PIECE_CB) % 64;
-        int src = r0 + r;
-        if (gu_perm) {
-            const int G = src / 64, c = src % 64;
-            src = c < 32 ? 32 * G + c : D_FF + 32 * G + (c - 32);
-        }
-        const uint8_t *s = code ? w.q + (int64_t)src * (w.n_in / 2) + k * 512 + in
-                                : (const uint8_t *)w.s + (int64_t)src * (w.n_in / 16) + k * 64 + in;
-        *(uint4 *)(dst + i * 16) = *(const uint4 *)s;
-    }
-}
-
-static __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-static __device__ __forceinline__ unsigned ld_relaxed(const unsigned *p) {
-    unsigned v;
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-static __device__ __forceinline__ unsigned atom_add_release(unsigned *p, unsigned v) {
-    unsigned old;
-    asm volatile("atom.release.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-    return old;
-}
-static __device__ __forceinline__ unsigned atom_add_acq_rel(unsigned *p, unsigned v) {
-    unsigned old;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-    return old;
-}
-static __device__ __forceinline__ void red_release(unsigned *p, unsigned v) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-static __device__ __forceinline__ unsigned long long now_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 
 /* A warp's ring: the pieces it will sum, in its order over the layers (gate|up of layer l, then
  * its down, then layer l + 1's), NS of them in flight or waiting. Lane 0 issues. */
@@ -261,52 +192,6 @@ static __device__ void start_group(const flow_bufs &B, int R, const float *norm,
     __threadfence();
     __syncwarp();
     if (lane == 0) red_release(B.res_rdy + R / 32, 1);
-}
-
-/* Wait until *rdy >= target (POLL: see above); the time spent waiting into t_wait. */
-static __device__ __forceinline__ void wait_slice(const unsigned *rdy, unsigned target, int lane,
-                                                  unsigned long long &t_wait) {
-#if POLL == 0
-    if (ld_acquire(rdy) < target) {
-        const unsigned long long t0 = now_ns();
-        while (ld_acquire(rdy) < target) {
-        }
-        t_wait += now_ns() - t0;
-    }
-#else /* lane 0 polls, relaxed, with a backoff; then an acquire fence */
-    if (lane == 0 && ld_relaxed(rdy) < target) {
-        const unsigned long long t0 = now_ns();
-        while (ld_relaxed(rdy) < target) __nanosleep(POLL);
-        t_wait += now_ns() - t0;
-    }
-    if (lane == 0) __threadfence();
-    __syncwarp();
-#endif
-}
-/* int8 group g of xq / xd (written in this kernel: L2 loads) */
-static __device__ __forceinline__ void load_group(const int8_t *xq, const float2 *xd, int g, int4 &xa, int4 &xb,
-                                                  float2 &ds) {
-    xa = __ldcg((const int4 *)(xq + g * 32));
-    xb = __ldcg((const int4 *)(xq + g * 32 + 16));
-    ds = __ldcg(xd + g);
-}
-/* A piece's RPP row sums over the lane's group (codes and scales in shared memory), per lane. */
-static __device__ __forceinline__ void piece_dot(const uint8_t *codes, const uint8_t *scales, int4 xa, int4 xb,
-                                                 float2 ds, int lane, float (&acc)[RPP]) {
-    const int xl[4] = {xa.x, xa.y, xa.z, xa.w}, xh[4] = {xb.x, xb.y, xb.z, xb.w};
-#pragma unroll
-    for (int r = 0; r < RPP; r++) {
-        const uint4 q = *(const uint4 *)(codes + (r * 32 + lane) * 16);
-        const float d = half_bits_to_f32(*(const uint16_t *)(scales + (r * 32 + lane) * 2));
-        const uint32_t u[4] = {q.x, q.y, q.z, q.w};
-        int sumi = 0;
-#pragma unroll
-        for (int t = 0; t < 4; t++) {
-            sumi = __dp4a((int)(u[t] & 0x0f0f0f0fu), xl[t], sumi);
-            sumi = __dp4a((int)((u[t] >> 4) & 0x0f0f0f0fu), xh[t], sumi);
-        }
-        acc[r] = fmaf(d * ds.x, (float)sumi, -8.0f * d * ds.y);
-    }
 }
 
 /* The piece's RPP sums (per lane) reduced over the warp into o[0..RPP), then counted on its output
@@ -408,9 +293,6 @@ __global__ void __launch_bounds__(NC * 32, 1) ffn_flow_kernel(const flow_w *L, i
  *   F: one producer warp a block fills a ring of NSB stages for the block's NC consumer warps,
  *      consumer w taking stages w, w + NC, ..; a consumer's fences and atomics then have no bulk
  *      copies of its own outstanding. */
-#ifndef GRAB
-#define GRAB 2 /* E: pieces a warp takes at once */
-#endif
 #ifndef GRABB
 #define GRABB 8 /* F: pieces a block's producer takes at once */
 #endif
@@ -420,6 +302,11 @@ __global__ void __launch_bounds__(NC * 32, 1) ffn_flow_kernel(const flow_w *L, i
 #define NP_GU (GU_SL * (GU_ROWS / RPP))
 #define NP_DN (DN_SL * (D_EMBD / RPP))
 #define NP_LAYER (NP_GU + NP_DN)
+/* where piece q of the run (gate|up's pieces, then down's, layer after layer) lies */
+static __device__ __forceinline__ const uint8_t *piece_src(const flow_w *L, uint32_t q) {
+    const int l = q / NP_LAYER, r = q % NP_LAYER;
+    return r < NP_GU ? L[l].gu + (int64_t)r * PIECE_B : L[l].down + (int64_t)(r - NP_GU) * PIECE_B;
+}
 #define E_SMEM (D_SMEM + NC * NS * 4)
 #define F_SMEM (NSB * PIECE_B + NSB * 16 + NSB * 4)
 #define F_END 0xffffffffu
@@ -447,10 +334,6 @@ static_assert(NSB >= NC, "NSB: at least a stage for each consumer (the end marks
 #endif
 static_assert(!(TAGGED && (NOWAIT || NOSYNC)), "TAGGED with NOWAIT or NOSYNC: layer l + 1's sums could overwrite "
                                                "layer l's before an epilogue warp sees them (a hang)");
-
-static __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
 
 /* What a consumer warp keeps between pieces. */
 struct pending { /* a piece whose count is deferred (DEFER): its group's counter, the last count, where */
@@ -533,15 +416,6 @@ static __device__ __forceinline__ void settle(const flow_w *L, int n_layer, cons
     else if (DEFER == 3) flush_run(L, n_layer, B, ps, lane);
     else if (DEFER && ps.pend.c) flush(L, n_layer, B, ps, lane);
 }
-static __device__ __forceinline__ bool mbar_test(uint64_t *bar, uint32_t parity) {
-    uint32_t done;
-    asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                 : "=r"(done)
-                 : "r"(smem_u32(bar)), "r"(parity)
-                 : "memory");
-    return done;
-}
-
 /* Piece q of the run, its codes and scales in shared memory at stage: wait for its input slice,
  * sum, release(): the stage may be refilled, then count it (and run its group's epilogue if it was
  * the last). */
@@ -573,17 +447,8 @@ static __device__ __forceinline__ void consume(const flow_w *L, int n_layer, con
     float *o = (m ? B.pp_d : B.pp_gu) + (int64_t)k * nout + r0;
     unsigned *c = (m ? B.cnt_d : B.cnt_gu) + r0 / (m ? 32 : 64);
     const unsigned last = (unsigned)(l + 1) * (m ? DN_SL * 32 / RPP : GU_SL * 64 / RPP) - 1;
-    if (TAGGED) { /* lane r stores row r's sum and the layer's tag, one 64-bit store: no fence, no count */
-#pragma unroll
-        for (int r = 0; r < RPP; r++) acc[r] = warp_sum(acc[r]);
-        float v = 0.0f;
-#pragma unroll
-        for (int r = 0; r < RPP; r++) v = lane == r ? acc[r] : v;
-        if (lane < RPP) {
-            unsigned long long *t = (m ? B.tp_d : B.tp_gu) + (int64_t)k * nout + r0 + lane;
-            const unsigned long long w = (unsigned long long)__float_as_uint(v) | (unsigned long long)(l + 1) << 32;
-            asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(t), "l"(w) : "memory");
-        }
+    if (TAGGED) { /* no fence, no count: flow_common.cuh */
+        store_tagged(acc, (m ? B.tp_d : B.tp_gu) + (int64_t)k * nout + r0, (unsigned)(l + 1), lane);
     } else if (NOSYNC) {
 #pragma unroll
         for (int r = 0; r < RPP; r++) acc[r] = warp_sum(acc[r]);
@@ -622,43 +487,10 @@ static __device__ __forceinline__ void consumer_end(const flow_w *L, int n_layer
     }
 }
 
-struct dyn_ring {
-    uint8_t *buf;      /* NS stages of PIECE_B */
-    uint64_t *bar;     /* NS mbarriers */
-    uint32_t *tag;     /* NS: the piece (its index in the run) in each stage */
-    uint32_t n_used, n_issued;
-    uint32_t q, left;  /* lane 0: the next piece taken and how many of the batch are left */
-    uint32_t nq;       /* lane 0: the start of the batch after */
-};
-/* lane 0: issue pieces until NS are in flight or summed-but-unreleased, or the run has none left */
-static __device__ __forceinline__ void dyn_fill(const flow_w *L, dyn_ring &rg, unsigned *next, uint32_t total) {
-    while (rg.n_issued < rg.n_used + NS) {
-        if (!rg.left) { /* the batch taken a batch ago; ask for the one after (its latency hides behind this one) */
-            rg.q = rg.nq, rg.left = GRAB;
-            if (rg.q < total) rg.nq = atomicAdd(next, GRAB);
-        }
-        if (rg.q >= total) return;
-        const uint32_t q = rg.q++;
-        rg.left--;
-        const int l = q / NP_LAYER, r = q % NP_LAYER;
-        const uint8_t *src = r < NP_GU ? L[l].gu + (int64_t)r * PIECE_B : L[l].down + (int64_t)(r - NP_GU) * PIECE_B;
-        const int st = rg.n_issued % NS;
-        rg.tag[st] = q;
-        mbar_expect(rg.bar + st, PIECE_B);
-        bulk_copy(rg.buf + st * PIECE_B, src, PIECE_B, smem_u32(rg.bar + st));
-        rg.n_issued++;
-    }
-}
-
 /* TAGGED: epilogue warp e of n_e. The residual's groups e, e + n_e .. before layer 0; then for
  * each layer, gate|up's groups e, e + n_e .., then down's, each as soon as every
  * partial sum it adds carries the layer's tag (polled, POLL_E ns apart), in that order (each
  * group's inputs come from groups earlier in every epilogue warp's order). */
-static __device__ __forceinline__ unsigned long long ld_tagged(const unsigned long long *p) {
-    unsigned long long v;
-    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
 static __device__ void epilogue_warp(const flow_w *L, int n_layer, const flow_bufs &B, int e, int n_e, int lane,
                                      unsigned long long &t_epi) {
     const unsigned long long t0 = now_ns();
@@ -733,14 +565,14 @@ __global__ void __launch_bounds__((NC + TAGGED) * 32, 1) ffn_dyn_kernel(const fl
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     __syncwarp();
     const uint32_t total = (uint32_t)n_layer * NP_LAYER;
-    if (lane == 0) dyn_fill(L, rg, B.next, total);
+    if (lane == 0) dyn_fill(rg, B.next, total, [&](uint32_t q) { return piece_src(L, q); });
     if (!TAGGED)
         for (int R = wid; R < D_EMBD / 32; R += n_warps) start_group(B, R, L[0].norm, lane);
     piece_state ps;
     consumer_begin(ps);
     for (;;) {
         uint32_t ni = 0;
-        if (lane == 0) dyn_fill(L, rg, B.next, total), ni = rg.n_issued;
+        if (lane == 0) dyn_fill(rg, B.next, total, [&](uint32_t q) { return piece_src(L, q); }), ni = rg.n_issued;
         ni = __shfl_sync(FULL_MASK, ni, 0);
         if (rg.n_used == ni) break;
         __syncwarp();
@@ -749,7 +581,7 @@ __global__ void __launch_bounds__((NC + TAGGED) * 32, 1) ffn_dyn_kernel(const fl
         mbar_wait(rg.bar + st, (rg.n_used / NS) & 1);
         consume(L, n_layer, B, q, rg.buf + st * PIECE_B, ps, lane, [&]() {
             rg.n_used++;
-            if (REFILL && lane == 0) dyn_fill(L, rg, B.next, total);
+            if (REFILL && lane == 0) dyn_fill(rg, B.next, total, [&](uint32_t q) { return piece_src(L, q); });
         });
     }
     consumer_end(L, n_layer, B, ps, lane, t_start);
@@ -785,9 +617,7 @@ __global__ void __launch_bounds__((NC + 1) * 32, 1) ffn_ws_kernel(const flow_w *
                     }
                     break;
                 }
-                const int l = q / NP_LAYER, r = q % NP_LAYER;
-                const uint8_t *src =
-                    r < NP_GU ? L[l].gu + (int64_t)r * PIECE_B : L[l].down + (int64_t)(r - NP_GU) * PIECE_B;
+                const uint8_t *src = piece_src(L, q);
                 tag[st] = q++;
                 left--;
                 mbar_expect(full + st, PIECE_B);
@@ -824,8 +654,8 @@ int main(int argc, char **argv) {
         uint8_t *gu, *dn;
         CK(cudaMalloc(&gu, (size_t)GU_SL * (GU_ROWS / RPP) * PIECE_B));
         CK(cudaMalloc(&dn, (size_t)DN_SL * (D_EMBD / RPP) * PIECE_B));
-        repack_pieces<<<2048, 256>>>(gu, h[l].gu, 1, GU_ROWS);
-        repack_pieces<<<2048, 256>>>(dn, h[l].down, 0, DCHUNK);
+        repack_pieces<<<2048, 256>>>(gu, h[l].gu, PERM_GU, 0, GU_ROWS);
+        repack_pieces<<<2048, 256>>>(dn, h[l].down, PERM_NONE, 0, DCHUNK);
         CK(cudaGetLastError());
         hf[l] = flow_w{gu, dn, h[l].norm};
     }

@@ -1,0 +1,198 @@
+/* flow_common.cuh - what the barrier-free flow probes share (ffn_flow.cu, layer_flow.cu): weights
+ * repacked into K-major pieces of RPP rows by one slice of 1024 inputs, the piece's dot product
+ * against a lane's int8 input group, per-slice ready counters and their waits, sums stored with
+ * their layer's tag, and a warp's ring of pieces dealt from one counter (docs/PERF.md, twentieth
+ * session). Include after ffn_common.cuh, with NS (ring stages a warp) defined. */
+#ifndef PXQ_TOOLS_FLOW_COMMON_CUH
+#define PXQ_TOOLS_FLOW_COMMON_CUH
+
+#include "ffn_common.cuh"
+
+#ifndef RPP
+#define RPP 8 /* rows a piece: 4, 8, 16 or 32 (a down group is 32 rows, a gate|up group 64) */
+#endif
+#ifndef POLL
+#define POLL 0 /* 0: every lane spins on ld.acquire; n: lane 0 spins relaxed with __nanosleep(n) */
+#endif
+#ifndef GRAB
+#define GRAB 2 /* E: pieces a warp takes at once */
+#endif
+#define PIECE_CB (RPP * 512)          /* codes: RPP rows x 32 groups x 16 bytes */
+#define PIECE_B (RPP * 576)           /* + scales: RPP rows x 32 halves */
+
+/* Piece p of a weight of n_out rows and sl slices, K-major within chunks of chunk rows (chunk
+ * n_out: K-major throughout): its slice k and first row r0. */
+static __host__ __device__ __forceinline__ void piece_at(int p, int sl, int chunk, int &k, int &r0) {
+    const int cr = chunk / RPP, per = cr * sl, c = p / per, w = p % per;
+    k = w / cr;
+    r0 = (c * cr + w % cr) * RPP;
+}
+static_assert(RPP % 4 == 0 && 32 % RPP == 0, "RPP: 4, 8, 16 or 32 (a piece within one output group, float4 stores)");
+
+/* Repack: piece p of weight w (piece_at, in chunks of chunk rows) holds rows r0 .. r0 + RPP (row j
+ * of the piece order is source row perm(j)), slice k: RPP x 512 code bytes, then RPP x 64 scale
+ * bytes. perm: PERM_NONE; PERM_GU, gate|up's rows interleaved in 32s (group G: gate rows 32G..,
+ * then up rows 32G.., n_out / 2 of each), so that a SwiGLU group's 64 rows are one run of pieces;
+ * PERM_LAST_FIRST, the last nv rows first (q|k|v's v rows, which the next phase needs first).
+ * One thread a 16 bytes. */
+enum { PERM_NONE, PERM_GU, PERM_LAST_FIRST };
+__global__ void repack_pieces(uint8_t *dst, mv w, int perm, int nv, int chunk) {
+    const int nrg = w.n_out / RPP, spr = w.n_in / 1024;
+    const int64_t n16 = (int64_t)nrg * spr * (PIECE_B / 16);
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n16; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t p = i / (PIECE_B / 16);
+        const int o = (int)(i % (PIECE_B / 16)) * 16;
+        int k, r0;
+        piece_at((int)p, spr, chunk, k, r0);
+        const bool code = o < PIECE_CB;
+        const int r = code ? o / 512 : (o - PIECE_CB) / 64, in = code ? o % 512 : (o - PIECE_CB) % 64;
+        int src = r0 + r;
+        if (perm == PERM_GU) {
+            const int G = src / 64, c = src % 64;
+            src = c < 32 ? 32 * G + c : w.n_out / 2 + 32 * G + (c - 32);
+        } else if (perm == PERM_LAST_FIRST) {
+            src = src < nv ? w.n_out - nv + src : src - nv;
+        }
+        const uint8_t *s = code ? w.q + (int64_t)src * (w.n_in / 2) + k * 512 + in
+                                : (const uint8_t *)w.s + (int64_t)src * (w.n_in / 16) + k * 64 + in;
+        *(uint4 *)(dst + i * 16) = *(const uint4 *)s;
+    }
+}
+
+static __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+static __device__ __forceinline__ unsigned ld_relaxed(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+static __device__ __forceinline__ unsigned atom_add_release(unsigned *p, unsigned v) {
+    unsigned old;
+    asm volatile("atom.release.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+static __device__ __forceinline__ unsigned atom_add_acq_rel(unsigned *p, unsigned v) {
+    unsigned old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+static __device__ __forceinline__ void red_release(unsigned *p, unsigned v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+static __device__ __forceinline__ unsigned long long now_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* Wait until *rdy >= target (POLL: see above); the time spent waiting into t_wait. */
+static __device__ __forceinline__ void wait_slice(const unsigned *rdy, unsigned target, int lane,
+                                                  unsigned long long &t_wait) {
+#if POLL == 0
+    if (ld_acquire(rdy) < target) {
+        const unsigned long long t0 = now_ns();
+        while (ld_acquire(rdy) < target) {
+        }
+        t_wait += now_ns() - t0;
+    }
+#else /* lane 0 polls, relaxed, with a backoff; then an acquire fence */
+    if (lane == 0 && ld_relaxed(rdy) < target) {
+        const unsigned long long t0 = now_ns();
+        while (ld_relaxed(rdy) < target) __nanosleep(POLL);
+        t_wait += now_ns() - t0;
+    }
+    if (lane == 0) __threadfence();
+    __syncwarp();
+#endif
+}
+/* int8 group g of xq / xd (written in this kernel: L2 loads) */
+static __device__ __forceinline__ void load_group(const int8_t *xq, const float2 *xd, int g, int4 &xa, int4 &xb,
+                                                  float2 &ds) {
+    xa = __ldcg((const int4 *)(xq + g * 32));
+    xb = __ldcg((const int4 *)(xq + g * 32 + 16));
+    ds = __ldcg(xd + g);
+}
+/* A piece's RPP row sums over the lane's group (codes and scales in shared memory), per lane. */
+static __device__ __forceinline__ void piece_dot(const uint8_t *codes, const uint8_t *scales, int4 xa, int4 xb,
+                                                 float2 ds, int lane, float (&acc)[RPP]) {
+    const int xl[4] = {xa.x, xa.y, xa.z, xa.w}, xh[4] = {xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+    for (int r = 0; r < RPP; r++) {
+        const uint4 q = *(const uint4 *)(codes + (r * 32 + lane) * 16);
+        const float d = half_bits_to_f32(*(const uint16_t *)(scales + (r * 32 + lane) * 2));
+        const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+        int sumi = 0;
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            sumi = __dp4a((int)(u[t] & 0x0f0f0f0fu), xl[t], sumi);
+            sumi = __dp4a((int)((u[t] >> 4) & 0x0f0f0f0fu), xh[t], sumi);
+        }
+        acc[r] = fmaf(d * ds.x, (float)sumi, -8.0f * d * ds.y);
+    }
+}
+
+/* TAGGED: the piece's RPP sums (per lane) reduced over the warp; lane r < RPP stores row r's sum
+ * and tag (the layer + 1) in one 64-bit store at t[r]: single-copy atomic, so a reader that sees
+ * the tag sees the sum, with no fence and no count. */
+static __device__ __forceinline__ void store_tagged(float (&acc)[RPP], unsigned long long *t, unsigned tag, int lane) {
+#pragma unroll
+    for (int r = 0; r < RPP; r++) acc[r] = warp_sum(acc[r]);
+    float v = 0.0f;
+#pragma unroll
+    for (int r = 0; r < RPP; r++) v = lane == r ? acc[r] : v;
+    if (lane < RPP) {
+        const unsigned long long w = (unsigned long long)__float_as_uint(v) | (unsigned long long)tag << 32;
+        asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(t + lane), "l"(w) : "memory");
+    }
+}
+static __device__ __forceinline__ unsigned long long ld_tagged(const unsigned long long *p) {
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+static __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+static __device__ __forceinline__ bool mbar_test(uint64_t *bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done)
+                 : "r"(smem_u32(bar)), "r"(parity)
+                 : "memory");
+    return done;
+}
+
+struct dyn_ring {
+    uint8_t *buf;      /* NS stages of PIECE_B */
+    uint64_t *bar;     /* NS mbarriers */
+    uint32_t *tag;     /* NS: the piece (its index in the run) in each stage */
+    uint32_t n_used, n_issued;
+    uint32_t q, left;  /* lane 0: the next piece taken and how many of the batch are left */
+    uint32_t nq;       /* lane 0: the start of the batch after */
+};
+/* lane 0: issue pieces until NS are in flight or summed-but-unreleased, or the run has none left;
+ * src(q): where piece q of the run lies */
+template <class Src>
+static __device__ __forceinline__ void dyn_fill(dyn_ring &rg, unsigned *next, uint32_t total, Src src_of) {
+    while (rg.n_issued < rg.n_used + NS) {
+        if (!rg.left) { /* the batch taken a batch ago; ask for the one after (its latency hides behind this one) */
+            rg.q = rg.nq, rg.left = GRAB;
+            if (rg.q < total) rg.nq = atomicAdd(next, GRAB);
+        }
+        if (rg.q >= total) return;
+        const uint32_t q = rg.q++;
+        rg.left--;
+        const uint8_t *src = src_of(q);
+        const int st = rg.n_issued % NS;
+        rg.tag[st] = q;
+        mbar_expect(rg.bar + st, PIECE_B);
+        bulk_copy(rg.buf + st * PIECE_B, src, PIECE_B, smem_u32(rg.bar + st));
+        rg.n_issued++;
+    }
+}
+
+#endif
