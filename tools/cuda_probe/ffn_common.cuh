@@ -48,31 +48,36 @@ __global__ void fill_scales(uint16_t *s, size_t n, float lo, float hi, uint32_t 
     }
 }
 
+/* One dummy Q4_0 weight of n_out x n_in, its scales uniform in [lo, hi] (seeded), added to *wbytes. */
+static mv make_mv(int n_in, int n_out, float lo, float hi, uint32_t seed, size_t *wbytes) {
+    const size_t nq = (size_t)n_out * n_in / 2, ns = (size_t)n_out * n_in / 32;
+    uint8_t *q;
+    uint16_t *s;
+    CK(cudaMalloc(&q, nq));
+    CK(cudaMalloc(&s, ns * 2));
+    fill_kernel<<<1024, 256>>>(q, nq, 0x9e3779b9u * seed);
+    fill_scales<<<1024, 256>>>(s, ns, lo, hi, 0x85ebca6bu * seed);
+    *wbytes += nq + ns * 2;
+    return mv{q, s, n_in, n_out};
+}
+/* An rmsnorm weight of D_EMBD values in [0.5, 1.5). */
+static float *make_norm() {
+    float *nw;
+    CK(cudaMalloc(&nw, D_EMBD * 4));
+    std::vector<float> hn(D_EMBD);
+    for (int i = 0; i < D_EMBD; i++) hn[i] = 0.5f + (float)((i * 7919) % 1000) / 1000.0f;
+    CK(cudaMemcpy(nw, hn.data(), D_EMBD * 4, cudaMemcpyHostToDevice));
+    return nw;
+}
 /* n_layer distinct weight sets (the L2 keeps nothing between layers); returns their bytes. The
  * scales keep the residual's growth moderate: gate|up sums 5120 terms, down 25600. */
 static size_t make_layers(std::vector<layer_w> &h, int n_layer) {
     h.resize(n_layer);
     size_t wbytes = 0;
     for (int l = 0; l < n_layer; l++) {
-        mv *m[2] = {&h[l].gu, &h[l].down};
-        const int shp[2][2] = {{D_EMBD, 2 * D_FF}, {D_FF, D_EMBD}};
-        for (int k = 0; k < 2; k++) {
-            const size_t nq = (size_t)shp[k][1] * shp[k][0] / 2, ns = (size_t)shp[k][1] * shp[k][0] / 32;
-            uint8_t *q;
-            uint16_t *s;
-            CK(cudaMalloc(&q, nq));
-            CK(cudaMalloc(&s, ns * 2));
-            fill_kernel<<<1024, 256>>>(q, nq, 0x9e3779b9u * (2 * l + k + 1));
-            fill_scales<<<1024, 256>>>(s, ns, k ? 0.0005f : 0.002f, k ? 0.001f : 0.004f, 0x85ebca6bu * (2 * l + k + 1));
-            *m[k] = mv{q, s, shp[k][0], shp[k][1]};
-            wbytes += nq + ns * 2;
-        }
-        float *nw;
-        CK(cudaMalloc(&nw, D_EMBD * 4));
-        std::vector<float> hn(D_EMBD);
-        for (int i = 0; i < D_EMBD; i++) hn[i] = 0.5f + (float)((i * 7919) % 1000) / 1000.0f;
-        CK(cudaMemcpy(nw, hn.data(), D_EMBD * 4, cudaMemcpyHostToDevice));
-        h[l].norm = nw;
+        h[l].gu = make_mv(D_EMBD, 2 * D_FF, 0.002f, 0.004f, 2 * l + 1, &wbytes);
+        h[l].down = make_mv(D_FF, D_EMBD, 0.0005f, 0.001f, 2 * l + 2, &wbytes);
+        h[l].norm = make_norm();
     }
     return wbytes;
 }
@@ -147,6 +152,12 @@ struct engine_ffn {
     cudaStream_t st;
     cudaGraphExec_t ge;
     void init(const std::vector<layer_w> &h, const float *x0d) {
+        init(h, x0d, [](int, engine_ffn &) {});
+    }
+    /* before(l, *this): launches of its own on st before layer l's FFN (layer_flow.cu: the
+     * attention's projections), with this one's buffers at hand */
+    template <class Before>
+    void init(const std::vector<layer_w> &h, const float *x0d, Before before) {
         x0 = x0d;
         CK(cudaDeviceSynchronize());
         CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -158,7 +169,9 @@ struct engine_ffn {
         cuda_pdl = cuda_pdl_supported();
         cudaGraph_t g;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-        for (const layer_w &l : h) {
+        for (size_t i = 0; i < h.size(); i++) {
+            const layer_w &l = h[i];
+            before((int)i, *this);
             cuda_weight gu = {WFMT_Q4_0, D_EMBD, 2 * D_FF, l.gu.q, l.gu.s};
             cuda_weight dn = {WFMT_Q4_0, D_FF, D_EMBD, l.down.q, l.down.s};
             rmsnorm_q8_cuda(NULL, xq, xds, x, l.norm, D_EMBD, 1, EPS, NULL, st);

@@ -1,0 +1,388 @@
+/* layer_flow.cu - Qwen3-32B's whole decode layer, batch 1, as one persistent kernel with no grid
+ * barrier: ffn_flow.cu's best form (E with tagged sums and epilogue warps) carried over the
+ * attention's projections (docs/PERF.md, twentieth session).
+ *
+ * A layer, at a context of one token: x += o(attn(q|k|v(rmsnorm(x)))), then x += FFN(x). With one
+ * position the attention's softmax is 1, so head h's output is the v of its KV head h / 8 (GQA,
+ * 64 q heads, 8 KV heads of 128): q and k are read and summed, as a decode step reads them, and
+ * their sums are not used. The chain reads all four weights of the layer (274 MB, Q4_0), which is
+ * what the bench's batch-1 roofline counts; the attention over a longer context, the q/k norms,
+ * RoPE and the KV store are not here.
+ *
+ * Pieces (flow_common.cuh) of the four weights go through each consumer warp's ring in the run's
+ * order: q|k|v (v's rows first, K-major), o (K-major in chunks of OCHUNK rows), gate|up (K-major,
+ * gate and up interleaved in 32s), down (K-major in chunks of DCHUNK rows), layer after layer. A
+ * piece waits for its input slice's ready counter, sums, and stores its sums with the layer's tag.
+ * NE epilogue warps a block take the groups round-robin, in each layer v's 32 groups, then o's 160,
+ * gate|up's 800, then down's 160, each once all its sums carry the tag:
+ *   v group j: the sums times 1 / rms of x; the int8 group of each of the 8 q heads that read it
+ *     (o's input), counted on o's slice j / 4;
+ *   o group R: the residual xm = x + sum, its sum of squares, the int8 group of xm * the FFN's
+ *     rmsnorm weight (gate|up's input);
+ *   gate|up group G: times 1 / rms of xm, SwiGLU, the int8 group (down's input);
+ *   down group R: x = xm + sum, its sum of squares, the int8 group of x * the next layer's attention
+ *     rmsnorm weight (q|k|v's input).
+ * A is the engine's launches for the same chain: rmsnorm_q8_cuda, matmul_q8_pf_cuda for q|k|v, a
+ * kernel here that quantises v into o's input, matmul_q8_pf_cuda for o (accumulating into x), then
+ * the FFN as ffn_flow.cu's A, in one CUDA graph with PDL.
+ *
+ * Knobs (-D): NC consumer warps a block, NS ring stages a warp, RPP rows a piece, GRAB pieces
+ * dealt at once, NE epilogue warps a block, POLL_E their sleep between polls (ns), POLL (how a
+ * consumer waits), OCHUNK and DCHUNK, and STREAM=1 (no waits and no epilogues: the stream of the
+ * four weights alone; wrong results).
+ *
+ * Build and run on the GPU from the repository root after `make CUDA_ARCH=90`:
+ *   nvcc -arch=sm_90 -O3 -std=c++17 -Isrc [-DNC=6 -DNS=4 -DNE=4] \
+ *       -o /tmp/layer_flow tools/cuda_probe/layer_flow.cu build/libpxq.a -lcublas
+ *   /tmp/layer_flow [n_layer]          (default 32: 8.8 GB of weights, and as much again repacked)
+ * It prints the output's distance from A's, then A's and the kernel's us a layer (best of 10, three
+ * rounds alternated) and the average consumer warp's waits by weight. */
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "ffn_common.cuh"
+
+#ifndef NC
+#define NC 6 /* consumer warps a block; one block an SM */
+#endif
+#ifndef NS
+#define NS 4 /* ring stages a consumer warp */
+#endif
+#ifndef RPP
+#define RPP 16
+#endif
+#include "flow_common.cuh"
+
+#ifndef NE
+#define NE 4 /* epilogue warps a block */
+#endif
+#ifndef POLL_E
+#define POLL_E 128
+#endif
+#ifndef OCHUNK
+#define OCHUNK 2560 /* o's pieces K-major within chunks of OCHUNK rows */
+#endif
+#ifndef DCHUNK
+#define DCHUNK 2560
+#endif
+#ifndef STREAM
+#define STREAM 0
+#endif
+static_assert(D_EMBD % OCHUNK == 0 && OCHUNK % RPP == 0 && D_EMBD % DCHUNK == 0 && DCHUNK % RPP == 0,
+              "OCHUNK, DCHUNK: divisors of D_EMBD, in whole pieces");
+
+#define N_HEAD 64
+#define N_KV 8
+#define HEAD_DIM 128
+#define Q_DIM (N_HEAD * HEAD_DIM)         /* 8192: o's input */
+#define KV_DIM (N_KV * HEAD_DIM)          /* 1024 */
+#define QKV_ROWS (Q_DIM + 2 * KV_DIM)     /* 10240: q, k, v */
+#define GU_ROWS (2 * D_FF)
+#define N_W 4                             /* weights a layer: q|k|v, o, gate|up, down */
+#define NP_QKV ((D_EMBD / 1024) * (QKV_ROWS / RPP))
+#define NP_O ((Q_DIM / 1024) * (D_EMBD / RPP))
+#define NP_GU ((D_EMBD / 1024) * (GU_ROWS / RPP))
+#define NP_DN ((D_FF / 1024) * (D_EMBD / RPP))
+#define NP_LAYER (NP_QKV + NP_O + NP_GU + NP_DN)
+#define L_SMEM (NC * NS * PIECE_B + NC * NS * 8 + NC * NS * 4)
+
+struct attn_w {
+    mv qkv, o;         /* q|k|v: n_out QKV_ROWS (q rows, k rows, v rows); o: n_in Q_DIM */
+    const float *norm; /* the attention's rmsnorm weight */
+};
+struct lflow_w {       /* one layer's weights in piece order, and its norms */
+    const uint8_t *w[N_W];
+    const float *attn_norm, *ffn_norm;
+};
+/* Weight m's geometry: input slices, output rows, chunk rows (piece_at), first piece in a layer. */
+static __host__ __device__ __forceinline__ int w_sl(int m) { return m == 1 ? Q_DIM / 1024 : m == 3 ? D_FF / 1024 : D_EMBD / 1024; }
+static __host__ __device__ __forceinline__ int w_nout(int m) { return m == 0 ? QKV_ROWS : m == 2 ? GU_ROWS : D_EMBD; }
+static __host__ __device__ __forceinline__ int w_chunk(int m) { return m == 1 ? OCHUNK : m == 3 ? DCHUNK : w_nout(m); }
+static __host__ __device__ __forceinline__ int w_first(int m) {
+    return m == 0 ? 0 : m == 1 ? NP_QKV : m == 2 ? NP_QKV + NP_O : NP_QKV + NP_O + NP_GU;
+}
+
+struct lflow_bufs {
+    float *x[2];            /* the residual at a layer's start, layer l reads x[l & 1] */
+    float *xm;              /* after the attention */
+    float *ssq_x[2], *ssq_m[2]; /* their sums of squares a group of 32 */
+    int8_t *q8[N_W][2];     /* each weight's int8 input groups (x, o's input, xm, the SwiGLU's) */
+    float2 *d8[N_W][2];
+    unsigned *rdy[N_W];     /* each input's groups written, a counter a slice, cumulative over layers */
+    unsigned long long *tp[N_W]; /* each weight's sums [slice][row], tagged with the layer + 1 */
+    unsigned *next;         /* the next piece of the run to deal */
+    unsigned long long *tw; /* [N_W + 1] ns over consumer warps: waiting for each weight's input, the run */
+};
+
+/* The int8 group R of v * nw (v: row 32R + lane of x), v's group sum of squares into ssq[R]; then
+ * R counts on its slice of rdy. */
+static __device__ __forceinline__ void residual_group(float v, const float *nw, int R, int8_t *q8, float2 *d8,
+                                                      float *ssq, unsigned *rdy, int lane) {
+    const int row = 32 * R + lane;
+    const float ss = warp_sum(v * v);
+    if (lane == 0) ssq[R] = ss;
+    warp_q8(v * __ldg(nw + row), q8, d8, row);
+    __threadfence();
+    __syncwarp();
+    if (lane == 0) red_release(rdy + R / 32, 1);
+}
+/* 1 / rms from a vector's 160 group sums of squares, once its ready counters show all of it
+ * (acquire: the sums were written before the counts) */
+static __device__ __forceinline__ float inv_rms(const float *ssq, const unsigned *rdy, unsigned target, int lane) {
+    if (lane < D_EMBD / 1024)
+        while (ld_acquire(rdy + lane) < target) {
+        }
+    __syncwarp();
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < D_EMBD / 1024; i++) ss += __ldcg(ssq + lane + 32 * i);
+    return 1.0f / sqrtf(warp_sum(ss) / (float)D_EMBD + EPS);
+}
+/* Poll until the SL tagged sums of row `row` of weight m (lane's) all carry tag, over the warp;
+ * returns their sum in slice order. */
+template <int SL>
+static __device__ __forceinline__ float tagged_row_sum(const unsigned long long *tp, int nout, int row, unsigned tag) {
+    unsigned long long p[SL];
+    for (;;) {
+        bool ok = true;
+#pragma unroll
+        for (int k = 0; k < SL; k++) {
+            p[k] = ld_tagged(tp + (int64_t)k * nout + row);
+            ok &= (unsigned)(p[k] >> 32) == tag;
+        }
+        if (__all_sync(FULL_MASK, ok)) break;
+        __nanosleep(POLL_E);
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < SL; k++) s += __uint_as_float((unsigned)p[k]);
+    return s;
+}
+
+/* Epilogue warp e of n_e: the residual's groups before layer 0, then each layer's groups in the
+ * order above (each group's inputs come from groups earlier in every epilogue warp's order). A
+ * group R of o and of down is the same warp's each layer, so xm and x need no ordering. */
+static __device__ void epilogue_warp(const lflow_w *L, int n_layer, const lflow_bufs &B, int e, int n_e, int lane) {
+    for (int R = e; R < D_EMBD / 32; R += n_e)
+        residual_group(__ldcg(B.x[0] + 32 * R + lane), L[0].attn_norm, R, B.q8[0][0], B.d8[0][0], B.ssq_x[0],
+                       B.rdy[0], lane);
+    for (int l = 0; l < n_layer; l++) {
+        const unsigned tag = (unsigned)(l + 1), full = 32u * tag;
+        const int c = l & 1, n = (l + 1) & 1;
+        for (int j = e; j < KV_DIM / 32; j += n_e) { /* v: its rows are q|k|v's first in piece order */
+            const float v = tagged_row_sum<D_EMBD / 1024>(B.tp[0], QKV_ROWS, 32 * j + lane, tag) *
+                            inv_rms(B.ssq_x[c], B.rdy[0], full, lane);
+            const int kv = j / 4, part = j % 4;
+            for (int h = kv * (N_HEAD / N_KV); h < (kv + 1) * (N_HEAD / N_KV); h++)
+                warp_q8(v, B.q8[1][c], B.d8[1][c], (h * 4 + part) * 32 + lane);
+            __threadfence();
+            __syncwarp();
+            if (lane == 0) red_release(B.rdy[1] + kv, N_HEAD / N_KV);
+        }
+        for (int R = e; R < D_EMBD / 32; R += n_e) { /* o: the residual after the attention */
+            const int row = 32 * R + lane;
+            const float xm = __ldcg(B.x[c] + row) + tagged_row_sum<Q_DIM / 1024>(B.tp[1], D_EMBD, row, tag);
+            B.xm[row] = xm;
+            residual_group(xm, L[l].ffn_norm, R, B.q8[2][c], B.d8[2][c], B.ssq_m[c], B.rdy[2], lane);
+        }
+        for (int G = e; G < D_FF / 32; G += n_e) { /* gate|up: SwiGLU */
+            const float inv = inv_rms(B.ssq_m[c], B.rdy[2], full, lane);
+            const float g = tagged_row_sum<D_EMBD / 1024>(B.tp[2], GU_ROWS, 64 * G + lane, tag) * inv;
+            const float u = tagged_row_sum<D_EMBD / 1024>(B.tp[2], GU_ROWS, 64 * G + 32 + lane, tag) * inv;
+            warp_q8(g / (1.0f + expf(-g)) * u, B.q8[3][c], B.d8[3][c], 32 * G + lane);
+            __threadfence();
+            __syncwarp();
+            if (lane == 0) red_release(B.rdy[3] + G / 32, 1);
+        }
+        const float *nw = L[l + 1 < n_layer ? l + 1 : l].attn_norm;
+        for (int R = e; R < D_EMBD / 32; R += n_e) { /* down: the residual at the next layer's start */
+            const int row = 32 * R + lane;
+            const float x = B.xm[row] + tagged_row_sum<D_FF / 1024>(B.tp[3], D_EMBD, row, tag);
+            B.x[n][row] = x;
+            residual_group(x, nw, R, B.q8[0][n], B.d8[0][n], B.ssq_x[n], B.rdy[0], lane);
+        }
+    }
+}
+
+static __device__ __forceinline__ const uint8_t *lpiece_src(const lflow_w *L, uint32_t q) {
+    const int l = q / NP_LAYER, r = q % NP_LAYER, m = r < NP_QKV ? 0 : r < NP_QKV + NP_O ? 1 : r < NP_LAYER - NP_DN ? 2 : 3;
+    return L[l].w[m] + (int64_t)(r - w_first(m)) * PIECE_B;
+}
+
+__global__ void __launch_bounds__((NC + NE) * 32, 1) layer_flow_kernel(const lflow_w *L, int n_layer, lflow_bufs B) {
+    extern __shared__ __align__(128) uint8_t l_sm[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned long long t_start = now_ns();
+    if (warp >= NC) {
+        if (!STREAM) epilogue_warp(L, n_layer, B, (warp - NC) * gridDim.x + blockIdx.x, gridDim.x * NE, lane);
+        return;
+    }
+    dyn_ring rg;
+    rg.buf = l_sm + warp * NS * PIECE_B;
+    rg.bar = (uint64_t *)(l_sm + NC * NS * PIECE_B) + warp * NS;
+    rg.tag = (uint32_t *)(l_sm + NC * NS * PIECE_B + NC * NS * 8) + warp * NS;
+    rg.n_used = rg.n_issued = 0, rg.q = 0, rg.left = 0;
+    if (lane == 0) rg.nq = atomicAdd(B.next, GRAB);
+    if (lane < NS) mbar_init(rg.bar + lane, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    __syncwarp();
+    const uint32_t total = (uint32_t)n_layer * NP_LAYER;
+    auto src = [&](uint32_t q) { return lpiece_src(L, q); };
+    unsigned long long t_wait[N_W] = {0, 0, 0, 0};
+    int xkey = -1;
+    int4 xa = {}, xb = {};
+    float2 ds = {};
+    for (;;) {
+        uint32_t ni = 0;
+        if (lane == 0) dyn_fill(rg, B.next, total, src), ni = rg.n_issued;
+        ni = __shfl_sync(FULL_MASK, ni, 0);
+        if (rg.n_used == ni) break;
+        __syncwarp();
+        const int st = rg.n_used % NS;
+        const uint32_t q = rg.tag[st];
+        const int l = q / NP_LAYER, r = q % NP_LAYER;
+        const int m = r < NP_QKV ? 0 : r < NP_QKV + NP_O ? 1 : r < NP_LAYER - NP_DN ? 2 : 3;
+        int k, r0;
+        piece_at(r - w_first(m), w_sl(m), w_chunk(m), k, r0);
+        const int key = (l * N_W + m) * 32 + k;
+        if (key != xkey) { /* the lane's input group of slice k */
+            if (!STREAM) {
+                unsigned long long tw = 0;
+                wait_slice(B.rdy[m] + k, 32u * (l + 1), lane, tw);
+#pragma unroll
+                for (int i = 0; i < N_W; i++) t_wait[i] += i == m ? tw : 0; /* no local array indexing */
+            }
+            load_group(B.q8[m][l & 1], B.d8[m][l & 1], k * 32 + lane, xa, xb, ds);
+            xkey = key;
+        }
+        mbar_wait(rg.bar + st, (rg.n_used / NS) & 1);
+        float acc[RPP];
+        piece_dot(rg.buf + st * PIECE_B, rg.buf + st * PIECE_B + PIECE_CB, xa, xb, ds, lane, acc);
+        __syncwarp(); /* every lane has read the stage before it is refilled */
+        rg.n_used++;
+        store_tagged(acc, B.tp[m] + (int64_t)k * w_nout(m) + r0, (unsigned)(l + 1), lane);
+    }
+    if (lane == 0) {
+        for (int i = 0; i < N_W; i++) atomicAdd(B.tw + i, t_wait[i]);
+        atomicAdd(B.tw + N_W, now_ns() - t_start);
+    }
+}
+
+/* A's v into o's input: o's input group g (head g / 4, part g % 4) is v's group (g / 4 / 8) * 4 +
+ * g % 4, quantised as the engine quantises. A warp a group. */
+__global__ void expand_v_q8(int8_t *xq, float2 *xds, const float *v) {
+    const int g = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (g >= Q_DIM / 32) return;
+    const int h = g / 4, part = g % 4;
+    warp_q8(v[(h / (N_HEAD / N_KV)) * HEAD_DIM + part * 32 + lane], xq, xds, g * 32 + lane);
+}
+
+int main(int argc, char **argv) {
+    const probe_setup ps0 = probe_start(argc, argv);
+    const int n_layer = ps0.n_layer, n_sm = ps0.n_sm;
+    std::vector<layer_w> h;
+    size_t wbytes = make_layers(h, n_layer);
+    std::vector<attn_w> ha(n_layer);
+    for (int l = 0; l < n_layer; l++) { /* seeds apart from make_layers' (2 l + 1, 2 l + 2) */
+        ha[l].qkv = make_mv(D_EMBD, QKV_ROWS, 0.002f, 0.004f, 1000003u + 2 * l, &wbytes);
+        ha[l].o = make_mv(Q_DIM, D_EMBD, 0.001f, 0.002f, 1000004u + 2 * l, &wbytes);
+        ha[l].norm = make_norm();
+    }
+    std::vector<lflow_w> hf(n_layer);
+    for (int l = 0; l < n_layer; l++) {
+        const mv *src[N_W] = {&ha[l].qkv, &ha[l].o, &h[l].gu, &h[l].down};
+        const int perm[N_W] = {PERM_LAST_FIRST, PERM_NONE, PERM_GU, PERM_NONE};
+        for (int m = 0; m < N_W; m++) {
+            uint8_t *d;
+            CK(cudaMalloc(&d, (size_t)w_sl(m) * (w_nout(m) / RPP) * PIECE_B));
+            repack_pieces<<<2048, 256>>>(d, *src[m], perm[m], KV_DIM, w_chunk(m));
+            CK(cudaGetLastError());
+            hf[l].w[m] = d;
+        }
+        hf[l].attn_norm = ha[l].norm, hf[l].ffn_norm = h[l].norm;
+    }
+    lflow_w *dl;
+    CK(cudaMalloc(&dl, sizeof(lflow_w) * n_layer));
+    CK(cudaMemcpy(dl, hf.data(), sizeof(lflow_w) * n_layer, cudaMemcpyHostToDevice));
+
+    const float *x0d = start_x_device();
+    float *qkvb;
+    CK(cudaMalloc(&qkvb, QKV_ROWS * 4));
+    engine_ffn A;
+    A.init(h, x0d, [&](int l, engine_ffn &e) {
+        cuda_weight qkv = {WFMT_Q4_0, D_EMBD, QKV_ROWS, ha[l].qkv.q, ha[l].qkv.s};
+        cuda_weight o = {WFMT_Q4_0, Q_DIM, D_EMBD, ha[l].o.q, ha[l].o.s};
+        rmsnorm_q8_cuda(NULL, e.xq, e.xds, e.x, ha[l].norm, D_EMBD, 1, EPS, NULL, e.st);
+        matmul_q8_pf_cuda(qkvb, &qkv, e.xq, e.xds, 1, QKV_ROWS, 0, NULL, 0, e.st);
+        expand_v_q8<<<Q_DIM / 32 / 8, 256, 0, e.st>>>(e.xq, (float2 *)e.xds, qkvb + Q_DIM + KV_DIM);
+        matmul_q8_pf_cuda(e.x, &o, e.xq, e.xds, 1, D_EMBD, 1, NULL, 0, e.st);
+    });
+    cudaStream_t st = A.st;
+
+    lflow_bufs B;
+    const int in_len[N_W] = {D_EMBD, Q_DIM, D_EMBD, D_FF};
+    for (int i = 0; i < 2; i++) {
+        CK(cudaMalloc(&B.x[i], D_EMBD * 4));
+        CK(cudaMalloc(&B.ssq_x[i], D_EMBD / 32 * 4));
+        CK(cudaMalloc(&B.ssq_m[i], D_EMBD / 32 * 4));
+        for (int m = 0; m < N_W; m++) {
+            CK(cudaMalloc(&B.q8[m][i], in_len[m]));
+            CK(cudaMalloc(&B.d8[m][i], in_len[m] / 32 * 8));
+        }
+    }
+    CK(cudaMalloc(&B.xm, D_EMBD * 4));
+    size_t n_cnt = 1, tp_bytes = 0;
+    for (int m = 0; m < N_W; m++) n_cnt += w_sl(m), tp_bytes += (size_t)w_sl(m) * w_nout(m) * 8;
+    unsigned *cnt;
+    unsigned long long *tp;
+    CK(cudaMalloc(&cnt, n_cnt * 4));
+    CK(cudaMalloc(&tp, tp_bytes));
+    for (int m = 0, oc = 0; m < N_W; oc += w_sl(m), m++) B.rdy[m] = cnt + oc;
+    B.next = cnt + n_cnt - 1;
+    for (int m = 0; m < N_W; m++) B.tp[m] = m ? B.tp[m - 1] + (size_t)w_sl(m - 1) * w_nout(m - 1) : tp;
+    CK(cudaMalloc(&B.tw, (N_W + 1) * 8));
+
+    CK(cudaFuncSetAttribute(layer_flow_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L_SMEM));
+    int per_sm = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, layer_flow_kernel, (NC + NE) * 32, L_SMEM));
+    cudaFuncAttributes fa;
+    CK(cudaFuncGetAttributes(&fa, layer_flow_kernel));
+    printf("SMs %d; %d consumer warps of %d stages of %d B (%d rows a piece), %d epilogue warps, %d B dynamic shared, "
+           "blocks an SM %d, %d registers, %zu B local%s\n",
+           n_sm, NC, NS, PIECE_B, RPP, NE, (int)L_SMEM, per_sm, fa.numRegs, fa.localSizeBytes,
+           STREAM ? "; STREAM: no waits, no epilogues (wrong results)" : "");
+    if (!ps0.coop || per_sm < 1) return 1;
+    int nl = n_layer;
+    void *args[] = {&dl, &nl, &B};
+    auto run_flow = [&]() {
+        CK(cudaMemcpyAsync(B.x[0], x0d, D_EMBD * 4, cudaMemcpyDeviceToDevice, st));
+        CK(cudaMemsetAsync(cnt, 0, n_cnt * 4, st));
+        CK(cudaMemsetAsync(tp, 0, tp_bytes, st));
+        CK(cudaLaunchCooperativeKernel((void *)layer_flow_kernel, dim3(n_sm), dim3((NC + NE) * 32), args, L_SMEM, st));
+    };
+    printf("%d layers, %.2f GB of weights\n", n_layer, wbytes / 1e9);
+    A.run();
+    run_flow();
+    CK(cudaStreamSynchronize(st));
+    std::vector<float> ra(D_EMBD), rf(D_EMBD);
+    CK(cudaMemcpy(ra.data(), A.x, D_EMBD * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(rf.data(), B.x[n_layer & 1], D_EMBD * 4, cudaMemcpyDeviceToHost));
+    report_diff("flow against A", ra, rf);
+    for (int rep = 0; rep < 3; rep++) {
+        time_best("A launches", [&]() { A.run(); }, st, n_layer, wbytes);
+        time_best("layer flow", run_flow, st, n_layer, wbytes);
+    }
+    CK(cudaMemsetAsync(B.tw, 0, (N_W + 1) * 8, st));
+    run_flow();
+    CK(cudaStreamSynchronize(st));
+    unsigned long long tw[N_W + 1];
+    CK(cudaMemcpy(tw, B.tw, sizeof tw, cudaMemcpyDeviceToHost));
+    const double per = 1e3 * n_sm * NC * n_layer; /* ns over consumer warps -> us a warp and layer */
+    printf("an average consumer warp, us a layer: waiting for q|k|v's input %.2f, o's %.2f, gate|up's %.2f, "
+           "down's %.2f; the whole run %.2f\n",
+           tw[0] / per, tw[1] / per, tw[2] / per, tw[3] / per, tw[4] / per);
+    return 0;
+}
