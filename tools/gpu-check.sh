@@ -5,7 +5,7 @@
 # others. If the machine lacks the -dev libraries, put their headers and .so files in .devlibs/
 # (include/, lib/) and carry it: they are used when present.
 #   usage: tools/gpu-check.sh [build] [tests] [serve] [bench] [sanitize] [qwen35] [bench35] [moe] [ptx75]
-#          [timeline] [probe] [readstream]
+#          [timeline] [probe] [readstream] [flow]
 #   (default: build tests serve bench; qwen35 = the hybrid's CUDA tests and perplexities, bench35 =
 #   the Qwen3.5-27B preset's plan and bench at 16 GiB; moe = the MoE tests (test_cuda_moe,
 #   test_cuda_model's MoE rows) and the Qwen3-30B-A3B preset's bench row of docs/PERF.md; ptx75 = the build as sm_75 PTX only, which
@@ -13,7 +13,8 @@
 #   paths select themselves off and the Volta/Turing fallbacks run, checked by the CUDA tests; timeline =
 #   tools/cuda_timeline/run.sh on the Qwen3-32B and Qwen3.5-27B presets, b1 decode: each kernel's
 #   share of a decode step; probe = tools/probe-small-kernels.sh, the phases inside each decode kernel;
-#   readstream = tools/cuda_probe/read_stream.cu, read-only rates against the copy roofline)
+#   readstream = tools/cuda_probe/read_stream.cu, read-only rates against the copy roofline; flow =
+#   tools/cuda_probe/ffn_flow.cu and layer_flow.cu, the barrier-free persistent probes, after build)
 # The tracked fixtures (about 115 MB) exceed what a lent GPU machine receives of the working tree
 # (64 MiB): move what the run does not need out of the tree for the call and back after it (e.g.
 # tests/data/qwen35 and tests/data/gguf/tiny-qwen3-bf16.gguf; test_cuda_model then reports the
@@ -103,6 +104,17 @@ for s in $steps; do
     readstream)
         nvcc -arch=sm_90 -O3 -std=c++17 -o "$OUT/read_stream" tools/cuda_probe/read_stream.cu &&
             timeout 120 "$OUT/read_stream" | tee "$OUT/read_stream.log" ;;
+    flow)
+        # the barrier-free probes (docs/PERF.md, twentieth session): the FFN's best form, the whole
+        # layer, and the whole layer's stream alone; each against the engine's launches
+        for v in "ffn_flow -DNC=6 -DNS=4 -DRPP=16 -DDCHUNK=2560 -DTAGGED=4" "layer_flow" "layer_flow -DSTREAM=1"; do
+            set -- $v
+            f=$1
+            shift
+            echo "== $v"
+            nvcc -arch=sm_90 -O3 -std=c++17 -Isrc "$@" -o "$OUT/$f" tools/cuda_probe/$f.cu build/libpxq.a -lcublas &&
+                timeout 60 "$OUT/$f" 2>&1 | tee -a "$OUT/flow.log"
+        done ;;
     ptx75)
         timeout 200 make -j"$(nproc)" BUILD=build-ptx75 \
             NVFLAGS="-O3 -std=c++17 -Isrc --threads 0 -gencode arch=compute_75,code=compute_75" all tests \
