@@ -107,7 +107,8 @@ for s in $steps; do
     flow)
         # the barrier-free probes (docs/PERF.md, twentieth session): the FFN's best form, the whole
         # layer, and the whole layer's stream alone; each against the engine's launches
-        for v in "ffn_flow -DNC=6 -DNS=4 -DRPP=16 -DDCHUNK=2560 -DTAGGED=4" "layer_flow" "layer_flow -DSTREAM=1"; do
+        for v in "ffn_flow -DNC=6 -DNS=4 -DRPP=16 -DDCHUNK=2560 -DTAGGED=4" "layer_flow" "layer_flow -DSTREAM=1" \
+            "layer_flow -DQCHUNK=2048"; do
             set -- $v
             f=$1
             shift

@@ -60,12 +60,13 @@ static mv make_mv(int n_in, int n_out, float lo, float hi, uint32_t seed, size_t
     *wbytes += nq + ns * 2;
     return mv{q, s, n_in, n_out};
 }
-/* An rmsnorm weight of D_EMBD values in [0.5, 1.5). */
-static float *make_norm() {
+/* An rmsnorm weight of D_EMBD values in [0.5, 1.5), different for each seed (so that a norm used in
+ * the wrong place shows in a probe's output). */
+static float *make_norm(int seed) {
     float *nw;
     CK(cudaMalloc(&nw, D_EMBD * 4));
     std::vector<float> hn(D_EMBD);
-    for (int i = 0; i < D_EMBD; i++) hn[i] = 0.5f + (float)((i * 7919) % 1000) / 1000.0f;
+    for (int i = 0; i < D_EMBD; i++) hn[i] = 0.5f + (float)((i * 7919 + seed * 389) % 1000) / 1000.0f;
     CK(cudaMemcpy(nw, hn.data(), D_EMBD * 4, cudaMemcpyHostToDevice));
     return nw;
 }
@@ -77,7 +78,7 @@ static size_t make_layers(std::vector<layer_w> &h, int n_layer) {
     for (int l = 0; l < n_layer; l++) {
         h[l].gu = make_mv(D_EMBD, 2 * D_FF, 0.002f, 0.004f, 2 * l + 1, &wbytes);
         h[l].down = make_mv(D_FF, D_EMBD, 0.0005f, 0.001f, 2 * l + 2, &wbytes);
-        h[l].norm = make_norm();
+        h[l].norm = make_norm(2 * l);
     }
     return wbytes;
 }

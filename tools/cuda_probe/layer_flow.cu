@@ -28,7 +28,8 @@
  *
  * Knobs (-D): NC consumer warps a block, NS ring stages a warp, RPP rows a piece, GRAB pieces
  * dealt at once, NE epilogue warps a block, POLL_E their sleep between polls (ns), POLL (how a
- * consumer waits), OCHUNK and DCHUNK, and STREAM=1 (no waits and no epilogues: the stream of the
+ * consumer waits), QCHUNK, OCHUNK and DCHUNK (q|k|v's chunks trade v's arrival, which o waits for,
+ * against the residual's last slices, which a chunk's first pieces wait for), and STREAM=1 (no waits and no epilogues: the stream of the
  * four weights alone; wrong results).
  *
  * Build and run on the GPU from the repository root after `make CUDA_ARCH=90`:
@@ -62,6 +63,9 @@
 #ifndef POLL_E
 #define POLL_E 128
 #endif
+#ifndef QCHUNK
+#define QCHUNK QKV_ROWS /* q|k|v's pieces K-major within chunks of QCHUNK rows (v's come first) */
+#endif
 #ifndef OCHUNK
 #define OCHUNK 2560 /* o's pieces K-major within chunks of OCHUNK rows */
 #endif
@@ -73,6 +77,8 @@
 #endif
 static_assert(D_EMBD % OCHUNK == 0 && OCHUNK % RPP == 0 && D_EMBD % DCHUNK == 0 && DCHUNK % RPP == 0,
               "OCHUNK, DCHUNK: divisors of D_EMBD, in whole pieces");
+static_assert(NS <= 32, "NS: at most 32 stages a warp (one lane initialises each)");
+static_assert(STREAM || NE >= 1, "NE: at least one epilogue warp a block (they make every input ready)");
 
 #define N_HEAD 64
 #define N_KV 8
@@ -88,6 +94,7 @@ static_assert(D_EMBD % OCHUNK == 0 && OCHUNK % RPP == 0 && D_EMBD % DCHUNK == 0 
 #define NP_DN ((D_FF / 1024) * (D_EMBD / RPP))
 #define NP_LAYER (NP_QKV + NP_O + NP_GU + NP_DN)
 #define L_SMEM (NC * NS * PIECE_B + NC * NS * 8 + NC * NS * 4)
+static_assert(QKV_ROWS % QCHUNK == 0 && QCHUNK % RPP == 0, "QCHUNK: a divisor of q|k|v's rows, in whole pieces");
 
 struct attn_w {
     mv qkv, o;         /* q|k|v: n_out QKV_ROWS (q rows, k rows, v rows); o: n_in Q_DIM */
@@ -100,7 +107,9 @@ struct lflow_w {       /* one layer's weights in piece order, and its norms */
 /* Weight m's geometry: input slices, output rows, chunk rows (piece_at), first piece in a layer. */
 static __host__ __device__ __forceinline__ int w_sl(int m) { return m == 1 ? Q_DIM / 1024 : m == 3 ? D_FF / 1024 : D_EMBD / 1024; }
 static __host__ __device__ __forceinline__ int w_nout(int m) { return m == 0 ? QKV_ROWS : m == 2 ? GU_ROWS : D_EMBD; }
-static __host__ __device__ __forceinline__ int w_chunk(int m) { return m == 1 ? OCHUNK : m == 3 ? DCHUNK : w_nout(m); }
+static __host__ __device__ __forceinline__ int w_chunk(int m) {
+    return m == 0 ? QCHUNK : m == 1 ? OCHUNK : m == 3 ? DCHUNK : w_nout(m);
+}
 static __host__ __device__ __forceinline__ int w_first(int m) {
     return m == 0 ? 0 : m == 1 ? NP_QKV : m == 2 ? NP_QKV + NP_O : NP_QKV + NP_O + NP_GU;
 }
@@ -289,7 +298,7 @@ int main(int argc, char **argv) {
     for (int l = 0; l < n_layer; l++) { /* seeds apart from make_layers' (2 l + 1, 2 l + 2) */
         ha[l].qkv = make_mv(D_EMBD, QKV_ROWS, 0.002f, 0.004f, 1000003u + 2 * l, &wbytes);
         ha[l].o = make_mv(Q_DIM, D_EMBD, 0.001f, 0.002f, 1000004u + 2 * l, &wbytes);
-        ha[l].norm = make_norm();
+        ha[l].norm = make_norm(2 * l + 1);
     }
     std::vector<lflow_w> hf(n_layer);
     for (int l = 0; l < n_layer; l++) {
@@ -344,6 +353,7 @@ int main(int argc, char **argv) {
     B.next = cnt + n_cnt - 1;
     for (int m = 0; m < N_W; m++) B.tp[m] = m ? B.tp[m - 1] + (size_t)w_sl(m - 1) * w_nout(m - 1) : tp;
     CK(cudaMalloc(&B.tw, (N_W + 1) * 8));
+    CK(cudaMemset(B.tw, 0, (N_W + 1) * 8));
 
     CK(cudaFuncSetAttribute(layer_flow_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L_SMEM));
     int per_sm = 0;
