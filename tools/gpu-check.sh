@@ -105,9 +105,11 @@ for s in $steps; do
         nvcc -arch=sm_90 -O3 -std=c++17 -o "$OUT/read_stream" tools/cuda_probe/read_stream.cu &&
             timeout 120 "$OUT/read_stream" | tee "$OUT/read_stream.log" ;;
     flow)
-        # the barrier-free probes (docs/PERF.md, twentieth session): the FFN's best form, the whole
-        # layer, and the whole layer's stream alone; each against the engine's launches
-        for v in "ffn_flow -DNC=6 -DNS=4 -DRPP=16 -DDCHUNK=2560 -DTAGGED=4" "layer_flow" "layer_flow -DSTREAM=1" \
+        # the barrier-free probes (docs/PERF.md, twentieth session): the FFN's best form and its
+        # stream alone (E's line), the whole layer, its stream alone, q|k|v in row chunks; each
+        # against the engine's launches
+        for v in "ffn_flow -DNC=6 -DNS=4 -DRPP=16 -DDCHUNK=2560 -DTAGGED=4" \
+            "ffn_flow -DNC=6 -DNS=4 -DRPP=16 -DDCHUNK=2560 -DNOSYNC=1" "layer_flow" "layer_flow -DSTREAM=1" \
             "layer_flow -DQCHUNK=2048"; do
             set -- $v
             f=$1
