@@ -323,9 +323,6 @@ static_assert(NSB >= NC, "NSB: at least a stage for each consumer (the end marks
 #define TAGGED 0 /* E without counts: a piece stores each sum with its layer's tag in one 64-bit store,
                   * and TAGGED more warps a block (epilogue warps) poll their groups' tagged sums */
 #endif
-#ifndef POLL_E
-#define POLL_E 128 /* TAGGED: the epilogue warp's sleep between polls, ns */
-#endif
 #ifndef NOWAIT
 #define NOWAIT 0 /* measurement only: counts and epilogues, but no wait for the inputs (wrong results) */
 #endif
@@ -498,21 +495,8 @@ static __device__ void epilogue_warp(const flow_w *L, int n_layer, const flow_bu
     for (int l = 0; l < n_layer; l++) {
         const unsigned tag = (unsigned)(l + 1);
         for (int G = e; G < D_FF / 32; G += n_e) {
-            unsigned long long pg[GU_SL], pu[GU_SL];
-            for (;;) {
-                bool ok = true;
-#pragma unroll
-                for (int k = 0; k < GU_SL; k++) {
-                    pg[k] = ld_tagged(B.tp_gu + (int64_t)k * GU_ROWS + 64 * G + lane);
-                    pu[k] = ld_tagged(B.tp_gu + (int64_t)k * GU_ROWS + 64 * G + 32 + lane);
-                    ok &= (unsigned)(pg[k] >> 32) == tag && (unsigned)(pu[k] >> 32) == tag;
-                }
-                if (__all_sync(FULL_MASK, ok)) break;
-                __nanosleep(POLL_E);
-            }
-            float g = 0.0f, u = 0.0f;
-#pragma unroll
-            for (int k = 0; k < GU_SL; k++) g += __uint_as_float((unsigned)pg[k]), u += __uint_as_float((unsigned)pu[k]);
+            const float g = tagged_row_sum<GU_SL>(B.tp_gu, GU_ROWS, 64 * G + lane, tag);
+            const float u = tagged_row_sum<GU_SL>(B.tp_gu, GU_ROWS, 64 * G + 32 + lane, tag);
             /* the residual's sums of squares: written before its slices were made ready (the tagged
              * sums, relaxed, do not order them); they are, so these acquire loads do not wait */
             if (lane < GU_SL)
@@ -523,20 +507,7 @@ static __device__ void epilogue_warp(const flow_w *L, int n_layer, const flow_bu
         }
         const float *norm_next = L[l + 1 < n_layer ? l + 1 : l].norm;
         for (int R = e; R < D_EMBD / 32; R += n_e) {
-            unsigned long long p[DN_SL];
-            for (;;) {
-                bool ok = true;
-#pragma unroll
-                for (int k = 0; k < DN_SL; k++) {
-                    p[k] = ld_tagged(B.tp_d + (int64_t)k * D_EMBD + 32 * R + lane);
-                    ok &= (unsigned)(p[k] >> 32) == tag;
-                }
-                if (__all_sync(FULL_MASK, ok)) break;
-                __nanosleep(POLL_E);
-            }
-            float sum = 0.0f;
-#pragma unroll
-            for (int k = 0; k < DN_SL; k++) sum += __uint_as_float((unsigned)p[k]);
+            const float sum = tagged_row_sum<DN_SL>(B.tp_d, D_EMBD, 32 * R + lane, tag);
             down_finish(B, l, R, norm_next, lane, sum);
         }
     }
@@ -556,14 +527,7 @@ __global__ void __launch_bounds__((NC + TAGGED) * 32, 1) ffn_dyn_kernel(const fl
         return;
     }
     dyn_ring rg;
-    rg.buf = e_sm + warp * NS * PIECE_B;
-    rg.bar = (uint64_t *)(e_sm + NC * NS * PIECE_B) + warp * NS;
-    rg.tag = (uint32_t *)(e_sm + D_SMEM) + warp * NS;
-    rg.n_used = rg.n_issued = 0, rg.q = 0, rg.left = 0;
-    if (lane == 0) rg.nq = atomicAdd(B.next, GRAB);
-    if (lane < NS) mbar_init(rg.bar + lane, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    __syncwarp();
+    dyn_ring_init(rg, e_sm, warp, lane, B.next);
     const uint32_t total = (uint32_t)n_layer * NP_LAYER;
     if (lane == 0) dyn_fill(rg, B.next, total, [&](uint32_t q) { return piece_src(L, q); });
     if (!TAGGED)

@@ -2,7 +2,8 @@
  * repacked into K-major pieces of RPP rows by one slice of 1024 inputs, the piece's dot product
  * against a lane's int8 input group, per-slice ready counters and their waits, sums stored with
  * their layer's tag, and a warp's ring of pieces dealt from one counter (docs/PERF.md, twentieth
- * session). Include after ffn_common.cuh, with NS (ring stages a warp) defined. */
+ * session). Include after ffn_common.cuh, with NC (ring warps a block) and NS (ring stages a warp)
+ * defined. */
 #ifndef PXQ_TOOLS_FLOW_COMMON_CUH
 #define PXQ_TOOLS_FLOW_COMMON_CUH
 
@@ -153,6 +154,29 @@ static __device__ __forceinline__ unsigned long long ld_tagged(const unsigned lo
     asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
+#ifndef POLL_E
+#define POLL_E 128 /* TAGGED: an epilogue warp's sleep between polls, ns */
+#endif
+/* Poll until the SL tagged sums of row `row` (the lane's; sums [slice][nout]) all carry tag, over
+ * the warp; returns their sum in slice order. */
+template <int SL>
+static __device__ __forceinline__ float tagged_row_sum(const unsigned long long *tp, int nout, int row, unsigned tag) {
+    unsigned long long p[SL];
+    for (;;) {
+        bool ok = true;
+#pragma unroll
+        for (int k = 0; k < SL; k++) {
+            p[k] = ld_tagged(tp + (int64_t)k * nout + row);
+            ok &= (unsigned)(p[k] >> 32) == tag;
+        }
+        if (__all_sync(FULL_MASK, ok)) break;
+        __nanosleep(POLL_E);
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < SL; k++) s += __uint_as_float((unsigned)p[k]);
+    return s;
+}
 static __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
@@ -174,6 +198,19 @@ struct dyn_ring {
     uint32_t q, left;  /* lane 0: the next piece taken and how many of the batch are left */
     uint32_t nq;       /* lane 0: the start of the batch after */
 };
+/* Warp `warp`'s ring in the block's shared memory sm, laid out as NC x NS stages of PIECE_B, then
+ * NC x NS mbarriers, then NC x NS tags; lane 0 asks for its first batch of GRAB pieces from *next.
+ * Every lane of the warp calls it. */
+static __device__ __forceinline__ void dyn_ring_init(dyn_ring &rg, uint8_t *sm, int warp, int lane, unsigned *next) {
+    rg.buf = sm + warp * NS * PIECE_B;
+    rg.bar = (uint64_t *)(sm + NC * NS * PIECE_B) + warp * NS;
+    rg.tag = (uint32_t *)(sm + NC * NS * PIECE_B + NC * NS * 8) + warp * NS;
+    rg.n_used = rg.n_issued = 0, rg.q = 0, rg.left = 0;
+    if (lane == 0) rg.nq = atomicAdd(next, GRAB);
+    if (lane < NS) mbar_init(rg.bar + lane, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    __syncwarp();
+}
 /* lane 0: issue pieces until NS are in flight or summed-but-unreleased, or the run has none left;
  * src(q): where piece q of the run lies */
 template <class Src>

@@ -60,9 +60,6 @@
 #ifndef NE
 #define NE 4 /* epilogue warps a block */
 #endif
-#ifndef POLL_E
-#define POLL_E 128
-#endif
 #ifndef QCHUNK
 #define QCHUNK QKV_ROWS /* q|k|v's pieces K-major within chunks of QCHUNK rows (v's come first) */
 #endif
@@ -150,27 +147,6 @@ static __device__ __forceinline__ float inv_rms(const float *ssq, const unsigned
     for (int i = 0; i < D_EMBD / 1024; i++) ss += __ldcg(ssq + lane + 32 * i);
     return 1.0f / sqrtf(warp_sum(ss) / (float)D_EMBD + EPS);
 }
-/* Poll until the SL tagged sums of row `row` of weight m (lane's) all carry tag, over the warp;
- * returns their sum in slice order. */
-template <int SL>
-static __device__ __forceinline__ float tagged_row_sum(const unsigned long long *tp, int nout, int row, unsigned tag) {
-    unsigned long long p[SL];
-    for (;;) {
-        bool ok = true;
-#pragma unroll
-        for (int k = 0; k < SL; k++) {
-            p[k] = ld_tagged(tp + (int64_t)k * nout + row);
-            ok &= (unsigned)(p[k] >> 32) == tag;
-        }
-        if (__all_sync(FULL_MASK, ok)) break;
-        __nanosleep(POLL_E);
-    }
-    float s = 0.0f;
-#pragma unroll
-    for (int k = 0; k < SL; k++) s += __uint_as_float((unsigned)p[k]);
-    return s;
-}
-
 /* Epilogue warp e of n_e: the residual's groups before layer 0, then each layer's groups in the
  * order above (each group's inputs come from groups earlier in every epilogue warp's order). A
  * group R of o and of down is the same warp's each layer, so xm and x need no ordering. */
@@ -230,14 +206,7 @@ __global__ void __launch_bounds__((NC + NE) * 32, 1) layer_flow_kernel(const lfl
         return;
     }
     dyn_ring rg;
-    rg.buf = l_sm + warp * NS * PIECE_B;
-    rg.bar = (uint64_t *)(l_sm + NC * NS * PIECE_B) + warp * NS;
-    rg.tag = (uint32_t *)(l_sm + NC * NS * PIECE_B + NC * NS * 8) + warp * NS;
-    rg.n_used = rg.n_issued = 0, rg.q = 0, rg.left = 0;
-    if (lane == 0) rg.nq = atomicAdd(B.next, GRAB);
-    if (lane < NS) mbar_init(rg.bar + lane, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    __syncwarp();
+    dyn_ring_init(rg, l_sm, warp, lane, B.next);
     const uint32_t total = (uint32_t)n_layer * NP_LAYER;
     auto src = [&](uint32_t q) { return lpiece_src(L, q); };
     unsigned long long t_wait[N_W] = {0, 0, 0, 0};
