@@ -618,8 +618,8 @@ int main(int argc, char **argv) {
         uint8_t *gu, *dn;
         CK(cudaMalloc(&gu, (size_t)GU_SL * (GU_ROWS / RPP) * PIECE_B));
         CK(cudaMalloc(&dn, (size_t)DN_SL * (D_EMBD / RPP) * PIECE_B));
-        repack_pieces<<<2048, 256>>>(gu, h[l].gu, PERM_GU, 0, GU_ROWS);
-        repack_pieces<<<2048, 256>>>(dn, h[l].down, PERM_NONE, 0, DCHUNK);
+        repack_pieces<<<2048, 256>>>(gu, h[l].gu, PERM_GU, 0, GU_ROWS, 0);
+        repack_pieces<<<2048, 256>>>(dn, h[l].down, PERM_NONE, 0, DCHUNK, 0);
         CK(cudaGetLastError());
         hf[l] = flow_w{gu, dn, h[l].norm};
     }

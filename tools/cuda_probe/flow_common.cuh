@@ -28,6 +28,21 @@ static __host__ __device__ __forceinline__ void piece_at(int p, int sl, int chun
     k = w / cr;
     r0 = (c * cr + w % cr) * RPP;
 }
+/* The same with the last `tail` slices in chunks and the slices before them K-major over all
+ * n_out rows (tail 0: piece_at): a weight's head consumes its input slice by slice, and its tail
+ * completes its output chunk by chunk. */
+static __host__ __device__ __forceinline__ void piece_at_tail(int p, int sl, int nout, int chunk, int tail, int &k,
+                                                              int &r0) {
+    const int nrg = nout / RPP, head = (sl - tail) * nrg;
+    if (!tail) {
+        piece_at(p, sl, chunk, k, r0);
+    } else if (p < head) {
+        k = p / nrg, r0 = (p % nrg) * RPP;
+    } else {
+        piece_at(p - head, tail, chunk, k, r0);
+        k += sl - tail;
+    }
+}
 static_assert(RPP % 4 == 0 && 32 % RPP == 0, "RPP: 4, 8, 16 or 32 (a piece within one output group, float4 stores)");
 
 /* Repack: piece p of weight w (piece_at, in chunks of chunk rows) holds rows r0 .. r0 + RPP (row j
@@ -36,15 +51,21 @@ static_assert(RPP % 4 == 0 && 32 % RPP == 0, "RPP: 4, 8, 16 or 32 (a piece withi
  * then up rows 32G.., n_out / 2 of each), so that a SwiGLU group's 64 rows are one run of pieces;
  * PERM_LAST_FIRST, the last nv rows first (q|k|v's v rows, which the next phase needs first).
  * One thread a 16 bytes. */
-enum { PERM_NONE, PERM_GU, PERM_LAST_FIRST };
-__global__ void repack_pieces(uint8_t *dst, mv w, int perm, int nv, int chunk) {
+enum { PERM_NONE, PERM_GU, PERM_LAST_FIRST, PERM_KVGROUP };
+/* PERM_KVGROUP: q|k|v's rows by KV group g of nv / 128 (q heads 8g .. 8g + 7, k head g, v head g:
+ * the rows one GQA group's attention needs), 1280 rows a group for 64 q heads and nv 1024. */
+static __host__ __device__ __forceinline__ int kvgroup_src(int j, int n_out, int nv) {
+    const int n_kv = nv / 128, per = n_out / n_kv, g = j / per, c = j % per, nq = per - 256;
+    return c < nq ? g * nq + c : c < nq + 128 ? n_kv * nq + g * 128 + (c - nq) : n_kv * nq + nv + g * 128 + (c - nq - 128);
+}
+__global__ void repack_pieces(uint8_t *dst, mv w, int perm, int nv, int chunk, int tail) {
     const int nrg = w.n_out / RPP, spr = w.n_in / 1024;
     const int64_t n16 = (int64_t)nrg * spr * (PIECE_B / 16);
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n16; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t p = i / (PIECE_B / 16);
         const int o = (int)(i % (PIECE_B / 16)) * 16;
         int k, r0;
-        piece_at((int)p, spr, chunk, k, r0);
+        piece_at_tail((int)p, spr, w.n_out, chunk, tail, k, r0);
         const bool code = o < PIECE_CB;
         const int r = code ? o / 512 : (o - PIECE_CB) / 64, in = code ? o % 512 : (o - PIECE_CB) % 64;
         int src = r0 + r;
@@ -53,6 +74,8 @@ __global__ void repack_pieces(uint8_t *dst, mv w, int perm, int nv, int chunk) {
             src = c < 32 ? 32 * G + c : w.n_out / 2 + 32 * G + (c - 32);
         } else if (perm == PERM_LAST_FIRST) {
             src = src < nv ? w.n_out - nv + src : src - nv;
+        } else if (perm == PERM_KVGROUP) {
+            src = kvgroup_src(src, w.n_out, nv);
         }
         const uint8_t *s = code ? w.q + (int64_t)src * (w.n_in / 2) + k * 512 + in
                                 : (const uint8_t *)w.s + (int64_t)src * (w.n_in / 16) + k * 64 + in;
@@ -159,9 +182,15 @@ static __device__ __forceinline__ unsigned long long ld_tagged(const unsigned lo
 #endif
 /* Poll until the SL tagged sums of row `row` (the lane's; sums [slice][nout]) all carry tag, over
  * the warp; returns their sum in slice order. */
+#ifndef POLL_LAST
+#define POLL_LAST 0 /* 1: poll the last slice's tags alone (the pieces' order makes it the last to come), then all */
+#endif
 template <int SL>
 static __device__ __forceinline__ float tagged_row_sum(const unsigned long long *tp, int nout, int row, unsigned tag) {
     unsigned long long p[SL];
+    if (POLL_LAST && SL > 1)
+        while (!__all_sync(FULL_MASK, (unsigned)(ld_tagged(tp + (int64_t)(SL - 1) * nout + row) >> 32) == tag))
+            __nanosleep(POLL_E);
     for (;;) {
         bool ok = true;
 #pragma unroll
@@ -224,6 +253,9 @@ static __device__ __forceinline__ void dyn_fill(dyn_ring &rg, unsigned *next, ui
         const uint32_t q = rg.q++;
         rg.left--;
         const uint8_t *src = src_of(q);
+#ifdef FLOW_TRACE_ISSUE
+        FLOW_TRACE_ISSUE(q);
+#endif
         const int st = rg.n_issued % NS;
         rg.tag[st] = q;
         mbar_expect(rg.bar + st, PIECE_B);

@@ -55,6 +55,13 @@
 #ifndef RPP
 #define RPP 16
 #endif
+#ifndef TRACE
+#define TRACE 0 /* 1: time stamps of layers TR_L0 .. TR_L0 + TR_NL - 1's pieces and groups into $TRACE_FILE */
+#endif
+#if TRACE
+static __device__ void tr_mark(uint32_t q, int what);
+#define FLOW_TRACE_ISSUE(q) tr_mark(q, 0)
+#endif
 #include "flow_common.cuh"
 
 #ifndef NE
@@ -71,6 +78,26 @@
 #endif
 #ifndef STREAM
 #define STREAM 0
+#endif
+#ifndef KVG
+#define KVG 0 /* 1: q|k|v's rows by KV group (PERM_KVGROUP; QCHUNK 1280 gives a group a chunk) */
+#endif
+/* Each weight's last *TAIL slices in its chunks, the slices before them K-major over all its rows
+ * (piece_at_tail; 0: chunks throughout) */
+#ifndef QTAIL
+#define QTAIL 0
+#endif
+#ifndef OTAIL
+#define OTAIL 0
+#endif
+#ifndef GTAIL
+#define GTAIL 0
+#endif
+#ifndef GCHUNK
+#define GCHUNK GU_ROWS
+#endif
+#ifndef DTAIL
+#define DTAIL 0
 #endif
 static_assert(D_EMBD % OCHUNK == 0 && OCHUNK % RPP == 0 && D_EMBD % DCHUNK == 0 && DCHUNK % RPP == 0,
               "OCHUNK, DCHUNK: divisors of D_EMBD, in whole pieces");
@@ -90,8 +117,49 @@ static_assert(STREAM || NE >= 1, "NE: at least one epilogue warp a block (they m
 #define NP_GU ((D_EMBD / 1024) * (GU_ROWS / RPP))
 #define NP_DN ((D_FF / 1024) * (D_EMBD / RPP))
 #define NP_LAYER (NP_QKV + NP_O + NP_GU + NP_DN)
-#define L_SMEM (NC * NS * PIECE_B + NC * NS * 8 + NC * NS * 4)
+#ifndef IW
+#define IW 0 /* 1: an input warp a block copies each input slice, once ready, into shared memory */
+#endif
+#define RING_SMEM ((NC * NS * PIECE_B + NC * NS * 8 + NC * NS * 4 + 127) / 128 * 128)
+/* IW: after the rings, each weight's whole input (int8 codes, then its groups' float2 scales),
+ * an mbarrier a slice, and each consumer warp's current piece */
+#define IN_Q8_B (D_EMBD + Q_DIM + D_EMBD + D_FF)
+#define IN_SL (D_EMBD / 1024 + Q_DIM / 1024 + D_EMBD / 1024 + D_FF / 1024)
+#define IN_SMEM (IN_Q8_B + IN_Q8_B / 32 * 8 + IN_SL * 8 + NC * 4)
+#define L_SMEM (RING_SMEM + (IW ? IN_SMEM : 0))
+#define N_WARPS (NC + NE + (IW ? 1 : 0))
 static_assert(QKV_ROWS % QCHUNK == 0 && QCHUNK % RPP == 0, "QCHUNK: a divisor of q|k|v's rows, in whole pieces");
+static_assert(GU_ROWS % GCHUNK == 0 && GCHUNK % 64 == 0, "GCHUNK: a divisor of gate|up's rows, in whole SwiGLU groups");
+static_assert(QTAIL <= D_EMBD / 1024 && OTAIL <= Q_DIM / 1024 && GTAIL <= D_EMBD / 1024 && DTAIL <= D_FF / 1024,
+              "*TAIL: at most the weight's slices");
+
+#define NG_LAYER (KV_DIM / 32 + D_EMBD / 32 + D_FF / 32 + D_EMBD / 32) /* groups a layer: v, o, gate|up, down */
+#if TRACE
+#define TR_L0 8
+#define TR_NL 4
+__device__ unsigned long long *g_tr;  /* [TR_NL * NP_LAYER][4]: issued, input ready, landed, sums stored */
+__device__ unsigned *g_trw;           /* [TR_NL * NP_LAYER]: the consumer warp (block * NC + warp) */
+__device__ unsigned long long *g_trg; /* [TR_NL * NG_LAYER][2]: an epilogue warp starts polling, counts */
+static __device__ void tr_mark(uint32_t q, int what) {
+    const int l = q / NP_LAYER - TR_L0;
+    if (l >= 0 && l < TR_NL) g_tr[((size_t)l * NP_LAYER + q % NP_LAYER) * 4 + what] = now_ns();
+}
+static __device__ __forceinline__ void tr_group(int l, int g, int what) {
+    if (l >= TR_L0 && l < TR_L0 + TR_NL) g_trg[((size_t)(l - TR_L0) * NG_LAYER + g) * 2 + what] = now_ns();
+}
+#define TR_GROUP(l, g, what) \
+    do { \
+        if (lane == 0) tr_group(l, g, what); \
+    } while (0)
+#else
+#define TR_GROUP(l, g, what) \
+    do { \
+    } while (0)
+#endif
+/* v group j's first row in q|k|v's piece order */
+static __device__ __forceinline__ int v_row0(int j) {
+    return KVG ? (j / 4) * (QKV_ROWS / N_KV) + (QKV_ROWS / N_KV - HEAD_DIM) + (j % 4) * 32 : 32 * j;
+}
 
 struct attn_w {
     mv qkv, o;         /* q|k|v: n_out QKV_ROWS (q rows, k rows, v rows); o: n_in Q_DIM */
@@ -105,10 +173,29 @@ struct lflow_w {       /* one layer's weights in piece order, and its norms */
 static __host__ __device__ __forceinline__ int w_sl(int m) { return m == 1 ? Q_DIM / 1024 : m == 3 ? D_FF / 1024 : D_EMBD / 1024; }
 static __host__ __device__ __forceinline__ int w_nout(int m) { return m == 0 ? QKV_ROWS : m == 2 ? GU_ROWS : D_EMBD; }
 static __host__ __device__ __forceinline__ int w_chunk(int m) {
-    return m == 0 ? QCHUNK : m == 1 ? OCHUNK : m == 3 ? DCHUNK : w_nout(m);
+    return m == 0 ? QCHUNK : m == 1 ? OCHUNK : m == 3 ? DCHUNK : GCHUNK;
+}
+static __host__ __device__ __forceinline__ int w_tail(int m) {
+    return m == 0 ? QTAIL : m == 1 ? OTAIL : m == 2 ? GTAIL : DTAIL;
 }
 static __host__ __device__ __forceinline__ int w_first(int m) {
     return m == 0 ? 0 : m == 1 ? NP_QKV : m == 2 ? NP_QKV + NP_O : NP_QKV + NP_O + NP_GU;
+}
+
+/* IW: weight m's input offset in codes (its groups' at in_off / 32) and first slice */
+static __host__ __device__ __forceinline__ int in_off(int m) {
+    return m == 0 ? 0 : m == 1 ? D_EMBD : m == 2 ? D_EMBD + Q_DIM : 2 * D_EMBD + Q_DIM;
+}
+struct in_smem {
+    int8_t *q8;
+    float2 *d8;
+    uint64_t *bar;
+    volatile uint32_t *prog; /* a consumer warp's current piece in the run; ~0 once it has none */
+};
+static __device__ __forceinline__ in_smem in_smem_at(uint8_t *sm) {
+    uint8_t *b = sm + RING_SMEM;
+    return {(int8_t *)b, (float2 *)(b + IN_Q8_B), (uint64_t *)(b + IN_Q8_B + IN_Q8_B / 32 * 8),
+            (volatile uint32_t *)(b + IN_Q8_B + IN_Q8_B / 32 * 8 + IN_SL * 8)};
 }
 
 struct lflow_bufs {
@@ -157,23 +244,29 @@ static __device__ void epilogue_warp(const lflow_w *L, int n_layer, const lflow_
     for (int l = 0; l < n_layer; l++) {
         const unsigned tag = (unsigned)(l + 1), full = 32u * tag;
         const int c = l & 1, n = (l + 1) & 1;
-        for (int j = e; j < KV_DIM / 32; j += n_e) { /* v: its rows are q|k|v's first in piece order */
-            const float v = tagged_row_sum<D_EMBD / 1024>(B.tp[0], QKV_ROWS, 32 * j + lane, tag) *
-                            inv_rms(B.ssq_x[c], B.rdy[0], full, lane);
+        for (int j = e; j < KV_DIM / 32; j += n_e) { /* v */
+            TR_GROUP(l, j, 0);
+            const float inv = inv_rms(B.ssq_x[c], B.rdy[0], full, lane); /* before the poll: ready long before */
+            const float v = tagged_row_sum<D_EMBD / 1024>(B.tp[0], QKV_ROWS, v_row0(j) + lane, tag) * inv;
             const int kv = j / 4, part = j % 4;
             for (int h = kv * (N_HEAD / N_KV); h < (kv + 1) * (N_HEAD / N_KV); h++)
                 warp_q8(v, B.q8[1][c], B.d8[1][c], (h * 4 + part) * 32 + lane);
             __threadfence();
             __syncwarp();
             if (lane == 0) red_release(B.rdy[1] + kv, N_HEAD / N_KV);
+            TR_GROUP(l, j, 1);
         }
         for (int R = e; R < D_EMBD / 32; R += n_e) { /* o: the residual after the attention */
             const int row = 32 * R + lane;
-            const float xm = __ldcg(B.x[c] + row) + tagged_row_sum<Q_DIM / 1024>(B.tp[1], D_EMBD, row, tag);
+            TR_GROUP(l, KV_DIM / 32 + R, 0);
+            const float x0 = __ldcg(B.x[c] + row); /* loaded before the poll */
+            const float xm = x0 + tagged_row_sum<Q_DIM / 1024>(B.tp[1], D_EMBD, row, tag);
             B.xm[row] = xm;
             residual_group(xm, L[l].ffn_norm, R, B.q8[2][c], B.d8[2][c], B.ssq_m[c], B.rdy[2], lane);
+            TR_GROUP(l, KV_DIM / 32 + R, 1);
         }
         for (int G = e; G < D_FF / 32; G += n_e) { /* gate|up: SwiGLU */
+            TR_GROUP(l, KV_DIM / 32 + D_EMBD / 32 + G, 0);
             const float inv = inv_rms(B.ssq_m[c], B.rdy[2], full, lane);
             const float g = tagged_row_sum<D_EMBD / 1024>(B.tp[2], GU_ROWS, 64 * G + lane, tag) * inv;
             const float u = tagged_row_sum<D_EMBD / 1024>(B.tp[2], GU_ROWS, 64 * G + 32 + lane, tag) * inv;
@@ -181,15 +274,49 @@ static __device__ void epilogue_warp(const lflow_w *L, int n_layer, const lflow_
             __threadfence();
             __syncwarp();
             if (lane == 0) red_release(B.rdy[3] + G / 32, 1);
+            TR_GROUP(l, KV_DIM / 32 + D_EMBD / 32 + G, 1);
         }
         const float *nw = L[l + 1 < n_layer ? l + 1 : l].attn_norm;
         for (int R = e; R < D_EMBD / 32; R += n_e) { /* down: the residual at the next layer's start */
             const int row = 32 * R + lane;
-            const float x = B.xm[row] + tagged_row_sum<D_FF / 1024>(B.tp[3], D_EMBD, row, tag);
+            TR_GROUP(l, NG_LAYER - D_EMBD / 32 + R, 0);
+            const float xm = B.xm[row];
+            const float x = xm + tagged_row_sum<D_FF / 1024>(B.tp[3], D_EMBD, row, tag);
             B.x[n][row] = x;
             residual_group(x, nw, R, B.q8[0][n], B.d8[0][n], B.ssq_x[n], B.rdy[0], lane);
+            TR_GROUP(l, NG_LAYER - D_EMBD / 32 + R, 1);
         }
     }
+}
+
+/* IW: the block's input warp. For each layer and weight in run order, lane k < the weight's slices
+ * waits (acquire) for slice k's ready counter and copies the slice's int8 codes and scales into
+ * the block's shared memory, completing on the slice's mbarrier (a phase a layer). Before it
+ * overwrites a weight's input with the next layer's, it waits until no consumer warp of the block
+ * has a piece of the weight's last layer left (their current pieces are all past it). */
+static __device__ void input_warp(int n_layer, const lflow_bufs &B, in_smem in, int lane) {
+    for (int l = 0; l < n_layer; l++)
+        for (int m = 0; m < N_W; m++) {
+            if (l > 0) {
+                const uint32_t past = (uint32_t)(l - 1) * NP_LAYER + w_first(m) + (m == N_W - 1 ? NP_DN : w_first(m + 1) - w_first(m));
+                for (;;) {
+                    const uint32_t p = lane < NC ? in.prog[lane] : ~0u;
+                    if (__all_sync(FULL_MASK, p >= past)) break;
+                    __nanosleep(64);
+                }
+            }
+            const int k = lane, sl = w_sl(m), slot = m == 0 ? 0 : m == 1 ? 5 : m == 2 ? 13 : 18;
+            if (k < sl) {
+                while (ld_acquire(B.rdy[m] + k) < 32u * (l + 1)) {
+                }
+                asm volatile("fence.proxy.async.global;" ::: "memory");
+                uint64_t *bar = in.bar + slot + k;
+                mbar_expect(bar, 1024 + 32 * 8);
+                bulk_copy(in.q8 + in_off(m) + k * 1024, B.q8[m][l & 1] + k * 1024, 1024, smem_u32(bar));
+                bulk_copy(in.d8 + in_off(m) / 32 + k * 32, B.d8[m][l & 1] + k * 32, 32 * 8, smem_u32(bar));
+            }
+            __syncwarp();
+        }
 }
 
 static __device__ __forceinline__ const uint8_t *lpiece_src(const lflow_w *L, uint32_t q) {
@@ -197,10 +324,21 @@ static __device__ __forceinline__ const uint8_t *lpiece_src(const lflow_w *L, ui
     return L[l].w[m] + (int64_t)(r - w_first(m)) * PIECE_B;
 }
 
-__global__ void __launch_bounds__((NC + NE) * 32, 1) layer_flow_kernel(const lflow_w *L, int n_layer, lflow_bufs B) {
+__global__ void __launch_bounds__(N_WARPS * 32, 1) layer_flow_kernel(const lflow_w *L, int n_layer, lflow_bufs B) {
     extern __shared__ __align__(128) uint8_t l_sm[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned long long t_start = now_ns();
+#if IW
+    const in_smem in = in_smem_at(l_sm);
+    if (threadIdx.x < IN_SL) mbar_init(in.bar + threadIdx.x, 1);
+    if (threadIdx.x < NC) in.prog[threadIdx.x] = 0;
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    __syncthreads();
+    if (warp == NC + NE) {
+        if (!STREAM) input_warp(n_layer, B, in, lane);
+        return;
+    }
+#endif
     if (warp >= NC) {
         if (!STREAM) epilogue_warp(L, n_layer, B, (warp - NC) * gridDim.x + blockIdx.x, gridDim.x * NE, lane);
         return;
@@ -221,11 +359,29 @@ __global__ void __launch_bounds__((NC + NE) * 32, 1) layer_flow_kernel(const lfl
         __syncwarp();
         const int st = rg.n_used % NS;
         const uint32_t q = rg.tag[st];
+#if IW
+        if (lane == 0) in.prog[warp] = q;
+#endif
         const int l = q / NP_LAYER, r = q % NP_LAYER;
         const int m = r < NP_QKV ? 0 : r < NP_QKV + NP_O ? 1 : r < NP_LAYER - NP_DN ? 2 : 3;
         int k, r0;
-        piece_at(r - w_first(m), w_sl(m), w_chunk(m), k, r0);
+        piece_at_tail(r - w_first(m), w_sl(m), w_nout(m), w_chunk(m), w_tail(m), k, r0);
         const int key = (l * N_W + m) * 32 + k;
+#if IW
+        if (key != xkey) { /* the lane's input group of slice k, from the block's copy */
+            if (!STREAM) {
+                const int slot = m == 0 ? 0 : m == 1 ? 5 : m == 2 ? 13 : 18;
+                const unsigned long long t0 = now_ns();
+                mbar_wait(in.bar + slot + k, l & 1);
+                const unsigned long long tw = now_ns() - t0;
+#pragma unroll
+                for (int i = 0; i < N_W; i++) t_wait[i] += i == m ? tw : 0;
+            }
+            const int8_t *g8 = in.q8 + in_off(m) + (k * 32 + lane) * 32;
+            xa = *(const int4 *)g8, xb = *(const int4 *)(g8 + 16), ds = in.d8[in_off(m) / 32 + k * 32 + lane];
+            xkey = key;
+        }
+#else
         if (key != xkey) { /* the lane's input group of slice k */
             if (!STREAM) {
                 unsigned long long tw = 0;
@@ -236,13 +392,30 @@ __global__ void __launch_bounds__((NC + NE) * 32, 1) layer_flow_kernel(const lfl
             load_group(B.q8[m][l & 1], B.d8[m][l & 1], k * 32 + lane, xa, xb, ds);
             xkey = key;
         }
+#endif
+#if TRACE
+        if (lane == 0) {
+            tr_mark(q, 1);
+            const int tl = l - TR_L0;
+            if (tl >= 0 && tl < TR_NL) g_trw[(size_t)tl * NP_LAYER + r] = blockIdx.x * NC + warp;
+        }
+#endif
         mbar_wait(rg.bar + st, (rg.n_used / NS) & 1);
+#if TRACE
+        if (lane == 0) tr_mark(q, 2);
+#endif
         float acc[RPP];
         piece_dot(rg.buf + st * PIECE_B, rg.buf + st * PIECE_B + PIECE_CB, xa, xb, ds, lane, acc);
         __syncwarp(); /* every lane has read the stage before it is refilled */
         rg.n_used++;
         store_tagged(acc, B.tp[m] + (int64_t)k * w_nout(m) + r0, (unsigned)(l + 1), lane);
+#if TRACE
+        if (lane == 0) tr_mark(q, 3);
+#endif
     }
+#if IW
+    if (lane == 0) in.prog[warp] = ~0u;
+#endif
     if (lane == 0) {
         for (int i = 0; i < N_W; i++) atomicAdd(B.tw + i, t_wait[i]);
         atomicAdd(B.tw + N_W, now_ns() - t_start);
@@ -272,11 +445,11 @@ int main(int argc, char **argv) {
     std::vector<lflow_w> hf(n_layer);
     for (int l = 0; l < n_layer; l++) {
         const mv *src[N_W] = {&ha[l].qkv, &ha[l].o, &h[l].gu, &h[l].down};
-        const int perm[N_W] = {PERM_LAST_FIRST, PERM_NONE, PERM_GU, PERM_NONE};
+        const int perm[N_W] = {KVG ? PERM_KVGROUP : PERM_LAST_FIRST, PERM_NONE, PERM_GU, PERM_NONE};
         for (int m = 0; m < N_W; m++) {
             uint8_t *d;
             CK(cudaMalloc(&d, (size_t)w_sl(m) * (w_nout(m) / RPP) * PIECE_B));
-            repack_pieces<<<2048, 256>>>(d, *src[m], perm[m], KV_DIM, w_chunk(m));
+            repack_pieces<<<2048, 256>>>(d, *src[m], perm[m], KV_DIM, w_chunk(m), w_tail(m));
             CK(cudaGetLastError());
             hf[l].w[m] = d;
         }
@@ -326,7 +499,7 @@ int main(int argc, char **argv) {
 
     CK(cudaFuncSetAttribute(layer_flow_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L_SMEM));
     int per_sm = 0;
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, layer_flow_kernel, (NC + NE) * 32, L_SMEM));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, layer_flow_kernel, N_WARPS * 32, L_SMEM));
     cudaFuncAttributes fa;
     CK(cudaFuncGetAttributes(&fa, layer_flow_kernel));
     printf("SMs %d; %d consumer warps of %d stages of %d B (%d rows a piece), %d epilogue warps, %d B dynamic shared, "
@@ -340,8 +513,21 @@ int main(int argc, char **argv) {
         CK(cudaMemcpyAsync(B.x[0], x0d, D_EMBD * 4, cudaMemcpyDeviceToDevice, st));
         CK(cudaMemsetAsync(cnt, 0, n_cnt * 4, st));
         CK(cudaMemsetAsync(tp, 0, tp_bytes, st));
-        CK(cudaLaunchCooperativeKernel((void *)layer_flow_kernel, dim3(n_sm), dim3((NC + NE) * 32), args, L_SMEM, st));
+        CK(cudaLaunchCooperativeKernel((void *)layer_flow_kernel, dim3(n_sm), dim3(N_WARPS * 32), args, L_SMEM, st));
     };
+#if TRACE /* the buffers every run writes (the last run's stamps are kept) */
+    const size_t np = (size_t)TR_NL * NP_LAYER, ng = (size_t)TR_NL * NG_LAYER;
+    unsigned long long *dtr, *dtrg;
+    unsigned *dtrw;
+    CK(cudaMalloc(&dtr, np * 32));
+    CK(cudaMalloc(&dtrg, ng * 16));
+    CK(cudaMalloc(&dtrw, np * 4));
+    CK(cudaMemset(dtr, 0, np * 32));
+    CK(cudaMemset(dtrg, 0, ng * 16));
+    CK(cudaMemcpyToSymbol(g_tr, &dtr, sizeof dtr));
+    CK(cudaMemcpyToSymbol(g_trg, &dtrg, sizeof dtrg));
+    CK(cudaMemcpyToSymbol(g_trw, &dtrw, sizeof dtrw));
+#endif
     printf("%d layers, %.2f GB of weights\n", n_layer, wbytes / 1e9);
     A.run();
     run_flow();
@@ -363,5 +549,25 @@ int main(int argc, char **argv) {
     printf("an average consumer warp, us a layer: waiting for q|k|v's input %.2f, o's %.2f, gate|up's %.2f, "
            "down's %.2f; the whole run %.2f\n",
            tw[0] / per, tw[1] / per, tw[2] / per, tw[3] / per, tw[4] / per);
+#if TRACE
+    if (n_layer >= TR_L0 + TR_NL && getenv("TRACE_FILE")) {
+        std::vector<unsigned long long> tr(np * 4), trg(ng * 2);
+        std::vector<unsigned> trw(np);
+        run_flow();
+        CK(cudaStreamSynchronize(st));
+        CK(cudaMemcpy(tr.data(), dtr, np * 32, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(trg.data(), dtrg, ng * 16, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(trw.data(), dtrw, np * 4, cudaMemcpyDeviceToHost));
+        FILE *f = fopen(getenv("TRACE_FILE"), "wb");
+        const int hdr[24] = {NP_LAYER, TR_NL, NG_LAYER, NP_QKV, NP_O, NP_GU, NP_DN, NC, n_sm, RPP, TR_L0, PIECE_B, KVG,
+                             QCHUNK, QTAIL, OCHUNK, OTAIL, GCHUNK, GTAIL, DCHUNK, DTAIL, NS, NE, 0};
+        if (!f || fwrite(hdr, sizeof hdr, 1, f) != 1 || fwrite(tr.data(), 32, np, f) != np ||
+            fwrite(trw.data(), 4, np, f) != np || fwrite(trg.data(), 16, ng, f) != ng || fclose(f)) {
+            fprintf(stderr, "cannot write %s\n", getenv("TRACE_FILE"));
+            return 1;
+        }
+        printf("trace of layers %d..%d in %s\n", TR_L0, TR_L0 + TR_NL - 1, getenv("TRACE_FILE"));
+    }
+#endif
     return 0;
 }
