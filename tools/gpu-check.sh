@@ -14,7 +14,8 @@
 #   tools/cuda_timeline/run.sh on the Qwen3-32B and Qwen3.5-27B presets, b1 decode: each kernel's
 #   share of a decode step; probe = tools/probe-small-kernels.sh, the phases inside each decode kernel;
 #   readstream = tools/cuda_probe/read_stream.cu, read-only rates against the copy roofline; flow =
-#   tools/cuda_probe/ffn_flow.cu and layer_flow.cu, the barrier-free persistent probes, after build)
+#   tools/cuda_probe/ffn_flow.cu and layer_flow.cu, the barrier-free persistent probes, after build,
+#   with layer_flow's time stamps summarised in flow-trace.txt)
 # The tracked fixtures (about 115 MB) exceed what a lent GPU machine receives of the working tree
 # (64 MiB): move what the run does not need out of the tree for the call and back after it (e.g.
 # tests/data/qwen35 and tests/data/gguf/tiny-qwen3-bf16.gguf; test_cuda_model then reports the
@@ -105,19 +106,22 @@ for s in $steps; do
         nvcc -arch=sm_90 -O3 -std=c++17 -o "$OUT/read_stream" tools/cuda_probe/read_stream.cu &&
             timeout 120 "$OUT/read_stream" | tee "$OUT/read_stream.log" ;;
     flow)
-        # the barrier-free probes (docs/PERF.md, twentieth session): the FFN's best form and its
-        # stream alone (E's line), the whole layer, its stream alone, q|k|v in row chunks; each
-        # against the engine's launches
-        for v in "ffn_flow -DNC=6 -DNS=4 -DRPP=16 -DDCHUNK=2560 -DTAGGED=4" \
-            "ffn_flow -DNC=6 -DNS=4 -DRPP=16 -DDCHUNK=2560 -DNOSYNC=1" "layer_flow" "layer_flow -DSTREAM=1" \
-            "layer_flow -DQCHUNK=2048"; do
+        # the barrier-free probes (docs/PERF.md, twentieth and twenty-first sessions): the FFN's
+        # best form, the whole layer's best form, its stream alone and its time stamps (read by
+        # flow_trace.py into flow-trace.txt); each against the engine's launches
+        LF="-DIW=1 -DINSLEEP=500 -DNC=6 -DNS=3 -DNE=3 -DPOLL_LAST=1 -DQCHUNK=1024 -DQTAIL=3"
+        LF="$LF -DOCHUNK=1024 -DOTAIL=6 -DGCHUNK=2048 -DGTAIL=1 -DDCHUNK=1024 -DDTAIL=5"
+        for v in "ffn_flow -DNC=6 -DNS=4 -DRPP=16 -DDCHUNK=2560 -DTAGGED=4" "layer_flow $LF" \
+            "layer_flow $LF -DSTREAM=1" "layer_flow $LF -DTRACE=1"; do
             set -- $v
             f=$1
             shift
             echo "== $v"
             nvcc -arch=sm_90 -O3 -std=c++17 -Isrc "$@" -o "$OUT/$f" tools/cuda_probe/$f.cu build/libpxq.a -lcublas &&
-                timeout 60 "$OUT/$f" 2>&1 | tee -a "$OUT/flow.log"
-        done ;;
+                TRACE_FILE="$OUT/flow-trace.bin" timeout 60 "$OUT/$f" 2>&1 | tee -a "$OUT/flow.log"
+        done
+        [ -f "$OUT/flow-trace.bin" ] && python3 tools/cuda_probe/flow_trace.py "$OUT/flow-trace.bin" \
+            >"$OUT/flow-trace.txt" && rm -f "$OUT/flow-trace.bin" ;;
     ptx75)
         timeout 200 make -j"$(nproc)" BUILD=build-ptx75 \
             NVFLAGS="-O3 -std=c++17 -Isrc --threads 0 -gencode arch=compute_75,code=compute_75" all tests \

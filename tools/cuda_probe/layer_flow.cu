@@ -120,6 +120,12 @@ static_assert(STREAM || NE >= 1, "NE: at least one epilogue warp a block (they m
 #ifndef IW
 #define IW 0 /* 1: an input warp a block copies each input slice, once ready, into shared memory */
 #endif
+#ifndef INSLEEP
+#define INSLEEP 0 /* IW: the input warp's sleep between polls of a slice's counter, ns */
+#endif
+#ifndef INRELAX
+#define INRELAX 0 /* IW: 1: the input warp polls relaxed, then acquires once */
+#endif
 #define RING_SMEM ((NC * NS * PIECE_B + NC * NS * 8 + NC * NS * 4 + 127) / 128 * 128)
 /* IW: after the rings, each weight's whole input (int8 codes, then its groups' float2 scales),
  * an mbarrier a slice, and each consumer warp's current piece */
@@ -307,8 +313,10 @@ static __device__ void input_warp(int n_layer, const lflow_bufs &B, in_smem in, 
             }
             const int k = lane, sl = w_sl(m), slot = m == 0 ? 0 : m == 1 ? 5 : m == 2 ? 13 : 18;
             if (k < sl) {
-                while (ld_acquire(B.rdy[m] + k) < 32u * (l + 1)) {
-                }
+                if (INRELAX) /* poll relaxed with a sleep, then acquire once */
+                    while (ld_relaxed(B.rdy[m] + k) < 32u * (l + 1)) __nanosleep(INSLEEP);
+                while (ld_acquire(B.rdy[m] + k) < 32u * (l + 1))
+                    if (INSLEEP) __nanosleep(INSLEEP);
                 asm volatile("fence.proxy.async.global;" ::: "memory");
                 uint64_t *bar = in.bar + slot + k;
                 mbar_expect(bar, 1024 + 32 * 8);
