@@ -28,12 +28,20 @@
  *
  * Knobs (-D): NC consumer warps a block, NS ring stages a warp, RPP rows a piece, GRAB pieces
  * dealt at once, NE epilogue warps a block, POLL_E their sleep between polls (ns), POLL (how a
- * consumer waits), QCHUNK, OCHUNK and DCHUNK (q|k|v's chunks trade v's arrival, which o waits for,
- * against the residual's last slices, which a chunk's first pieces wait for), and STREAM=1 (no waits and no epilogues: the stream of the
- * four weights alone; wrong results).
+ * consumer waits), QCHUNK, OCHUNK, GCHUNK and DCHUNK (a weight's pieces K-major within chunks of
+ * rows), QTAIL, OTAIL, GTAIL and DTAIL (only the weight's last n slices in chunks, the slices before
+ * them K-major over all rows: its head takes its input slice by slice, its tail completes its output
+ * chunk by chunk), KVG=1 (q|k|v's rows by KV group, as a real attention needs them, instead of v's
+ * first), IW=1 (an input warp a block copies each slice, once ready, into shared memory, so a
+ * consumer waits on an mbarrier and reads shared memory), INSLEEP and INRELAX (how the input warp
+ * polls: a sleep between polls matters, docs/PERF.md), POLL_LAST (epilogue warps poll the last
+ * slice's tags first), TRACE=1 (time stamps of layers 8-11's pieces and groups into $TRACE_FILE,
+ * read by flow_trace.py), and STREAM=1 (no waits and no epilogues: the stream of the four weights
+ * alone; wrong results). The best form measured (twenty-first session) is `tools/gpu-check.sh
+ * flow`'s.
  *
  * Build and run on the GPU from the repository root after `make CUDA_ARCH=90`:
- *   nvcc -arch=sm_90 -O3 -std=c++17 -Isrc [-DNC=6 -DNS=4 -DNE=4] \
+ *   nvcc -arch=sm_90 -O3 -std=c++17 -Isrc [-DNC=6 -DNS=4 -DNE=4 ...] \
  *       -o /tmp/layer_flow tools/cuda_probe/layer_flow.cu build/libpxq.a -lcublas
  *   /tmp/layer_flow [n_layer]          (default 32: 8.8 GB of weights, and as much again repacked)
  * It prints the output's distance from A's, then A's and the kernel's us a layer (best of 10, three
