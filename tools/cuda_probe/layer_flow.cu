@@ -36,7 +36,8 @@
  * consumer waits on an mbarrier and reads shared memory), INSLEEP and INRELAX (how the input warp
  * polls: a sleep between polls matters, docs/PERF.md), POLL_LAST (epilogue warps poll the last
  * slice's tags first), TRACE=1 (time stamps of layers 8-11's pieces and groups into $TRACE_FILE,
- * read by flow_trace.py), and STREAM=1 (no waits and no epilogues: the stream of the four weights
+ * read by flow_trace.py), NOWAIT=1 (with IW: consumers do not wait for their inputs, but the input
+ * and epilogue warps run; wrong results), and STREAM=1 (no waits and no epilogues: the stream of the four weights
  * alone; wrong results). The best form measured (twenty-first session) is `tools/gpu-check.sh
  * flow`'s.
  *
@@ -127,6 +128,29 @@ static_assert(STREAM || NE >= 1, "NE: at least one epilogue warp a block (they m
 #define NP_LAYER (NP_QKV + NP_O + NP_GU + NP_DN)
 #ifndef IW
 #define IW 0 /* 1: an input warp a block copies each input slice, once ready, into shared memory */
+#endif
+#ifndef NOWAIT
+#define NOWAIT 0 /* IW: 1: consumers do not wait for their input slices (timing only: wrong results) */
+#endif
+#ifndef INCOPY
+#define INCOPY 0 /* IW: 1: the input warp copies a slice with the lanes' loads and stores, not a bulk copy */
+#endif
+#ifndef NOPROXY
+#define NOPROXY 0 /* IW: 1: no proxy fence before the bulk copy (timing only) */
+#endif
+#ifndef EFENCE
+#define EFENCE 1 /* 0: no fence of every lane before an epilogue's count (its red.release orders them) */
+#endif
+#ifndef NOIW
+#define NOIW 0 /* with NOWAIT: no input warp (timing only) */
+#endif
+#ifndef NOEPI
+#define NOEPI 0 /* with NOWAIT: no epilogue warps, and the input warp copies without waiting (timing only) */
+#endif
+static_assert(!(NOIW || NOEPI) || NOWAIT, "NOIW, NOEPI: timing only, with NOWAIT (consumers would wait forever)");
+#ifndef INLEAD
+#define INLEAD -1 /* IW: n >= 0: the input warp polls a weight's slices only once a consumer of its block is
+                   * within n pieces (of the run's order) of the weight's first */
 #endif
 #ifndef INSLEEP
 #define INSLEEP 0 /* IW: the input warp's sleep between polls of a slice's counter, ns */
@@ -232,7 +256,7 @@ static __device__ __forceinline__ void residual_group(float v, const float *nw, 
     const float ss = warp_sum(v * v);
     if (lane == 0) ssq[R] = ss;
     warp_q8(v * __ldg(nw + row), q8, d8, row);
-    __threadfence();
+    if (EFENCE) __threadfence(); /* red.release after the warp barrier orders the lanes' stores too */
     __syncwarp();
     if (lane == 0) red_release(rdy + R / 32, 1);
 }
@@ -258,14 +282,16 @@ static __device__ void epilogue_warp(const lflow_w *L, int n_layer, const lflow_
     for (int l = 0; l < n_layer; l++) {
         const unsigned tag = (unsigned)(l + 1), full = 32u * tag;
         const int c = l & 1, n = (l + 1) & 1;
+        /* 1 / rms of x, then of xm: once a layer, before the polls of the groups that need them */
+        const float inv_x = e < KV_DIM / 32 ? inv_rms(B.ssq_x[c], B.rdy[0], full, lane) : 0.0f;
         for (int j = e; j < KV_DIM / 32; j += n_e) { /* v */
             TR_GROUP(l, j, 0);
-            const float inv = inv_rms(B.ssq_x[c], B.rdy[0], full, lane); /* before the poll: ready long before */
+            const float inv = inv_x;
             const float v = tagged_row_sum<D_EMBD / 1024>(B.tp[0], QKV_ROWS, v_row0(j) + lane, tag) * inv;
             const int kv = j / 4, part = j % 4;
             for (int h = kv * (N_HEAD / N_KV); h < (kv + 1) * (N_HEAD / N_KV); h++)
                 warp_q8(v, B.q8[1][c], B.d8[1][c], (h * 4 + part) * 32 + lane);
-            __threadfence();
+            if (EFENCE) __threadfence();
             __syncwarp();
             if (lane == 0) red_release(B.rdy[1] + kv, N_HEAD / N_KV);
             TR_GROUP(l, j, 1);
@@ -279,13 +305,14 @@ static __device__ void epilogue_warp(const lflow_w *L, int n_layer, const lflow_
             residual_group(xm, L[l].ffn_norm, R, B.q8[2][c], B.d8[2][c], B.ssq_m[c], B.rdy[2], lane);
             TR_GROUP(l, KV_DIM / 32 + R, 1);
         }
+        const float inv_m = e < D_FF / 32 ? inv_rms(B.ssq_m[c], B.rdy[2], full, lane) : 0.0f;
         for (int G = e; G < D_FF / 32; G += n_e) { /* gate|up: SwiGLU */
             TR_GROUP(l, KV_DIM / 32 + D_EMBD / 32 + G, 0);
-            const float inv = inv_rms(B.ssq_m[c], B.rdy[2], full, lane);
+            const float inv = inv_m;
             const float g = tagged_row_sum<D_EMBD / 1024>(B.tp[2], GU_ROWS, 64 * G + lane, tag) * inv;
             const float u = tagged_row_sum<D_EMBD / 1024>(B.tp[2], GU_ROWS, 64 * G + 32 + lane, tag) * inv;
             warp_q8(g / (1.0f + expf(-g)) * u, B.q8[3][c], B.d8[3][c], 32 * G + lane);
-            __threadfence();
+            if (EFENCE) __threadfence();
             __syncwarp();
             if (lane == 0) red_release(B.rdy[3] + G / 32, 1);
             TR_GROUP(l, KV_DIM / 32 + D_EMBD / 32 + G, 1);
@@ -319,13 +346,36 @@ static __device__ void input_warp(int n_layer, const lflow_bufs &B, in_smem in, 
                     __nanosleep(64);
                 }
             }
-            const int k = lane, sl = w_sl(m), slot = m == 0 ? 0 : m == 1 ? 5 : m == 2 ? 13 : 18;
+            if (INLEAD >= 0) { /* start polling only when a consumer of the block is INLEAD pieces from the weight */
+                const uint32_t need = (uint32_t)l * NP_LAYER + w_first(m);
+                const uint32_t start = need > (uint32_t)INLEAD ? need - (uint32_t)INLEAD : 0u;
+                while (!__any_sync(FULL_MASK, lane < NC && in.prog[lane] >= start)) __nanosleep(200);
+            }
+            const int sl = w_sl(m), slot = m == 0 ? 0 : m == 1 ? 5 : m == 2 ? 13 : 18;
+            if (INCOPY) { /* slice by slice: lane 0 polls, every lane copies its group, lane 0 arrives */
+                for (int k = 0; k < sl; k++) {
+                    if (lane == 0 && !NOEPI)
+                        while (ld_acquire(B.rdy[m] + k) < 32u * (l + 1)) __nanosleep(INSLEEP);
+                    __syncwarp();
+                    const int g = k * 32 + lane;
+                    const int4 a = __ldcg((const int4 *)(B.q8[m][l & 1] + g * 32));
+                    const int4 b = __ldcg((const int4 *)(B.q8[m][l & 1] + g * 32 + 16));
+                    const float2 d = __ldcg(B.d8[m][l & 1] + g);
+                    *(int4 *)(in.q8 + in_off(m) + g * 32) = a;
+                    *(int4 *)(in.q8 + in_off(m) + g * 32 + 16) = b;
+                    in.d8[in_off(m) / 32 + g] = d;
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(in.bar + slot + k);
+                }
+                continue;
+            }
+            const int k = lane;
             if (k < sl) {
-                if (INRELAX) /* poll relaxed with a sleep, then acquire once */
+                if (INRELAX && !NOEPI) /* poll relaxed with a sleep, then acquire once */
                     while (ld_relaxed(B.rdy[m] + k) < 32u * (l + 1)) __nanosleep(INSLEEP);
-                while (ld_acquire(B.rdy[m] + k) < 32u * (l + 1))
+                while (!NOEPI && ld_acquire(B.rdy[m] + k) < 32u * (l + 1))
                     if (INSLEEP) __nanosleep(INSLEEP);
-                asm volatile("fence.proxy.async.global;" ::: "memory");
+                if (!NOPROXY) asm volatile("fence.proxy.async.global;" ::: "memory");
                 uint64_t *bar = in.bar + slot + k;
                 mbar_expect(bar, 1024 + 32 * 8);
                 bulk_copy(in.q8 + in_off(m) + k * 1024, B.q8[m][l & 1] + k * 1024, 1024, smem_u32(bar));
@@ -351,12 +401,12 @@ __global__ void __launch_bounds__(N_WARPS * 32, 1) layer_flow_kernel(const lflow
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     __syncthreads();
     if (warp == NC + NE) {
-        if (!STREAM) input_warp(n_layer, B, in, lane);
+        if (!STREAM && !NOIW) input_warp(n_layer, B, in, lane);
         return;
     }
 #endif
     if (warp >= NC) {
-        if (!STREAM) epilogue_warp(L, n_layer, B, (warp - NC) * gridDim.x + blockIdx.x, gridDim.x * NE, lane);
+        if (!STREAM && !NOEPI) epilogue_warp(L, n_layer, B, (warp - NC) * gridDim.x + blockIdx.x, gridDim.x * NE, lane);
         return;
     }
     dyn_ring rg;
@@ -385,7 +435,7 @@ __global__ void __launch_bounds__(N_WARPS * 32, 1) layer_flow_kernel(const lflow
         const int key = (l * N_W + m) * 32 + k;
 #if IW
         if (key != xkey) { /* the lane's input group of slice k, from the block's copy */
-            if (!STREAM) {
+            if (!STREAM && !NOWAIT) {
                 const int slot = m == 0 ? 0 : m == 1 ? 5 : m == 2 ? 13 : 18;
                 const unsigned long long t0 = now_ns();
                 mbar_wait(in.bar + slot + k, l & 1);
