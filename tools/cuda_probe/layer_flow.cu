@@ -33,11 +33,13 @@
  * them K-major over all rows: its head takes its input slice by slice, its tail completes its output
  * chunk by chunk), KVG=1 (q|k|v's rows by KV group, as a real attention needs them, instead of v's
  * first), IW=1 (an input warp a block copies each slice, once ready, into shared memory, so a
- * consumer waits on an mbarrier and reads shared memory), INSLEEP and INRELAX (how the input warp
- * polls: a sleep between polls matters, docs/PERF.md), POLL_LAST (epilogue warps poll the last
- * slice's tags first), TRACE=1 (time stamps of layers 8-11's pieces and groups into $TRACE_FILE,
- * read by flow_trace.py), NOWAIT=1 (with IW: consumers do not wait for their inputs, but the input
- * and epilogue warps run; wrong results), and STREAM=1 (no waits and no epilogues: the stream of the four weights
+ * consumer waits on an mbarrier and reads shared memory), INSLEEP, INRELAX and INLEAD (how and
+ * from when the input warp polls: polls and fences slow the stream, docs/PERF.md), INCOPY=1 (the
+ * input warp copies with loads and stores, not bulk copies), EFENCE=0 (no fence of every lane
+ * before an epilogue's count; its red.release orders the lanes' stores), POLL_LAST (epilogue
+ * warps poll the last slice's tags first), NOWAIT=1, NOIW=1, NOEPI=1 (timing only: consumers do
+ * not wait, and no input warp or no epilogue), TRACE=1 (time stamps of layers 8-11's pieces and groups into $TRACE_FILE,
+ * read by flow_trace.py), and STREAM=1 (no waits and no epilogues: the stream of the four weights
  * alone; wrong results). The best form measured (twenty-first session) is `tools/gpu-check.sh
  * flow`'s.
  *
