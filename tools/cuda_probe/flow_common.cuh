@@ -241,9 +241,10 @@ static __device__ __forceinline__ void dyn_ring_init(dyn_ring &rg, uint8_t *sm, 
     __syncwarp();
 }
 /* lane 0: issue pieces until NS are in flight or summed-but-unreleased, or the run has none left;
- * src(q): where piece q of the run lies */
-template <class Src>
-static __device__ __forceinline__ void dyn_fill(dyn_ring &rg, unsigned *next, uint32_t total, Src src_of) {
+ * issue(q, dst, bar): copy piece q of the run (PIECE_B bytes) to shared memory dst, completing on
+ * the mbarrier at shared address bar (its expected bytes are set here) */
+template <class Issue>
+static __device__ __forceinline__ void dyn_fill_with(dyn_ring &rg, unsigned *next, uint32_t total, Issue issue) {
     while (rg.n_issued < rg.n_used + NS) {
         if (!rg.left) { /* the batch taken a batch ago; ask for the one after (its latency hides behind this one) */
             rg.q = rg.nq, rg.left = GRAB;
@@ -252,16 +253,21 @@ static __device__ __forceinline__ void dyn_fill(dyn_ring &rg, unsigned *next, ui
         if (rg.q >= total) return;
         const uint32_t q = rg.q++;
         rg.left--;
-        const uint8_t *src = src_of(q);
 #ifdef FLOW_TRACE_ISSUE
         FLOW_TRACE_ISSUE(q);
 #endif
         const int st = rg.n_issued % NS;
         rg.tag[st] = q;
         mbar_expect(rg.bar + st, PIECE_B);
-        bulk_copy(rg.buf + st * PIECE_B, src, PIECE_B, smem_u32(rg.bar + st));
+        issue(q, rg.buf + st * PIECE_B, smem_u32(rg.bar + st));
         rg.n_issued++;
     }
+}
+/* The same, piece q lying contiguous at src_of(q) */
+template <class Src>
+static __device__ __forceinline__ void dyn_fill(dyn_ring &rg, unsigned *next, uint32_t total, Src src_of) {
+    dyn_fill_with(rg, next, total,
+                  [&](uint32_t q, uint8_t *dst, uint32_t bar) { bulk_copy(dst, src_of(q), PIECE_B, bar); });
 }
 
 #endif

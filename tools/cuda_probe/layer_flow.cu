@@ -37,7 +37,9 @@
  * from when the input warp polls: polls and fences slow the stream, docs/PERF.md), INCOPY=1 (the
  * input warp copies with loads and stores, not bulk copies), EFENCE=0 (no fence of every lane
  * before an epilogue's count; its red.release orders the lanes' stores), POLL_LAST (epilogue
- * warps poll the last slice's tags first), NOWAIT=1, NOIW=1, NOEPI=1 (timing only: consumers do
+ * warps poll the last slice's tags first), PIECE_TMA=1 with TMA_L2P (pieces straight from the
+ * weights' row-major codes and scales, the engine's layout, by 2D tensor copies; no repacked copy),
+ * NOWAIT=1, NOIW=1, NOEPI=1 (timing only: consumers do
  * not wait, and no input warp or no epilogue), TRACE=1 (time stamps of layers 8-11's pieces and groups into $TRACE_FILE,
  * read by flow_trace.py), and STREAM=1 (no waits and no epilogues: the stream of the four weights
  * alone; wrong results). The best form measured (twenty-first session) is `tools/gpu-check.sh
@@ -53,6 +55,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include "ffn_common.cuh"
@@ -150,6 +154,13 @@ static_assert(STREAM || NE >= 1, "NE: at least one epilogue warp a block (they m
 #define NOEPI 0 /* with NOWAIT: no epilogue warps, and the input warp copies without waiting (timing only) */
 #endif
 static_assert(!(NOIW || NOEPI) || NOWAIT, "NOIW, NOEPI: timing only, with NOWAIT (consumers would wait forever)");
+#ifndef PIECE_TMA
+#define PIECE_TMA 0 /* 1: pieces come straight from the weights' row-major codes and scales (the engine's
+                     * layout) by two 2D tensor copies each, not from a repacked copy */
+#endif
+#ifndef TMA_L2P
+#define TMA_L2P 0 /* PIECE_TMA: the maps' L2 promotion (CUtensorMapL2promotion: 0 none, 1 64 B, 2 128 B, 3 256 B) */
+#endif
 #ifndef INLEAD
 #define INLEAD -1 /* IW: n >= 0: the input warp polls a weight's slices only once a consumer of its block is
                    * within n pieces (of the run's order) of the weight's first */
@@ -387,12 +398,31 @@ static __device__ void input_warp(int n_layer, const lflow_bufs &B, in_smem in, 
         }
 }
 
+/* PIECE_TMA: piece-order row r0 of weight m -> its first row in the weight (the repack's perm) */
+static __device__ __forceinline__ int src_row(int m, int r0) {
+    if (m == 0) return KVG ? kvgroup_src(r0, QKV_ROWS, KV_DIM) : r0 < KV_DIM ? QKV_ROWS - KV_DIM + r0 : r0 - KV_DIM;
+    if (m == 2) {
+        const int G = r0 / 64, c = r0 % 64;
+        return c < 32 ? 32 * G + c : D_FF + 32 * G + (c - 32);
+    }
+    return r0;
+}
+/* One 2D tensor copy of box (x, y) of map tm into shared memory dst, completing on mbarrier bar */
+static __device__ __forceinline__ void tensor_copy_2d(void *dst, const CUtensorMap *tm, int x, int y, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+            smem_u32(dst)),
+        "l"(tm), "r"(x), "r"(y), "r"(bar)
+        : "memory");
+}
+
 static __device__ __forceinline__ const uint8_t *lpiece_src(const lflow_w *L, uint32_t q) {
     const int l = q / NP_LAYER, r = q % NP_LAYER, m = r < NP_QKV ? 0 : r < NP_QKV + NP_O ? 1 : r < NP_LAYER - NP_DN ? 2 : 3;
     return L[l].w[m] + (int64_t)(r - w_first(m)) * PIECE_B;
 }
 
-__global__ void __launch_bounds__(N_WARPS * 32, 1) layer_flow_kernel(const lflow_w *L, int n_layer, lflow_bufs B) {
+__global__ void __launch_bounds__(N_WARPS * 32, 1) layer_flow_kernel(const lflow_w *L, int n_layer, lflow_bufs B,
+                                                                     const CUtensorMap *tmaps) {
     extern __shared__ __align__(128) uint8_t l_sm[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned long long t_start = now_ns();
@@ -421,7 +451,20 @@ __global__ void __launch_bounds__(N_WARPS * 32, 1) layer_flow_kernel(const lflow
     float2 ds = {};
     for (;;) {
         uint32_t ni = 0;
+#if PIECE_TMA /* tmaps[(l * N_W + m) * 2]: codes, + 1: scales */
+        auto issue = [&](uint32_t q, uint8_t *dst, uint32_t bar) {
+            const int l = q / NP_LAYER, r = q % NP_LAYER;
+            const int m = r < NP_QKV ? 0 : r < NP_QKV + NP_O ? 1 : r < NP_LAYER - NP_DN ? 2 : 3;
+            int k, r0;
+            piece_at_tail(r - w_first(m), w_sl(m), w_nout(m), w_chunk(m), w_tail(m), k, r0);
+            const int y = src_row(m, r0);
+            tensor_copy_2d(dst, tmaps + (l * N_W + m) * 2, k * 128, y, bar);
+            tensor_copy_2d(dst + PIECE_CB, tmaps + (l * N_W + m) * 2 + 1, k * 16, y, bar);
+        };
+        if (lane == 0) dyn_fill_with(rg, B.next, total, issue), ni = rg.n_issued;
+#else
         if (lane == 0) dyn_fill(rg, B.next, total, src), ni = rg.n_issued;
+#endif
         ni = __shfl_sync(FULL_MASK, ni, 0);
         if (rg.n_used == ni) break;
         __syncwarp();
@@ -514,7 +557,7 @@ int main(int argc, char **argv) {
     for (int l = 0; l < n_layer; l++) {
         const mv *src[N_W] = {&ha[l].qkv, &ha[l].o, &h[l].gu, &h[l].down};
         const int perm[N_W] = {KVG ? PERM_KVGROUP : PERM_LAST_FIRST, PERM_NONE, PERM_GU, PERM_NONE};
-        for (int m = 0; m < N_W; m++) {
+        for (int m = 0; m < N_W && !PIECE_TMA; m++) {
             uint8_t *d;
             CK(cudaMalloc(&d, (size_t)w_sl(m) * (w_nout(m) / RPP) * PIECE_B));
             repack_pieces<<<2048, 256>>>(d, *src[m], perm[m], KV_DIM, w_chunk(m), w_tail(m));
@@ -522,6 +565,35 @@ int main(int argc, char **argv) {
             hf[l].w[m] = d;
         }
         hf[l].attn_norm = ha[l].norm, hf[l].ffn_norm = h[l].norm;
+    }
+    /* PIECE_TMA: each weight's codes as uint32 [n_out][n_in / 8] in boxes of 128 x RPP, its scales
+     * as uint32 [n_out][n_in / 64] in boxes of 16 x RPP */
+    CUtensorMap *dtm = nullptr;
+    if (PIECE_TMA) {
+        PFN_cuTensorMapEncodeTiled_v12000 enc;
+        cudaDriverEntryPointQueryResult qr;
+        CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&enc, 12000, cudaEnableDefault, &qr));
+        std::vector<CUtensorMap> tm((size_t)n_layer * N_W * 2);
+        for (int l = 0; l < n_layer; l++) {
+            const mv *src[N_W] = {&ha[l].qkv, &ha[l].o, &h[l].gu, &h[l].down};
+            for (int m = 0; m < N_W; m++)
+                for (int part = 0; part < 2; part++) {
+                    const mv &w = *src[m];
+                    const cuuint64_t dims[2] = {(cuuint64_t)w.n_in / (part ? 64 : 8), (cuuint64_t)w.n_out};
+                    const cuuint64_t strides[1] = {(cuuint64_t)w.n_in / (part ? 16 : 2)};
+                    const cuuint32_t box[2] = {part ? 16u : 128u, (cuuint32_t)RPP}, es[2] = {1, 1};
+                    const CUresult rc = enc(&tm[(l * N_W + m) * 2 + part], CU_TENSOR_MAP_DATA_TYPE_UINT32, 2,
+                                            part ? (void *)w.s : (void *)w.q, dims, strides, box, es,
+                                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                            (CUtensorMapL2promotion)TMA_L2P, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                    if (rc != CUDA_SUCCESS) {
+                        fprintf(stderr, "cuTensorMapEncodeTiled: error %d\n", (int)rc);
+                        return 1;
+                    }
+                }
+        }
+        CK(cudaMalloc(&dtm, tm.size() * sizeof(CUtensorMap)));
+        CK(cudaMemcpy(dtm, tm.data(), tm.size() * sizeof(CUtensorMap), cudaMemcpyHostToDevice));
     }
     lflow_w *dl;
     CK(cudaMalloc(&dl, sizeof(lflow_w) * n_layer));
@@ -576,7 +648,7 @@ int main(int argc, char **argv) {
            STREAM ? "; STREAM: no waits, no epilogues (wrong results)" : "");
     if (!ps0.coop || per_sm < 1) return 1;
     int nl = n_layer;
-    void *args[] = {&dl, &nl, &B};
+    void *args[] = {&dl, &nl, &B, &dtm};
     auto run_flow = [&]() {
         CK(cudaMemcpyAsync(B.x[0], x0d, D_EMBD * 4, cudaMemcpyDeviceToDevice, st));
         CK(cudaMemsetAsync(cnt, 0, n_cnt * 4, st));
