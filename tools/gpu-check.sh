@@ -107,12 +107,13 @@ for s in $steps; do
             timeout 120 "$OUT/read_stream" | tee "$OUT/read_stream.log" ;;
     flow)
         # the barrier-free probes (docs/PERF.md, twentieth and twenty-first sessions): the FFN's
-        # best form, the whole layer's best form, its stream alone and its time stamps (read by
-        # flow_trace.py into flow-trace.txt); each against the engine's launches
+        # best form, the whole layer's best form (from repacked pieces, then from the engine's
+        # layout by tensor copies), its stream alone and its time stamps (read by flow_trace.py
+        # into flow-trace.txt); each against the engine's launches
         LF="-DIW=1 -DINSLEEP=500 -DINLEAD=1500 -DEFENCE=0 -DNC=6 -DNS=3 -DNE=2 -DPOLL_LAST=1"
         LF="$LF -DQCHUNK=1024 -DQTAIL=3 -DOCHUNK=1024 -DOTAIL=6 -DGCHUNK=2048 -DGTAIL=1 -DDCHUNK=1024 -DDTAIL=5"
         for v in "ffn_flow -DNC=6 -DNS=4 -DRPP=16 -DDCHUNK=2560 -DTAGGED=4" "layer_flow $LF" \
-            "layer_flow $LF -DSTREAM=1" "layer_flow $LF -DTRACE=1"; do
+            "layer_flow $LF -DPIECE_TMA=1" "layer_flow $LF -DSTREAM=1" "layer_flow $LF -DTRACE=1"; do
             set -- $v
             f=$1
             shift
