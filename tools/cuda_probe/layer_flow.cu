@@ -179,6 +179,7 @@ static_assert(!(NOIW || NOEPI) || NOWAIT, "NOIW, NOEPI: timing only, with NOWAIT
 #define IN_SMEM (IN_Q8_B + IN_Q8_B / 32 * 8 + IN_SL * 8 + NC * 4)
 #define L_SMEM (RING_SMEM + (IW ? IN_SMEM : 0))
 #define N_WARPS (NC + NE + (IW ? 1 : 0))
+static_assert(L_SMEM <= 232448, "NC x NS stages (and IW's inputs) exceed sm_90's 227 KiB of shared memory a block");
 static_assert(QKV_ROWS % QCHUNK == 0 && QCHUNK % RPP == 0, "QCHUNK: a divisor of q|k|v's rows, in whole pieces");
 static_assert(GU_ROWS % GCHUNK == 0 && GCHUNK % 64 == 0, "GCHUNK: a divisor of gate|up's rows, in whole SwiGLU groups");
 static_assert(QTAIL <= D_EMBD / 1024 && OTAIL <= Q_DIM / 1024 && GTAIL <= D_EMBD / 1024 && DTAIL <= D_FF / 1024,
@@ -277,8 +278,7 @@ static __device__ __forceinline__ void residual_group(float v, const float *nw, 
  * (acquire: the sums were written before the counts) */
 static __device__ __forceinline__ float inv_rms(const float *ssq, const unsigned *rdy, unsigned target, int lane) {
     if (lane < D_EMBD / 1024)
-        while (ld_acquire(rdy + lane) < target) {
-        }
+        while (ld_acquire(rdy + lane) < target) __nanosleep(POLL_E); /* a spin here slows the stream */
     __syncwarp();
     float ss = 0.0f;
 #pragma unroll
@@ -302,8 +302,13 @@ static __device__ void epilogue_warp(const lflow_w *L, int n_layer, const lflow_
             const float inv = inv_x;
             const float v = tagged_row_sum<D_EMBD / 1024>(B.tp[0], QKV_ROWS, v_row0(j) + lane, tag) * inv;
             const int kv = j / 4, part = j % 4;
-            for (int h = kv * (N_HEAD / N_KV); h < (kv + 1) * (N_HEAD / N_KV); h++)
-                warp_q8(v, B.q8[1][c], B.d8[1][c], (h * 4 + part) * 32 + lane);
+            /* warp_q8's bits, quantised once and stored for each of the 8 q heads that read it */
+            const float amax = warp_max(fabsf(v)), d = amax / 127.0f;
+            const float qv = d > 0.0f ? rintf(v / d) : 0.0f, sq = warp_sum(qv);
+            for (int h = kv * (N_HEAD / N_KV); h < (kv + 1) * (N_HEAD / N_KV); h++) {
+                B.q8[1][c][(h * 4 + part) * 32 + lane] = (int8_t)qv;
+                if (lane == 0) B.d8[1][c][h * 4 + part] = make_float2(d, d * sq);
+            }
             if (EFENCE) __threadfence();
             __syncwarp();
             if (lane == 0) red_release(B.rdy[1] + kv, N_HEAD / N_KV);
@@ -364,7 +369,7 @@ static __device__ void input_warp(int n_layer, const lflow_bufs &B, in_smem in, 
                 const uint32_t start = need > (uint32_t)INLEAD ? need - (uint32_t)INLEAD : 0u;
                 while (!__any_sync(FULL_MASK, lane < NC && in.prog[lane] >= start)) __nanosleep(200);
             }
-            const int sl = w_sl(m), slot = m == 0 ? 0 : m == 1 ? 5 : m == 2 ? 13 : 18;
+            const int sl = w_sl(m), slot = in_off(m) / 1024; /* the weight's first slice's mbarrier */
             if (INCOPY) { /* slice by slice: lane 0 polls, every lane copies its group, lane 0 arrives */
                 for (int k = 0; k < sl; k++) {
                     if (lane == 0 && !NOEPI)
@@ -390,12 +395,16 @@ static __device__ void input_warp(int n_layer, const lflow_bufs &B, in_smem in, 
                     if (INSLEEP) __nanosleep(INSLEEP);
                 if (!NOPROXY) asm volatile("fence.proxy.async.global;" ::: "memory");
                 uint64_t *bar = in.bar + slot + k;
+                if (l > 0) mbar_wait(bar, (l - 1) & 1); /* the slot's last copy has landed before it is re-armed */
                 mbar_expect(bar, 1024 + 32 * 8);
                 bulk_copy(in.q8 + in_off(m) + k * 1024, B.q8[m][l & 1] + k * 1024, 1024, smem_u32(bar));
                 bulk_copy(in.d8 + in_off(m) / 32 + k * 32, B.d8[m][l & 1] + k * 32, 32 * 8, smem_u32(bar));
             }
             __syncwarp();
         }
+    if (!INCOPY) /* no copy still writing the block's shared memory when it exits */
+        for (int m = 0; m < N_W; m++)
+            if (lane < w_sl(m)) mbar_wait(in.bar + in_off(m) / 1024 + lane, (n_layer - 1) & 1);
 }
 
 /* PIECE_TMA: piece-order row r0 of weight m -> its first row in the weight (the repack's perm) */
@@ -481,7 +490,7 @@ __global__ void __launch_bounds__(N_WARPS * 32, 1) layer_flow_kernel(const lflow
 #if IW
         if (key != xkey) { /* the lane's input group of slice k, from the block's copy */
             if (!STREAM && !NOWAIT) {
-                const int slot = m == 0 ? 0 : m == 1 ? 5 : m == 2 ? 13 : 18;
+                const int slot = in_off(m) / 1024;
                 const unsigned long long t0 = now_ns();
                 mbar_wait(in.bar + slot + k, l & 1);
                 const unsigned long long tw = now_ns() - t0;
