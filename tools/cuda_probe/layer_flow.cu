@@ -39,7 +39,7 @@
  * before an epilogue's count; its red.release orders the lanes' stores), POLL_LAST (epilogue
  * warps poll the last slice's tags first), PIECE_TMA=1 with TMA_L2P (pieces straight from the
  * weights' row-major codes and scales, the engine's layout, by 2D tensor copies; no repacked copy),
- * NOWAIT=1, NOIW=1, NOEPI=1 (timing only: consumers do
+ * ATT_NS (a sleep in each v group's epilogue, a stand-in for an attention's latency), NOWAIT=1, NOIW=1, NOEPI=1 (timing only: consumers do
  * not wait, and no input warp or no epilogue), TRACE=1 (time stamps of layers 8-11's pieces and groups into $TRACE_FILE,
  * read by flow_trace.py), and STREAM=1 (no waits and no epilogues: the stream of the four weights
  * alone; wrong results). The best form measured (twenty-first session) is `tools/gpu-check.sh
@@ -160,6 +160,10 @@ static_assert(!(NOIW || NOEPI) || NOWAIT, "NOIW, NOEPI: timing only, with NOWAIT
 #endif
 #ifndef TMA_L2P
 #define TMA_L2P 0 /* PIECE_TMA: the maps' L2 promotion (CUtensorMapL2promotion: 0 none, 1 64 B, 2 128 B, 3 256 B) */
+#endif
+#ifndef ATT_NS
+#define ATT_NS 0 /* ns each v group's epilogue sleeps before it makes o's input: a stand-in for the latency
+                  * of an attention over a context (timing only; the results stay right) */
 #endif
 #ifndef INLEAD
 #define INLEAD -1 /* IW: n >= 0: the input warp polls a weight's slices only once a consumer of its block is
@@ -301,6 +305,10 @@ static __device__ void epilogue_warp(const lflow_w *L, int n_layer, const lflow_
             TR_GROUP(l, j, 0);
             const float inv = inv_x;
             const float v = tagged_row_sum<D_EMBD / 1024>(B.tp[0], QKV_ROWS, v_row0(j) + lane, tag) * inv;
+            if (ATT_NS) { /* a stand-in for an attention stage's latency on this KV group (no work, a sleep) */
+                const unsigned long long t0 = now_ns();
+                while (now_ns() - t0 < (unsigned long long)ATT_NS) __nanosleep(256);
+            }
             const int kv = j / 4, part = j % 4;
             /* warp_q8's bits, quantised once and stored for each of the 8 q heads that read it */
             const float amax = warp_max(fabsf(v)), d = amax / 127.0f;
