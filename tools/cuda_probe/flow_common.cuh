@@ -58,6 +58,17 @@ static __host__ __device__ __forceinline__ int kvgroup_src(int j, int n_out, int
     const int n_kv = nv / 128, per = n_out / n_kv, g = j / per, c = j % per, nq = per - 256;
     return c < nq ? g * nq + c : c < nq + 128 ? n_kv * nq + g * 128 + (c - nq) : n_kv * nq + nv + g * 128 + (c - nq - 128);
 }
+/* Row j of a weight's piece order -> its row in the weight, under perm (a run of RPP rows from a
+ * multiple of RPP stays a run: what a tensor copy of RPP rows needs) */
+static __host__ __device__ __forceinline__ int perm_src(int perm, int j, int n_out, int nv) {
+    if (perm == PERM_GU) {
+        const int G = j / 64, c = j % 64;
+        return c < 32 ? 32 * G + c : n_out / 2 + 32 * G + (c - 32);
+    }
+    if (perm == PERM_LAST_FIRST) return j < nv ? n_out - nv + j : j - nv;
+    if (perm == PERM_KVGROUP) return kvgroup_src(j, n_out, nv);
+    return j;
+}
 __global__ void repack_pieces(uint8_t *dst, mv w, int perm, int nv, int chunk, int tail) {
     const int nrg = w.n_out / RPP, spr = w.n_in / 1024;
     const int64_t n16 = (int64_t)nrg * spr * (PIECE_B / 16);
@@ -68,15 +79,7 @@ __global__ void repack_pieces(uint8_t *dst, mv w, int perm, int nv, int chunk, i
         piece_at_tail((int)p, spr, w.n_out, chunk, tail, k, r0);
         const bool code = o < PIECE_CB;
         const int r = code ? o / 512 : (o - PIECE_CB) / 64, in = code ? o % 512 : (o - PIECE_CB) % 64;
-        int src = r0 + r;
-        if (perm == PERM_GU) {
-            const int G = src / 64, c = src % 64;
-            src = c < 32 ? 32 * G + c : w.n_out / 2 + 32 * G + (c - 32);
-        } else if (perm == PERM_LAST_FIRST) {
-            src = src < nv ? w.n_out - nv + src : src - nv;
-        } else if (perm == PERM_KVGROUP) {
-            src = kvgroup_src(src, w.n_out, nv);
-        }
+        const int src = perm_src(perm, r0 + r, w.n_out, nv);
         const uint8_t *s = code ? w.q + (int64_t)src * (w.n_in / 2) + k * 512 + in
                                 : (const uint8_t *)w.s + (int64_t)src * (w.n_in / 16) + k * 64 + in;
         *(uint4 *)(dst + i * 16) = *(const uint4 *)s;

@@ -234,11 +234,16 @@ static __host__ __device__ __forceinline__ int w_chunk(int m) {
 static __host__ __device__ __forceinline__ int w_tail(int m) {
     return m == 0 ? QTAIL : m == 1 ? OTAIL : m == 2 ? GTAIL : DTAIL;
 }
+/* Weight m's row order in pieces (flow_common.cuh's perms) */
+static __host__ __device__ __forceinline__ int w_perm(int m) {
+    return m == 0 ? (KVG ? PERM_KVGROUP : PERM_LAST_FIRST) : m == 2 ? PERM_GU : PERM_NONE;
+}
 static __host__ __device__ __forceinline__ int w_first(int m) {
     return m == 0 ? 0 : m == 1 ? NP_QKV : m == 2 ? NP_QKV + NP_O : NP_QKV + NP_O + NP_GU;
 }
 
-/* IW: weight m's input offset in codes (its groups' at in_off / 32) and first slice */
+/* IW: weight m's input offset in codes (its groups' at in_off / 32, its first slice's mbarrier at
+ * in_off / 1024) */
 static __host__ __device__ __forceinline__ int in_off(int m) {
     return m == 0 ? 0 : m == 1 ? D_EMBD : m == 2 ? D_EMBD + Q_DIM : 2 * D_EMBD + Q_DIM;
 }
@@ -377,7 +382,7 @@ static __device__ void input_warp(int n_layer, const lflow_bufs &B, in_smem in, 
                 const uint32_t start = need > (uint32_t)INLEAD ? need - (uint32_t)INLEAD : 0u;
                 while (!__any_sync(FULL_MASK, lane < NC && in.prog[lane] >= start)) __nanosleep(200);
             }
-            const int sl = w_sl(m), slot = in_off(m) / 1024; /* the weight's first slice's mbarrier */
+            const int sl = w_sl(m), slot = in_off(m) / 1024;
             if (INCOPY) { /* slice by slice: lane 0 polls, every lane copies its group, lane 0 arrives */
                 for (int k = 0; k < sl; k++) {
                     if (lane == 0 && !NOEPI)
@@ -415,14 +420,19 @@ static __device__ void input_warp(int n_layer, const lflow_bufs &B, in_smem in, 
             if (lane < w_sl(m)) mbar_wait(in.bar + in_off(m) / 1024 + lane, (n_layer - 1) & 1);
 }
 
-/* PIECE_TMA: piece-order row r0 of weight m -> its first row in the weight (the repack's perm) */
-static __device__ __forceinline__ int src_row(int m, int r0) {
-    if (m == 0) return KVG ? kvgroup_src(r0, QKV_ROWS, KV_DIM) : r0 < KV_DIM ? QKV_ROWS - KV_DIM + r0 : r0 - KV_DIM;
-    if (m == 2) {
-        const int G = r0 / 64, c = r0 % 64;
-        return c < 32 ? 32 * G + c : D_FF + 32 * G + (c - 32);
-    }
-    return r0;
+/* Piece q of the run: its layer l, weight m, index p within the weight, input slice k and first
+ * row r0 in the weight's piece order */
+struct lpiece {
+    int l, m, p, k, r0;
+};
+static __device__ __forceinline__ lpiece lpiece_at(uint32_t q) {
+    lpiece pc;
+    pc.l = q / NP_LAYER;
+    const int r = q % NP_LAYER;
+    pc.m = r < NP_QKV ? 0 : r < NP_QKV + NP_O ? 1 : r < NP_LAYER - NP_DN ? 2 : 3;
+    pc.p = r - w_first(pc.m);
+    piece_at_tail(pc.p, w_sl(pc.m), w_nout(pc.m), w_chunk(pc.m), w_tail(pc.m), pc.k, pc.r0);
+    return pc;
 }
 /* One 2D tensor copy of box (x, y) of map tm into shared memory dst, completing on mbarrier bar */
 static __device__ __forceinline__ void tensor_copy_2d(void *dst, const CUtensorMap *tm, int x, int y, uint32_t bar) {
@@ -434,8 +444,8 @@ static __device__ __forceinline__ void tensor_copy_2d(void *dst, const CUtensorM
 }
 
 static __device__ __forceinline__ const uint8_t *lpiece_src(const lflow_w *L, uint32_t q) {
-    const int l = q / NP_LAYER, r = q % NP_LAYER, m = r < NP_QKV ? 0 : r < NP_QKV + NP_O ? 1 : r < NP_LAYER - NP_DN ? 2 : 3;
-    return L[l].w[m] + (int64_t)(r - w_first(m)) * PIECE_B;
+    const lpiece pc = lpiece_at(q);
+    return L[pc.l].w[pc.m] + (int64_t)pc.p * PIECE_B;
 }
 
 __global__ void __launch_bounds__(N_WARPS * 32, 1) layer_flow_kernel(const lflow_w *L, int n_layer, lflow_bufs B,
@@ -470,13 +480,11 @@ __global__ void __launch_bounds__(N_WARPS * 32, 1) layer_flow_kernel(const lflow
         uint32_t ni = 0;
 #if PIECE_TMA /* tmaps[(l * N_W + m) * 2]: codes, + 1: scales */
         auto issue = [&](uint32_t q, uint8_t *dst, uint32_t bar) {
-            const int l = q / NP_LAYER, r = q % NP_LAYER;
-            const int m = r < NP_QKV ? 0 : r < NP_QKV + NP_O ? 1 : r < NP_LAYER - NP_DN ? 2 : 3;
-            int k, r0;
-            piece_at_tail(r - w_first(m), w_sl(m), w_nout(m), w_chunk(m), w_tail(m), k, r0);
-            const int y = src_row(m, r0);
-            tensor_copy_2d(dst, tmaps + (l * N_W + m) * 2, k * 128, y, bar);
-            tensor_copy_2d(dst + PIECE_CB, tmaps + (l * N_W + m) * 2 + 1, k * 16, y, bar);
+            const lpiece pc = lpiece_at(q);
+            const int y = perm_src(w_perm(pc.m), pc.r0, w_nout(pc.m), KV_DIM);
+            const CUtensorMap *tm = tmaps + (pc.l * N_W + pc.m) * 2;
+            tensor_copy_2d(dst, tm, pc.k * 128, y, bar);
+            tensor_copy_2d(dst + PIECE_CB, tm + 1, pc.k * 16, y, bar);
         };
         if (lane == 0) dyn_fill_with(rg, B.next, total, issue), ni = rg.n_issued;
 #else
@@ -490,10 +498,8 @@ __global__ void __launch_bounds__(N_WARPS * 32, 1) layer_flow_kernel(const lflow
 #if IW
         if (lane == 0) in.prog[warp] = q;
 #endif
-        const int l = q / NP_LAYER, r = q % NP_LAYER;
-        const int m = r < NP_QKV ? 0 : r < NP_QKV + NP_O ? 1 : r < NP_LAYER - NP_DN ? 2 : 3;
-        int k, r0;
-        piece_at_tail(r - w_first(m), w_sl(m), w_nout(m), w_chunk(m), w_tail(m), k, r0);
+        const lpiece pc = lpiece_at(q);
+        const int l = pc.l, m = pc.m, k = pc.k, r0 = pc.r0;
         const int key = (l * N_W + m) * 32 + k;
 #if IW
         if (key != xkey) { /* the lane's input group of slice k, from the block's copy */
@@ -525,7 +531,7 @@ __global__ void __launch_bounds__(N_WARPS * 32, 1) layer_flow_kernel(const lflow
         if (lane == 0) {
             tr_mark(q, 1);
             const int tl = l - TR_L0;
-            if (tl >= 0 && tl < TR_NL) g_trw[(size_t)tl * NP_LAYER + r] = blockIdx.x * NC + warp;
+            if (tl >= 0 && tl < TR_NL) g_trw[(size_t)tl * NP_LAYER + q % NP_LAYER] = blockIdx.x * NC + warp;
         }
 #endif
         mbar_wait(rg.bar + st, (rg.n_used / NS) & 1);
@@ -573,11 +579,10 @@ int main(int argc, char **argv) {
     std::vector<lflow_w> hf(n_layer);
     for (int l = 0; l < n_layer; l++) {
         const mv *src[N_W] = {&ha[l].qkv, &ha[l].o, &h[l].gu, &h[l].down};
-        const int perm[N_W] = {KVG ? PERM_KVGROUP : PERM_LAST_FIRST, PERM_NONE, PERM_GU, PERM_NONE};
         for (int m = 0; m < N_W && !PIECE_TMA; m++) {
             uint8_t *d;
             CK(cudaMalloc(&d, (size_t)w_sl(m) * (w_nout(m) / RPP) * PIECE_B));
-            repack_pieces<<<2048, 256>>>(d, *src[m], perm[m], KV_DIM, w_chunk(m), w_tail(m));
+            repack_pieces<<<2048, 256>>>(d, *src[m], w_perm(m), KV_DIM, w_chunk(m), w_tail(m));
             CK(cudaGetLastError());
             hf[l].w[m] = d;
         }
