@@ -261,17 +261,22 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
     }
     fprintf(f, "  %-18s %12s  %lld bytes\n", "budget (--gpu-mem)", hsize(a, sizeof a, (double)mp->budget), (long long)mp->budget);
     if (mp->fits)
-        fprintf(f, "fits: %.2f GiB to spare\n", (double)(mp->budget - mp->total) / GiB);
+        fprintf(f, "fits: %.2f GiB to spare in the arena (the card must have the device total, %.2f GiB)\n",
+                (double)(mp->budget - mp->total) / GiB, (double)mp->device_total / GiB);
     else
         fprintf(f, "does not fit: short by %.2f GiB\n", (double)(mp->total - mp->budget) / GiB);
     if (mp->max_ctx == INT64_MAX)
         fprintf(f, "largest context that fits: no limit from memory (no KV cache)\n");
     else if (mp->max_ctx < 0)
         fprintf(f, "largest context that fits: none (weights, state, activations and workspace alone exceed the budget)\n");
-    else if (mp->max_ctx_whole < mp->max_ctx)
-        fprintf(f, "largest context that fits: %lld tokens per sequence x %d seq (model's n_ctx_train %d); up to %lld with the whole-matrix prefill tiles, beyond that the small ones\n",
-                (long long)mp->max_ctx, p->n_seq, hp->n_ctx_train, (long long)mp->max_ctx_whole);
-    else
-        fprintf(f, "largest context that fits: %lld tokens per sequence x %d seq (model's n_ctx_train %d)\n", (long long)mp->max_ctx,
-                p->n_seq, hp->n_ctx_train);
+    else {
+        /* memory alone bounds it: a context past the trained one is reported, and marked */
+        const char *beyond = mp->max_ctx > hp->n_ctx_train ? ", which this exceeds" : "";
+        if (mp->max_ctx_whole < mp->max_ctx)
+            fprintf(f, "largest context that fits: %lld tokens per sequence x %d seq (model's n_ctx_train %d%s); up to %lld with the whole-matrix prefill tiles, beyond that the small ones\n",
+                    (long long)mp->max_ctx, p->n_seq, hp->n_ctx_train, beyond, (long long)mp->max_ctx_whole);
+        else
+            fprintf(f, "largest context that fits: %lld tokens per sequence x %d seq (model's n_ctx_train %d%s)\n",
+                    (long long)mp->max_ctx, p->n_seq, hp->n_ctx_train, beyond);
+    }
 }

@@ -38,7 +38,8 @@
 #define MAX_LIST 16
 
 static const char *usage =
-    "usage: pxq bench (-m PATH | --load-format dummy --config FILE.json [--dtype T]) [options]\n"
+    "usage: pxq bench [-m PATH | --load-format dummy --config FILE.json [--dtype T]] [options]\n"
+    "  -m, --model PATH       GGUF file or HF model directory (default: the bundled tiny model)\n"
     "  -p, --n-prompt LIST    prompt tokens per sequence, timed as one batch (default 512; 0: none)\n"
     "  -n, --n-gen LIST       generated tokens per sequence (default 128; 0: none)\n"
     "  -b, --batch LIST       concurrent sequences (default 1), e.g. 1,4,16\n"

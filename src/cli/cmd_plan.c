@@ -14,8 +14,9 @@
 #include "util.h"
 
 static const char *usage =
-    "usage: pxq plan (-m PATH | --load-format dummy --config FILE.json [--dtype T]) [-c CTX] [--gpu-mem SIZE] [options]\n"
-    "  -m, --model PATH        GGUF file or HF directory (its tensors' own types)\n"
+    "usage: pxq plan [-m PATH | --load-format dummy --config FILE.json [--dtype T]] [-c CTX] [--gpu-mem SIZE] [options]\n"
+    "  -m, --model PATH        GGUF file or HF directory, its tensors' own types (default: the bundled\n"
+    "                          tiny model)\n"
     "  -c, --ctx-size N        context per sequence (default: the model's trained context, at most 4096,\n"
     "                          as pxq run and serve; alias --max-model-len)\n"
     "  --gpu-mem SIZE          the CUDA arena's budget, e.g. 16GiB: everything the engine allocates on\n"

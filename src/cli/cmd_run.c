@@ -124,8 +124,8 @@ int cmd_run(int argc, char **argv) {
     if (ep->n_ctx > n_ctx_train) snprintf(beyond, sizeof beyond, " (beyond the model's trained %d)", n_ctx_train);
     char sampling[48] = "greedy (--temp 0: no seed)"; /* a seed would draw nothing */
     if (gp.sp.temperature >= SAMPLER_TEMP_EPS) snprintf(sampling, sizeof sampling, "seed %llu", (unsigned long long)gp.sp.seed);
-    fprintf(stderr, "pxq run: %s (%s), %d prompt tokens, n_ctx %d%s, %d threads, %s\n", model_path(m),
-            model_hparams(m)->arch_name, n_ids, ep->n_ctx, beyond, ep->n_threads, sampling);
+    fprintf(stderr, "pxq run: %s (%s), %d prompt tokens, n_ctx %d%s, %d thread%s, %s\n", model_path(m),
+            model_hparams(m)->arch_name, n_ids, ep->n_ctx, beyond, ep->n_threads, ep->n_threads == 1 ? "" : "s", sampling);
     struct gen_stats st;
     int rc = generate(e, tok, ids, n_ids, &gp, write_out, NULL, &st, err, sizeof err);
     if (rc != 0) {

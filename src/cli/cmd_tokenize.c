@@ -19,7 +19,14 @@ int cmd_tokenize(int argc, char **argv) {
         else if (!strcmp(f, "-p") || !strcmp(f, "--prompt")) text = arg_str(&a);
         else if (!strcmp(f, "--no-parse-special")) no_special = 1;
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
-            printf("usage: pxq tokenize [-m PATH] [--no-parse-special] (TEXT | -p TEXT | -f FILE)\n");
+            printf("usage: pxq tokenize [-m PATH] [--no-parse-special] (TEXT | -p TEXT | -f FILE)\n"
+                   "  prints the token ids of the text as a JSON array\n"
+                   "  -m, --model PATH        GGUF file, HF model directory, or a directory with only a\n"
+                   "                          tokenizer.json (default: the bundled tiny model)\n"
+                   "  -p, --prompt TEXT       the text (or give it as the argument)\n"
+                   "  -f, --file FILE         read the text from FILE\n"
+                   "  --no-parse-special      special-token strings such as <|im_start|> are tokenized as\n"
+                   "                          plain text\n");
             return 0;
         } else if (f[0] == '-' && f[1]) fail(&a, 2, "unknown option '%s'", f);
         else if (!text) text = f;
