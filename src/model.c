@@ -220,6 +220,49 @@ static int check_norm_rope(const struct pxq_hparams *hp, int gguf, char *err, si
     return 0;
 }
 
+/* model_qwen35.c: the Gated DeltaNet sizes, checked when the hyperparameters are read. */
+int model_qwen35_check_hparams(const struct pxq_hparams *hp, int gguf, char *err, size_t errlen);
+
+/* The MoE router's counts (HF Qwen3MoeSparseMoeBlock: softmax over n_expert logits, top n_expert_used):
+ * 1 <= n_expert_used <= n_expert <= PXQ_MAX_EXPERTS. Checked when the hyperparameters are read, so
+ * plan, dummy weights and both file formats refuse the same configs. */
+static int check_moe(const struct pxq_hparams *hp, int gguf, char *err, size_t errlen) {
+    if (hp->arch != ARCH_QWEN3MOE) return 0;
+    const char *src = gguf ? "GGUF" : "config.json";
+    if (hp->n_expert < 1 || hp->n_expert > PXQ_MAX_EXPERTS)
+        return set_err(err, errlen, "%s: %s %d must be in [1, %d]", src, gguf ? "expert_count" : "num_experts", hp->n_expert,
+                       PXQ_MAX_EXPERTS);
+    if (hp->n_expert_used < 1 || hp->n_expert_used > hp->n_expert)
+        return set_err(err, errlen, "%s: %s %d must be in [1, %d] (the number of experts)", src,
+                       gguf ? "expert_used_count" : "num_experts_per_tok", hp->n_expert_used, hp->n_expert);
+    return 0;
+}
+
+/* What config.json may ask for that PXQ does not compute: RoPE scaling other than none/default
+ * (YaRN, linear, dynamic, llama3, longrope), sliding-window attention, an activation other than SiLU.
+ * Each would load and run with plain RoPE, full attention and SiLU, and give other logits than the
+ * checkpoint's, so they are refused. c: the text config; rp: its rope_parameters or NULL. */
+static int check_unsupported_config(const cJSON *c, const cJSON *rp, char *err, size_t errlen) {
+    const cJSON *rs[2] = {cJSON_GetObjectItemCaseSensitive(c, "rope_scaling"), rp};
+    for (int i = 0; i < 2; i++) {
+        if (!cJSON_IsObject(rs[i])) continue;
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs[i], "rope_type");
+        if (!t) t = cJSON_GetObjectItemCaseSensitive(rs[i], "type");
+        if (t && !cJSON_IsNull(t) && !(cJSON_IsString(t) && !strcmp(t->valuestring, "default")))
+            return set_err(err, errlen, "config.json: %s type '%s' is not supported (PXQ computes plain RoPE only)",
+                           i ? "rope_parameters" : "rope_scaling", cJSON_IsString(t) ? t->valuestring : "(not a string)");
+    }
+    const cJSON *sw = cJSON_GetObjectItemCaseSensitive(c, "use_sliding_window");
+    if (cJSON_IsTrue(sw))
+        return set_err(err, errlen, "config.json: use_sliding_window true is not supported (PXQ computes full causal attention)");
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(c, "hidden_act");
+    if (act && !cJSON_IsNull(act) &&
+        !(cJSON_IsString(act) && (!strcmp(act->valuestring, "silu") || !strcmp(act->valuestring, "swish"))))
+        return set_err(err, errlen, "config.json: hidden_act '%s' is not supported (PXQ computes SwiGLU with SiLU)",
+                       cJSON_IsString(act) ? act->valuestring : "(not a string)");
+    return 0;
+}
+
 /* A boolean field: absent or null gives def; any other non-boolean is an error naming the field. */
 static int cfg_bool(const cJSON *c, const char *key, int def, int *out, char *err, size_t errlen) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(c, key);
@@ -252,7 +295,7 @@ static cJSON *load_json_path(const char *path, char *err, size_t errlen, int *fa
 static cJSON *load_json(const char *dir, const char *name, int required, char *err, size_t errlen, int *failed) {
     char path[1200];
     *failed = 0;
-    if (path_join(path, sizeof path, dir, name) != 0 || !file_exists(path)) {
+    if (path_join(path, sizeof path, dir, name) != 0 || !path_exists(path)) {
         if (required) *failed = set_err(err, errlen, "%s/%s: not found", dir, name);
         return NULL;
     }
@@ -261,13 +304,13 @@ static cJSON *load_json(const char *dir, const char *name, int required, char *e
 
 static cJSON *load_json_path(const char *path, char *err, size_t errlen, int *failed) {
     *failed = 0;
-    if (!file_exists(path)) {
+    if (!path_exists(path) || is_dir(path)) {
         *failed = is_dir(path) ? set_err(err, errlen, "%s: is a directory, not a JSON file (e.g. config.json)", path)
                                : set_err(err, errlen, "%s: not found", path);
         return NULL;
     }
     size_t len;
-    char *s = read_file(path, 64u << 20, &len, err, errlen);
+    char *s = read_regular_file(path, 64u << 20, &len, err, errlen); /* a pipe or device: "not a regular file" */
     if (!s) {
         *failed = -1;
         return NULL;
@@ -333,7 +376,7 @@ static int hparams_from_config(struct pxq_hparams *hp, const char *config_path, 
         goto out;
     }
     hp->n_rot = (int)(hp->head_dim * prf);
-    if (check_norm_rope(hp, 0, err, errlen)) goto out;
+    if (check_norm_rope(hp, 0, err, errlen) || check_unsupported_config(c, rpo, err, errlen)) goto out;
     hp->rope_style = ROPE_NEOX;
     int bias = 0;
     if (cfg_bool(root, "tie_word_embeddings", 0, &hp->tie_embd, err, errlen) || /* the top level's, if the text_config has none */
@@ -356,6 +399,7 @@ static int hparams_from_config(struct pxq_hparams *hp, const char *config_path, 
             set_err(err, errlen, "config.json: qwen3_moe with dense layers (decoder_sparse_step/mlp_only_layers) is not supported");
             goto out;
         }
+        if (check_moe(hp, 0, err, errlen)) goto out;
     }
     if (hp->arch == ARCH_QWEN35) {
         hp->norm_w_offset = 1.0f; /* Qwen3_5RMSNorm: x_hat * (1 + w) */
@@ -379,6 +423,7 @@ static int hparams_from_config(struct pxq_hparams *hp, const char *config_path, 
             else
                 hp->layer_kind[il] = (il + 1) % (interval ? interval : 4) == 0 ? LAYER_ATTN : LAYER_DELTANET;
         }
+        if (model_qwen35_check_hparams(hp, 0, err, errlen)) goto out;
     }
     hp->bos_id = -1;
     const cJSON *bos = cJSON_GetObjectItemCaseSensitive(c, "bos_token_id");
@@ -398,7 +443,7 @@ out:
 static int hparams_from_hf(struct pxq_hparams *hp, const char *dir, char *err, size_t errlen) {
     char path[1200];
     if (path_join(path, sizeof path, dir, "config.json") != 0) return set_err(err, errlen, "%s: path too long", dir);
-    if (!file_exists(path))
+    if (!path_exists(path))
         return set_err(err, errlen,
                        "%s: not a model directory: it has no config.json (a model is an HF directory with config.json "
                        "and *.safetensors, or a .gguf file)", dir);
@@ -454,6 +499,15 @@ static int hparams_from_gguf(struct pxq_hparams *hp, const struct gguf_file *g, 
     hp->rope_theta = gguf_f32_arch(g, a, "rope.freq_base", 10000.0f);
     hp->rms_eps = gguf_f32_arch(g, a, "attention.layer_norm_rms_epsilon", 1e-6f);
     if (check_norm_rope(hp, 1, err, errlen)) return -1;
+    /* RoPE scaling (GGUF spec: {arch}.rope.scaling.type none|linear|yarn; llama.cpp writes Llama 3.1's
+     * frequency factors as a rope_freqs.weight tensor): PXQ computes plain RoPE only */
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    const char *rst = gguf_get_str(g, key);
+    if (rst && strcmp(rst, "none") != 0)
+        return set_err(err, errlen, "GGUF: %s '%s' is not supported (PXQ computes plain RoPE only)", key, rst);
+    if (gguf_find_tensor(g, "rope_freqs.weight"))
+        return set_err(err, errlen, "GGUF: tensor rope_freqs.weight (RoPE frequency scaling) is not supported (PXQ computes plain RoPE only)");
     hp->rope_style = hp->arch == ARCH_LLAMA ? ROPE_NORM : ROPE_NEOX;
     hp->has_qkv_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
     hp->has_qk_norm = hp->arch == ARCH_QWEN3 || hp->arch == ARCH_QWEN3MOE || hp->arch == ARCH_QWEN35;
@@ -466,6 +520,7 @@ static int hparams_from_gguf(struct pxq_hparams *hp, const struct gguf_file *g, 
             gguf_u32_arch(g, a, "expert_feed_forward_length", 1, 0, &hp->n_ff_exp, err, errlen))
             return -1;
         hp->norm_topk_prob = 1; /* llama.cpp: qwen3moe always renormalises the top-k weights */
+        if (check_moe(hp, 1, err, errlen)) return -1;
     }
     if (hp->arch == ARCH_QWEN35) {
         int interval = 4;
@@ -486,6 +541,10 @@ static int hparams_from_gguf(struct pxq_hparams *hp, const struct gguf_file *g, 
         hp->n_layer -= hp->n_mtp_layer;
         for (int il = 0; il < hp->n_layer && il < PXQ_MAX_LAYERS; il++)
             hp->layer_kind[il] = (il + 1) % (interval ? interval : 4) == 0 ? LAYER_ATTN : LAYER_DELTANET;
+        if (model_qwen35_check_hparams(hp, 1, err, errlen)) return -1;
+        if (inner != hp->ssm_n_v_head * hp->ssm_head_v_dim)
+            return set_err(err, errlen, "GGUF: %s.ssm.inner_size %d must be a multiple of %s.ssm.time_step_rank %d", a, inner, a,
+                           hp->ssm_n_v_head);
     }
     hp->bos_id = -1;
     uint32_t v;
@@ -704,10 +763,7 @@ struct pxq_model *model_open(const char *path, char *err, size_t errlen) {
         set_err(err, errlen, "no model path given");
         return NULL;
     }
-    if (!is_dir(path) && !file_exists(path)) {
-        set_err(err, errlen, "%s: no such file or directory", path);
-        return NULL;
-    }
+    if (!is_dir(path) && regular_file(path, err, errlen) != 0) return NULL; /* missing, or a pipe/device: never opened */
     if (strlen(path) >= sizeof ((struct pxq_model *)0)->path) { /* the joins below ("dir/tokenizer.json") fit after it */
         set_err(err, errlen, "model path of %zu bytes: at most %zu are supported", strlen(path),
                 sizeof ((struct pxq_model *)0)->path - 1);
@@ -721,7 +777,7 @@ struct pxq_model *model_open(const char *path, char *err, size_t errlen) {
         if (!m->st) goto fail;
         build_table_hf(m);
         char tj[1200];
-        if (path_join(tj, sizeof tj, path, "tokenizer.json") == 0 && file_exists(tj)) {
+        if (path_join(tj, sizeof tj, path, "tokenizer.json") == 0 && path_exists(tj)) {
             m->tok = tokenizer_load_hf(path, err, errlen);
             if (!m->tok) goto fail;
         }

@@ -16,6 +16,7 @@
  *     bytes are the same (K taps per channel, oldest first).
  */
 #include "model.h"
+#include "util.h"
 
 typedef const struct pxq_tensor *(*lookup_fn)(void *ctx, int il, const char *suffix, int required, int64_t ne0,
                                                 int64_t ne1, int64_t ne2);
@@ -52,11 +53,27 @@ static void bind_deltanet(struct pxq_layer *L, const struct pxq_hparams *hp, int
     L->ssm_out = lookup(ctx, il, "ssm_out.weight", 1, value_dim, hp->n_embd, 1);
 }
 
-static int shapes_ok(const struct pxq_hparams *hp) {
-    if (hp->ssm_conv_kernel < 1 || hp->ssm_conv_kernel > 16) return 0;
-    if (hp->ssm_n_k_head <= 0 || hp->ssm_n_v_head <= 0 || hp->ssm_n_v_head % hp->ssm_n_k_head) return 0;
-    if (hp->ssm_head_k_dim <= 0 || hp->ssm_head_v_dim <= 0 || hp->ssm_head_k_dim > 1024 || hp->ssm_head_v_dim > 1024) return 0;
-    return 1;
+/* The Gated DeltaNet sizes PXQ's kernels take (HF Qwen3_5GatedDeltaNet: value heads are grouped by
+ * key head, so n_v_head must be a multiple of n_k_head; conv width and head dims bounded by the CPU
+ * and CUDA kernels' buffers). gguf selects the GGUF key names for the message (llama.cpp's
+ * ssm.conv_kernel, ssm.group_count, ssm.time_step_rank, ssm.state_size, ssm.inner_size). Returns 0,
+ * or -1 with a message naming the field. */
+int model_qwen35_check_hparams(const struct pxq_hparams *hp, int gguf, char *err, size_t errlen) {
+    const char *src = gguf ? "GGUF" : "config.json";
+    if (hp->ssm_conv_kernel < 1 || hp->ssm_conv_kernel > 16)
+        return set_err(err, errlen, "%s: %s %d must be in [1, 16]", src, gguf ? "ssm.conv_kernel" : "linear_conv_kernel_dim",
+                       hp->ssm_conv_kernel);
+    if (hp->ssm_n_k_head <= 0 || hp->ssm_n_v_head <= 0 || hp->ssm_n_v_head % hp->ssm_n_k_head)
+        return set_err(err, errlen, "%s: %s %d must be a positive multiple of %s %d", src,
+                       gguf ? "ssm.time_step_rank" : "linear_num_value_heads", hp->ssm_n_v_head,
+                       gguf ? "ssm.group_count" : "linear_num_key_heads", hp->ssm_n_k_head);
+    if (hp->ssm_head_k_dim <= 0 || hp->ssm_head_k_dim > 1024)
+        return set_err(err, errlen, "%s: %s %d must be in [1, 1024]", src, gguf ? "ssm.state_size" : "linear_key_head_dim",
+                       hp->ssm_head_k_dim);
+    if (hp->ssm_head_v_dim <= 0 || hp->ssm_head_v_dim > 1024)
+        return set_err(err, errlen, "%s: the value head dim %d must be in [1, 1024] (%s)", src, hp->ssm_head_v_dim,
+                       gguf ? "ssm.inner_size / ssm.time_step_rank" : "linear_value_head_dim");
+    return 0;
 }
 
 /* Bind layer il's token mixer by hp->layer_kind[il]. Returns 0, or -1 if the DeltaNet sizes are
@@ -66,7 +83,7 @@ int model_bind_qwen35_layer(struct pxq_layer *L, const struct pxq_hparams *hp, i
         bind_gated_attention(L, hp, il, lookup, ctx);
         return 0;
     }
-    if (!shapes_ok(hp)) return -1;
+    if (model_qwen35_check_hparams(hp, 0, NULL, 0)) return -1; /* checked with a message when read */
     bind_deltanet(L, hp, il, lookup, ctx);
     return 0;
 }

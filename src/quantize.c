@@ -9,6 +9,7 @@
  * tensor is added to the file. */
 #include "quantize.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <fnmatch.h>
@@ -579,6 +580,44 @@ out:
     return rc;
 }
 
+/* The output path must not name a file the run reads: the rename at the end would replace it (a
+ * shard, config.json, the calibration text) and the input model would be gone. Compared by device and
+ * inode, so another name for the same file (a hard link, "dir/./x", a link in an HF cache snapshot)
+ * is caught too. The files: the ones model_open and quantize_meta.c read from an HF directory, the
+ * index and every shard its weight_map names (the loader's own rule: st_open_dir), and --calib-file.
+ * Returns -1 with a message naming the file when the output is one of them; a new file in the
+ * model directory, or one the loader does not read, is fine. */
+static int output_is_input(const struct quantize_params *p, char *err, size_t errlen) {
+    static const char *const names[] = {"config.json",    "generation_config.json", "model.safetensors.index.json",
+                                        "model.safetensors", "tokenizer.json",      "tokenizer_config.json",
+                                        "chat_template.jinja"};
+    if (!path_exists(p->output)) return 0;
+    char path[4096];
+    const char *why = "the input model's";
+    int hit = 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !hit; i++)
+        hit = path_join(path, sizeof path, p->model_dir, names[i]) == 0 && same_file(p->output, path);
+    if (!hit && path_join(path, sizeof path, p->model_dir, "model.safetensors.index.json") == 0 && file_exists(path)) {
+        size_t len;
+        char *text = read_regular_file(path, 64u << 20, &len, NULL, 0);
+        cJSON *root = text ? cJSON_ParseWithLength(text, len) : NULL;
+        free(text);
+        const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+        for (const cJSON *e = cJSON_IsObject(wm) ? wm->child : NULL; e && !hit; e = e->next)
+            hit = cJSON_IsString(e) && !strchr(e->valuestring, '/') &&
+                  path_join(path, sizeof path, p->model_dir, e->valuestring) == 0 && same_file(p->output, path);
+        cJSON_Delete(root);
+    }
+    if (!hit && p->calib_file && same_file(p->output, p->calib_file)) {
+        snprintf(path, sizeof path, "%s", p->calib_file);
+        why = "the calibration file";
+        hit = 1;
+    }
+    if (!hit) return 0;
+    return set_err(err, errlen, "%s is %s %s: writing the output there would destroy it; give another --output path",
+                   p->output, why, path);
+}
+
 static void job_free(struct qjob *j) {
     for (int i = 0; i < j->n_e; i++)
         free(j->e[i].src), free(j->e[i].site), free(j->e[i].col), free(j->e[i].row), free(j->e[i].row_perm), free(j->e[i].col_perm);
@@ -614,6 +653,7 @@ int quantize_model(const struct quantize_params *p, char *err, size_t errlen) {
     if (lstat(p->output, &ost) == 0 && !S_ISREG(ost.st_mode))
         return set_err(err, errlen, "%s exists and is not a regular file (a link, device, pipe or socket); give a new path",
                        p->output);
+    if (output_is_input(p, err, errlen) != 0) return -1;
     j.m = model_open(p->model_dir, err, errlen); /* a directory: an HF checkpoint */
     if (!j.m) return -1;
     j.hp = model_hparams(j.m);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "ops_cpu.h"
@@ -17,8 +18,14 @@
 #include "util.h"
 
 int file_sha256_hex(const char *path, char *hex, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return set_err(err, errlen, "%s: %s", path, strerror(errno));
+    int fd = open_regular(path, err, errlen); /* a pipe would block, and give other bytes than the text read */
+    if (fd < 0) return -1;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        set_err(err, errlen, "%s: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
     struct sha256_ctx ctx;
     sha256_init(&ctx);
     uint8_t buf[1 << 16];
@@ -61,7 +68,7 @@ int calib_load(const char *path, const struct pxq_tokenizer *tok, int n_seq, int
     *tokens = NULL;
     if (!tok) return set_err(err, errlen, "the model has no tokenizer: calibration text cannot be tokenized");
     size_t len;
-    char *text = read_file(path, 1u << 30, &len, err, errlen);
+    char *text = read_regular_file(path, 1u << 30, &len, err, errlen);
     if (!text) return -1;
     if (file_sha256_hex(path, sha256_hex, err, errlen) != 0) {
         free(text);

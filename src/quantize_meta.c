@@ -12,12 +12,18 @@
 #include "quantize_meta.h"
 #include "util.h"
 
-static cJSON *read_json(const char *dir, const char *name, char *err, size_t errlen) {
+/* dir/name parsed, or NULL: *failed 0 when the file is absent (or not JSON), -1 with a message when
+ * something there cannot be read (a pipe or device: "not a regular file", never read). */
+static cJSON *read_json(const char *dir, const char *name, int *failed, char *err, size_t errlen) {
     char path[1200];
     size_t len;
-    if (path_join(path, sizeof path, dir, name) != 0 || !file_exists(path)) return NULL;
-    char *s = read_file(path, 256u << 20, &len, err, errlen);
-    if (!s) return NULL;
+    *failed = 0;
+    if (path_join(path, sizeof path, dir, name) != 0 || !path_exists(path)) return NULL;
+    char *s = read_regular_file(path, 256u << 20, &len, err, errlen);
+    if (!s) {
+        *failed = -1;
+        return NULL;
+    }
     cJSON *j = cJSON_ParseWithLength(s, len);
     free(s);
     return j;
@@ -85,9 +91,9 @@ static int32_t token_id_of(const cJSON *vocab, const cJSON *added, const char *s
  * (pad token, chat template) and chat_template.jinja. Token types: 1 NORMAL, 3 CONTROL (special
  * added tokens), 4 USER_DEFINED (other added tokens), 5 UNUSED ("[PAD<id>]" filler up to n_vocab). */
 static int put_tokenizer(struct gguf_writer *w, const struct pxq_hparams *hp, const char *dir, char *err, size_t errlen) {
-    char e2[256] = "";
-    cJSON *tj = read_json(dir, "tokenizer.json", e2, sizeof e2);
-    if (!tj) return 0; /* no tokenizer (random test models): ids only */
+    int failed;
+    cJSON *tj = read_json(dir, "tokenizer.json", &failed, err, errlen);
+    if (!tj) return failed; /* no tokenizer (random test models): ids only */
     int rc = -1;
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(tj, "model");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
@@ -168,7 +174,8 @@ static int put_tokenizer(struct gguf_writer *w, const struct pxq_hparams *hp, co
     gguf_w_arr_i32(w, "tokenizer.ggml.token_type", ttype, (size_t)n);
     gguf_w_arr_str(w, "tokenizer.ggml.merges", (const char *const *)mer, mlen, n_merges);
     int32_t eos = hp->n_eos ? hp->eos_ids[0] : -1, pad = -1;
-    cfg = read_json(dir, "tokenizer_config.json", e2, sizeof e2);
+    cfg = read_json(dir, "tokenizer_config.json", &failed, err, errlen);
+    if (failed) goto out;
     const cJSON *pt = cJSON_GetObjectItemCaseSensitive(cfg, "pad_token");
     if (cJSON_IsObject(pt)) pt = cJSON_GetObjectItemCaseSensitive(pt, "content");
     if (cJSON_IsString(pt)) pad = token_id_of(vocab, added, pt->valuestring);
@@ -181,8 +188,8 @@ static int put_tokenizer(struct gguf_writer *w, const struct pxq_hparams *hp, co
     /* chat template: chat_template.jinja, else tokenizer_config.json's chat_template string */
     char path[1200];
     size_t len;
-    if (path_join(path, sizeof path, dir, "chat_template.jinja") == 0 && file_exists(path)) {
-        char *t = read_file(path, 16u << 20, &len, err, errlen);
+    if (path_join(path, sizeof path, dir, "chat_template.jinja") == 0 && path_exists(path)) {
+        char *t = read_regular_file(path, 16u << 20, &len, err, errlen);
         if (!t) goto out;
         gguf_w_strn(w, "tokenizer.chat_template", t, len);
         free(t);

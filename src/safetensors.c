@@ -290,15 +290,15 @@ struct st_model *st_open_dir(const char *dir, char *err, size_t errlen) {
     char path[4096];
     if (path_join(path, sizeof path, dir, "model.safetensors.index.json"))
         return set_err(err, errlen, "%s: path too long", dir), NULL;
-    if (!file_exists(path)) {
+    if (!path_exists(path)) { /* a pipe or device there is refused by read_file / mmap_file, by name */
         if (path_join(path, sizeof path, dir, "model.safetensors"))
             return set_err(err, errlen, "%s: path too long", dir), NULL;
-        if (!file_exists(path))
+        if (!path_exists(path))
             return set_err(err, errlen, "%s: no model.safetensors.index.json or model.safetensors", dir), NULL;
         return st_open_file(path, err, errlen);
     }
     size_t len;
-    char *text = read_file(path, ST_MAX_INDEX, &len, err, errlen);
+    char *text = read_regular_file(path, ST_MAX_INDEX, &len, err, errlen);
     if (!text) return NULL;
     cJSON *root = cJSON_ParseWithLength(text, len);
     free(text);

@@ -1008,9 +1008,9 @@ static void read_tokenizer_config(struct pxq_tokenizer *t, const char *dir) {
     char path[4096], e[256];
     size_t n;
     if (path_join(path, sizeof path, dir, "chat_template.jinja") == 0 && file_exists(path))
-        t->chat_template = read_file(path, 1 << 20, &n, e, sizeof e);
+        t->chat_template = read_regular_file(path, 1 << 20, &n, e, sizeof e);
     if (path_join(path, sizeof path, dir, "tokenizer_config.json") != 0) return;
-    char *txt = file_exists(path) ? read_file(path, 64 << 20, &n, e, sizeof e) : NULL;
+    char *txt = file_exists(path) ? read_regular_file(path, 64 << 20, &n, e, sizeof e) : NULL;
     cJSON *cfg = txt ? cJSON_ParseWithLength(txt, n) : NULL;
     free(txt);
     const cJSON *eos = cJSON_GetObjectItemCaseSensitive(cfg, "eos_token");
@@ -1041,7 +1041,7 @@ struct pxq_tokenizer *tokenizer_load_hf(const char *path, char *err, size_t errl
         if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
     }
     size_t n;
-    char *json = read_file(file, (size_t)1 << 30, &n, err, errlen);
+    char *json = read_regular_file(file, (size_t)1 << 30, &n, err, errlen);
     if (!json) {
         char xz[4100];
         snprintf(xz, sizeof xz, "%s.xz", file);

@@ -54,15 +54,39 @@ char *xstrdup(const char *s) {
     return memcpy(xmalloc(n), s, n);
 }
 
+int regular_file(const char *path, char *err, size_t errlen) {
+    struct stat st;
+    if (stat(path, &st) != 0) return set_err(err, errlen, "%s: %s", path, strerror(errno));
+    if (S_ISDIR(st.st_mode)) return set_err(err, errlen, "%s: %s", path, strerror(EISDIR));
+    if (!S_ISREG(st.st_mode)) return set_err(err, errlen, "%s: not a regular file", path);
+    return 0;
+}
+
+int open_regular(const char *path, char *err, size_t errlen) {
+    if (regular_file(path, err, errlen) != 0) return -1; /* a pipe or device is never opened */
+    /* O_NONBLOCK: should the path turn into a pipe between the stat and the open, the open does
+     * not wait for a writer; the fstat below then refuses it. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return set_err(err, errlen, "%s: %s", path, strerror(errno));
+    struct stat st;
+    int fl = fcntl(fd, F_GETFL);
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        close(fd);
+        return set_err(err, errlen, "%s: not a regular file", path);
+    }
+    return fd;
+}
+
 int mmap_file(struct pxq_mmap *m, const char *path, char *err, size_t errlen) {
     m->addr = NULL;
     m->size = 0;
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return set_err(err, errlen, "%s: %s", path, strerror(errno));
+    int fd = open_regular(path, err, errlen);
+    if (fd < 0) return -1;
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
         close(fd);
-        return set_err(err, errlen, "%s: not a regular file", path);
+        return set_err(err, errlen, "%s: %s", path, strerror(e));
     }
     m->size = (size_t)st.st_size;
     if (m->size > 0) {
@@ -83,16 +107,8 @@ void mmap_close(struct pxq_mmap *m) {
     m->size = 0;
 }
 
-char *read_file(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen) {
-    if (is_dir(path)) {
-        set_err(err, errlen, "%s: %s", path, strerror(EISDIR));
-        return NULL;
-    }
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        set_err(err, errlen, "%s: %s", path, strerror(errno));
-        return NULL;
-    }
+/* All of f (opened from path) into a NUL-terminated buffer; closes f. */
+static char *read_stream(FILE *f, const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen) {
     size_t cap = 1 << 16, n = 0;
     char *buf = xmalloc(cap + 1);
     for (;;) {
@@ -122,6 +138,31 @@ char *read_file(const char *path, size_t max_bytes, size_t *len, char *err, size
     return buf;
 }
 
+char *read_file(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen) {
+    if (is_dir(path)) {
+        set_err(err, errlen, "%s: %s", path, strerror(EISDIR));
+        return NULL;
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        set_err(err, errlen, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    return read_stream(f, path, max_bytes, len, err, errlen);
+}
+
+char *read_regular_file(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen) {
+    int fd = open_regular(path, err, errlen);
+    if (fd < 0) return NULL;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        set_err(err, errlen, "%s: %s", path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    return read_stream(f, path, max_bytes, len, err, errlen);
+}
+
 int path_join(char *out, size_t cap, const char *dir, const char *name) {
     int n = snprintf(out, cap, "%s/%s", dir, name);
     return (n < 0 || (size_t)n >= cap) ? -1 : 0;
@@ -135,6 +176,21 @@ int is_dir(const char *path) {
 int file_exists(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int path_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+int is_special(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
+}
+
+int same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 struct span { uint64_t off, len; int i; };

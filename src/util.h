@@ -36,18 +36,38 @@ struct pxq_mmap {
     void  *addr;  /* NULL for an empty file */
     size_t size;  /* bytes */
 };
-/* Map `path` read-only. Returns 0, or -1 with a message naming the path and the OS error. */
+/* Model, config and tokenizer files are regular files only: a named pipe would block the open (until
+ * a writer comes, i.e. forever) and a device (/dev/zero) has no end; both are refused with
+ * "PATH: not a regular file", without waiting. regular_file checks by stat and opens nothing: 0 for
+ * a regular file (symbolic links followed), else -1 with "PATH: not a regular file",
+ * "PATH: Is a directory" or the OS error ("PATH: No such file or directory"). open_regular opens a
+ * regular file read-only (O_CLOEXEC, blocking reads) and returns the descriptor, or -1 with the
+ * same messages. mmap_file and read_regular_file open through it. */
+int regular_file(const char *path, char *err, size_t errlen);
+int open_regular(const char *path, char *err, size_t errlen);
+
+/* Map the regular file `path` read-only. Returns 0, or -1 with a message naming the path and the
+ * OS error (or "not a regular file"). */
 int  mmap_file(struct pxq_mmap *m, const char *path, char *err, size_t errlen);
 void mmap_close(struct pxq_mmap *m);
 
 /* Read a whole file into a NUL-terminated malloc'd buffer; *len gets the byte count (without NUL).
- * Returns NULL with a message on failure (including files over `max_bytes`). */
+ * Returns NULL with a message on failure (including files over `max_bytes`).
+ * read_file reads what a user names as text (a prompt, a text to score): a regular file, or a pipe
+ * or device read to its end (`-f /dev/stdin`, `-f <(cmd)`, `-f /dev/null`); opening a named pipe
+ * waits for its writer, as cat does. read_regular_file is for model, config and tokenizer files:
+ * regular files only (open_regular), anything else refused unopened with "PATH: not a regular file". */
 char *read_file(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen);
+char *read_regular_file(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen);
 
 /* Path helpers. path_join writes "dir/name" into out[cap]; returns -1 if it does not fit. */
 int path_join(char *out, size_t cap, const char *dir, const char *name);
 int is_dir(const char *path);
-int file_exists(const char *path);
+int file_exists(const char *path); /* a regular file (links followed) */
+int path_exists(const char *path); /* anything: a file, directory, pipe, device (links followed) */
+int is_special(const char *path);  /* something that is neither a regular file nor a directory */
+/* 1 if both paths exist and are the same file (device and inode, links followed). */
+int same_file(const char *a, const char *b);
 
 /* Byte spans [off[i], off[i] + len[i]) of n items (a file's tensors): 1 if two of them overlap, with
  * their indices in *a and *b (a's span starts first); 0 if none do. Empty spans overlap nothing. */

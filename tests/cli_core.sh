@@ -72,6 +72,39 @@ check "info with two paths: an error naming both, exit 2" \
 info=$($PXQ info $D/gguf/tiny-qwen3-Q4_0.gguf)
 check "info names the architecture and types" 'printf "%s" "$info" | grep -q "architecture: qwen3" && printf "%s" "$info" | grep -q "q4_0"'
 
+# a named pipe or a device where a model, config or shard file should be: refused by name at once,
+# not an open() that waits for a writer forever (timeout: a regression fails instead of hanging)
+fd=/tmp/pxq-fifo-model.$$
+rm -rf $fd && cp -r $D/tiny-qwen3 $fd && rm $fd/model-00001-of-00003.safetensors && mkfifo $fd/model-00001-of-00003.safetensors
+for c in "info $fd" "run -m $fd -p hi -n 1" "plan -m $fd"; do
+    e=$(timeout 30 $PXQ $c 2>&1 >/dev/null; echo "rc=$?")
+    check "pxq $c, a shard a named pipe: exit 1, 'not a regular file'" \
+        'printf "%s" "$e" | grep -q "model-00001-of-00003.safetensors: not a regular file" && printf "%s" "$e" | grep -q "rc=1"'
+done
+rm -f $fd/model.safetensors.index.json && mkfifo $fd/model.safetensors.index.json
+e=$(timeout 30 $PXQ info $fd 2>&1 >/dev/null; echo "rc=$?")
+check "pxq info, the index a named pipe: exit 1, 'not a regular file'" \
+    'printf "%s" "$e" | grep -q "index.json: not a regular file" && printf "%s" "$e" | grep -q "rc=1"'
+for c in "plan --load-format dummy --config /dev/zero" "plan --load-format dummy --config $fd/model.safetensors.index.json" \
+         "bench --load-format dummy --config /dev/zero -p 4 -n 1"; do
+    e=$(timeout 30 $PXQ $c 2>&1 >/dev/null; echo "rc=$?")
+    check "pxq $c: exit 1, 'not a regular file'" \
+        'printf "%s" "$e" | grep -q ": not a regular file" && printf "%s" "$e" | grep -q "rc=1"'
+done
+# the model path itself, and a model directory's config.json and tokenizer.json
+mkfifo $fd/pipe.gguf && rm -f $fd/config.json && mkfifo $fd/config.json
+for c in "info $fd/pipe.gguf" "info /dev/zero" "info $fd"; do
+    e=$(timeout 30 $PXQ $c 2>&1 >/dev/null; echo "rc=$?")
+    check "pxq $c: exit 1, 'not a regular file'" \
+        'printf "%s" "$e" | grep -q ": not a regular file" && printf "%s" "$e" | grep -q "rc=1"'
+done
+ft=/tmp/pxq-fifo-tok.$$
+rm -rf $ft && mkdir $ft && mkfifo $ft/tokenizer.json
+e=$(timeout 30 $PXQ tokenize -m $ft hello 2>&1 >/dev/null; echo "rc=$?")
+check "pxq tokenize -m DIR, tokenizer.json a named pipe: exit 1, 'not a regular file'" \
+    'printf "%s" "$e" | grep -q "tokenizer.json: not a regular file" && printf "%s" "$e" | grep -q "rc=1"'
+rm -rf $fd $ft
+
 for spec in "$D/tiny-qwen3 0.005" "$D/gguf/tiny-qwen3-bf16.gguf 0.005" "$D/gguf/tiny-qwen3-Q8_0.gguf 0.03" \
             "$D/gguf/tiny-qwen3-Q4_0.gguf 0.03" "models/tiny-qwen3-Q4_K_M.gguf 0.03"; do
     set -- $spec

@@ -2,7 +2,9 @@
 # pxq quantize through the binary: bad input gives a clear error and leaves no output (nor temp)
 # file: a missing model directory, an unsupported dtype or group size, int8 --asym, empty and invalid
 # calibration files, a calibrated method without one, an output directory that does not exist, an
-# output path that is a named pipe or a symbolic link (both left as they were), a
+# output path that is a named pipe or a symbolic link (both left as they were), an output path that
+# is a file of the input (a shard, config.json, the calibration text: refused, the input intact), a
+# named pipe as a shard, tokenizer.json or calibration file (refused, no hang), a
 # full disk (a file-size limit: SIGXFSZ ignored, write fails with EFBIG), SIGINT and SIGTERM in the
 # middle of writing. Then GPTQ on a small calibration text (plain and JSON): the metadata records
 # the method, group size and the file's sha256 (as sha256sum computes it), the output loads and
@@ -47,6 +49,43 @@ mkfifo $tmp/fifo; printf 'x' > $tmp/target; ln -s $tmp/target $tmp/link
 bad "output a named pipe" 1 "is not a regular file" --model $M --output $tmp/fifo
 bad "output a symbolic link" 1 "is not a regular file" --model $M --output $tmp/link
 check "the pipe and the link are left as they were" '[ -p $tmp/fifo ] && [ -L $tmp/link ] && [ "$(cat $tmp/target)" = x ]'
+# an output that is a file of the input (the rename at the end would replace it): refused before
+# anything is written, the input left byte for byte; by device and inode, so a hard link or a
+# "dir/./name" is caught too. A new file in the model directory is fine, and so is writing it again.
+cp -r $M $tmp/hfq && ln $tmp/hfq/model-00003-of-00003.safetensors $tmp/hardlink.safetensors
+cp $D/calib-shakespeare.txt $tmp/calib.txt && cp models/tiny-qwen3-Q4_K_M.gguf $tmp/m.gguf
+sums() { (cd $tmp && sha256sum hfq/* calib.txt m.gguf); }
+before=$(sums)
+for o in hfq/model-00002-of-00003.safetensors hfq/config.json hfq/./model.safetensors.index.json hfq/tokenizer.json \
+         hfq/chat_template.jinja hardlink.safetensors; do
+    "$PXQ" quantize --model $tmp/hfq --no-progress --output $tmp/$o > /dev/null 2> $tmp/stderr; rc=$?
+    check "output $o, a file of the input model: exit 1, says so, writes nothing" \
+        '[ $rc = 1 ] && grep -q "is the input model.s .*would destroy it" $tmp/stderr && [ "$(sums)" = "$before" ] && [ -z "$(ls $tmp/hfq | grep .tmp.)" ]'
+done
+"$PXQ" quantize --model $tmp/hfq --method gptq --calib-file $tmp/calib.txt --output $tmp/calib.txt > /dev/null 2> $tmp/stderr; rc=$?
+check "output the calibration file: exit 1, says so, the file unchanged" \
+    '[ $rc = 1 ] && grep -q "is the calibration file" $tmp/stderr && [ "$(sums)" = "$before" ]'
+gsum=$(sha256sum < $tmp/m.gguf)
+"$PXQ" quantize --model $tmp/m.gguf --output $tmp/m.gguf > /dev/null 2> $tmp/stderr; rc=$?
+check "a GGUF model as its own output: exit 1, the file unchanged" '[ $rc = 1 ] && [ "$(sha256sum < $tmp/m.gguf)" = "$gsum" ]'
+"$PXQ" quantize --model $tmp/hfq --no-progress --output $tmp/hfq/new-Q4_0.gguf > /dev/null 2>&1 && r1=0 || r1=1
+"$PXQ" quantize --model $tmp/hfq --no-progress --output $tmp/hfq/new-Q4_0.gguf > /dev/null 2>&1 && r2=0 || r2=1
+check "a new file in the model directory, and again over it: exit 0, the output loads" \
+    '[ $r1 = 0 ] && [ $r2 = 0 ] && "$PXQ" info $tmp/hfq/new-Q4_0.gguf > /dev/null 2>&1'
+rm -f $tmp/hfq/new-Q4_0.gguf
+# a named pipe in place of a shard, tokenizer.json or the calibration text: refused by name, no wait
+# for a writer (timeout: a regression fails instead of hanging)
+for f in model-00001-of-00003.safetensors tokenizer.json; do
+    rm -rf $tmp/piped && cp -r $M $tmp/piped && rm $tmp/piped/$f && mkfifo $tmp/piped/$f
+    timeout 30 "$PXQ" quantize --model $tmp/piped --no-progress --output $out > /dev/null 2> $tmp/stderr; rc=$?
+    check "$f a named pipe: exit 1, 'not a regular file', no file left" \
+        '[ $rc = 1 ] && grep -q "piped/$f: not a regular file" $tmp/stderr && none_left'
+done
+rm -rf $tmp/piped
+timeout 30 "$PXQ" quantize --model $M --method gptq --calib-file $tmp/fifo --output $out > /dev/null 2> $tmp/stderr; rc=$?
+check "--calib-file a named pipe: exit 1, 'not a regular file', no file left" \
+    '[ $rc = 1 ] && grep -q "fifo: not a regular file" $tmp/stderr && none_left'
+rm -f $out # (a regression that wrote it would fail the checks below as well)
 bad "bad --output-type" 2 "unsupported type" --model $M --output-type q3_k --output $out
 # the GGUF type names of bench and plan: q4_1 is int4 --asym
 "$PXQ" quantize --model $M --dtype q4_1 --no-progress --output $tmp/q41.gguf > /dev/null 2>&1; rc=$?

@@ -1,7 +1,8 @@
 #!/bin/sh
 # pxq serve end to end, with node clients in tests/server/: the official openai SDK (sdk.js), 16
 # concurrent greedy requests == 16 alone (equivalence.js), 64 streaming clients (load.js), 1,000
-# hostile requests (abuse.js) and SIGTERM with requests in flight (sigterm.js). Each script starts
+# hostile requests (abuse.js), SIGTERM with requests in flight (sigterm.js) and the decided edges of
+# seed, chat messages and stop (validation.js). Each script starts
 # its own server on a free port and kills it at the end. Under AddressSanitizer:
 #   make test-asan && BUILD=build-asan sh tests/cli_server.sh
 set -u
@@ -13,7 +14,7 @@ if ! command -v node >/dev/null 2>&1; then
     exit 0
 fi
 fail=0
-for t in sdk equivalence load abuse sigterm; do
+for t in sdk validation equivalence load abuse sigterm; do
     if [ $t = sdk ] && [ ! -d tests/server/node_modules/openai ]; then
         echo "FAIL sdk.js: the openai package is missing (cd tests/server && npm install)"
         fail=1

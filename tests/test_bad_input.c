@@ -13,6 +13,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "gguf.h"
+#include "safetensors.h"
 #include "testutil.h"
 #include "util.h"
 
@@ -32,6 +34,7 @@ static int run_pxq_out(char *const args[], char *err, size_t cap, char *out, siz
         dup2(ofd, 1);
         char *argv[32] = {pxq};
         for (int i = 0; args[i] && i < 30; i++) argv[i + 1] = args[i];
+        alarm(120); /* a pxq that hangs (an open() waiting on a pipe) ends by SIGALRM: a failure, not a hung test */
         execv(pxq, argv);
         _exit(127);
     }
@@ -222,6 +225,12 @@ static void hostile_models_and_prompts(const uint8_t *img, size_t len) {
         {"vocab_size smaller than the weights", "\"vocab_size\": 8192", "\"vocab_size\": 100", "token_embd"},
         {"num_hidden_layers 3 of 6", "\"num_hidden_layers\": 6", "\"num_hidden_layers\": 3",
          "is in layer 3, but the model has 3 layers (config.json num_hidden_layers)"},
+        /* what PXQ does not compute is refused, not run as plain RoPE / full attention / SiLU */
+        {"rope_type yarn", "\"rope_type\": \"default\"", "\"rope_type\": \"yarn\", \"factor\": 4.0", "rope_parameters type 'yarn'"},
+        {"rope_scaling llama3", "\"sliding_window\": null", "\"rope_scaling\": {\"type\": \"llama3\"}, \"sliding_window\": null",
+         "rope_scaling type 'llama3'"},
+        {"use_sliding_window true", "\"use_sliding_window\": false", "\"use_sliding_window\": true", "use_sliding_window"},
+        {"hidden_act gelu", "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", "hidden_act 'gelu'"},
     };
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
         write_config_variant(dir, base, cfg[i].from, cfg[i].to);
@@ -266,6 +275,106 @@ static void hostile_models_and_prompts(const uint8_t *img, size_t len) {
                            "\"num_hidden_layers\": 1, \"num_attention_heads\": 1000000000, \"head_dim\": 1000000000, \"vocab_size\": 1000000000}";
     write_bytes(path, huge_cfg, strlen(huge_cfg));
     expect_clean_failure("plan: dummy tensor of 1e27 elements", (char *[]){"plan", "--load-format", "dummy", "--config", path, NULL}, "2^48");
+    /* MoE: top-k outside [1, n_expert] (more than the experts would read past the router's logits, 0
+     * would make the FFN silently zero, a huge k would take O(k^2) a token) */
+    static const struct { const char *k, *needle; } moe[] = {
+        {"9", "num_experts_per_tok 9 must be in [1, 8]"}, {"0", "num_experts_per_tok 0 must be in [1, 8]"},
+        {"1000000", "num_experts_per_tok 1000000"}};
+    for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) {
+        char c[512], what[96];
+        snprintf(c, sizeof c, "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                 "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, \"vocab_size\": 256, "
+                 "\"num_experts\": 8, \"num_experts_per_tok\": %s, \"moe_intermediate_size\": 32}", moe[i].k);
+        write_bytes(path, c, strlen(c));
+        snprintf(what, sizeof what, "MoE num_experts_per_tok %s of 8 (plan)", moe[i].k);
+        expect_clean_failure(what, (char *[]){"plan", "--load-format", "dummy", "--config", path, NULL}, moe[i].needle);
+        if (i == 2) continue; /* a build without the check would take hours on the bench of this one */
+        snprintf(what, sizeof what, "MoE num_experts_per_tok %s of 8 (bench)", moe[i].k);
+        expect_clean_failure(what, (char *[]){"bench", "--load-format", "dummy", "--config", path, "-p", "4", "-n", "1", "-r", "1", NULL},
+                             moe[i].needle);
+    }
+}
+
+/* The hybrid's DeltaNet sizes from a GGUF: a message naming the key, not a failed bind. */
+static void hostile_qwen35(void) {
+    char gg[512], path[512];
+    snprintf(gg, sizeof gg, "%s/qwen35/tiny-qwen35-Q4_0.gguf", test_data_dir());
+    size_t len, n;
+    uint8_t *img = (uint8_t *)read_file(gg, 64 << 20, &len, NULL, 0);
+    CHECK(img != NULL, "read %s", gg);
+    if (!img) return;
+    snprintf(path, sizeof path, "%s/q35.gguf", tmp);
+    static const struct { const char *key; uint32_t v; const char *needle; } cases[] = {
+        {"qwen35.ssm.group_count", 3, "ssm.time_step_rank"}, {"qwen35.ssm.time_step_rank", 3, "ssm.time_step_rank 3"},
+        {"qwen35.ssm.state_size", 0, "ssm.state_size 0"}, {"qwen35.ssm.inner_size", 7, "ssm.inner_size"},
+        {"qwen35.ssm.conv_kernel", 100, "ssm.conv_kernel 100"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint8_t *g = gguf_replace(img, len, cases[i].key, 4, &cases[i].v, 4, &n);
+        CHECK(g != NULL, "fixture has %s", cases[i].key);
+        if (!g) continue;
+        write_bytes(path, g, n);
+        free(g);
+        char what[96];
+        snprintf(what, sizeof what, "GGUF %s %u", cases[i].key, cases[i].v);
+        expect_clean_failure(what, (char *[]){"info", path, NULL}, cases[i].needle);
+    }
+    free(img);
+}
+
+/* Named pipes and devices where a model, shard, config or tokenizer file should be: "not a regular
+ * file", at once (an open() of a pipe waits for a writer: alarm() turns a regression into a failure). */
+static void special_files(void) {
+    char dir[400], path[600], fifo[600], src[600], abs[1024], err[512];
+    static const char *const files[] = {"config.json", "generation_config.json", "model.safetensors.index.json",
+                                        "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                                        "model-00003-of-00003.safetensors", "tokenizer.json", "tokenizer_config.json",
+                                        "chat_template.jinja"};
+    snprintf(fifo, sizeof fifo, "%s/pipe", tmp);
+    CHECK(mkfifo(fifo, 0644) == 0, "mkfifo %s", fifo);
+    /* the readers themselves (gguf_open is what `pxq info PIPE` reaches once model_open lets it) */
+    alarm(60);
+    struct pxq_mmap m;
+    size_t n;
+    err[0] = 0;
+    CHECK(mmap_file(&m, fifo, err, sizeof err) != 0 && strstr(err, "pipe: not a regular file"), "mmap_file(pipe): %s", err);
+    err[0] = 0;
+    CHECK(read_regular_file(fifo, 1 << 20, &n, err, sizeof err) == NULL && strstr(err, "pipe: not a regular file"),
+          "read_regular_file(pipe): %s", err);
+    err[0] = 0;
+    CHECK(read_regular_file("/dev/zero", 1 << 20, &n, err, sizeof err) == NULL && strstr(err, "/dev/zero: not a regular file"),
+          "read_regular_file(/dev/zero): %s", err);
+    err[0] = 0;
+    CHECK(gguf_open(fifo, err, sizeof err) == NULL && strstr(err, "pipe: not a regular file"), "gguf_open(pipe): %s", err);
+    err[0] = 0;
+    CHECK(gguf_open("/dev/zero", err, sizeof err) == NULL && strstr(err, "/dev/zero: not a regular file"), "gguf_open(/dev/zero): %s", err);
+    err[0] = 0;
+    CHECK(st_open_file(fifo, err, sizeof err) == NULL && strstr(err, "pipe: not a regular file"), "st_open_file(pipe): %s", err);
+    alarm(0);
+    /* the binary on an HF directory (links to the fixture) with one file a pipe */
+    snprintf(dir, sizeof dir, "%s/piped", tmp);
+    for (size_t k = 0; k < 4; k++) {
+        mkdir(dir, 0755);
+        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+            snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+            snprintf(src, sizeof src, "%s/tiny-qwen3/%s", test_data_dir(), files[i]);
+            unlink(path);
+            if (i == k + 2) CHECK(mkfifo(path, 0644) == 0, "mkfifo %s", path);
+            else if (realpath(src, abs)) CHECK(symlink(abs, path) == 0, "symlink %s", path);
+        }
+        char what[160];
+        snprintf(what, sizeof what, "%s a named pipe (info)", files[k + 2]);
+        expect_clean_failure(what, (char *[]){"info", dir, NULL}, ": not a regular file");
+        snprintf(what, sizeof what, "%s a named pipe (quantize)", files[k + 2]);
+        snprintf(path, sizeof path, "%s/out.gguf", tmp);
+        expect_clean_failure(what, (char *[]){"quantize", "--model", dir, "--no-progress", "--output", path, NULL}, ": not a regular file");
+    }
+    expect_clean_failure("plan --config a named pipe", (char *[]){"plan", "--load-format", "dummy", "--config", fifo, NULL},
+                         "pipe: not a regular file");
+    expect_clean_failure("plan --config /dev/zero", (char *[]){"plan", "--load-format", "dummy", "--config", "/dev/zero", NULL},
+                         "/dev/zero: not a regular file");
+    expect_clean_failure("bench --config a named pipe",
+                         (char *[]){"bench", "--load-format", "dummy", "--config", fifo, "-p", "4", "-n", "1", NULL},
+                         "pipe: not a regular file");
 }
 
 int main(void) {
@@ -420,6 +529,8 @@ int main(void) {
     expect_clean_failure("flag without value", (char *[]){"run", "-p", NULL}, "-p");
     free(longp);
     hostile_models_and_prompts(img, img_len);
+    hostile_qwen35();
+    special_files();
     free(config);
     free(bad);
     free(img);

@@ -202,12 +202,16 @@ static int parse_prompt(struct pctx *c, const cJSON *root, const struct srv_limi
     return bad(c, 400, "prompt", "'prompt' must be a string, an array of token ids, or an array holding one of those"), -1;
 }
 
-/* Message content: a string, null, or an array of {"type": "text", "text": ...} parts (joined). */
-static char *message_content(struct pctx *c, const cJSON *m) {
+/* Message content (OpenAI's message objects): a string, or a non-empty array of
+ * {"type": "text", "text": ...} parts, joined. Required for every role: without tool calls (not
+ * supported) an assistant message has no other way to say anything, and OpenAI requires it too. */
+static char *message_content(struct pctx *c, const cJSON *m, int k, const char *role) {
     const cJSON *v = field(m, "content");
-    if (!v) return xstrdup("");
+    if (!v) return bad(c, 400, "messages", "messages[%d] (role '%s') has no 'content' (null or missing)", k, role), NULL;
     if (cJSON_IsString(v)) return xstrdup(v->valuestring);
-    if (!cJSON_IsArray(v)) return bad(c, 400, "messages", "message content must be a string or an array of text parts"), NULL;
+    if (!cJSON_IsArray(v))
+        return bad(c, 400, "messages", "messages[%d].content must be a string or an array of text parts", k), NULL;
+    if (!cJSON_GetArraySize(v)) return bad(c, 400, "messages", "messages[%d].content is an empty array", k), NULL;
     size_t n = 0;
     for (const cJSON *part = v->child; part; part = part->next) {
         const cJSON *type = field(part, "type"), *text = field(part, "text");
@@ -226,6 +230,18 @@ static char *message_content(struct pctx *c, const cJSON *m) {
     return s;
 }
 
+/* The roles chat.c renders: system, user and assistant as ChatML turns, tool as Qwen's
+ * <tool_response> turn (or a plain "tool" turn in a plain ChatML template). developer is OpenAI's
+ * new name for system ("developer messages replace system messages"), so it is rendered as one;
+ * Qwen's templates would drop it silently. Returns the role to render, or NULL if not accepted. */
+static const char *chat_role(const char *role) {
+    static const char *const roles[] = {"system", "user", "assistant", "tool"};
+    if (!strcmp(role, "developer")) return "system";
+    for (size_t i = 0; i < sizeof roles / sizeof *roles; i++)
+        if (!strcmp(role, roles[i])) return roles[i];
+    return NULL;
+}
+
 static int parse_messages(struct pctx *c, const cJSON *root, const struct srv_limits *lim, struct srv_req *r) {
     const cJSON *ms = field(root, "messages");
     if (!ms) return bad(c, 400, "messages", "'messages' is required"), -1;
@@ -239,8 +255,19 @@ static int parse_messages(struct pctx *c, const cJSON *root, const struct srv_li
             bad(c, 400, "messages", "messages[%d] must be an object with a string 'role'", k);
             goto out;
         }
-        if (!(contents[k] = message_content(c, m))) goto out;
-        msgs[k] = (struct chat_msg){role->valuestring, contents[k]};
+        const char *rrole = chat_role(role->valuestring);
+        if (!rrole) {
+            bad(c, 400, "messages", "messages[%d].role '%.64s' is not supported; the roles are system, developer, user, assistant and tool",
+                k, role->valuestring);
+            goto out;
+        }
+        const cJSON *calls = field(m, "tool_calls");
+        if (calls && !(cJSON_IsArray(calls) && !cJSON_GetArraySize(calls))) {
+            bad(c, 400, "messages", "messages[%d] has 'tool_calls': tool calling is not supported", k);
+            goto out;
+        }
+        if (!(contents[k] = message_content(c, m, k, role->valuestring))) goto out;
+        msgs[k] = (struct chat_msg){rrole, contents[k]};
     }
     int add_gen = 1;
     if (get_bool(c, root, "add_generation_prompt", &add_gen)) goto out;
@@ -259,18 +286,22 @@ out:
     return rc;
 }
 
+/* stop: a string or up to PXQ_MAX_STOP strings. An empty one is refused, as vLLM does ("stop cannot
+ * contain an empty string"): it would match before any text, so it cannot mean anything useful. */
 static int parse_stop(struct pctx *c, const cJSON *root, struct srv_req *r) {
     const cJSON *s = field(root, "stop");
     if (!s) return 0;
     if (cJSON_IsString(s)) {
-        if (*s->valuestring) r->stop[r->n_stop++] = xstrdup(s->valuestring);
+        if (!*s->valuestring) return bad(c, 400, "stop", "'stop' cannot be an empty string"), -1;
+        r->stop[r->n_stop++] = xstrdup(s->valuestring);
         return 0;
     }
     if (!cJSON_IsArray(s)) return bad(c, 400, "stop", "'stop' must be a string or an array of strings"), -1;
     if (cJSON_GetArraySize(s) > PXQ_MAX_STOP) return bad(c, 400, "stop", "at most %d stop strings are supported", PXQ_MAX_STOP), -1;
     for (const cJSON *x = s->child; x; x = x->next) {
         if (!cJSON_IsString(x)) return bad(c, 400, "stop", "'stop' must be a string or an array of strings"), -1;
-        if (*x->valuestring) r->stop[r->n_stop++] = xstrdup(x->valuestring);
+        if (!*x->valuestring) return bad(c, 400, "stop", "'stop' cannot contain an empty string"), -1;
+        r->stop[r->n_stop++] = xstrdup(x->valuestring);
     }
     return 0;
 }
@@ -394,13 +425,16 @@ struct srv_req *srv_req_parse(enum srv_kind kind, const char *body, size_t len, 
     }
     r->sp.repeat_penalty = (float)d;
     if ((v = field(root, "seed"))) {
-        /* 2^64 - 1 is not a double: it reads as 2^64, whose conversion to uint64_t is undefined
-         * (C11 6.3.1.4), so 2^64 itself is refused */
-        if (get_num(&c, root, "seed", 1, -9223372036854775808.0, 18446744073709551616.0, &d)) goto out;
-        if (d >= 18446744073709551616.0) {
-            bad(&c, 400, "seed", "'seed' must be an integer in [-2^63, 2^64)");
+        /* cJSON reads every number as a double, which holds integers exactly only up to 2^53 in
+         * magnitude: 2^53 + 1 reads as 2^53, so two different seeds past it would draw the same
+         * text. An integer past 2^53 - 1 (JavaScript's largest safe integer) reads as a double past
+         * it too, so this range refuses every seed that would not come through exactly. */
+        const double seed_max = 9007199254740991.0; /* 2^53 - 1 */
+        if (cJSON_IsNumber(v) && !(fabs(v->valuedouble) <= seed_max)) {
+            bad(&c, 400, "seed", "'seed' must be an integer in [-(2^53 - 1), 2^53 - 1] = [-9007199254740991, 9007199254740991]");
             goto out;
         }
+        if (get_num(&c, root, "seed", 1, -seed_max, seed_max, &d)) goto out;
         r->sp.seed = d < 0 ? (uint64_t)(int64_t)d : (uint64_t)d;
     }
     if (parse_stop(&c, root, r)) goto out;

@@ -105,7 +105,7 @@ function buildCases() {
     ['top_p', ['0', '2', '-1', '1e300']],
     ['top_k', ['1e20', '-5', '2.5', '1e400']],
     ['min_p', ['-0.1', '1.5', '1e99']],
-    ['seed', ['1e30', '-1e30', '0.5', '1e400', '18446744073709551615', '18446744073709551616']], // 2^64 - 1 reads as 2^64
+    ['seed', ['1e30', '-1e30', '0.5', '1e400', '18446744073709551615', '18446744073709551616', '9007199254740992']], // |seed| <= 2^53 - 1
     ['presence_penalty', ['3', '-2.5', '1e308']],
     ['frequency_penalty', ['2.01', '-1e308']],
     ['repetition_penalty', ['0', '-1', '5']],
@@ -130,7 +130,8 @@ function buildCases() {
     }
   const msgCases = ['"hi"', '{}', '[]', '[1]', '["x"]', '[{"content":"x"}]', '[{"role":1,"content":"x"}]', '[{"role":"user","content":5}]',
     '[{"role":"user","content":[{"type":"image_url","image_url":"x"}]}]', '[{"role":"user","content":[1]}]', '[{"role":"user","content":{"a":1}}]',
-    'null', 'true', '[{"role":["user"],"content":"x"}]'];
+    'null', 'true', '[{"role":["user"],"content":"x"}]', '[{"role":"robot","content":"x"}]', '[{"role":"user"}]',
+    '[{"role":"user","content":[]}]', '[{"role":"user","content":null}]'];
   for (let rep = 0; rep < 3; rep++)
     for (const m of msgCases) add('messages ' + m, httpReq('POST', CH, `{"messages":${m},"max_tokens":2}`), '4xx');
   for (const [f, v] of [['logprobs', '"yes"'], ['logprobs', '3'], ['top_logprobs', '"3"'], ['stream_options', '[]'], ['model', '7'], ['stop', '[1]']])

@@ -1,5 +1,7 @@
 // equivalence.js - continuous batching changes no output: 16 greedy requests of different prompt
-// lengths sent concurrently each return exactly the text the same request returns alone.
+// lengths sent concurrently each return exactly the text and the logprobs (bit for bit) the same
+// request returns alone. This holds for the bundled model (Q4_K_M: the CPU's int8-dot matmul gives a
+// token the same arithmetic in a chunk of any size); docs/SERVER.md says which models it does not.
 //   1. one server, chunked prefill (--max-num-batched-tokens 32, so long prompts are prefilled over
 //      several steps while the others decode): alone vs all 16 at once; and a running stream keeps
 //      getting tokens while a long prompt is prefilled;
@@ -13,10 +15,11 @@ const { startServer, post, stream, check, finish, corpusPrompts, metric, metricS
 const N = 16, MAX_TOKENS = 24;
 
 async function complete(port, prompt) {
-  const r = await post(port, '/v1/completions', { prompt, max_tokens: MAX_TOKENS, temperature: 0, ignore_eos: true });
+  const r = await post(port, '/v1/completions', { prompt, max_tokens: MAX_TOKENS, temperature: 0, ignore_eos: true, logprobs: 0 });
   if (r.status !== 200) throw new Error(`status ${r.status}: ${r.body}`);
   const o = JSON.parse(r.body);
-  return { text: o.choices[0].text, n: o.usage.completion_tokens, n_prompt: o.usage.prompt_tokens };
+  return { text: o.choices[0].text, lp: JSON.stringify(o.choices[0].logprobs.token_logprobs), n: o.usage.completion_tokens,
+    n_prompt: o.usage.prompt_tokens };
 }
 
 (async () => {
@@ -30,8 +33,8 @@ async function complete(port, prompt) {
     check('prompt lengths differ (' + Math.min(...lens) + '..' + Math.max(...lens) + ' tokens)', new Set(lens).size === N && Math.max(...lens) > 128);
     check('every request generated max_tokens', alone.every((x) => x.n === MAX_TOKENS));
     const together = await Promise.all(prompts.map((p) => complete(a.port, p)));
-    const diff = together.map((x, i) => x.text === alone[i].text ? -1 : i).filter((i) => i >= 0);
-    check('16 concurrent (chunked prefill) == 16 alone', diff.length === 0,
+    const diff = together.map((x, i) => x.text === alone[i].text && x.lp === alone[i].lp ? -1 : i).filter((i) => i >= 0);
+    check('16 concurrent (chunked prefill) == 16 alone (text and logprobs)', diff.length === 0,
       diff.map((i) => `#${i}: ${JSON.stringify(alone[i].text)} vs ${JSON.stringify(together[i].text)}`).join('; '));
 
     // chunked prefill: while the longest prompt is prefilled in chunks of <= 32 tokens, a running
@@ -60,17 +63,17 @@ async function complete(port, prompt) {
   const b = await startServer([...common, '--max-num-batched-tokens', '128', '--num-gpu-blocks-override', '20']);
   try {
     const together = await Promise.all(prompts.map((p) => complete(b.port, p)));
-    const diff = together.map((x, i) => x.text === alone[i].text ? -1 : i).filter((i) => i >= 0);
-    check('small KV pool: 16 concurrent == 16 alone', diff.length === 0,
+    const diff = together.map((x, i) => x.text === alone[i].text && x.lp === alone[i].lp ? -1 : i).filter((i) => i >= 0);
+    check('small KV pool: 16 concurrent == 16 alone (text and logprobs)', diff.length === 0,
       diff.map((i) => `#${i}: ${JSON.stringify(alone[i].text)} vs ${JSON.stringify(together[i].text)}`).join('; '));
     // Whether the 16 above collide depends on how their arrivals interleave; three long generations
     // started together cannot all fit (3 x ~16 blocks > 20), so at least one must be preempted.
     const longPrompt = 'Once upon a time';
-    const soloLong = await post(b.port, '/v1/completions', { prompt: longPrompt, max_tokens: 250, temperature: 0, ignore_eos: true });
-    const three = await Promise.all([0, 1, 2].map(() =>
-      post(b.port, '/v1/completions', { prompt: longPrompt, max_tokens: 250, temperature: 0, ignore_eos: true })));
-    const soloText = JSON.parse(soloLong.body).choices[0].text;
-    check('small KV pool: 3 long generations at once == alone', three.every((r) => r.status === 200 && JSON.parse(r.body).choices[0].text === soloText));
+    const longReq = { prompt: longPrompt, max_tokens: 250, temperature: 0, ignore_eos: true, logprobs: 0 };
+    const soloLong = await post(b.port, '/v1/completions', longReq);
+    const three = await Promise.all([0, 1, 2].map(() => post(b.port, '/v1/completions', longReq)));
+    const key = (r) => { const c = JSON.parse(r.body).choices[0]; return c.text + JSON.stringify(c.logprobs.token_logprobs); };
+    check('small KV pool: 3 long generations at once == alone (text and logprobs)', three.every((r) => r.status === 200 && key(r) === key(soloLong)));
     const pre = await metric(b.port, 'pxq_num_preemptions_total');
     check('small KV pool: sequences were preempted and recomputed (' + pre + ')', pre > 0);
     check('small KV pool: all blocks free afterwards', (await metricSettles(b.port, 'pxq_kv_blocks_used', 0)) === 0);
