@@ -230,8 +230,8 @@ static int check_moe(const struct pxq_hparams *hp, int gguf, char *err, size_t e
     if (hp->arch != ARCH_QWEN3MOE) return 0;
     const char *src = gguf ? "GGUF" : "config.json";
     if (hp->n_expert < 1 || hp->n_expert > PXQ_MAX_EXPERTS)
-        return set_err(err, errlen, "%s: %s %d must be in [1, %d]", src, gguf ? "expert_count" : "num_experts", hp->n_expert,
-                       PXQ_MAX_EXPERTS);
+        return set_err(err, errlen, "%s: %s %d must be in [1, %d]", src,
+                       gguf ? "expert_count" : "num_experts (or num_local_experts)", hp->n_expert, PXQ_MAX_EXPERTS);
     if (hp->n_expert_used < 1 || hp->n_expert_used > hp->n_expert)
         return set_err(err, errlen, "%s: %s %d must be in [1, %d] (the number of experts)", src,
                        gguf ? "expert_used_count" : "num_experts_per_tok", hp->n_expert_used, hp->n_expert);
@@ -247,7 +247,7 @@ static int check_unsupported_config(const cJSON *c, const cJSON *rp, char *err, 
     for (int i = 0; i < 2; i++) {
         if (!cJSON_IsObject(rs[i])) continue;
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs[i], "rope_type");
-        if (!t) t = cJSON_GetObjectItemCaseSensitive(rs[i], "type");
+        if (!t || cJSON_IsNull(t)) t = cJSON_GetObjectItemCaseSensitive(rs[i], "type"); /* the older key */
         if (t && !cJSON_IsNull(t) && !(cJSON_IsString(t) && !strcmp(t->valuestring, "default")))
             return set_err(err, errlen, "config.json: %s type '%s' is not supported (PXQ computes plain RoPE only)",
                            i ? "rope_parameters" : "rope_scaling", cJSON_IsString(t) ? t->valuestring : "(not a string)");
@@ -506,6 +506,15 @@ static int hparams_from_gguf(struct pxq_hparams *hp, const struct gguf_file *g, 
     const char *rst = gguf_get_str(g, key);
     if (rst && strcmp(rst, "none") != 0)
         return set_err(err, errlen, "GGUF: %s '%s' is not supported (PXQ computes plain RoPE only)", key, rst);
+    /* llama.cpp applies a linear factor when one is given and no type is (older converters wrote
+     * {arch}.rope.scaling.factor or {arch}.rope.scale_linear alone) */
+    static const char *const factor_keys[] = {"rope.scaling.factor", "rope.scale_linear"};
+    for (int i = 0; i < 2; i++) {
+        float f = gguf_f32_arch(g, a, factor_keys[i], 0.0f);
+        if (f != 0.0f && f != 1.0f)
+            return set_err(err, errlen, "GGUF: %s.%s %g (RoPE scaling) is not supported (PXQ computes plain RoPE only)", a,
+                           factor_keys[i], f);
+    }
     if (gguf_find_tensor(g, "rope_freqs.weight"))
         return set_err(err, errlen, "GGUF: tensor rope_freqs.weight (RoPE frequency scaling) is not supported (PXQ computes plain RoPE only)");
     hp->rope_style = hp->arch == ARCH_LLAMA ? ROPE_NORM : ROPE_NEOX;

@@ -614,7 +614,7 @@ static int output_is_input(const struct quantize_params *p, char *err, size_t er
         hit = 1;
     }
     if (!hit) return 0;
-    return set_err(err, errlen, "%s is %s %s: writing the output there would destroy it; give another --output path",
+    return set_err(err, errlen, "%s is the same file as %s %s: the output would replace it; give another --output path",
                    p->output, why, path);
 }
 

@@ -1003,13 +1003,20 @@ struct pxq_tokenizer *tokenizer_load_hf_buffer(const char *json, size_t len, cha
     return t;
 }
 
-/* eos_token of tokenizer_config.json: "<|im_end|>" or {"content": "<|im_end|>", ...}. */
-static void read_tokenizer_config(struct pxq_tokenizer *t, const char *dir) {
+/* eos_token of tokenizer_config.json: "<|im_end|>" or {"content": "<|im_end|>", ...}, and the chat
+ * template (chat_template.jinja, else tokenizer_config.json's). Both files are optional; one that is
+ * there but is a pipe or device is an error (-1, "PATH: not a regular file"), not skipped: the EOS id
+ * or the template would go missing without a word. */
+static int read_tokenizer_config(struct pxq_tokenizer *t, const char *dir, char *err, size_t errlen) {
     char path[4096], e[256];
     size_t n;
+    static const char *const names[] = {"chat_template.jinja", "tokenizer_config.json"};
+    for (int i = 0; i < 2; i++)
+        if (path_join(path, sizeof path, dir, names[i]) == 0 && is_special(path))
+            return set_err(err, errlen, "%s: not a regular file", path);
     if (path_join(path, sizeof path, dir, "chat_template.jinja") == 0 && file_exists(path))
         t->chat_template = read_regular_file(path, 1 << 20, &n, e, sizeof e);
-    if (path_join(path, sizeof path, dir, "tokenizer_config.json") != 0) return;
+    if (path_join(path, sizeof path, dir, "tokenizer_config.json") != 0) return 0;
     char *txt = file_exists(path) ? read_regular_file(path, 64 << 20, &n, e, sizeof e) : NULL;
     cJSON *cfg = txt ? cJSON_ParseWithLength(txt, n) : NULL;
     free(txt);
@@ -1026,6 +1033,7 @@ static void read_tokenizer_config(struct pxq_tokenizer *t, const char *dir) {
                 t->chat_template = xstrdup(tp->valuestring);
         }
     cJSON_Delete(cfg);
+    return 0;
 }
 
 struct pxq_tokenizer *tokenizer_load_hf(const char *path, char *err, size_t errlen) {
@@ -1051,7 +1059,10 @@ struct pxq_tokenizer *tokenizer_load_hf(const char *path, char *err, size_t errl
     }
     struct pxq_tokenizer *t = tokenizer_load_hf_buffer(json, n, err, errlen);
     free(json);
-    if (t) read_tokenizer_config(t, dir);
+    if (t && read_tokenizer_config(t, dir, err, errlen) != 0) {
+        tokenizer_free(t);
+        return NULL;
+    }
     return t;
 }
 

@@ -74,8 +74,10 @@ check "info names the architecture and types" 'printf "%s" "$info" | grep -q "ar
 
 # a named pipe or a device where a model, config or shard file should be: refused by name at once,
 # not an open() that waits for a writer forever (timeout: a regression fails instead of hanging)
-fd=/tmp/pxq-fifo-model.$$
-rm -rf $fd && cp -r $D/tiny-qwen3 $fd && rm $fd/model-00001-of-00003.safetensors && mkfifo $fd/model-00001-of-00003.safetensors
+fifos=$(mktemp -d /tmp/pxq-fifo.XXXXXX)
+trap 'rm -rf "$fifos"' EXIT
+fd=$fifos/model
+cp -r $D/tiny-qwen3 $fd && rm $fd/model-00001-of-00003.safetensors && mkfifo $fd/model-00001-of-00003.safetensors
 for c in "info $fd" "run -m $fd -p hi -n 1" "plan -m $fd"; do
     e=$(timeout 30 $PXQ $c 2>&1 >/dev/null; echo "rc=$?")
     check "pxq $c, a shard a named pipe: exit 1, 'not a regular file'" \
@@ -98,12 +100,19 @@ for c in "info $fd/pipe.gguf" "info /dev/zero" "info $fd"; do
     check "pxq $c: exit 1, 'not a regular file'" \
         'printf "%s" "$e" | grep -q ": not a regular file" && printf "%s" "$e" | grep -q "rc=1"'
 done
-ft=/tmp/pxq-fifo-tok.$$
-rm -rf $ft && mkdir $ft && mkfifo $ft/tokenizer.json
+ft=$fifos/tok
+mkdir $ft && mkfifo $ft/tokenizer.json
 e=$(timeout 30 $PXQ tokenize -m $ft hello 2>&1 >/dev/null; echo "rc=$?")
 check "pxq tokenize -m DIR, tokenizer.json a named pipe: exit 1, 'not a regular file'" \
     'printf "%s" "$e" | grep -q "tokenizer.json: not a regular file" && printf "%s" "$e" | grep -q "rc=1"'
-rm -rf $fd $ft
+# a model directory's tokenizer_config.json (its EOS id) or chat_template.jinja a pipe: refused, not skipped
+for f in tokenizer_config.json chat_template.jinja; do
+    rm -rf $fd && cp -r $D/tiny-qwen3 $fd && rm -f $fd/$f && mkfifo $fd/$f
+    e=$(timeout 30 $PXQ run -m $fd -p hi -n 1 2>&1 >/dev/null; echo "rc=$?")
+    check "pxq run, $f a named pipe: exit 1, 'not a regular file'" \
+        'printf "%s" "$e" | grep -q "$f: not a regular file" && printf "%s" "$e" | grep -q "rc=1"'
+done
+rm -rf "$fifos"
 
 for spec in "$D/tiny-qwen3 0.005" "$D/gguf/tiny-qwen3-bf16.gguf 0.005" "$D/gguf/tiny-qwen3-Q8_0.gguf 0.03" \
             "$D/gguf/tiny-qwen3-Q4_0.gguf 0.03" "models/tiny-qwen3-Q4_K_M.gguf 0.03"; do

@@ -60,14 +60,15 @@ for o in hfq/model-00002-of-00003.safetensors hfq/config.json hfq/./model.safete
          hfq/chat_template.jinja hardlink.safetensors; do
     "$PXQ" quantize --model $tmp/hfq --no-progress --output $tmp/$o > /dev/null 2> $tmp/stderr; rc=$?
     check "output $o, a file of the input model: exit 1, says so, writes nothing" \
-        '[ $rc = 1 ] && grep -q "is the input model.s .*would destroy it" $tmp/stderr && [ "$(sums)" = "$before" ] && [ -z "$(ls $tmp/hfq | grep .tmp.)" ]'
+        '[ $rc = 1 ] && grep -q "is the same file as the input model.s .*would replace it" $tmp/stderr && [ "$(sums)" = "$before" ] && [ -z "$(ls $tmp/hfq | grep .tmp.)" ]'
 done
 "$PXQ" quantize --model $tmp/hfq --method gptq --calib-file $tmp/calib.txt --output $tmp/calib.txt > /dev/null 2> $tmp/stderr; rc=$?
 check "output the calibration file: exit 1, says so, the file unchanged" \
-    '[ $rc = 1 ] && grep -q "is the calibration file" $tmp/stderr && [ "$(sums)" = "$before" ]'
+    '[ $rc = 1 ] && grep -q "is the same file as the calibration file" $tmp/stderr && [ "$(sums)" = "$before" ]'
 gsum=$(sha256sum < $tmp/m.gguf)
 "$PXQ" quantize --model $tmp/m.gguf --output $tmp/m.gguf > /dev/null 2> $tmp/stderr; rc=$?
-check "a GGUF model as its own output: exit 1, the file unchanged" '[ $rc = 1 ] && [ "$(sha256sum < $tmp/m.gguf)" = "$gsum" ]'
+check "a GGUF model as its own output: exit 1 (--model takes an HF directory), the file unchanged" \
+    '[ $rc = 1 ] && grep -q "m.gguf" $tmp/stderr && [ "$(sha256sum < $tmp/m.gguf)" = "$gsum" ]'
 "$PXQ" quantize --model $tmp/hfq --no-progress --output $tmp/hfq/new-Q4_0.gguf > /dev/null 2>&1 && r1=0 || r1=1
 "$PXQ" quantize --model $tmp/hfq --no-progress --output $tmp/hfq/new-Q4_0.gguf > /dev/null 2>&1 && r2=0 || r2=1
 check "a new file in the model directory, and again over it: exit 0, the output loads" \

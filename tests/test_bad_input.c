@@ -101,11 +101,14 @@ static size_t skip_value(const uint8_t *b, size_t p, uint32_t t) {
     return p + (size_t)sz[t];
 }
 
-static uint8_t *gguf_replace(const uint8_t *b, size_t len, const char *key, uint32_t t, const void *val, size_t vlen, size_t *out_len) {
+/* Walk a GGUF image's header: the value span [*v0, *v1) of metadata key `key` (0, 0 if absent), the
+ * end of the metadata (*kv_end); returns the end of the tensor infos. Trusted input (our fixture). */
+static size_t gguf_scan(const uint8_t *b, const char *key, size_t *v0, size_t *v1, size_t *kv_end) {
     uint64_t n_t, n_kv;
     memcpy(&n_t, b + 8, 8);
     memcpy(&n_kv, b + 16, 8);
-    size_t p = 24, v0 = 0, v1 = 0;
+    size_t p = 24;
+    *v0 = *v1 = 0;
     for (uint64_t i = 0; i < n_kv; i++) {
         uint64_t kl;
         memcpy(&kl, b + p, 8);
@@ -114,9 +117,10 @@ static uint8_t *gguf_replace(const uint8_t *b, size_t len, const char *key, uint
         uint32_t vt;
         memcpy(&vt, b + p, 4);
         size_t e = skip_value(b, p + 4, vt);
-        if (hit) v0 = p, v1 = e;
+        if (hit) *v0 = p, *v1 = e;
         p = e;
     }
+    *kv_end = p;
     for (uint64_t i = 0; i < n_t; i++) { /* tensor infos: name, n_dims, ne[n_dims], type, offset */
         uint64_t nl;
         uint32_t nd;
@@ -124,15 +128,49 @@ static uint8_t *gguf_replace(const uint8_t *b, size_t len, const char *key, uint
         memcpy(&nd, b + p + 8 + nl, 4);
         p += 8 + nl + 4 + 8 * (size_t)nd + 4 + 8;
     }
-    if (!v0) return NULL;
-    size_t data = (p + 31) & ~(size_t)31, head = v0 + 4 + vlen + (p - v1), new_data = (head + 31) & ~(size_t)31;
+    return p;
+}
+
+/* b[len] with bytes ins[n_ins] in place of b[a, z) of the header (which ends at `end`), and the tensor
+ * data moved to the next 32-byte boundary after it. */
+static uint8_t *gguf_splice(const uint8_t *b, size_t len, size_t a, size_t z, size_t end, const uint8_t *ins, size_t n_ins,
+                            size_t *out_len) {
+    size_t data = (end + 31) & ~(size_t)31, head = a + n_ins + (end - z), new_data = (head + 31) & ~(size_t)31;
     uint8_t *o = xcalloc(1, new_data + (len - data));
-    memcpy(o, b, v0);
-    memcpy(o + v0, &t, 4);
-    memcpy(o + v0 + 4, val, vlen);
-    memcpy(o + v0 + 4 + vlen, b + v1, p - v1);
+    memcpy(o, b, a);
+    memcpy(o + a, ins, n_ins);
+    memcpy(o + a + n_ins, b + z, end - z);
     memcpy(o + new_data, b + data, len - data);
     *out_len = new_data + (len - data);
+    return o;
+}
+
+static uint8_t *gguf_replace(const uint8_t *b, size_t len, const char *key, uint32_t t, const void *val, size_t vlen, size_t *out_len) {
+    size_t v0, v1, kv_end, end = gguf_scan(b, key, &v0, &v1, &kv_end);
+    if (!v0) return NULL;
+    uint8_t *ins = xmalloc(4 + vlen);
+    memcpy(ins, &t, 4);
+    memcpy(ins + 4, val, vlen);
+    uint8_t *o = gguf_splice(b, len, v0, v1, end, ins, 4 + vlen, out_len);
+    free(ins);
+    return o;
+}
+
+/* A copy of GGUF image b[len] with one more metadata key (type t, bytes val[vlen]) after the others. */
+static uint8_t *gguf_add(const uint8_t *b, size_t len, const char *key, uint32_t t, const void *val, size_t vlen, size_t *out_len) {
+    size_t v0, v1, kv_end, end = gguf_scan(b, key, &v0, &v1, &kv_end);
+    const uint64_t kl = strlen(key);
+    uint8_t *ins = xmalloc(8 + kl + 4 + vlen);
+    memcpy(ins, &kl, 8);
+    memcpy(ins + 8, key, kl);
+    memcpy(ins + 8 + kl, &t, 4);
+    memcpy(ins + 12 + kl, val, vlen);
+    uint8_t *o = gguf_splice(b, len, kv_end, kv_end, end, ins, 12 + kl + vlen, out_len);
+    free(ins);
+    uint64_t n_kv;
+    memcpy(&n_kv, o + 16, 8);
+    n_kv++;
+    memcpy(o + 16, &n_kv, 8);
     return o;
 }
 
@@ -187,6 +225,30 @@ static void hostile_models_and_prompts(const uint8_t *img, size_t len) {
     if (g) write_bytes(path, g, n), free(g);
     expect_clean_failure("GGUF block_count 3 of 6", (char *[]){"run", "-m", path, "-p", "hi", NULL},
                          "is in layer 3, but the model has 3 layers (GGUF block_count)");
+    /* GGUF RoPE scaling, which PXQ does not compute: a type, or a factor alone (llama.cpp: linear) */
+    static const struct { const char *key; uint32_t t; float f; const char *s, *needle; } rope[] = {
+        {"qwen3.rope.scaling.type", 8, 0, "yarn", "qwen3.rope.scaling.type 'yarn'"},
+        {"qwen3.rope.scaling.factor", 6, 4.0f, NULL, "qwen3.rope.scaling.factor 4"},
+        {"qwen3.rope.scale_linear", 6, 2.0f, NULL, "qwen3.rope.scale_linear 2"}};
+    for (size_t i = 0; i < sizeof rope / sizeof rope[0]; i++) {
+        uint8_t v[64];
+        size_t vl = 4;
+        if (rope[i].s) {
+            const uint64_t sl = strlen(rope[i].s);
+            memcpy(v, &sl, 8), memcpy(v + 8, rope[i].s, sl), vl = 8 + sl;
+        } else {
+            memcpy(v, &rope[i].f, 4);
+        }
+        g = gguf_add(img, len, rope[i].key, rope[i].t, v, vl, &n);
+        write_bytes(path, g, n), free(g);
+        char what[96];
+        snprintf(what, sizeof what, "GGUF %s", rope[i].key);
+        expect_clean_failure(what, (char *[]){"info", path, NULL}, rope[i].needle);
+    }
+    const float one = 1.0f; /* a factor of 1 scales nothing: loads */
+    g = gguf_add(img, len, "qwen3.rope.scaling.factor", 6, &one, 4, &n);
+    write_bytes(path, g, n), free(g);
+    expect_success("GGUF rope.scaling.factor 1", (char *[]){"info", path, NULL}, buf, sizeof buf);
     /* GGUF: an eos id past the vocab loads, and is not reported as an eos id */
     g = gguf_replace(img, len, "tokenizer.ggml.eos_token_id", 4, &big, 4, &n);
     CHECK(g != NULL, "fixture has tokenizer.ggml.eos_token_id");
@@ -230,6 +292,7 @@ static void hostile_models_and_prompts(const uint8_t *img, size_t len) {
         {"rope_scaling llama3", "\"sliding_window\": null", "\"rope_scaling\": {\"type\": \"llama3\"}, \"sliding_window\": null",
          "rope_scaling type 'llama3'"},
         {"use_sliding_window true", "\"use_sliding_window\": false", "\"use_sliding_window\": true", "use_sliding_window"},
+        {"rope_type null, type yarn", "\"rope_type\": \"default\"", "\"rope_type\": null, \"type\": \"yarn\"", "type 'yarn'"},
         {"hidden_act gelu", "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", "hidden_act 'gelu'"},
     };
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
