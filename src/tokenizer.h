@@ -38,7 +38,9 @@ int tokenizer_n_vocab(const struct pxq_tokenizer *t);   /* largest id + 1 */
  * parse_special: 1 = special added tokens written in the text become their ids (HF's default,
  * split_special_tokens=False); 0 = they are tokenized as plain text.
  * *ids gets a malloc'd array of *n_ids ids (caller frees; non-NULL even when *n_ids is 0).
- * Returns 0, or -1 on bad arguments or a regex engine failure (match limit). */
+ * Returns 0, or -1 on bad arguments or a regex engine failure (match limit): for valid arguments the
+ * failure is the one TOKENIZER_ENCODE_FAILED describes, for callers' messages. */
+#define TOKENIZER_ENCODE_FAILED "the tokenizer's pre-tokenizer regex failed on the text (PCRE2's match or depth limit)"
 int tokenizer_encode(const struct pxq_tokenizer *t, const char *text, size_t len, int parse_special,
                      int32_t **ids, int *n_ids);
 

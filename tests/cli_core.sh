@@ -112,6 +112,12 @@ for f in tokenizer_config.json chat_template.jinja; do
     check "pxq run, $f a named pipe: exit 1, 'not a regular file'" \
         'printf "%s" "$e" | grep -q "$f: not a regular file" && printf "%s" "$e" | grep -q "rc=1"'
 done
+# a pre-tokenizer regex that backtracks past PCRE2's limits on a long run: the message says so
+mkdir $fifos/re && sed 's/"Regex": ".*"$/"Regex": "(a+)+$"/' $D/tiny-qwen3/tokenizer.json > $fifos/re/tokenizer.json
+{ head -c 30000 /dev/zero | tr '\0' a; echo b; } > $fifos/aaa.txt
+e=$(timeout 60 $PXQ tokenize -m $fifos/re -f $fifos/aaa.txt 2>&1 >/dev/null; echo "rc=$?")
+check "tokenize, a regex past PCRE2's match limit: exit 1, the message names the regex" \
+    'printf "%s" "$e" | grep -q "pre-tokenizer regex failed" && printf "%s" "$e" | grep -q "rc=1"'
 rm -rf "$fifos"
 
 for spec in "$D/tiny-qwen3 0.005" "$D/gguf/tiny-qwen3-bf16.gguf 0.005" "$D/gguf/tiny-qwen3-Q8_0.gguf 0.03" \

@@ -94,7 +94,7 @@ int cmd_perplexity(int argc, char **argv) {
     if (!model_tokenizer(m)) fail(&a, 1, "%s has no tokenizer", model_path(m));
     int32_t *ids = NULL;
     int n_ids = 0;
-    if (tokenizer_encode(model_tokenizer(m), text, len, 0, &ids, &n_ids) != 0) fail(&a, 1, "tokenization failed");
+    if (tokenizer_encode(model_tokenizer(m), text, len, 0, &ids, &n_ids) != 0) fail(&a, 1, "%s: %s", file, TOKENIZER_ENCODE_FAILED);
     free(text);
     int avail = n_ids / ctx;
     if (avail == 0) fail(&a, 1, "%s has %d tokens, fewer than one chunk of %d", file, n_ids, ctx);

@@ -113,7 +113,7 @@ int cmd_run(int argc, char **argv) {
     }
     int32_t *ids = NULL;
     int n_ids = 0;
-    if (tokenizer_encode(tok, prompt, prompt_len, 1, &ids, &n_ids) != 0) fail(&a, 1, "could not tokenize the prompt");
+    if (tokenizer_encode(tok, prompt, prompt_len, 1, &ids, &n_ids) != 0) fail(&a, 1, "could not tokenize the prompt: %s", TOKENIZER_ENCODE_FAILED);
     if (n_ids == 0) fail(&a, 1, "the prompt is empty (0 tokens)");
     struct pxq_engine *e = pxq_engine_new(m, &co.ep, err, sizeof err);
     if (!e) fail(&a, 1, "%s", err);

@@ -60,7 +60,7 @@ int cmd_tokenize(int argc, char **argv) {
     }
     int32_t *ids = NULL;
     int n = 0;
-    if (tokenizer_encode(tok, text, len, !no_special, &ids, &n) != 0) fail(&a, 1, "tokenization failed");
+    if (tokenizer_encode(tok, text, len, !no_special, &ids, &n) != 0) fail(&a, 1, "%s", TOKENIZER_ENCODE_FAILED);
     putchar('[');
     for (int i = 0; i < n; i++) printf(i ? ", %d" : "%d", ids[i]);
     printf("]\n");

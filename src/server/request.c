@@ -184,7 +184,7 @@ static int tokens_from_array(struct pctx *c, const cJSON *a, int n_vocab, struct
 
 static int tokenize(struct pctx *c, const struct srv_limits *lim, const char *text, const char *param, struct srv_req *r) {
     if (tokenizer_encode(lim->tok, text, strlen(text), 1, &r->prompt, &r->n_prompt) != 0)
-        return bad(c, 400, param, "the prompt could not be tokenized"), -1;
+        return bad(c, 400, param, "the prompt could not be tokenized: %s", TOKENIZER_ENCODE_FAILED), -1;
     return 0;
 }
 
