@@ -655,10 +655,10 @@ static int bind_moe(struct binder *b, int il) {
 }
 
 /* Defined in model_qwen35.c when the hybrid is built; binds the DeltaNet and gated-attention layers. */
-int model_bind_qwen35_layer(struct pxq_layer *L, const struct pxq_hparams *hp, int il,
-                            const struct pxq_tensor *(*lookup)(void *ctx, int il, const char *suffix, int required,
-                                                               int64_t ne0, int64_t ne1, int64_t ne2),
-                            void *ctx);
+void model_bind_qwen35_layer(struct pxq_layer *L, const struct pxq_hparams *hp, int il,
+                             const struct pxq_tensor *(*lookup)(void *ctx, int il, const char *suffix, int required,
+                                                                int64_t ne0, int64_t ne1, int64_t ne2),
+                             void *ctx);
 /* The same for MTP layer il (>= n_layer): a whole gated-attention decoder layer plus the nextn tensors. */
 int model_bind_qwen35_mtp_layer(struct pxq_layer *L, const struct pxq_hparams *hp, int il,
                                 const struct pxq_tensor *(*lookup)(void *ctx, int il, const char *suffix, int required,
@@ -674,7 +674,6 @@ static int bind_weights(struct pxq_model *m, char *err, size_t errlen) {
     struct pxq_hparams *hp = &m->hp;
     struct binder b = {m, err, errlen, 0};
     if (hp->n_layer > PXQ_MAX_LAYERS) return set_err(err, errlen, "%s: %d layers exceed the limit of %d", m->path, hp->n_layer, PXQ_MAX_LAYERS);
-    if (hp->n_expert > PXQ_MAX_EXPERTS) return set_err(err, errlen, "%s: %d experts exceed the limit of %d", m->path, hp->n_expert, PXQ_MAX_EXPERTS);
     if (hp->n_head_kv == 0 || hp->n_head % hp->n_head_kv != 0)
         return set_err(err, errlen, "%s: n_head (%d) must be a positive multiple of n_head_kv (%d)", m->path, hp->n_head, hp->n_head_kv);
     if (hp->head_dim <= 0 || hp->head_dim % 2 || hp->n_rot <= 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2)
@@ -691,8 +690,7 @@ static int bind_weights(struct pxq_model *m, char *err, size_t errlen) {
         struct pxq_layer *L = &m->layers[il];
         L->attn_norm = bindl(&b, il, "attn_norm.weight", 1, hp->n_embd, 1, 1);
         if (hp->arch == ARCH_QWEN35) {
-            if (model_bind_qwen35_layer(L, hp, il, bind_cb, &b) != 0 && !b.failed)
-                b.failed = set_err(err, errlen, "%s: layer %d: Qwen3.5 weights could not be bound", m->path, il);
+            model_bind_qwen35_layer(L, hp, il, bind_cb, &b);
         } else {
             L->attn_q = bindl(&b, il, "attn_q.weight", 1, hp->n_embd, q_dim, 1);
             L->attn_k = bindl(&b, il, "attn_k.weight", 1, hp->n_embd, kv_dim, 1);

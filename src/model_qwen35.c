@@ -76,16 +76,14 @@ int model_qwen35_check_hparams(const struct pxq_hparams *hp, int gguf, char *err
     return 0;
 }
 
-/* Bind layer il's token mixer by hp->layer_kind[il]. Returns 0, or -1 if the DeltaNet sizes are
- * unusable (the lookup writes its own message for a missing or misshapen tensor). */
-int model_bind_qwen35_layer(struct pxq_layer *L, const struct pxq_hparams *hp, int il, lookup_fn lookup, void *ctx) {
-    if (hp->layer_kind[il] == LAYER_ATTN) {
+/* Bind layer il's token mixer by hp->layer_kind[il]. The DeltaNet sizes were checked when the
+ * hyperparameters were read (model_qwen35_check_hparams); the lookup writes its own message for a
+ * missing or misshapen tensor. */
+void model_bind_qwen35_layer(struct pxq_layer *L, const struct pxq_hparams *hp, int il, lookup_fn lookup, void *ctx) {
+    if (hp->layer_kind[il] == LAYER_ATTN)
         bind_gated_attention(L, hp, il, lookup, ctx);
-        return 0;
-    }
-    if (model_qwen35_check_hparams(hp, 0, NULL, 0)) return -1; /* checked with a message when read */
-    bind_deltanet(L, hp, il, lookup, ctx);
-    return 0;
+    else
+        bind_deltanet(L, hp, il, lookup, ctx);
 }
 
 /* MTP layer il (n_layer <= il < n_layer + n_mtp_layer): Qwen3_5DecoderLayer of type full_attention

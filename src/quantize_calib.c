@@ -3,13 +3,11 @@
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
-#include <errno.h>
 #include <math.h>
 #include <nettle/sha2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "engine.h"
 #include "ops_cpu.h"
@@ -17,27 +15,14 @@
 #include "tokenizer.h"
 #include "util.h"
 
-int file_sha256_hex(const char *path, char *hex, char *err, size_t errlen) {
-    int fd = open_regular(path, err, errlen); /* a pipe would block, and give other bytes than the text read */
-    if (fd < 0) return -1;
-    FILE *f = fdopen(fd, "rb");
-    if (!f) {
-        set_err(err, errlen, "%s: %s", path, strerror(errno));
-        close(fd);
-        return -1;
-    }
+/* Hex SHA-256 (nettle) of data[len], into hex[65]. */
+static void hex_sha256(const void *data, size_t len, char *hex) {
     struct sha256_ctx ctx;
     sha256_init(&ctx);
-    uint8_t buf[1 << 16];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) sha256_update(&ctx, n, buf);
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) return set_err(err, errlen, "%s: read error", path);
+    sha256_update(&ctx, len, data);
     uint8_t dig[SHA256_DIGEST_SIZE];
     sha256_digest(&ctx, sizeof dig, dig);
     for (int i = 0; i < SHA256_DIGEST_SIZE; i++) snprintf(hex + 2 * i, 3, "%02x", dig[i]);
-    return 0;
 }
 
 static int ends_with(const char *s, const char *suf) {
@@ -70,10 +55,7 @@ int calib_load(const char *path, const struct pxq_tokenizer *tok, int n_seq, int
     size_t len;
     char *text = read_regular_file(path, 1u << 30, &len, err, errlen);
     if (!text) return -1;
-    if (file_sha256_hex(path, sha256_hex, err, errlen) != 0) {
-        free(text);
-        return -1;
-    }
+    hex_sha256(text, len, sha256_hex); /* the bytes tokenized, not a second read of the file */
     size_t i0 = 0;
     while (i0 < len && isspace((unsigned char)text[i0])) i0++;
     if (i0 == len) {

@@ -40,9 +40,6 @@ struct calib {
 int calib_load(const char *path, const struct pxq_tokenizer *tok, int n_seq, int seq_len, int32_t **tokens, int *n_seq_out,
                int *seq_len_out, char *sha256_hex, char *err, size_t errlen);
 
-/* Hex SHA-256 of a file (nettle), into hex[65]. 0 or -1 with a message. */
-int file_sha256_hex(const char *path, char *hex, char *err, size_t errlen);
-
 /* Add a site keyed by `leader` (no-op if present). Returns its index. */
 int calib_add_site(struct calib *c, const struct pxq_tensor *leader);
 /* Index of the site of `leader`, or -1. */

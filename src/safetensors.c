@@ -290,7 +290,7 @@ struct st_model *st_open_dir(const char *dir, char *err, size_t errlen) {
     char path[4096];
     if (path_join(path, sizeof path, dir, "model.safetensors.index.json"))
         return set_err(err, errlen, "%s: path too long", dir), NULL;
-    if (!path_exists(path)) { /* a pipe or device there is refused by read_file / mmap_file, by name */
+    if (!path_exists(path)) { /* a pipe or device there is refused by read_regular_file / mmap_file, by name */
         if (path_join(path, sizeof path, dir, "model.safetensors"))
             return set_err(err, errlen, "%s: path too long", dir), NULL;
         if (!path_exists(path))
