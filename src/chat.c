@@ -35,14 +35,25 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void put(struct sbuf *b, const char *s, size_t n) { sbuf_put(b, s, n); }
-static void puts_(struct sbuf *b, const char *s) { put(b, s, strlen(s)); }
+/* The rendered text and, beside it, one byte per text byte: 1 where the template's own scaffolding
+ * wrote it (control tokens may be parsed there), 0 where a message's text did (never parsed as
+ * control tokens: a message cannot close its turn or forge another one). */
+struct out { struct sbuf b, ok; };
 
-static void turn(struct sbuf *b, const char *role, const char *content) {
+static void put_as(struct out *o, const char *s, size_t n, int scaffold) {
+    sbuf_put(&o->b, s, n);
+    sbuf_put(&o->ok, s, n); /* grow by n, then mark */
+    memset(o->ok.p + o->ok.n - n, scaffold, n);
+}
+static void put(struct out *o, const char *s, size_t n) { put_as(o, s, n, 0); }          /* message text */
+static void puts_(struct out *o, const char *s) { put_as(o, s, strlen(s), 1); }          /* scaffolding */
+static void text(struct out *o, const char *s) { put(o, s, strlen(s)); }
+
+static void turn(struct out *b, const char *role, const char *content) {
     puts_(b, "<|im_start|>");
     puts_(b, role);
     puts_(b, "\n");
-    puts_(b, content);
+    text(b, content);
     puts_(b, "<|im_end|>\n");
 }
 
@@ -82,7 +93,7 @@ static const char *last_of(const char *s, const char *p) {
 }
 
 /* Qwen3 assistant message: answer and reasoning as the template's split/strip chain computes them. */
-static void qwen3_assistant(struct sbuf *b, const char *content, int after_query, int is_last) {
+static void qwen3_assistant(struct out *b, const char *content, int after_query, int is_last) {
     const char *ans = content, *rs = "", *re = rs;
     const char *close = strstr(content, "</think>");
     if (close) {
@@ -102,12 +113,13 @@ static void qwen3_assistant(struct sbuf *b, const char *content, int after_query
     } else {
         puts_(b, "<|im_start|>assistant\n");
     }
-    puts_(b, ans);
+    text(b, ans);
     puts_(b, "<|im_end|>\n");
 }
 
-char *chat_apply_template(const char *tmpl, const struct chat_msg *msgs, int n_msgs,
-                          int add_generation_prompt, char *err, size_t errlen) {
+char *chat_render(const char *tmpl, const struct chat_msg *msgs, int n_msgs, int add_generation_prompt,
+                  uint8_t **special_ok, char *err, size_t errlen) {
+    if (special_ok) *special_ok = NULL;
     if (!tmpl || !strstr(tmpl, "<|im_start|>")) {
         set_err(err, errlen, "chat: the template is not ChatML (no <|im_start|>); only ChatML templates are supported");
         return NULL;
@@ -123,10 +135,10 @@ char *chat_apply_template(const char *tmpl, const struct chat_msg *msgs, int n_m
         }
     int qwen_roles = strstr(tmpl, "<tool_response>") != NULL;
     int qwen3 = strstr(tmpl, "reasoning_content") && strstr(tmpl, "last_query_index");
-    struct sbuf b = {0};
-    put(&b, "", 0);
+    struct out o = {0}, *b = &o;
+    puts_(b, "");
     char *sys = qwen3 ? NULL : default_system(tmpl);
-    if (sys && (n_msgs == 0 || strcmp(msgs[0].role, "system"))) turn(&b, "system", sys);
+    if (sys && (n_msgs == 0 || strcmp(msgs[0].role, "system"))) turn(b, "system", sys);
     free(sys);
     int last_query = n_msgs - 1;
     for (int i = n_msgs - 1; qwen3 && i >= 0; i--)
@@ -138,17 +150,24 @@ char *chat_apply_template(const char *tmpl, const struct chat_msg *msgs, int n_m
     for (int i = 0; i < n_msgs; i++) {
         const char *role = msgs[i].role, *content = msgs[i].content;
         if (qwen_roles && !strcmp(role, "tool")) {
-            if (i == 0 || strcmp(msgs[i - 1].role, "tool")) puts_(&b, "<|im_start|>user");
-            puts_(&b, "\n<tool_response>\n");
-            puts_(&b, content);
-            puts_(&b, "\n</tool_response>");
-            if (i == n_msgs - 1 || strcmp(msgs[i + 1].role, "tool")) puts_(&b, "<|im_end|>\n");
+            if (i == 0 || strcmp(msgs[i - 1].role, "tool")) puts_(b, "<|im_start|>user");
+            puts_(b, "\n<tool_response>\n");
+            text(b, content);
+            puts_(b, "\n</tool_response>");
+            if (i == n_msgs - 1 || strcmp(msgs[i + 1].role, "tool")) puts_(b, "<|im_end|>\n");
         } else if (qwen3 && !strcmp(role, "assistant")) {
-            qwen3_assistant(&b, content, i > last_query, i == n_msgs - 1);
+            qwen3_assistant(b, content, i > last_query, i == n_msgs - 1);
         } else if (!qwen_roles || !strcmp(role, "system") || !strcmp(role, "user") || !strcmp(role, "assistant")) {
-            turn(&b, role, content);
+            turn(b, role, content);
         }
     }
-    if (add_generation_prompt) puts_(&b, "<|im_start|>assistant\n");
-    return b.p;
+    if (add_generation_prompt) puts_(b, "<|im_start|>assistant\n");
+    if (special_ok) *special_ok = (uint8_t *)o.ok.p;
+    else free(o.ok.p);
+    return o.b.p;
+}
+
+char *chat_apply_template(const char *tmpl, const struct chat_msg *msgs, int n_msgs,
+                          int add_generation_prompt, char *err, size_t errlen) {
+    return chat_render(tmpl, msgs, n_msgs, add_generation_prompt, NULL, err, errlen);
 }

@@ -502,7 +502,16 @@ struct enc {
     int sym_cap, heap_cap, heap_n;
     struct sbuf word;
     int failed;
+    const uint8_t *special_ok; /* NULL, or per byte of the pass-0 text: 1 where special tokens may match */
 };
+
+/* Whether special tokens may match in bytes [off, off + n) of the pass-0 text. */
+static int special_allowed(const struct enc *e, int parse_special, size_t off, size_t n) {
+    if (!e->special_ok || !parse_special) return parse_special;
+    for (size_t i = 0; i < n; i++)
+        if (!e->special_ok[off + i]) return 0;
+    return 1;
+}
 
 static void emit(struct enc *e, int32_t id) {
     if (e->n == e->cap) e->ids = xrealloc(e->ids, (e->cap = e->cap ? 2 * e->cap : 64) * sizeof(int32_t));
@@ -669,7 +678,7 @@ static void split_added(const struct pxq_tokenizer *t, struct enc *e, const char
         }
         size_t ms = i, me = i + hit->len;
         i = me;
-        if (hit->special && !parse_special) continue;
+        if (hit->special && !(pass == 0 ? special_allowed(e, parse_special, ms, me - ms) : parse_special)) continue;
         if (hit->single_word && (word_char(s, ms, 1) || word_char(s + me, n - me, 0))) continue;
         if (hit->lstrip) {
             while (ms > start_off) {
@@ -687,14 +696,14 @@ static void split_added(const struct pxq_tokenizer *t, struct enc *e, const char
             i = me;
         }
         if (ms > start_off) {
-            if (pass == 0) normalized_part(t, e, s + start_off, ms - start_off, parse_special);
+            if (pass == 0) normalized_part(t, e, s + start_off, ms - start_off, special_allowed(e, parse_special, start_off, ms - start_off));
             else pretok(t, e, 0, s + start_off, ms - start_off);
         }
         emit(e, hit->id);
         start_off = me;
     }
     if (start_off < n && !e->failed) {
-        if (pass == 0) normalized_part(t, e, s + start_off, n - start_off, parse_special);
+        if (pass == 0) normalized_part(t, e, s + start_off, n - start_off, special_allowed(e, parse_special, start_off, n - start_off));
         else pretok(t, e, 0, s + start_off, n - start_off);
     }
 }
@@ -712,26 +721,39 @@ static void normalized_part(const struct pxq_tokenizer *t, struct enc *e, const 
     free(norm);
 }
 
-int tokenizer_encode(const struct pxq_tokenizer *t, const char *text, size_t len, int parse_special,
-                     int32_t **ids, int *n_ids) {
+/* tokenizer_encode with an optional per-byte mask of where special tokens may be parsed. */
+static int encode(const struct pxq_tokenizer *t, const char *text, size_t len, int parse_special,
+                  const uint8_t *special_ok, int32_t **ids, int *n_ids) {
     if (ids) *ids = NULL;
     if (n_ids) *n_ids = 0;
     if (!t || !ids || !n_ids || (!text && len) || len > (size_t)1 << 30) return -1;
-    struct enc e = {.mctx = pcre2_match_context_create(NULL)};
-    struct sbuf clean = {0};
+    struct enc e = {.mctx = pcre2_match_context_create(NULL), .special_ok = special_ok};
+    struct sbuf clean = {0}, clean_ok = {0};
     if (!e.mctx) return -1;
     pcre2_set_match_limit(e.mctx, (uint32_t)(10000000 + 3 * (uint64_t)len)); /* len <= 2^30 */
     const char *s = text;
     for (size_t i = 0; i < len;) { /* sanitize only if needed */
         int r = utf8_next((const unsigned char *)text + i, len - i, NULL);
         if (r > 0) { i += r; continue; }
-        put_lossy(&clean, text, len);
+        if (!special_ok) {
+            put_lossy(&clean, text, len);
+        } else { /* run by run of the mask, so the mask follows the replaced bytes */
+            for (size_t a = 0, b; a < len; a = b) {
+                for (b = a + 1; b < len && special_ok[b] == special_ok[a]; b++) {}
+                size_t n0 = clean.n;
+                put_lossy(&clean, text + a, b - a);
+                sbuf_put(&clean_ok, clean.p + n0, clean.n - n0);
+                memset(clean_ok.p + clean_ok.n - (clean.n - n0), special_ok[a], clean.n - n0);
+            }
+            e.special_ok = (const uint8_t *)clean_ok.p;
+        }
         s = clean.p;
         len = clean.n;
         break;
     }
     split_added(t, &e, s ? s : "", len, parse_special, 0);
     free(clean.p);
+    free(clean_ok.p);
     free(e.sym);
     free(e.heap);
     free(e.word.p);
@@ -740,6 +762,21 @@ int tokenizer_encode(const struct pxq_tokenizer *t, const char *text, size_t len
     *ids = e.ids ? e.ids : xmalloc(sizeof(int32_t));
     *n_ids = e.n;
     return 0;
+}
+
+int tokenizer_encode(const struct pxq_tokenizer *t, const char *text, size_t len, int parse_special,
+                     int32_t **ids, int *n_ids) {
+    return encode(t, text, len, parse_special, NULL, ids, n_ids);
+}
+
+int tokenizer_encode_masked(const struct pxq_tokenizer *t, const char *text, size_t len, const uint8_t *special_ok,
+                            int32_t **ids, int *n_ids) {
+    if (!special_ok && len) {
+        if (ids) *ids = NULL;
+        if (n_ids) *n_ids = 0;
+        return -1;
+    }
+    return encode(t, text, len, 1, special_ok, ids, n_ids);
 }
 
 /* ---- ids <-> text ------------------------------------------------------------------------------- */
@@ -830,6 +867,24 @@ char *tokenizer_apply_chat(const struct pxq_tokenizer *t, const struct chat_msg 
         return NULL;
     }
     return chat_apply_template(t->chat_template, msgs, n_msgs, add_generation_prompt, err, errlen);
+}
+
+int tokenizer_encode_chat(const struct pxq_tokenizer *t, const struct chat_msg *msgs, int n_msgs,
+                          int add_generation_prompt, int32_t **ids, int *n_ids, char *err, size_t errlen) {
+    if (ids) *ids = NULL;
+    if (n_ids) *n_ids = 0;
+    if (!t || !t->chat_template) {
+        set_err(err, errlen, "chat: the tokenizer has no chat template");
+        return -1;
+    }
+    uint8_t *ok = NULL;
+    char *text = chat_render(t->chat_template, msgs, n_msgs, add_generation_prompt, &ok, err, errlen);
+    if (!text) return -1;
+    int rc = tokenizer_encode_masked(t, text, strlen(text), ok, ids, n_ids);
+    if (rc != 0) set_err(err, errlen, "%s", TOKENIZER_ENCODE_FAILED);
+    free(text);
+    free(ok);
+    return rc;
 }
 
 static void add_eos(struct pxq_tokenizer *t, int64_t id) {

@@ -44,6 +44,14 @@ int tokenizer_n_vocab(const struct pxq_tokenizer *t);   /* largest id + 1 */
 int tokenizer_encode(const struct pxq_tokenizer *t, const char *text, size_t len, int parse_special,
                      int32_t **ids, int *n_ids);
 
+/* tokenizer_encode with special-token parsing allowed only where special_ok[i] is 1 for every byte
+ * of the match (special_ok has len bytes); elsewhere special tokens are tokenized as plain text, as
+ * with parse_special 0. Non-special added tokens (<think>) match everywhere, as in HF. This is how a
+ * rendered chat is tokenized: only the template's scaffolding may produce control ids (vLLM does
+ * the same: message text never becomes <|im_end|> or <|im_start|>). Returns as tokenizer_encode. */
+int tokenizer_encode_masked(const struct pxq_tokenizer *t, const char *text, size_t len, const uint8_t *special_ok,
+                            int32_t **ids, int *n_ids);
+
 /* Raw bytes of token id (byte-level decoded; added tokens give their content), not NUL-terminated
  * for the caller's purposes (*len bytes). NULL if out of range or an unused id. */
 const char *tokenizer_token_bytes(const struct pxq_tokenizer *t, int32_t id, size_t *len);
@@ -86,6 +94,15 @@ char *tokenizer_apply_chat(const struct pxq_tokenizer *t, const struct chat_msg 
 /* The same with a template given as text (e.g. a --chat-template override); chat.c. */
 char *chat_apply_template(const char *tmpl, const struct chat_msg *msgs, int n_msgs,
                           int add_generation_prompt, char *err, size_t errlen);
+/* chat_apply_template that also returns (*special_ok, malloc'd, one byte per byte of the result)
+ * 1 where the template's scaffolding wrote the byte and 0 where a message's text did. */
+char *chat_render(const char *tmpl, const struct chat_msg *msgs, int n_msgs, int add_generation_prompt,
+                  uint8_t **special_ok, char *err, size_t errlen);
+/* Render msgs with the tokenizer's template and tokenize the result so that control tokens come only
+ * from the template (tokenizer_encode_masked): the path every chat prompt takes. *ids is malloc'd.
+ * Returns 0, or -1 with a message (no template, a bad message list, the regex limit). */
+int tokenizer_encode_chat(const struct pxq_tokenizer *t, const struct chat_msg *msgs, int n_msgs,
+                          int add_generation_prompt, int32_t **ids, int *n_ids, char *err, size_t errlen);
 /* 1 if a chat template was found. */
 int tokenizer_has_chat_template(const struct pxq_tokenizer *t);
 

@@ -98,7 +98,8 @@ int cmd_run(int argc, char **argv) {
     struct pxq_model *m = open_model_or_fail(&a, co.model);
     struct pxq_tokenizer *tok = model_tokenizer(m);
     if (!tok) fail(&a, 1, "%s has no tokenizer; pxq run needs one", model_path(m));
-    char *rendered = NULL;
+    int32_t *ids = NULL;
+    int n_ids = 0;
     if (chat) {
         const char *nul = memchr(prompt, 0, prompt_len);
         if (nul) fail(&a, 1, "%s has a NUL byte at offset %zu; --chat renders text without them", file, (size_t)(nul - prompt));
@@ -106,14 +107,11 @@ int cmd_run(int argc, char **argv) {
         int nm = 0;
         if (system) msgs[nm++] = (struct chat_msg){"system", system};
         msgs[nm++] = (struct chat_msg){"user", prompt};
-        rendered = tokenizer_apply_chat(tok, msgs, nm, 1, err, sizeof err);
-        if (!rendered) fail(&a, 1, "%s", err);
-        prompt = rendered;
-        prompt_len = strlen(rendered);
+        /* control tokens come from the template alone: a prompt holding "<|im_end|>" stays text */
+        if (tokenizer_encode_chat(tok, msgs, nm, 1, &ids, &n_ids, err, sizeof err) != 0) fail(&a, 1, "%s", err);
+    } else if (tokenizer_encode(tok, prompt, prompt_len, 1, &ids, &n_ids) != 0) {
+        fail(&a, 1, "could not tokenize the prompt: %s", TOKENIZER_ENCODE_FAILED);
     }
-    int32_t *ids = NULL;
-    int n_ids = 0;
-    if (tokenizer_encode(tok, prompt, prompt_len, 1, &ids, &n_ids) != 0) fail(&a, 1, "could not tokenize the prompt: %s", TOKENIZER_ENCODE_FAILED);
     if (n_ids == 0) fail(&a, 1, "the prompt is empty (0 tokens)");
     struct pxq_engine *e = pxq_engine_new(m, &co.ep, err, sizeof err);
     if (!e) fail(&a, 1, "%s", err);
@@ -139,7 +137,6 @@ int cmd_run(int argc, char **argv) {
     }
     pxq_engine_free(e);
     free(ids);
-    free(rendered);
     free(text);
     model_free(m);
     return rc == 0 ? 0 : 1;

@@ -272,13 +272,12 @@ static int parse_messages(struct pctx *c, const cJSON *root, const struct srv_li
     int add_gen = 1;
     if (get_bool(c, root, "add_generation_prompt", &add_gen)) goto out;
     char err[256] = "";
-    char *text = tokenizer_apply_chat(lim->tok, msgs, n, add_gen, err, sizeof err);
-    if (!text) {
+    /* Control tokens come from the template alone: a message holding "<|im_end|>" stays text. */
+    if (tokenizer_encode_chat(lim->tok, msgs, n, add_gen, &r->prompt, &r->n_prompt, err, sizeof err) != 0) {
         bad(c, 400, "messages", "%s", err);
         goto out;
     }
-    rc = tokenize(c, lim, text, "messages", r);
-    free(text);
+    rc = 0;
 out:
     for (int i = 0; i < n; i++) free(contents[i]);
     free(contents);
