@@ -22,10 +22,12 @@
  *       <|im_start|>assistant\n<think>\n{reasoning}\n</think>\n\n{answer}<|im_end|>\n; every other
  *       assistant message renders just the answer (earlier turns lose their reasoning).
  *
- * Not covered (a template that needs these renders as above, which can differ from HF): tools and
- * the tool-list system prompt, assistant tool_calls, a separate reasoning_content field,
- * enable_thinking=false (Qwen3 then adds <think>\n\n</think>\n\n after the generation prompt),
- * multimodal content lists, and templates (e.g. Qwen3.5's, if it opens <think> in the generation
+ *   enable_thinking = 0 (chat_template_kwargs; templates that test enable_thinking, as Qwen3's):
+ *       <think>\n\n</think>\n\n after the generation prompt. Other templates ignore it, as in HF.
+ *
+ * Not covered (a template that needs these renders as above, which can differ from HF; the server
+ * refuses the request fields that would need them): tools and the tool-list system prompt,
+ * assistant tool_calls, a separate reasoning_content field, multimodal content lists, and templates (e.g. Qwen3.5's, if it opens <think> in the generation
  * prompt) whose generation prompt is more than <|im_start|>assistant\n. Non-ChatML templates fail.
  */
 #include "tokenizer.h"
@@ -118,7 +120,7 @@ static void qwen3_assistant(struct out *b, const char *content, int after_query,
 }
 
 char *chat_render(const char *tmpl, const struct chat_msg *msgs, int n_msgs, int add_generation_prompt,
-                  uint8_t **special_ok, char *err, size_t errlen) {
+                  int enable_thinking, uint8_t **special_ok, char *err, size_t errlen) {
     if (special_ok) *special_ok = NULL;
     if (!tmpl || !strstr(tmpl, "<|im_start|>")) {
         set_err(err, errlen, "chat: the template is not ChatML (no <|im_start|>); only ChatML templates are supported");
@@ -161,7 +163,11 @@ char *chat_render(const char *tmpl, const struct chat_msg *msgs, int n_msgs, int
             turn(b, role, content);
         }
     }
-    if (add_generation_prompt) puts_(b, "<|im_start|>assistant\n");
+    if (add_generation_prompt) {
+        puts_(b, "<|im_start|>assistant\n");
+        /* Qwen3: {%- if enable_thinking is defined and enable_thinking is false %} an empty think block */
+        if (!enable_thinking && strstr(tmpl, "enable_thinking")) puts_(b, "<think>\n\n</think>\n\n");
+    }
     if (special_ok) *special_ok = (uint8_t *)o.ok.p;
     else free(o.ok.p);
     return o.b.p;
@@ -169,5 +175,5 @@ char *chat_render(const char *tmpl, const struct chat_msg *msgs, int n_msgs, int
 
 char *chat_apply_template(const char *tmpl, const struct chat_msg *msgs, int n_msgs,
                           int add_generation_prompt, char *err, size_t errlen) {
-    return chat_render(tmpl, msgs, n_msgs, add_generation_prompt, NULL, err, errlen);
+    return chat_render(tmpl, msgs, n_msgs, add_generation_prompt, 1, NULL, err, errlen);
 }

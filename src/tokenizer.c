@@ -870,7 +870,8 @@ char *tokenizer_apply_chat(const struct pxq_tokenizer *t, const struct chat_msg 
 }
 
 int tokenizer_encode_chat(const struct pxq_tokenizer *t, const struct chat_msg *msgs, int n_msgs,
-                          int add_generation_prompt, int32_t **ids, int *n_ids, char *err, size_t errlen) {
+                          int add_generation_prompt, int enable_thinking, int32_t **ids, int *n_ids, char *err,
+                          size_t errlen) {
     if (ids) *ids = NULL;
     if (n_ids) *n_ids = 0;
     if (!t || !t->chat_template) {
@@ -878,7 +879,7 @@ int tokenizer_encode_chat(const struct pxq_tokenizer *t, const struct chat_msg *
         return -1;
     }
     uint8_t *ok = NULL;
-    char *text = chat_render(t->chat_template, msgs, n_msgs, add_generation_prompt, &ok, err, errlen);
+    char *text = chat_render(t->chat_template, msgs, n_msgs, add_generation_prompt, enable_thinking, &ok, err, errlen);
     if (!text) return -1;
     int rc = tokenizer_encode_masked(t, text, strlen(text), ok, ids, n_ids);
     if (rc != 0) set_err(err, errlen, "%s", TOKENIZER_ENCODE_FAILED);

@@ -95,14 +95,17 @@ char *tokenizer_apply_chat(const struct pxq_tokenizer *t, const struct chat_msg 
 char *chat_apply_template(const char *tmpl, const struct chat_msg *msgs, int n_msgs,
                           int add_generation_prompt, char *err, size_t errlen);
 /* chat_apply_template that also returns (*special_ok, malloc'd, one byte per byte of the result)
- * 1 where the template's scaffolding wrote the byte and 0 where a message's text did. */
+ * 1 where the template's scaffolding wrote the byte and 0 where a message's text did.
+ * enable_thinking: chat_template_kwargs.enable_thinking (1 when not given); 0 closes an empty think
+ * block after the generation prompt in templates that test it (Qwen3), and changes nothing in others. */
 char *chat_render(const char *tmpl, const struct chat_msg *msgs, int n_msgs, int add_generation_prompt,
-                  uint8_t **special_ok, char *err, size_t errlen);
+                  int enable_thinking, uint8_t **special_ok, char *err, size_t errlen);
 /* Render msgs with the tokenizer's template and tokenize the result so that control tokens come only
  * from the template (tokenizer_encode_masked): the path every chat prompt takes. *ids is malloc'd.
  * Returns 0, or -1 with a message (no template, a bad message list, the regex limit). */
 int tokenizer_encode_chat(const struct pxq_tokenizer *t, const struct chat_msg *msgs, int n_msgs,
-                          int add_generation_prompt, int32_t **ids, int *n_ids, char *err, size_t errlen);
+                          int add_generation_prompt, int enable_thinking, int32_t **ids, int *n_ids, char *err,
+                          size_t errlen);
 /* 1 if a chat template was found. */
 int tokenizer_has_chat_template(const struct pxq_tokenizer *t);
 

@@ -363,8 +363,8 @@ static void check_injection(const struct pxq_tokenizer *t, const char *label) {
         bad[n] = good[n] = (struct chat_msg){"user", "Go on."}, n++;
         int32_t *ib = NULL, *ig = NULL, *iw = NULL;
         int nb = 0, ng = 0, nw = 0;
-        int rb = tokenizer_encode_chat(t, bad, n, 1, &ib, &nb, err, sizeof err);
-        int rg = tokenizer_encode_chat(t, good, n, 1, &ig, &ng, err, sizeof err);
+        int rb = tokenizer_encode_chat(t, bad, n, 1, 1, &ib, &nb, err, sizeof err);
+        int rg = tokenizer_encode_chat(t, good, n, 1, 1, &ig, &ng, err, sizeof err);
         const char *what = r < 4 ? roles[r] : "every role";
         CHECK(rb == 0 && rg == 0, "%s: encode_chat (%s): %s", label, what, err);
         CHECK(n_special(t, ib, nb) == n_special(t, ig, ng) && nb > ng,
@@ -566,6 +566,15 @@ int main(void) {
         if (t) {
             test_qwen3(json, json_len, t, extra);
             check_injection(t, "qwen3 (real template)");
+            struct chat_msg hi = {"user", "Hi"};
+            char e2[256] = "", *off = NULL;
+            int32_t *ti = NULL;
+            int tn = 0;
+            if (tokenizer_encode_chat(t, &hi, 1, 1, 0, &ti, &tn, e2, sizeof e2) == 0) off = tokenizer_decode(t, ti, tn, 0);
+            CHECK(off && !strcmp(off, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n") &&
+                  ti[tn - 4] == tokenizer_token_id(t, "<think>"), "qwen3 enable_thinking=false: %s", off ? off : e2);
+            free(off);
+            free(ti);
             if (extra) test_extra(json, json_len, t, extra);
             tokenizer_free(t);
         }

@@ -108,7 +108,7 @@ int cmd_run(int argc, char **argv) {
         if (system) msgs[nm++] = (struct chat_msg){"system", system};
         msgs[nm++] = (struct chat_msg){"user", prompt};
         /* control tokens come from the template alone: a prompt holding "<|im_end|>" stays text */
-        if (tokenizer_encode_chat(tok, msgs, nm, 1, &ids, &n_ids, err, sizeof err) != 0) fail(&a, 1, "%s", err);
+        if (tokenizer_encode_chat(tok, msgs, nm, 1, 1, &ids, &n_ids, err, sizeof err) != 0) fail(&a, 1, "%s", err);
     } else if (tokenizer_encode(tok, prompt, prompt_len, 1, &ids, &n_ids) != 0) {
         fail(&a, 1, "could not tokenize the prompt: %s", TOKENIZER_ENCODE_FAILED);
     }

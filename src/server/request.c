@@ -242,6 +242,50 @@ static const char *chat_role(const char *role) {
     return NULL;
 }
 
+/* chat_template_kwargs (vLLM's extension): enable_thinking, a boolean, is what PXQ's renderer knows;
+ * any other key would be ignored, so it is refused with its name. */
+static int template_kwargs(struct pctx *c, const cJSON *root, int *thinking) {
+    const cJSON *kw = field(root, "chat_template_kwargs");
+    if (!kw) return 0;
+    if (!cJSON_IsObject(kw)) return bad(c, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object"), -1;
+    for (const cJSON *x = kw->child; x; x = x->next) {
+        if (strcmp(x->string, "enable_thinking"))
+            return bad(c, 400, "chat_template_kwargs", "chat_template_kwargs.%.64s is not supported; the one supported key is enable_thinking",
+                       x->string), -1;
+        if (!cJSON_IsBool(x)) return bad(c, 400, "chat_template_kwargs", "chat_template_kwargs.enable_thinking must be a boolean"), -1;
+        *thinking = cJSON_IsTrue(x);
+    }
+    return 0;
+}
+
+/* Fields of OpenAI's API that PXQ does not implement yet: refused rather than ignored, since each
+ * changes what the model is asked or what comes back. A field given with its neutral value (null,
+ * "none", "auto" with no tools, {"type": "text"}, [] or {}) asks for nothing and passes. */
+static int refuse_unsupported(struct pctx *c, const cJSON *root) {
+    static const char *const lists[] = {"tools", "functions"};
+    for (size_t i = 0; i < sizeof lists / sizeof *lists; i++) {
+        const cJSON *v = field(root, lists[i]);
+        if (v && !(cJSON_IsArray(v) && !cJSON_GetArraySize(v)))
+            return bad(c, 400, lists[i], "'%s' is not supported: tool calling is not implemented", lists[i]), -1;
+    }
+    static const char *const choices[] = {"tool_choice", "function_call"};
+    for (size_t i = 0; i < sizeof choices / sizeof *choices; i++) {
+        const cJSON *v = field(root, choices[i]);
+        if (v && !(cJSON_IsString(v) && (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto"))))
+            return bad(c, 400, choices[i], "'%s' is not supported: tool calling is not implemented", choices[i]), -1;
+    }
+    const cJSON *rf = field(root, "response_format");
+    if (rf) {
+        const cJSON *ty = cJSON_IsObject(rf) ? field(rf, "type") : NULL;
+        if (!(cJSON_IsString(ty) && !strcmp(ty->valuestring, "text")))
+            return bad(c, 400, "response_format", "'response_format' other than {\"type\": \"text\"} is not supported: structured output is not implemented"), -1;
+    }
+    const cJSON *lb = field(root, "logit_bias");
+    if (lb && !(cJSON_IsObject(lb) && !lb->child))
+        return bad(c, 400, "logit_bias", "'logit_bias' is not supported"), -1;
+    return 0;
+}
+
 static int parse_messages(struct pctx *c, const cJSON *root, const struct srv_limits *lim, struct srv_req *r) {
     const cJSON *ms = field(root, "messages");
     if (!ms) return bad(c, 400, "messages", "'messages' is required"), -1;
@@ -269,11 +313,12 @@ static int parse_messages(struct pctx *c, const cJSON *root, const struct srv_li
         if (!(contents[k] = message_content(c, m, k, role->valuestring))) goto out;
         msgs[k] = (struct chat_msg){rrole, contents[k]};
     }
-    int add_gen = 1;
+    int add_gen = 1, thinking = 1;
     if (get_bool(c, root, "add_generation_prompt", &add_gen)) goto out;
+    if (template_kwargs(c, root, &thinking)) goto out;
     char err[256] = "";
     /* Control tokens come from the template alone: a message holding "<|im_end|>" stays text. */
-    if (tokenizer_encode_chat(lim->tok, msgs, n, add_gen, &r->prompt, &r->n_prompt, err, sizeof err) != 0) {
+    if (tokenizer_encode_chat(lim->tok, msgs, n, add_gen, thinking, &r->prompt, &r->n_prompt, err, sizeof err) != 0) {
         bad(c, 400, "messages", "%s", err);
         goto out;
     }
@@ -461,6 +506,7 @@ struct srv_req *srv_req_parse(enum srv_kind kind, const char *body, size_t len, 
         }
         r->top_logprobs = (int)d;
     }
+    if (refuse_unsupported(&c, root)) goto out;
     /* prompt */
     if (kind == SRV_COMPLETION ? parse_prompt(&c, root, lim, r) : parse_messages(&c, root, lim, r)) goto out;
     const char *pname = kind == SRV_CHAT ? "messages" : "prompt";

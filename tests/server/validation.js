@@ -122,6 +122,28 @@ const is400 = (r, param, re) => r.status === 400 && paramOf(r) === param && (!re
       joined.o.usage.prompt_tokens === 1 + ntok('user\nHi<|im_end|>', true) + ntok('<|im_end|>\n<|im_start|>assistant\n', false),
       JSON.stringify([parted.o && parted.o.usage, joined.o && joined.o.usage]));
 
+    // ---- fields that would be ignored are refused; chat_template_kwargs.enable_thinking is rendered ----
+    const hi = [{ role: 'user', content: 'Hi' }];
+    const tool = { type: 'function', function: { name: 'f', parameters: { type: 'object' } } };
+    for (const [name, extra, param] of [['tools', { tools: [tool] }, 'tools'], ['functions', { functions: [tool.function] }, 'functions'],
+      ['tool_choice required', { tool_choice: 'required' }, 'tool_choice'],
+      ['response_format json_object', { response_format: { type: 'json_object' } }, 'response_format'],
+      ['logit_bias', { logit_bias: { 5: 10 } }, 'logit_bias'],
+      ['chat_template_kwargs.foo', { chat_template_kwargs: { foo: 1 } }, 'chat_template_kwargs'],
+      ['enable_thinking not a boolean', { chat_template_kwargs: { enable_thinking: 'no' } }, 'chat_template_kwargs']]) {
+      const r = await chat(hi, extra);
+      check(`${name}: 400 naming ${param}`, is400(r, param), r.body);
+    }
+    for (const [name, extra] of [['tools: []', { tools: [] }], ['tool_choice none', { tool_choice: 'none' }],
+      ['response_format text', { response_format: { type: 'text' } }], ['enable_thinking', { chat_template_kwargs: { enable_thinking: true } }]]) {
+      const r = await chat(hi, extra);
+      check(`${name}: accepted`, r.status === 200, r.body);
+    }
+    // the bundled model's template is plain ChatML: enable_thinking changes nothing there, as in HF
+    const th = await chat(hi, { chat_template_kwargs: { enable_thinking: false } }), pl = await chat(hi);
+    check('enable_thinking false on a template without thinking: the same prompt', th.status === 200 &&
+      th.o.usage.prompt_tokens === pl.o.usage.prompt_tokens, th.body);
+
     // ---- stop ----
     for (const [name, stop] of [['""', ''], ['[""]', ['']], ['["x", ""]', ['x', '']]]) {
       for (const path of [C, CH]) {
