@@ -1,11 +1,11 @@
 #!/bin/sh
-# One pass on a GPU machine, for a session's device time: build with CUDA, run the CUDA tests,
+# One pass on a GPU machine: build with CUDA, run the CUDA tests,
 # measure the server under load on the GPU, and the plan/bench rows of the CUDA issue. Logs go to
 # $OUT (default /tmp/pxq-gpu). Each step has its own time limit so one slow step cannot eat the
 # others. If the machine lacks the -dev libraries, put their headers and .so files in .devlibs/
 # (include/, lib/) and carry it: they are used when present.
 #   usage: tools/gpu-check.sh [build] [tests] [serve] [bench] [sanitize] [qwen35] [bench35] [moe] [ptx75]
-#          [timeline] [probe] [readstream] [flow]
+#          [timeline] [probe] [flow]
 #   (default: build tests serve bench; qwen35 = the hybrid's CUDA tests and perplexities, bench35 =
 #   the Qwen3.5-27B preset's plan and bench at 16 GiB; moe = the MoE tests (test_cuda_moe,
 #   test_cuda_model's MoE rows) and the Qwen3-30B-A3B preset's bench row of docs/PERF.md; ptx75 = the build as sm_75 PTX only, which
@@ -13,9 +13,8 @@
 #   paths select themselves off and the Volta/Turing fallbacks run, checked by the CUDA tests; timeline =
 #   tools/cuda_timeline/run.sh on the Qwen3-32B and Qwen3.5-27B presets, b1 decode: each kernel's
 #   share of a decode step; probe = tools/probe-small-kernels.sh, the phases inside each decode kernel;
-#   readstream = tools/cuda_probe/read_stream.cu, read-only rates against the copy roofline; flow =
-#   tools/cuda_probe/ffn_flow.cu and layer_flow.cu, the barrier-free persistent probes, after build,
-#   with layer_flow's time stamps summarised in flow-trace.txt)
+#   flow = dev/cuda/layer_flow.cu, the persistent decode layer (dev/cuda/README.md), after build,
+#   with its time stamps summarised in flow-trace.txt)
 # The tracked fixtures (about 115 MB) exceed what a lent GPU machine receives of the working tree
 # (64 MiB): move what the run does not need out of the tree for the call and back after it (e.g.
 # tests/data/qwen35 and tests/data/gguf/tiny-qwen3-bf16.gguf; test_cuda_model then reports the
@@ -102,26 +101,21 @@ for s in $steps; do
     probe)
         timeout 300 sh tools/probe-small-kernels.sh >"$OUT/probe.log" 2>&1
         echo "probe: rc $?"; cat "$OUT/probe.log" ;;
-    readstream)
-        nvcc -arch=sm_90 -O3 -std=c++17 -o "$OUT/read_stream" tools/cuda_probe/read_stream.cu &&
-            timeout 120 "$OUT/read_stream" | tee "$OUT/read_stream.log" ;;
     flow)
-        # the barrier-free probes (docs/PERF.md, twentieth and twenty-first sessions): the FFN's
-        # best form, the whole layer's best form (from repacked pieces, then from the engine's
-        # layout by tensor copies), its stream alone and its time stamps (read by flow_trace.py
-        # into flow-trace.txt); each against the engine's launches
+        # the persistent decode layer (dev/cuda/README.md): its best form from repacked pieces,
+        # then from the engine's layout by tensor copies, its stream alone and its time stamps
+        # (read by flow_trace.py into flow-trace.txt); each against the engine's launches
         LF="-DIW=1 -DINSLEEP=500 -DINLEAD=1500 -DEFENCE=0 -DNC=6 -DNS=3 -DNE=2 -DPOLL_LAST=1"
         LF="$LF -DQCHUNK=1024 -DQTAIL=3 -DOCHUNK=1024 -DOTAIL=6 -DGCHUNK=2048 -DGTAIL=1 -DDCHUNK=1024 -DDTAIL=5"
-        for v in "ffn_flow -DNC=6 -DNS=4 -DRPP=16 -DDCHUNK=2560 -DTAGGED=4" "layer_flow $LF" \
-            "layer_flow $LF -DPIECE_TMA=1" "layer_flow $LF -DSTREAM=1" "layer_flow $LF -DTRACE=1"; do
+        for v in "layer_flow $LF" "layer_flow $LF -DPIECE_TMA=1" "layer_flow $LF -DSTREAM=1" "layer_flow $LF -DTRACE=1"; do
             set -- $v
             f=$1
             shift
             echo "== $v"
-            nvcc -arch=sm_90 -O3 -std=c++17 -Isrc "$@" -o "$OUT/$f" tools/cuda_probe/$f.cu build/libpxq.a -lcublas &&
+            nvcc -arch=sm_90 -O3 -std=c++17 -Isrc "$@" -o "$OUT/$f" dev/cuda/$f.cu build/libpxq.a -lcublas &&
                 TRACE_FILE="$OUT/flow-trace.bin" timeout 60 "$OUT/$f" 2>&1 | tee -a "$OUT/flow.log"
         done
-        [ -f "$OUT/flow-trace.bin" ] && python3 tools/cuda_probe/flow_trace.py "$OUT/flow-trace.bin" \
+        [ -f "$OUT/flow-trace.bin" ] && python3 dev/cuda/flow_trace.py "$OUT/flow-trace.bin" \
             >"$OUT/flow-trace.txt" && rm -f "$OUT/flow-trace.bin" ;;
     ptx75)
         timeout 200 make -j"$(nproc)" BUILD=build-ptx75 \

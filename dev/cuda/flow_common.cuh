@@ -1,11 +1,10 @@
-/* flow_common.cuh - what the barrier-free flow probes share (ffn_flow.cu, layer_flow.cu): weights
- * repacked into K-major pieces of RPP rows by one slice of 1024 inputs, the piece's dot product
- * against a lane's int8 input group, per-slice ready counters and their waits, sums stored with
- * their layer's tag, and a warp's ring of pieces dealt from one counter (docs/PERF.md, twentieth
- * session). Include after ffn_common.cuh, with NC (ring warps a block) and NS (ring stages a warp)
- * defined. */
-#ifndef PXQ_TOOLS_FLOW_COMMON_CUH
-#define PXQ_TOOLS_FLOW_COMMON_CUH
+/* flow_common.cuh - the barrier-free flow's parts (layer_flow.cu): weights repacked into K-major
+ * pieces of RPP rows by one slice of 1024 inputs, the piece's dot product against a lane's int8
+ * input group, per-slice ready counters and their waits, sums stored with their layer's tag, and a
+ * warp's ring of pieces dealt from one counter (dev/cuda/README.md). Include after ffn_common.cuh,
+ * with NC (ring warps a block) and NS (ring stages a warp) defined. */
+#ifndef PXQ_DEV_FLOW_COMMON_CUH
+#define PXQ_DEV_FLOW_COMMON_CUH
 
 #include "ffn_common.cuh"
 

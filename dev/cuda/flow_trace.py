@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""flow_trace.py TRACE_FILE - what a layer_flow.cu -DTRACE=1 run's time stamps say (docs/PERF.md).
+"""flow_trace.py TRACE_FILE - what a layer_flow.cu -DTRACE=1 run's time stamps say (dev/cuda/README.md).
 
 For each traced layer and weight: when its pieces were issued, summed and when its groups were
 counted; each consumer warp's time split into waiting for an input slice, waiting for a piece's

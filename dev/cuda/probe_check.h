@@ -1,8 +1,7 @@
 /* probe_check.h - CK(call): a CUDA runtime call whose error ends the probe with its file, line and
- * message (exit 1). Shared by the standalone probes here (read_stream.cu, prefill_gemm.cu,
- * ffn_persist.cu). */
-#ifndef PXQ_TOOLS_PROBE_CHECK_H
-#define PXQ_TOOLS_PROBE_CHECK_H
+ * message (exit 1). Used by the probes here through ffn_common.cuh. */
+#ifndef PXQ_DEV_PROBE_CHECK_H
+#define PXQ_DEV_PROBE_CHECK_H
 
 #include <cstdio>
 #include <cstdlib>

@@ -1,11 +1,11 @@
-/* ffn_common.cuh - what the feed-forward probes share (ffn_persist.cu, ffn_flow.cu): Qwen3-32B's
+/* ffn_common.cuh - what the flow probe (layer_flow.cu) takes for its feed-forward half: Qwen3-32B's
  * FFN weights as dummy Q4_0 in the CUDA backend's layout, the engine's launches of one FFN (the
  * probes' variant A), and the shared-memory bulk-copy primitives their rings use.
  *
  * Layout of a weight (backend.h): codes [n_out][n_in / 2] (byte j of a group: element j low,
  * j + 16 high), half scales [n_out][n_in / 32]; w = d (q - 8). */
-#ifndef PXQ_TOOLS_FFN_COMMON_CUH
-#define PXQ_TOOLS_FFN_COMMON_CUH
+#ifndef PXQ_DEV_FFN_COMMON_CUH
+#define PXQ_DEV_FFN_COMMON_CUH
 
 #include <cstdint>
 #include <cstdio>

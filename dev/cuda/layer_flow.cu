@@ -1,6 +1,6 @@
 /* layer_flow.cu - Qwen3-32B's whole decode layer, batch 1, as one persistent kernel with no grid
- * barrier: ffn_flow.cu's best form (E with tagged sums and epilogue warps) carried over the
- * attention's projections (docs/PERF.md, twentieth session).
+ * barrier: the feed-forward flow's best form (pieces dealt from one counter, sums tagged with their
+ * layer, epilogue warps) carried over the attention's projections (dev/cuda/README.md).
  *
  * A layer, at a context of one token: x += o(attn(q|k|v(rmsnorm(x)))), then x += FFN(x). With one
  * position the attention's softmax is 1, so head h's output is the v of its KV head h / 8 (GQA,
@@ -24,7 +24,7 @@
  *     rmsnorm weight (q|k|v's input).
  * A is the engine's launches for the same chain: rmsnorm_q8_cuda, matmul_q8_pf_cuda for q|k|v, a
  * kernel here that quantises v into o's input, matmul_q8_pf_cuda for o (accumulating into x), then
- * the FFN as ffn_flow.cu's A, in one CUDA graph with PDL.
+ * the FFN as ffn_common.cuh's launches, in one CUDA graph with PDL.
  *
  * Knobs (-D): NC consumer warps a block, NS ring stages a warp, RPP rows a piece, GRAB pieces
  * dealt at once, NE epilogue warps a block, POLL_E their sleep between polls (ns), POLL (how a
@@ -34,7 +34,7 @@
  * chunk by chunk), KVG=1 (q|k|v's rows by KV group, as a real attention needs them, instead of v's
  * first), IW=1 (an input warp a block copies each slice, once ready, into shared memory, so a
  * consumer waits on an mbarrier and reads shared memory), INSLEEP, INRELAX and INLEAD (how and
- * from when the input warp polls: polls and fences slow the stream, docs/PERF.md), INCOPY=1 (the
+ * from when the input warp polls: polls and fences slow the stream, dev/cuda/README.md), INCOPY=1 (the
  * input warp copies with loads and stores, not bulk copies), EFENCE=0 (no fence of every lane
  * before an epilogue's count; its red.release orders the lanes' stores), POLL_LAST (epilogue
  * warps poll the last slice's tags first), PIECE_TMA=1 with TMA_L2P (pieces straight from the
@@ -42,12 +42,12 @@
  * ATT_NS (a sleep in each v group's epilogue, a stand-in for an attention's latency), NOWAIT=1, NOIW=1, NOEPI=1 (timing only: consumers do
  * not wait, and no input warp or no epilogue), TRACE=1 (time stamps of layers 8-11's pieces and groups into $TRACE_FILE,
  * read by flow_trace.py), and STREAM=1 (no waits and no epilogues: the stream of the four weights
- * alone; wrong results). The best form measured (twenty-first session) is `tools/gpu-check.sh
+ * alone; wrong results). The best form measured is `tools/gpu-check.sh
  * flow`'s.
  *
  * Build and run on the GPU from the repository root after `make CUDA_ARCH=90`:
  *   nvcc -arch=sm_90 -O3 -std=c++17 -Isrc [-DNC=6 -DNS=4 -DNE=4 ...] \
- *       -o /tmp/layer_flow tools/cuda_probe/layer_flow.cu build/libpxq.a -lcublas
+ *       -o /tmp/layer_flow dev/cuda/layer_flow.cu build/libpxq.a -lcublas
  *   /tmp/layer_flow [n_layer]          (default 32: 8.8 GB of weights, and as much again repacked)
  * It prints the output's distance from A's, then A's and the kernel's us a layer (best of 10, three
  * rounds alternated) and the average consumer warp's waits by weight. */
