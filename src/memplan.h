@@ -1,6 +1,6 @@
 /* memplan.h - the device memory account ("memory plan") of a model, a context and a budget.
  *
- * DESIGN.md "The physics": weights + KV (bytes/token x context x sequences) + recurrent state +
+ * docs/DESIGN.md "The physics": weights + KV (bytes/token x context x sequences) + recurrent state +
  * activations (max batch tokens x widths) + workspace (cuBLAS) + CUDA context, against the budget
  * (--gpu-mem). `pxq plan` prints it without a GPU; the CUDA backend can call memplan_compute and
  * memplan_print to refuse a model before loading it, with the same numbers.

@@ -1,4 +1,4 @@
-/* roofline.h - the device limits every `pxq bench` figure is a ratio to (DESIGN.md "The physics"),
+/* roofline.h - the device limits every `pxq bench` figure is a ratio to (docs/DESIGN.md "The physics"),
  * measured at start rather than taken from a spec sheet.
  *
  *   copy bandwidth  bytes read + bytes written per second of a large copy. CPU: memcpy of 2 x 256 MiB

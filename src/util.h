@@ -1,6 +1,6 @@
 /* util.h - small shared helpers: errors, allocation, file mapping, half/bfloat16 conversion, timing.
  *
- * Error convention (see docs/STYLE in README): functions return 0 on success and -1 on failure;
+ * Error convention (docs/DESIGN.md, "Errors"): functions return 0 on success and -1 on failure;
  * constructors return NULL on failure. Functions that face untrusted bytes write a one-line message
  * into a caller-supplied buffer `err` of `errlen` bytes (may be NULL/0). die() is for programmer
  * errors and start-up only.

@@ -1,5 +1,5 @@
 /* cmd_bench.c - `pxq bench`: prefill and decode throughput, llama-bench style, with the protocol and
- * the roofline on every row (DESIGN.md "Benchmark protocol"). Drives the engine through engine.h only.
+ * the roofline on every row (docs/DESIGN.md "Benchmark protocol"). Drives the engine through engine.h only.
  *
  * Tests, for each batch b (concurrent sequences) and depth d:
  *   ppP: b sequences, each first filled with d random tokens (not timed), then one ragged batch of
