@@ -17,7 +17,10 @@ struct pxq_engine_params pxq_engine_default_params(void) {
     struct pxq_engine_params p = {0};
     p.n_seq_max = 1;
     p.n_batch = 512;
-    p.kv_block_size = 16;
+    p.kv_block_size = KV_BLOCK_SIZE_DEFAULT;
+    p.kv_type = KV_CACHE_F16;
+    p.kv_sink = KV_SINK_DEFAULT;
+    p.kv_window = KV_WINDOW_DEFAULT;
     p.device = PXQ_DEVICE_CPU;
     return p;
 }
@@ -29,6 +32,17 @@ static float *vec_f32(const struct pxq_tensor *t) {
     return v;
 }
 
+struct kv_spec pxq_kv_spec(const struct pxq_model *m, const struct pxq_engine_params *p) {
+    (void)m;
+    struct kv_spec spec = {0};
+    spec.type = (enum kv_cache_type)p->kv_type;
+    spec.exact_f32 = p->device == PXQ_DEVICE_CPU; /* the CPU reference keeps its f16-type cache in float32 */
+    spec.n_sink = p->kv_sink;
+    spec.n_window = p->kv_window;
+    spec.n_batch = p->n_batch > 0 ? p->n_batch : 512;
+    return spec;
+}
+
 struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_params *p, char *err, size_t errlen) {
     struct pxq_engine *e = xcalloc(1, sizeof *e);
     e->m = m;
@@ -38,7 +52,7 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
     if (e->p.n_ctx <= 0) e->p.n_ctx = pxq_default_n_ctx(hp);
     if (e->p.n_seq_max <= 0) e->p.n_seq_max = 1;
     if (e->p.n_batch <= 0) e->p.n_batch = 512;
-    if (e->p.kv_block_size <= 0) e->p.kv_block_size = 16;
+    if (e->p.kv_block_size <= 0) e->p.kv_block_size = KV_BLOCK_SIZE_DEFAULT;
     if (e->p.n_threads <= 0) e->p.n_threads = n_cpus();
 #ifndef PXQ_CUDA
     if (e->p.device != PXQ_DEVICE_CPU) {
@@ -47,13 +61,23 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
         return NULL;
     }
 #endif
-    int blocks_per_seq = (e->p.n_ctx + e->p.kv_block_size - 1) / e->p.kv_block_size;
-    if (e->p.kv_blocks <= 0) e->p.kv_blocks = blocks_per_seq * e->p.n_seq_max;
+    if (e->p.device != PXQ_DEVICE_CPU && e->p.kv_type != KV_CACHE_F16) {
+        set_err(err, errlen, "--kv-cache-type %s: the CUDA backend's attention reads an f16 cache only so far; "
+                "the quantized cache runs on --device cpu", kv_cache_type_name((enum kv_cache_type)e->p.kv_type));
+        free(e);
+        return NULL;
+    }
+    if (e->p.kv_blocks <= 0) e->p.kv_blocks = (int)kv_blocks_for(e->p.n_ctx, e->p.kv_block_size) * e->p.n_seq_max;
     int n_kv = 0;
     for (int il = 0; il < hp->n_layer; il++) e->kv_layer[il] = hp->layer_kind[il] == LAYER_ATTN ? n_kv++ : -1;
+    struct kv_layout lay;
+    struct kv_spec spec = pxq_kv_spec(e->m, &e->p);
+    if (kv_layout_init(&lay, n_kv, hp->n_head_kv, hp->head_dim, e->p.kv_block_size, &spec, err, errlen) != 0) {
+        free(e);
+        return NULL;
+    }
     /* the CUDA backend holds K/V on the device: the host pool keeps only the block accounting */
-    if (kv_cache_init(&e->kv, n_kv, hp->n_head_kv, hp->head_dim, e->p.kv_block_size, e->p.kv_blocks,
-                      e->p.device == PXQ_DEVICE_CPU, err, errlen) != 0) {
+    if (kv_cache_init(&e->kv, &lay, e->p.kv_blocks, e->p.device == PXQ_DEVICE_CPU, err, errlen) != 0) {
         free(e);
         return NULL;
     }
@@ -185,6 +209,9 @@ int pxq_seq_truncate(struct pxq_engine *e, int seq, int n_pos) {
     if (seq < 0 || seq >= e->p.n_seq_max || !e->seqs[seq].in_use) return -1;
     struct pxq_seq *s = &e->seqs[seq];
     if (n_pos < 0 || n_pos > s->n_pos) return -1;
+    /* a quantized cache's residual ring holds n_batch positions beyond the window: a longer rollback
+     * would read exact rows that later positions overwrote */
+    if (e->kv.lay.quantized && e->kv.lay.n_ring && n_pos && s->n_pos - n_pos > e->kv.lay.n_ring - e->kv.lay.n_window) return -1;
     if (s->rstate_live && n_pos != s->n_pos && n_pos != 0) return -1; /* recurrent state cannot rewind */
     if (n_pos == 0 && s->rstate_live) { /* recreated, zeroed, by the next forward */
         free(s->rstate);
@@ -198,7 +225,7 @@ int pxq_seq_truncate(struct pxq_engine *e, int seq, int n_pos) {
 
 int pxq_kv_blocks_total(const struct pxq_engine *e) { return e->kv.n_blocks; }
 int pxq_kv_blocks_free(const struct pxq_engine *e) { return e->kv.n_free; }
-int pxq_kv_block_size(const struct pxq_engine *e) { return e->kv.block_size; }
+int pxq_kv_block_size(const struct pxq_engine *e) { return e->kv.lay.block_size; }
 int pxq_kv_blocks_needed(const struct pxq_engine *e, int seq, int n_pos) {
     if (seq < 0 || seq >= e->p.n_seq_max) return -1;
     return kv_seq_blocks_needed(&e->kv, &e->seqs[seq].kv, n_pos);

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvcache.h"
 #include "model.h"
 
 enum pxq_device { PXQ_DEVICE_CPU = 0, PXQ_DEVICE_CUDA = 1 };
@@ -20,8 +21,10 @@ struct pxq_engine_params {
     int n_seq_max;    /* sequences that may exist at once (default 1) */
     int n_batch;      /* max tokens per internal forward step; larger batches are split (default 512) */
     int n_threads;    /* CPU threads (0: all cores) */
-    int kv_block_size;/* positions per KV block (default 16) */
+    int kv_block_size;/* positions per KV block (default KV_BLOCK_SIZE_DEFAULT, 16) */
     int kv_blocks;    /* KV pool size in blocks (0: enough for n_seq_max full sequences) */
+    int kv_type;      /* enum kv_cache_type (kvcache.h): KV_CACHE_F16 (default), KV_CACHE_Q8_0, KV_CACHE_PXQ */
+    int kv_sink, kv_window; /* quantized caches: first / most recent positions kept exact (default 4, 128) */
     enum pxq_device device;
     size_t gpu_mem;   /* CUDA: arena bytes (0: backend default) */
 };
@@ -42,6 +45,11 @@ struct pxq_engine_params pxq_engine_default_params(void);
 /* The context per sequence when none is given (pxq_engine_params.n_ctx 0; pxq plan's default too):
  * the model's n_ctx_train, at most 4096. */
 int pxq_default_n_ctx(const struct pxq_hparams *hp);
+
+/* The KV cache's choices (element type per layer and head, residual, attention scale) that an engine
+ * with these parameters builds its layout from (kvcache.h kv_layout_init): for accounts (bench, plan)
+ * that need the engine's own bytes per position without creating one. */
+struct kv_spec pxq_kv_spec(const struct pxq_model *m, const struct pxq_engine_params *p);
 
 /* Create an engine over an opened model (the model must outlive it). NULL + message on failure
  * (e.g. the KV pool cannot be allocated). */

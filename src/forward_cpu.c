@@ -30,29 +30,32 @@ static float *scores_get(size_t n) {
 
 
 /* One (token, KV head) pair per item: for each of the `group` query heads sharing that KV head,
- * causal softmax(q k^T / sqrt(head_dim)) v over positions 0..pos. Each K and V row is read once
- * for the whole group (GQA). The arithmetic per query head is the same as head by head. */
+ * causal softmax(q k^T * attn_scale) v over positions 0..pos (attn_scale from the cache's layout:
+ * 1 / sqrt(head_dim) unless a RoPE scaling sets another). Each K and V row is read once for the
+ * whole group (GQA), dequantized from the cache's type (kv_load). The arithmetic per query head is
+ * the same as head by head. */
 static void attn_range(void *arg, int64_t j0, int64_t j1, int ith) {
     const struct attn_args *a = arg;
     const struct pxq_engine *e = a->e;
     const struct pxq_hparams *hp = e->hp;
     const int hd = hp->head_dim, q_dim = hp->n_head * hd, group = hp->n_head / hp->n_head_kv;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = e->kv.lay.attn_scale;
+    float tmp[KV_MAX_HEAD_DIM];
     for (int64_t j = j0; j < j1; j++) {
         const int t = (int)(j / hp->n_head_kv), kvh = (int)(j % hp->n_head_kv);
         const struct kv_seq *s = &e->seqs[a->ub->seq_id[t]].kv;
-        const int n_kv = a->ub->pos[t] + 1;
+        const int q_pos = a->ub->pos[t], n_kv = q_pos + 1;
         const float *q = e->q + (size_t)t * q_dim + (size_t)kvh * group * hd; /* the group's heads, contiguous */
         float *sc = scores_get((size_t)n_kv * group);                       /* [group][n_kv] */
         for (int p = 0; p < n_kv; p++) {
-            const float *k = kv_k(&e->kv, s, a->l, p) + kvh * hd;
+            const float *k = kv_load(&e->kv, s, KV_K, a->l, kvh, p, q_pos, tmp);
             for (int g = 0; g < group; g++) sc[(size_t)g * n_kv + p] = vec_dot_f32(q + (size_t)g * hd, k, hd) * scale;
         }
         for (int g = 0; g < group; g++) softmax_cpu(sc + (size_t)g * n_kv, n_kv);
         float *o = e->att + (size_t)t * q_dim + (size_t)kvh * group * hd;
         memset(o, 0, (size_t)group * hd * sizeof(float));
         for (int p = 0; p < n_kv; p++) {
-            const float *v = kv_v(&e->kv, s, a->l, p) + kvh * hd;
+            const float *v = kv_load(&e->kv, s, KV_V, a->l, kvh, p, q_pos, tmp);
             for (int g = 0; g < group; g++) vec_axpy_f32(o + (size_t)g * hd, sc[(size_t)g * n_kv + p], v, hd);
         }
     }
@@ -82,12 +85,16 @@ static void attention_layer(struct pxq_engine *e, const struct ubatch *ub, int i
         if (w->k_norm) rmsnorm_cpu(k, k, w->k_norm, hd, hp->n_head_kv, hp->rms_eps);
         rope_cpu(q, hp->n_head, hd, hp->n_rot, ub->pos[t], e->inv_freq, hp->rope_style == ROPE_NEOX);
         rope_cpu(k, hp->n_head_kv, hd, hp->n_rot, ub->pos[t], e->inv_freq, hp->rope_style == ROPE_NEOX);
-        const struct kv_seq *s = &e->seqs[ub->seq_id[t]].kv;
-        memcpy(kv_k(&e->kv, s, l, ub->pos[t]), k, (size_t)kv_dim * sizeof(float));
-        memcpy(kv_v(&e->kv, s, l, ub->pos[t]), e->v + (size_t)t * kv_dim, (size_t)kv_dim * sizeof(float));
     }
+    kv_store_ubatch_cpu(e, ub, l);
     attention_core_cpu(e, ub, l);
     matmul_cpu(e->tp, e->xb2, L->attn_output, e->att, n);
+}
+
+void kv_store_ubatch_cpu(struct pxq_engine *e, const struct ubatch *ub, int l) {
+    const int kv_dim = e->kv.lay.kv_dim;
+    for (int t = 0; t < ub->n; t++)
+        kv_store(&e->kv, &e->seqs[ub->seq_id[t]].kv, l, ub->pos[t], e->k + (size_t)t * kv_dim, e->v + (size_t)t * kv_dim);
 }
 
 void attention_core_cpu(struct pxq_engine *e, const struct ubatch *ub, int l) {

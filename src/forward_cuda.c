@@ -168,7 +168,7 @@ void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *
         bf->rstate = (size_t)n_dn * ((size_t)(hp->ssm_conv_kernel - 1) * conv_dim + nv * hp->ssm_head_k_dim * hp->ssm_head_v_dim);
         bf->state = bf->rstate * (size_t)p->n_seq_max;
     }
-    const size_t max_blocks = (size_t)((p->n_ctx + p->kv_block_size - 1) / p->kv_block_size);
+    const size_t max_blocks = (size_t)kv_blocks_for(p->n_ctx, p->kv_block_size);
     const size_t n_tab = nb < (size_t)p->n_seq_max ? nb : (size_t)p->n_seq_max;
     /* token, pos, seq, rows, run_seq, run_off (nb + 1), run_tok, tiles (2 nb), then the block tables */
     bf->in_ints = 9 * nb + 1 + n_tab * max_blocks;

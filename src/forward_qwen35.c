@@ -411,10 +411,8 @@ void gated_attention_layer_cpu(struct pxq_engine *e, const struct ubatch *ub, in
         rmsnorm_cpu(k, k, w->k_norm, hd, hp->n_head_kv, hp->rms_eps);
         rope_cpu(q, nh, hd, hp->n_rot, ub->pos[t], e->inv_freq, 1);
         rope_cpu(k, hp->n_head_kv, hd, hp->n_rot, ub->pos[t], e->inv_freq, 1);
-        const struct kv_seq *s = &e->seqs[ub->seq_id[t]].kv;
-        memcpy(kv_k(&e->kv, s, l, ub->pos[t]), k, (size_t)kv_dim * sizeof(float));
-        memcpy(kv_v(&e->kv, s, l, ub->pos[t]), e->v + (size_t)t * kv_dim, (size_t)kv_dim * sizeof(float));
     }
+    kv_store_ubatch_cpu(e, ub, l);
     attention_core_cpu(e, ub, l);
     for (size_t i = 0; i < (size_t)n * q_dim; i++) e->att[i] *= 1.0f / (1.0f + expf(-gate[i]));
     matmul_cpu(e->tp, e->xb2, L->attn_output, e->att, n);

@@ -1,32 +1,188 @@
-/* kvcache.c - see kvcache.h. */
+/* kvcache.c - see kvcache.h: the layout, the row codecs, the block pool and the CPU store/load. */
 #include "kvcache.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 #include "util.h"
 
-int kv_cache_init(struct kv_cache *c, int n_layer_kv, int n_head_kv, int head_dim, int block_size, int n_blocks,
-                  int storage, char *err, size_t errlen) {
+static const float uniform_levels[4] = {-1.0f, -1.0f / 3, 1.0f / 3, 1.0f};
+
+size_t kv_row_bytes(enum kv_type t, int head_dim) {
+    if (head_dim <= 0) return 0;
+    switch (t) {
+    case KV_F32: return (size_t)head_dim * 4;
+    case KV_F16: return (size_t)head_dim * 2;
+    case KV_Q8_0: return head_dim % KV_GROUP ? 0 : (size_t)head_dim / KV_GROUP * (2 + KV_GROUP);
+    case KV_Q2NU: return head_dim % KV_GROUP ? 0 : (size_t)head_dim / KV_GROUP * (2 + KV_GROUP / 4);
+    }
+    return 0;
+}
+
+const char *kv_type_name(enum kv_type t) {
+    static const char *const n[] = {"f32", "f16", "q8_0", "q2nu"};
+    return (unsigned)t < 4 ? n[t] : "?";
+}
+
+const char *kv_cache_type_name(enum kv_cache_type t) {
+    static const char *const n[] = {"f16", "q8_0", "pxq"};
+    return (unsigned)t < 3 ? n[t] : "?";
+}
+
+int kv_cache_type_parse(const char *s) {
+    if (!s) return -1;
+    if (!strcmp(s, "f16")) return KV_CACHE_F16;
+    if (!strcmp(s, "q8_0")) return KV_CACHE_Q8_0;
+    if (!strcmp(s, "pxq")) return KV_CACHE_PXQ;
+    return -1;
+}
+
+int kv_layout_init(struct kv_layout *lay, int n_layer_kv, int n_head_kv, int head_dim, int block_size,
+                   const struct kv_spec *spec, char *err, size_t errlen) {
+    memset(lay, 0, sizeof *lay);
+    const struct kv_spec def = {0};
+    if (!spec) spec = &def;
+    if (block_size <= 0) return set_err(err, errlen, "KV cache: the block size must be positive");
+    if (head_dim <= 0 || head_dim > KV_MAX_HEAD_DIM) return set_err(err, errlen, "KV cache: head_dim %d (1 to %d)", head_dim, KV_MAX_HEAD_DIM);
+    if (n_head_kv <= 0 || n_head_kv > KV_MAX_HEAD)
+        return set_err(err, errlen, "KV cache: %d KV heads (the cache describes 1 to %d)", n_head_kv, KV_MAX_HEAD);
+    if (spec->type != KV_CACHE_F16 && head_dim % KV_GROUP)
+        return set_err(err, errlen, "KV cache type %s: head_dim %d is not a multiple of %d", kv_cache_type_name(spec->type),
+                       head_dim, KV_GROUP);
+    lay->n_layer_kv = n_layer_kv;
+    lay->n_head_kv = n_head_kv;
+    lay->head_dim = head_dim;
+    lay->kv_dim = n_head_kv * head_dim;
+    lay->block_size = block_size;
+    lay->attn_scale = spec->attn_scale > 0 ? spec->attn_scale : 1.0f / sqrtf((float)head_dim);
+    lay->quantized = spec->type != KV_CACHE_F16;
+    if (lay->quantized) {
+        lay->n_sink = spec->n_sink > 0 ? spec->n_sink : 0;
+        lay->n_window = spec->n_window > 0 ? spec->n_window : 0;
+        lay->n_ring = lay->n_window ? lay->n_window + (spec->n_batch > 0 ? spec->n_batch : 1) : 0;
+    }
+    for (int pool = 0; pool < 2; pool++) {
+        lay->layer[pool] = xcalloc((size_t)(n_layer_kv > 0 ? n_layer_kv : 1), sizeof(struct kv_layer_desc));
+        size_t off = 0;
+        for (int l = 0; l < n_layer_kv; l++) {
+            struct kv_layer_desc *d = &lay->layer[pool][l];
+            uint32_t slot = 0;
+            for (int h = 0; h < n_head_kv; h++) {
+                enum kv_type t = spec->type == KV_CACHE_F16 ? (spec->exact_f32 ? KV_F32 : KV_F16) : KV_Q8_0;
+                if (spec->type == KV_CACHE_PXQ && pool == KV_V && !(spec->v8 && spec->v8[l * n_head_kv + h])) t = KV_Q2NU;
+                d->type[h] = (uint8_t)t;
+                d->head_off[h] = slot;
+                slot += (uint32_t)kv_row_bytes(t, head_dim);
+                const float *lv = spec->levels ? spec->levels + ((size_t)l * n_head_kv + h) * 4 : uniform_levels;
+                for (int i = 0; i < 4; i++) {
+                    if (!(lv[i] >= -1.0f && lv[i] <= 1.0f) || (i && !(lv[i] > lv[i - 1]))) {
+                        kv_layout_free(lay);
+                        return set_err(err, errlen, "KV cache: the 2-bit levels of layer %d head %d are not ascending in [-1, 1]", l, h);
+                    }
+                    d->levels[h][i] = lv[i];
+                }
+            }
+            d->slot_bytes = slot;
+            d->layer_off = off;
+            off += (size_t)block_size * slot;
+        }
+        lay->block_bytes[pool] = off;
+    }
+    return 0;
+}
+
+void kv_layout_free(struct kv_layout *lay) {
+    free(lay->layer[0]);
+    free(lay->layer[1]);
+    lay->layer[0] = lay->layer[1] = NULL;
+}
+
+size_t kv_layout_bytes_per_pos(const struct kv_layout *lay) {
+    return (lay->block_bytes[0] + lay->block_bytes[1]) / (size_t)lay->block_size;
+}
+
+size_t kv_layout_residual_bytes(const struct kv_layout *lay) {
+    if (!lay->quantized) return 0;
+    return 2 * (size_t)lay->n_layer_kv * (size_t)(lay->n_sink + lay->n_ring) * (size_t)lay->kv_dim * sizeof(float);
+}
+
+/* ---- row codecs ---- */
+
+void kv_quantize_row(void *dst, const float *x, int n, enum kv_type t, const float levels[4]) {
+    uint8_t *o = dst;
+    if (t == KV_F32) { memcpy(o, x, (size_t)n * 4); return; }
+    if (t == KV_F16) {
+        for (int i = 0; i < n; i++) { uint16_t h = f32_to_fp16(x[i]); memcpy(o + 2 * i, &h, 2); }
+        return;
+    }
+    for (int g = 0; g < n; g += KV_GROUP, x += KV_GROUP) {
+        float amax = 0;
+        for (int i = 0; i < KV_GROUP; i++) amax = fmaxf(amax, fabsf(x[i]));
+        if (t == KV_Q8_0) {
+            const float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+            uint16_t dh = f32_to_fp16(d);
+            memcpy(o, &dh, 2);
+            for (int i = 0; i < KV_GROUP; i++) o[2 + i] = (uint8_t)(int8_t)lrintf(x[i] * id);
+            o += 2 + KV_GROUP;
+        } else { /* KV_Q2NU: the nearest level to x / absmax; the scale as stored (f16) decides */
+            uint16_t dh = f32_to_fp16(amax);
+            memcpy(o, &dh, 2);
+            const float d = fp16_to_f32(dh), id = d > 0 ? 1.0f / d : 0.0f;
+            memset(o + 2, 0, KV_GROUP / 4);
+            for (int i = 0; i < KV_GROUP; i++) {
+                const float u = x[i] * id;
+                int best = 0;
+                for (int c = 1; c < 4; c++)
+                    if (fabsf(u - levels[c]) < fabsf(u - levels[best])) best = c;
+                o[2 + i / 4] |= (uint8_t)(best << (2 * (i % 4)));
+            }
+            o += 2 + KV_GROUP / 4;
+        }
+    }
+}
+
+void kv_dequantize_row(float *y, const void *src, int n, enum kv_type t, const float levels[4]) {
+    const uint8_t *s = src;
+    if (t == KV_F32) { memcpy(y, s, (size_t)n * 4); return; }
+    if (t == KV_F16) {
+        for (int i = 0; i < n; i++) { uint16_t h; memcpy(&h, s + 2 * i, 2); y[i] = fp16_to_f32(h); }
+        return;
+    }
+    for (int g = 0; g < n; g += KV_GROUP, y += KV_GROUP) {
+        uint16_t dh;
+        memcpy(&dh, s, 2);
+        const float d = fp16_to_f32(dh);
+        if (t == KV_Q8_0) {
+            for (int i = 0; i < KV_GROUP; i++) y[i] = d * (float)(int8_t)s[2 + i];
+            s += 2 + KV_GROUP;
+        } else {
+            for (int i = 0; i < KV_GROUP; i++) y[i] = d * levels[(s[2 + i / 4] >> (2 * (i % 4))) & 3];
+            s += 2 + KV_GROUP / 4;
+        }
+    }
+}
+
+/* ---- the pool ---- */
+
+int kv_cache_init(struct kv_cache *c, const struct kv_layout *lay, int n_blocks, int storage, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
-    if (block_size <= 0 || n_blocks <= 0) return set_err(err, errlen, "KV cache: block size and count must be positive");
-    c->n_layer_kv = n_layer_kv;
-    c->n_head_kv = n_head_kv;
-    c->head_dim = head_dim;
-    c->kv_dim = n_head_kv * head_dim;
-    c->block_size = block_size;
+    c->lay = *lay;
+    if (n_blocks <= 0) {
+        kv_layout_free(&c->lay);
+        return set_err(err, errlen, "KV cache: the block count must be positive");
+    }
     c->n_blocks = n_blocks;
-    size_t per_block = (size_t)n_layer_kv * (size_t)block_size * (size_t)c->kv_dim;
-    if (n_layer_kv > 0 && storage) {
-        if (per_block > SIZE_MAX / sizeof(float) / (size_t)n_blocks)
-            return set_err(err, errlen, "KV cache: %d blocks overflow the address space", n_blocks);
-        size_t bytes = per_block * (size_t)n_blocks * sizeof(float);
-        c->k = malloc(bytes);
-        c->v = malloc(bytes);
-        if (!c->k || !c->v) {
-            free(c->k);
-            free(c->v);
-            c->k = c->v = NULL;
-            return set_err(err, errlen, "KV cache: cannot allocate 2 x %.1f MiB", (double)bytes / (1 << 20));
+    if (lay->n_layer_kv > 0 && storage) {
+        for (int pool = 0; pool < 2; pool++) {
+            const size_t per_block = lay->block_bytes[pool];
+            if (per_block > SIZE_MAX / (size_t)n_blocks) {
+                kv_cache_free(c);
+                return set_err(err, errlen, "KV cache: %d blocks overflow the address space", n_blocks);
+            }
+            if (!(c->pool[pool] = malloc(per_block * (size_t)n_blocks))) {
+                kv_cache_free(c);
+                return set_err(err, errlen, "KV cache: cannot allocate %.1f MiB", (double)per_block * n_blocks / (1 << 20));
+            }
         }
     }
     c->free_list = xmalloc((size_t)n_blocks * sizeof *c->free_list);
@@ -36,18 +192,15 @@ int kv_cache_init(struct kv_cache *c, int n_layer_kv, int n_head_kv, int head_di
 }
 
 void kv_cache_free(struct kv_cache *c) {
-    free(c->k);
-    free(c->v);
+    free(c->pool[0]);
+    free(c->pool[1]);
     free(c->free_list);
+    kv_layout_free(&c->lay);
     memset(c, 0, sizeof *c);
 }
 
-size_t kv_bytes_per_pos(const struct kv_cache *c) {
-    return 2 * (size_t)c->n_layer_kv * (size_t)c->kv_dim * sizeof(float);
-}
-
 int kv_seq_blocks_needed(const struct kv_cache *c, const struct kv_seq *s, int n_pos) {
-    int want = (n_pos + c->block_size - 1) / c->block_size;
+    int want = (int)kv_blocks_for(n_pos, c->lay.block_size);
     return want > s->n_blocks ? want - s->n_blocks : 0;
 }
 
@@ -59,15 +212,56 @@ int kv_seq_reserve(struct kv_cache *c, struct kv_seq *s, int n_pos) {
         s->blocks = xrealloc(s->blocks, (size_t)s->cap * sizeof *s->blocks);
     }
     for (int i = 0; i < need; i++) s->blocks[s->n_blocks++] = c->free_list[--c->n_free];
+    if (c->pool[0] && c->lay.quantized && !s->res[0]) {
+        const size_t n = (size_t)c->lay.n_layer_kv * (size_t)(c->lay.n_sink + c->lay.n_ring) * (size_t)c->lay.kv_dim;
+        s->res[0] = xcalloc(n ? n : 1, sizeof(float));
+        s->res[1] = xcalloc(n ? n : 1, sizeof(float));
+    }
     return 0;
 }
 
 void kv_seq_shrink(struct kv_cache *c, struct kv_seq *s, int n_pos) {
-    int keep = (n_pos + c->block_size - 1) / c->block_size;
+    int keep = (int)kv_blocks_for(n_pos, c->lay.block_size);
     while (s->n_blocks > keep) c->free_list[c->n_free++] = s->blocks[--s->n_blocks];
     if (n_pos == 0) {
         free(s->blocks);
+        free(s->res[0]);
+        free(s->res[1]);
         s->blocks = NULL;
+        s->res[0] = s->res[1] = NULL;
         s->cap = 0;
     }
+}
+
+/* The residual row of position p (all heads), or NULL if p has no residual slot. */
+static float *residual_row(const struct kv_cache *c, const struct kv_seq *s, int pool, int l, int p) {
+    const struct kv_layout *lay = &c->lay;
+    int slot;
+    if (p < lay->n_sink) slot = p;
+    else if (lay->n_ring) slot = lay->n_sink + p % lay->n_ring;
+    else return NULL;
+    return s->res[pool] + ((size_t)l * (size_t)(lay->n_sink + lay->n_ring) + (size_t)slot) * (size_t)lay->kv_dim;
+}
+
+void kv_store(struct kv_cache *c, struct kv_seq *s, int l, int p, const float *k, const float *v) {
+    const struct kv_layout *lay = &c->lay;
+    for (int pool = 0; pool < 2; pool++) {
+        const float *x = pool == KV_K ? k : v;
+        const struct kv_layer_desc *d = &lay->layer[pool][l];
+        for (int h = 0; h < lay->n_head_kv; h++)
+            kv_quantize_row(c->pool[pool] + kv_row_off(lay, pool, s->blocks, l, h, p), x + (size_t)h * lay->head_dim,
+                            lay->head_dim, (enum kv_type)d->type[h], d->levels[h]);
+        float *r = lay->quantized ? residual_row(c, s, pool, l, p) : NULL;
+        if (r) memcpy(r, x, (size_t)lay->kv_dim * sizeof(float));
+    }
+}
+
+const float *kv_load(const struct kv_cache *c, const struct kv_seq *s, int pool, int l, int h, int p, int q, float *tmp) {
+    const struct kv_layout *lay = &c->lay;
+    const struct kv_layer_desc *d = &lay->layer[pool][l];
+    if (lay->quantized && kv_exact(lay, p, q)) return residual_row(c, s, pool, l, p) + (size_t)h * lay->head_dim;
+    const uint8_t *row = c->pool[pool] + kv_row_off(lay, pool, s->blocks, l, h, p);
+    if (d->type[h] == KV_F32) return (const float *)(const void *)row;
+    kv_dequantize_row(tmp, row, lay->head_dim, (enum kv_type)d->type[h], d->levels[h]);
+    return tmp;
 }

@@ -1,10 +1,32 @@
-/* kvcache.h - paged KV cache: fixed-size blocks of `block_size` positions from one pool, and a
- * block table per sequence (vLLM's PagedAttention layout, Kwon et al. 2023).
+/* kvcache.h - the KV cache, described once: element types per layer and KV head, byte offsets and
+ * strides, scales, the attention scale, and the paged pool (fixed-size blocks of `block_size`
+ * positions, a block table per sequence: vLLM's PagedAttention layout, Kwon et al. 2023).
+ * The CPU forward, the CUDA kernels (through struct kv_head_row and the CUDA view built from this
+ * description) and the memory plan all read the layout from here.
  *
- * Block b holds, for each attention layer l, K and V of block_size positions:
- *   k[((b * n_layer_kv + l) * block_size + slot) * kv_dim + h * head_dim + d]   (same for v)
- * with kv_dim = n_head_kv * head_dim. Elements are float32 on the CPU backend.
- * Only attention layers have KV (Qwen3.5's DeltaNet layers keep a fixed state instead).
+ * Pools: one for K and one for V. Block b of a pool holds, for each attention layer l, block_size
+ * slots; a slot holds the rows of all KV heads side by side, each in its head's element type:
+ *   row(pool, l, h, p) = pool + blocks[p / block_size] * block_bytes[pool] + layer_off[pool][l]
+ *                      + (p % block_size) * slot_bytes[pool][l] + head_off[pool][l][h]
+ * With every head in one type this is [n_blocks][n_layer_kv][block_size][n_head_kv * head_dim],
+ * the layout the f16 kernels were written for. Only attention layers have KV (Qwen3.5's DeltaNet
+ * layers keep a fixed state instead).
+ *
+ * Element types (a row is head_dim values of one head at one position):
+ *   KV_F32   float32 (the CPU backend's "f16" cache: the reference keeps full precision)
+ *   KV_F16   IEEE half (the CUDA backend's f16 cache)
+ *   KV_Q8_0  per group of KV_GROUP values: an f16 scale d = absmax / 127, then 32 int8 codes;
+ *            x = d * code (GGUF's block_q8_0 layout: 34 bytes per 32 values, 8.5 bits)
+ *   KV_Q2NU  values only; per group of KV_GROUP values: an f16 scale d = absmax, then 8 bytes of 2-bit
+ *            codes (value i in bits 2*(i%4) of byte i/4); x = d * levels[code], with 4 levels in
+ *            [-1, 1] per (layer, KV head) from calibration (10 bytes per 32 values, 2.5 bits)
+ * Quantized caches keep the first n_sink positions and the last n_window positions before each
+ * query exact (float32 on the CPU) in a per-sequence residual, as KIVI (Liu et al. 2024) keeps a
+ * full-precision residual: the key or value at position p seen by a query at position q is exact
+ * when p < n_sink or q - p < n_window, and the pool's quantized row otherwise. Every position is
+ * quantized when written: the per-token quantization gives the same codes as quantizing it when it
+ * leaves the window. The residual of a sequence holds n_sink + n_window + n_batch positions, so a
+ * step can write all its positions before its queries read (ring slot n_sink + p % ring).
  */
 #ifndef PXQ_KVCACHE_H
 #define PXQ_KVCACHE_H
@@ -12,45 +34,122 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define KV_BLOCK_SIZE_DEFAULT 16 /* positions per block */
+#define KV_GROUP 32              /* values per scale of the quantized types */
+#define KV_MAX_HEAD 64           /* KV heads per layer the description holds */
+#define KV_MAX_HEAD_DIM 1024     /* head_dim the CPU attention's row buffer holds */
+#define KV_SINK_DEFAULT 4
+#define KV_WINDOW_DEFAULT 128
+
+enum kv_type { KV_F32, KV_F16, KV_Q8_0, KV_Q2NU };
+enum { KV_K = 0, KV_V = 1 };
+
+/* The cache types users name (--kv-cache-type): f16 everywhere; q8_0 for K and V; pxq = K q8_0, V
+ * 2-bit non-uniform except the calibrated sensitive heads, whose V is q8_0. */
+enum kv_cache_type { KV_CACHE_F16, KV_CACHE_Q8_0, KV_CACHE_PXQ };
+
+/* One layer's rows in one pool. */
+struct kv_layer_desc {
+    size_t layer_off;               /* bytes from a block's start to this layer's first slot */
+    uint32_t slot_bytes;            /* bytes of one position: all heads' rows */
+    uint32_t head_off[KV_MAX_HEAD]; /* bytes from a slot's start to head h's row */
+    uint8_t type[KV_MAX_HEAD];      /* enum kv_type of head h */
+    float levels[KV_MAX_HEAD][4];   /* KV_Q2NU: head h's 4 levels, ascending, in [-1, 1] */
+};
+
+struct kv_layout {
+    int n_layer_kv, n_head_kv, head_dim, kv_dim;
+    int block_size;
+    float attn_scale;               /* softmax(q k^T * attn_scale): 1 / sqrt(head_dim), times a RoPE
+                                       scaling's attention factor squared where one applies */
+    int n_sink, n_window, n_ring;   /* quantized caches only (else 0): the exact residual, see above */
+    int quantized;                  /* any head of any layer in a quantized type */
+    size_t block_bytes[2];          /* K, V pool bytes per block */
+    struct kv_layer_desc *layer[2]; /* [n_layer_kv] per pool */
+};
+
+/* Bytes of a row of head_dim values of type t; 0 if head_dim is not a multiple of the type's group. */
+size_t kv_row_bytes(enum kv_type t, int head_dim);
+const char *kv_type_name(enum kv_type t);
+const char *kv_cache_type_name(enum kv_cache_type t);
+/* Parse a --kv-cache-type value (f16, q8_0, pxq; fp16/auto and vLLM's fp8 are not them). -1 if
+ * unknown. KV_CACHE_TYPES lists the valid names for messages. */
+#define KV_CACHE_TYPES "f16, q8_0, pxq"
+int kv_cache_type_parse(const char *s);
+
+/* Blocks that hold n_pos positions: ceil(n_pos / block_size). The one place the formula lives. */
+static inline int64_t kv_blocks_for(int64_t n_pos, int block_size) { return (n_pos + block_size - 1) / block_size; }
+
+/* Per-head choices for a layout: the element type of K and V of each (layer, KV head) and the
+ * Q2NU levels. NULL levels mean the uniform levels {-1, -1/3, 1/3, 1}. */
+struct kv_spec {
+    enum kv_cache_type type;
+    int exact_f32;                  /* f16 cache type stored as float32 (the CPU backend, CUDA's exact mode) */
+    int n_sink, n_window, n_batch;  /* residual (quantized types); n_batch: most positions a step writes per sequence */
+    const uint8_t *v8;              /* pxq: [n_layer_kv][n_head_kv] 1 = keep this head's V at 8 bits, or NULL */
+    const float *levels;            /* pxq: [n_layer_kv][n_head_kv][4] or NULL */
+    float attn_scale;               /* 0: 1 / sqrt(head_dim) */
+};
+
+/* Fill a layout for n_layer_kv layers of n_head_kv heads of head_dim. Returns 0, or -1 with a message
+ * (head_dim not a multiple of KV_GROUP for a quantized type, more than KV_MAX_HEAD heads, levels out
+ * of [-1, 1] or not ascending). Free with kv_layout_free. */
+int kv_layout_init(struct kv_layout *lay, int n_layer_kv, int n_head_kv, int head_dim, int block_size,
+                   const struct kv_spec *spec, char *err, size_t errlen);
+void kv_layout_free(struct kv_layout *lay);
+/* Pool bytes per position (K and V, every layer) and residual bytes per sequence. */
+size_t kv_layout_bytes_per_pos(const struct kv_layout *lay);
+size_t kv_layout_residual_bytes(const struct kv_layout *lay);
+/* Byte offset of (pool, layer l, head h) of position p in a pool, with the block table of a sequence. */
+static inline size_t kv_row_off(const struct kv_layout *lay, int pool, const int *blocks, int l, int h, int p) {
+    const struct kv_layer_desc *d = &lay->layer[pool][l];
+    return (size_t)blocks[p / lay->block_size] * lay->block_bytes[pool] + d->layer_off +
+           (size_t)(p % lay->block_size) * d->slot_bytes + d->head_off[h];
+}
+/* Whether a query at position q sees position p exactly (from the residual). */
+static inline int kv_exact(const struct kv_layout *lay, int p, int q) {
+    return !lay->quantized || p < lay->n_sink || q - p < lay->n_window;
+}
+
+/* Row codecs, shared by the CPU backend, the tests and calibration. */
+void kv_quantize_row(void *dst, const float *x, int n, enum kv_type t, const float levels[4]);
+void kv_dequantize_row(float *y, const void *src, int n, enum kv_type t, const float levels[4]);
+
+/* ---- the pool ---- */
+
 struct kv_cache {
-    int n_layer_kv;   /* attention layers */
-    int n_head_kv, head_dim, kv_dim;
-    int block_size;   /* positions per block */
-    int n_blocks;     /* pool size */
-    float *k, *v;     /* [n_blocks][n_layer_kv][block_size][kv_dim] */
-    int *free_list;   /* stack of free block ids */
+    struct kv_layout lay;
+    int n_blocks;                   /* pool size */
+    uint8_t *pool[2];               /* K, V: [n_blocks][block_bytes] (host storage; NULL when a device backend keeps it) */
+    int *free_list;                 /* stack of free block ids */
     int n_free;
 };
 
 struct kv_seq {
     int *blocks;      /* block table: position p lives in blocks[p / block_size], slot p % block_size */
     int n_blocks, cap;
+    float *res[2];    /* quantized host caches: K, V residual [n_layer_kv][n_sink + n_ring][kv_dim], or NULL */
 };
 
-/* Allocate the pool: the block accounting, and the float32 K/V storage if storage != 0 (a device
- * backend keeps its own and leaves k, v NULL). Returns 0, or -1 if the size overflows or memory is
- * short (message in err). */
-int  kv_cache_init(struct kv_cache *c, int n_layer_kv, int n_head_kv, int head_dim, int block_size, int n_blocks,
-                   int storage, char *err, size_t errlen);
+/* Allocate the pool: the block accounting, and the host storage if storage != 0 (a device backend
+ * keeps its own and leaves the pools NULL). Takes lay (kv_cache_free frees it). Returns 0, or -1 if
+ * the size overflows or memory is short (message in err). */
+int  kv_cache_init(struct kv_cache *c, const struct kv_layout *lay, int n_blocks, int storage, char *err, size_t errlen);
 void kv_cache_free(struct kv_cache *c);
-/* Bytes of KV per position (all layers, K and V). */
-size_t kv_bytes_per_pos(const struct kv_cache *c);
 
 /* Make sure seq has blocks for positions [0, n_pos). Returns 0, or -1 (seq unchanged) if the pool
  * has too few free blocks. */
 int  kv_seq_reserve(struct kv_cache *c, struct kv_seq *s, int n_pos);
-/* Give back the blocks beyond those needed for n_pos positions (n_pos 0 frees all). */
+/* Give back the blocks beyond those needed for n_pos positions (n_pos 0 frees all, residual too). */
 void kv_seq_shrink(struct kv_cache *c, struct kv_seq *s, int n_pos);
 /* Blocks still needed to hold n_pos positions for s. */
 int  kv_seq_blocks_needed(const struct kv_cache *c, const struct kv_seq *s, int n_pos);
 
-static inline float *kv_k(const struct kv_cache *c, const struct kv_seq *s, int l, int pos) {
-    size_t b = (size_t)s->blocks[pos / c->block_size];
-    return c->k + ((b * (size_t)c->n_layer_kv + (size_t)l) * (size_t)c->block_size + (size_t)(pos % c->block_size)) * (size_t)c->kv_dim;
-}
-static inline float *kv_v(const struct kv_cache *c, const struct kv_seq *s, int l, int pos) {
-    size_t b = (size_t)s->blocks[pos / c->block_size];
-    return c->v + ((b * (size_t)c->n_layer_kv + (size_t)l) * (size_t)c->block_size + (size_t)(pos % c->block_size)) * (size_t)c->kv_dim;
-}
+/* CPU: store position p's K and V (kv_dim floats each, all heads) of layer l: quantized into the
+ * pool per head's type, and into the residual when the cache is quantized. */
+void kv_store(struct kv_cache *c, struct kv_seq *s, int l, int p, const float *k, const float *v);
+/* CPU: head h's row (head_dim floats) of pool (KV_K or KV_V) at position p as a query at position q
+ * sees it: a pointer into the float32 pool or the residual, or the row dequantized into tmp. */
+const float *kv_load(const struct kv_cache *c, const struct kv_seq *s, int pool, int l, int h, int p, int q, float *tmp);
 
 #endif

@@ -13,8 +13,10 @@ struct memplan_params memplan_default_params(void) {
     p.n_ctx = 0; /* the model's: pxq_default_n_ctx, once the hyperparameters are known */
     p.n_seq = 1;
     p.n_batch = 512;
-    p.kv_block_size = 16;
-    p.kv_type = PXQ_TYPE_F16;
+    p.kv_block_size = KV_BLOCK_SIZE_DEFAULT;
+    p.kv_type = KV_CACHE_F16;
+    p.kv_sink = KV_SINK_DEFAULT;
+    p.kv_window = KV_WINDOW_DEFAULT;
     p.workspace = MEMPLAN_WORKSPACE_DEFAULT;
     p.cuda_context = MEMPLAN_CONTEXT_DEFAULT;
     return p;
@@ -77,9 +79,15 @@ static int n_attn_layers(const struct pxq_hparams *hp) {
     return n;
 }
 
-size_t memplan_kv_bytes_per_token(const struct pxq_hparams *hp, enum pxq_type kv_type) {
-    size_t row = type_row_bytes(kv_type, hp->head_dim);
-    return (size_t)n_attn_layers(hp) * 2 * (size_t)hp->n_head_kv * row;
+int memplan_kv_layout(struct kv_layout *lay, const struct pxq_hparams *hp, const struct memplan_params *p, char *err,
+                      size_t errlen) {
+    struct kv_spec spec = {0};
+    spec.type = (enum kv_cache_type)p->kv_type;
+    spec.exact_f32 = p->kv_f32;
+    spec.n_sink = p->kv_sink;
+    spec.n_window = p->kv_window;
+    spec.n_batch = p->n_batch;
+    return kv_layout_init(lay, n_attn_layers(hp), hp->n_head_kv, hp->head_dim, p->kv_block_size, &spec, err, errlen);
 }
 
 size_t memplan_state_bytes_per_seq(const struct pxq_hparams *hp) {
@@ -126,8 +134,8 @@ static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const s
     ep.kv_block_size = p->kv_block_size;
     size_t max_in, max_mat, state;
     cuda_widths_of(hp, &max_in, &max_mat);
-    const int64_t positions = ((int64_t)n_ctx + p->kv_block_size - 1) / p->kv_block_size * p->kv_block_size * p->n_seq;
-    const size_t kv = mp->kv_bytes_per_token * (size_t)positions;
+    const int64_t positions = kv_blocks_for(n_ctx, p->kv_block_size) * p->kv_block_size * p->n_seq;
+    const size_t kv = mp->kv_bytes_per_token * (size_t)positions + mp->kv_residual_per_seq * (size_t)p->n_seq;
     size_t total = 0;
     for (int small = 0; small < 1 + allow_small; small++) { /* the backend's choice (cuda_mem_plan): small tiles if over budget */
         struct cuda_bufs bf;
@@ -149,16 +157,15 @@ int memplan_compute(struct memplan *mp, const struct pxq_hparams *hp, const stru
     if (p->n_ctx <= 0 || p->n_seq <= 0 || p->n_batch <= 0 || p->kv_block_size <= 0)
         return set_err(err, errlen, "memory plan: context, sequences, batch and KV block size must be positive");
     if (hp->n_layer > PXQ_MAX_LAYERS) return set_err(err, errlen, "memory plan: %d layers exceed %d", hp->n_layer, PXQ_MAX_LAYERS);
-    if (p->kv_type != PXQ_TYPE_F16 && p->kv_type != PXQ_TYPE_F32 && p->kv_type != PXQ_TYPE_BF16 && p->kv_type != PXQ_TYPE_Q8_0 &&
-        p->kv_type != PXQ_TYPE_Q4_0)
-        return set_err(err, errlen, "memory plan: KV cache type %s not supported (f16, bf16, f32, q8_0, q4_0)", type_name(p->kv_type));
-    if (type_row_bytes(p->kv_type, hp->head_dim) == 0)
-        return set_err(err, errlen, "memory plan: head_dim %d is not a multiple of the %s block", hp->head_dim, type_name(p->kv_type));
+    struct kv_layout lay;
+    char lerr[200];
+    if (memplan_kv_layout(&lay, hp, p, lerr, sizeof lerr) != 0) return set_err(err, errlen, "memory plan: %s", lerr);
     mp->n_layer_kv = n_attn_layers(hp);
     mp->n_layer_ssm = hp->arch == ARCH_QWEN35 ? hp->n_layer - mp->n_layer_kv : 0;
-    mp->kv_bytes_per_token = memplan_kv_bytes_per_token(hp, p->kv_type);
-    int64_t ctx_blocks = ((int64_t)p->n_ctx + p->kv_block_size - 1) / p->kv_block_size;
-    mp->kv_positions = ctx_blocks * p->kv_block_size * p->n_seq;
+    mp->kv_bytes_per_token = kv_layout_bytes_per_pos(&lay);
+    mp->kv_residual_per_seq = kv_layout_residual_bytes(&lay);
+    kv_layout_free(&lay);
+    mp->kv_positions = kv_blocks_for(p->n_ctx, p->kv_block_size) * p->kv_block_size * p->n_seq;
     /* the same account in double first: -c 2^30 x 2^15 sequences of a 32B model is 2^64 bytes of KV,
      * which in size_t wraps to 0 and would "fit" */
     double approx = (double)mp->weight_bytes + (double)mp->kv_bytes_per_token * (double)mp->kv_positions +
@@ -167,7 +174,7 @@ int memplan_compute(struct memplan *mp, const struct pxq_hparams *hp, const stru
     if (approx > 0x1p62)
         return set_err(err, errlen, "memory plan: %.3g bytes (KV cache %.3g) is beyond any device: lower -c or --max-num-seqs",
                        approx, (double)mp->kv_bytes_per_token * (double)mp->kv_positions);
-    mp->kv_bytes = mp->kv_bytes_per_token * (size_t)mp->kv_positions;
+    mp->kv_bytes = mp->kv_bytes_per_token * (size_t)mp->kv_positions + mp->kv_residual_per_seq * (size_t)p->n_seq;
     mp->state_bytes_per_seq = memplan_state_bytes_per_seq(hp);
     mp->cuda_context = p->cuda_context;
     mp->total = arena_at(mp, hp, p, p->n_ctx, 1);
@@ -228,10 +235,15 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
     else
         fprintf(f, " token_embd %s of it, kept in pinned host memory (a row gather), not in the arena\n",
                 hsize(c, sizeof c, (double)mp->token_embd_bytes));
-    fprintf(f, "  %-18s %12s  %s/token (%d attention layers x 2 x %d kv heads x %zu B/head of %d %s) x %lld positions (%d ctx in blocks of %d, x %d seq)\n",
+    const char *kvt = p->kv_type == KV_CACHE_F16 && p->kv_f32 ? "f32" : kv_cache_type_name((enum kv_cache_type)p->kv_type);
+    fprintf(f, "  %-18s %12s  %s/token (%d attention layers, K and V of %d kv heads x %d, --kv-cache-type %s%s) x %lld positions (%d ctx in blocks of %d, x %d seq)",
             "KV cache", hsize(a, sizeof a, (double)mp->kv_bytes), hsize(b, sizeof b, (double)mp->kv_bytes_per_token), mp->n_layer_kv,
-            hp->n_head_kv, type_row_bytes(p->kv_type, hp->head_dim), hp->head_dim, type_name(p->kv_type),
+            hp->n_head_kv, hp->head_dim, kvt, p->kv_type == KV_CACHE_PXQ ? ": K q8_0, V 2-bit" : "",
             (long long)mp->kv_positions, p->n_ctx, p->kv_block_size, p->n_seq);
+    if (mp->kv_residual_per_seq)
+        fprintf(f, " + %s/seq exact residual (%d sink + %d window + %d batch positions, float32)", hsize(c, sizeof c, (double)mp->kv_residual_per_seq),
+                p->kv_sink, p->kv_window, p->kv_window ? p->n_batch : 0);
+    fprintf(f, "\n");
     if (mp->n_layer_ssm) {
         size_t conv_dim = 2 * (size_t)hp->ssm_n_k_head * hp->ssm_head_k_dim + (size_t)hp->ssm_n_v_head * hp->ssm_head_v_dim;
         fprintf(f, "  %-18s %12s  %s/seq x %d seq = %d DeltaNet layers x ((%d-1) x %zu conv + %d x %d x %d state) x 4 B\n",

@@ -9,8 +9,10 @@
  *   weights      in the arena: each tensor in the CUDA backend's device format (cuda_weight_sizes;
  *                vectors as float32), each rounded to CUDA_ALIGN; an untied token_embd (only gathered)
  *                stays in pinned host memory, outside the arena. The file's bytes are printed too.
- *   KV           n_layer_kv x 2 (K, V) x n_head_kv x row_bytes(kv_type, head_dim) per position,
- *                x n_ctx rounded up to kv_block_size, x n_seq; only attention layers have KV
+ *   KV           the cache's layout (kvcache.h, kv_layout_bytes_per_pos): per position, every attention
+ *                layer's K and V rows in their element types, x n_ctx rounded up to kv_block_size
+ *                (kv_blocks_for), x n_seq; a quantized cache adds its exact residual per sequence
+ *                ((n_sink + n_window + n_batch) positions in float32, kv_layout_residual_bytes)
  *   state        per sequence, per DeltaNet layer: conv state (conv_kernel - 1) x conv_dim floats plus
  *                n_v_head x head_k_dim x head_v_dim floats of delta-rule state, float32 (HF
  *                Qwen3_5GatedDeltaNet; conv_dim = 2 n_k_head head_k_dim + n_v_head head_v_dim)
@@ -31,6 +33,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "kvcache.h"
 #include "model.h"
 #include "cuda/backend.h"
 
@@ -41,8 +44,10 @@ struct memplan_params {
     int n_ctx;              /* positions per sequence */
     int n_seq;              /* concurrent sequences (--max-num-seqs) */
     int n_batch;            /* max tokens per forward step (sizes the activations) */
-    int kv_block_size;      /* KV is allocated in blocks of this many positions (16) */
-    enum pxq_type kv_type;  /* KV element type (f16 default; f32, bf16, q8_0, q4_0) */
+    int kv_block_size;      /* KV is allocated in blocks of this many positions (KV_BLOCK_SIZE_DEFAULT) */
+    int kv_type;            /* enum kv_cache_type: f16 (default), q8_0, pxq */
+    int kv_f32;             /* f16 type stored as float32 (the CUDA backend's exact mode) */
+    int kv_sink, kv_window; /* quantized caches' exact residual (defaults 4, 128) */
     size_t budget;          /* --gpu-mem in bytes; 0: no budget (fits is 1, max_ctx 0) */
     size_t workspace;       /* bytes */
     size_t cuda_context;    /* bytes, an estimate */
@@ -61,6 +66,7 @@ struct memplan {
     /* the rest, filled by memplan_compute */
     int n_layer_kv, n_layer_ssm;
     size_t kv_bytes_per_token, kv_bytes;
+    size_t kv_residual_per_seq;   /* quantized caches: the exact residual of a sequence */
     int64_t kv_positions;         /* n_ctx rounded up to blocks, x n_seq */
     size_t state_bytes_per_seq, state_bytes;
     size_t act_floats_per_token, act_bytes, logits_bytes;
@@ -94,9 +100,10 @@ void memplan_weights_from_model(struct memplan *mp, const struct pxq_model *m);
 int memplan_weights_from_hparams(struct memplan *mp, const struct pxq_hparams *hp, enum pxq_type dtype, char *err,
                                  size_t errlen);
 
-/* Bytes of KV per position for all attention layers (K and V) at element type kv_type; 0 if
- * head_dim is not a multiple of the type's block. */
-size_t memplan_kv_bytes_per_token(const struct pxq_hparams *hp, enum pxq_type kv_type);
+/* The KV layout of p's cache type for hp (kvcache.h; kv_layout_free it). Returns 0, or -1 with a
+ * message (head_dim unusable for the type). */
+int memplan_kv_layout(struct kv_layout *lay, const struct pxq_hparams *hp, const struct memplan_params *p, char *err,
+                      size_t errlen);
 /* Bytes of DeltaNet state (conv + recurrent, float32) per sequence, all DeltaNet layers. */
 size_t memplan_state_bytes_per_seq(const struct pxq_hparams *hp);
 

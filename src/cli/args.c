@@ -1,6 +1,8 @@
 /* args.c - see args.h. */
 #include "args.h"
 
+#include "kvcache.h"
+
 #include <errno.h>
 #include <libgen.h>
 #include <math.h>
@@ -106,15 +108,43 @@ void common_help(int width, int with_ctx) {
         {"-b, --batch-size N", "tokens per forward step (default 512)"},
         {"--device cpu|cuda", "backend (default cpu)"},
         {"--gpu-mem SIZE", "CUDA memory arena, e.g. 16GiB"},
+        {"--kv-cache-type T", "KV cache: f16 (default), q8_0, pxq (K int8, V 2-bit; docs/KVCACHE.md);"
+                              " also --kv-cache-dtype, -ctk/-ctv"},
+        {"--kv-sink N", "quantized cache: first N positions kept exact (default 4)"},
+        {"--kv-window W", "quantized cache: last W positions before each query kept exact (default 128)"},
     };
     const int n = (int)(sizeof rows / sizeof *rows), from = with_ctx ? 2 : 3; /* rows[2] is -c */
     help_print(rows, 2, width);
     help_print(rows + from, n - from, width);
 }
 
+int arg_kv_cache_type(const struct args *a, const char *flag, const char *v) {
+    int t = kv_cache_type_parse(v);
+    if (t < 0 && !strcmp(flag, "--kv-cache-dtype") && !strcmp(v, "auto")) t = KV_CACHE_F16; /* vLLM's default */
+    if (t < 0) fail(a, 2, "%s: unknown KV cache type '%s'; the types are %s", flag, v, KV_CACHE_TYPES);
+    return t;
+}
+
 int device_parse(struct args *a, struct pxq_engine_params *ep) {
+    static const char *ct_flag, *ct_val; /* llama.cpp's --cache-type-k / -v: one PXQ type for both */
     const char *f = a->argv[a->i];
-    if (!strcmp(f, "--device")) {
+    if (!strcmp(f, "--kv-cache-type") || !strcmp(f, "--kv-cache-dtype")) {
+        ep->kv_type = arg_kv_cache_type(a, f, arg_str(a));
+    } else if (!strcmp(f, "--cache-type-k") || !strcmp(f, "-ctk") || !strcmp(f, "--cache-type-v") || !strcmp(f, "-ctv")) {
+        const char *v = arg_str(a);
+        int t = kv_cache_type_parse(v);
+        if (t != KV_CACHE_F16 && t != KV_CACHE_Q8_0)
+            fail(a, 2, "%s %s: PXQ's caches are f16 and q8_0 for K and V alike, or --kv-cache-type pxq (K q8_0, V 2-bit)", f, v);
+        if (ct_val && strcmp(ct_val, v))
+            fail(a, 2, "%s %s after %s %s: PXQ keeps K and V in one type (f16 or q8_0), or --kv-cache-type pxq (K q8_0, V 2-bit)",
+                 f, v, ct_flag, ct_val);
+        ct_flag = f, ct_val = v;
+        ep->kv_type = t;
+    } else if (!strcmp(f, "--kv-sink")) {
+        ep->kv_sink = (int)arg_int(a, 0, 1 << 20);
+    } else if (!strcmp(f, "--kv-window")) {
+        ep->kv_window = (int)arg_int(a, 0, 1 << 20);
+    } else if (!strcmp(f, "--device")) {
         const char *d = arg_str(a);
         if (!strcmp(d, "cpu")) ep->device = PXQ_DEVICE_CPU;
         else if (!strcmp(d, "cuda")) ep->device = PXQ_DEVICE_CUDA;

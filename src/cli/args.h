@@ -25,9 +25,10 @@ void fail(const struct args *a, int status, const char *fmt, ...) __attribute__(
 /* Print "pxq CMD: warning: ..." (one line on stderr) and go on. */
 void warn_user(const struct args *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Engine flags common to run/perplexity/serve: -m, -t, -c, -b, --device, --gpu-mem.
+/* Engine flags common to run/perplexity/serve: -m, -t, -c, -b, --device, --gpu-mem, and the KV
+ * cache's --kv-cache-type (aliases --kv-cache-dtype, --cache-type-k/-v), --kv-sink, --kv-window.
  * Returns 1 if argv[i] was one of them (consumed), 0 otherwise. device_parse: --device and --gpu-mem
- * alone (bench, whose -b is a list), into ep; exit 2 with a message on a bad value. */
+ * and the KV flags alone (bench, whose -b is a list), into ep; exit 2 with a message on a bad value. */
 struct common_opts {
     const char *model;
     struct pxq_engine_params ep;
@@ -35,6 +36,8 @@ struct common_opts {
 void common_init(struct common_opts *o);
 int  common_parse(struct args *a, struct common_opts *o);
 int  device_parse(struct args *a, struct pxq_engine_params *ep);
+/* A --kv-cache-type value (enum kv_cache_type); exit 2 naming flag, the value and the valid types. */
+int  arg_kv_cache_type(const struct args *a, const char *flag, const char *v);
 /* After parsing: one warning line when --gpu-mem was given with the CPU backend, where it does nothing
  * (it sizes the CUDA arena only). */
 void common_warn_unused(const struct args *a, const struct pxq_engine_params *ep);

@@ -99,7 +99,7 @@ static int is_expert(const char *name) {
            strstr(name, ".mlp.experts.") != NULL;
 }
 
-static void account(struct model_account *ma, const struct pxq_model *m, enum pxq_device dev) {
+static void account(struct model_account *ma, const struct pxq_model *m, const struct pxq_engine_params *ep) {
     const struct pxq_hparams *hp = model_hparams(m);
     memset(ma, 0, sizeof *ma);
     for (int i = 0; i < model_n_tensors(m); i++) {
@@ -118,7 +118,12 @@ static void account(struct model_account *ma, const struct pxq_model *m, enum px
         }
     }
     ma->head_params = (double)hp->n_vocab * hp->n_embd;
-    ma->kv_per_token = (double)memplan_kv_bytes_per_token(hp, dev == PXQ_DEVICE_CUDA ? PXQ_TYPE_F16 : PXQ_TYPE_F32);
+    struct kv_layout lay; /* the engine's own layout: the bytes a position's K and V take in the cache */
+    struct kv_spec spec = pxq_kv_spec(m, ep);
+    int n_kv = 0;
+    for (int il = 0; il < hp->n_layer; il++) n_kv += hp->layer_kind[il] == LAYER_ATTN;
+    ma->kv_per_token = kv_layout_init(&lay, n_kv, hp->n_head_kv, hp->head_dim, KV_BLOCK_SIZE_DEFAULT, &spec, NULL, 0) == 0 ? (double)kv_layout_bytes_per_pos(&lay) : 0;
+    kv_layout_free(&lay);
     ma->state_per_seq = (double)memplan_state_bytes_per_seq(hp);
     for (int il = 0; il < hp->n_layer; il++) ma->n_attn += hp->layer_kind[il] == LAYER_ATTN;
 }
@@ -315,14 +320,14 @@ int cmd_bench(int argc, char **argv) {
     t_load = now_sec() - t_load;
     const struct pxq_hparams *hp = model_hparams(m);
     int max_b = 0, max_len = 0, kv_blocks = 0, max_ctx = 0;
-    const int bs = o.ep.kv_block_size > 0 ? o.ep.kv_block_size : 16;
+    const int bs = o.ep.kv_block_size > 0 ? o.ep.kv_block_size : KV_BLOCK_SIZE_DEFAULT;
     for (int i = 0; i < o.np; i++) max_len = o.p[i] > max_len ? o.p[i] : max_len;
     for (int i = 0; i < o.nn; i++) max_len = o.n[i] > max_len ? o.n[i] : max_len;
     for (int i = 0; i < o.nb; i++) {
         max_b = o.b[i] > max_b ? o.b[i] : max_b;
         for (int j = 0; j < o.nd; j++) {
             int ctx = o.d[j] + max_len + 1;
-            int need = o.b[i] * ((ctx + bs - 1) / bs);
+            int need = o.b[i] * (int)kv_blocks_for(ctx, bs);
             kv_blocks = need > kv_blocks ? need : kv_blocks;
             max_ctx = ctx > max_ctx ? ctx : max_ctx;
         }
@@ -340,7 +345,7 @@ int cmd_bench(int argc, char **argv) {
     char quant[64];
     quant_name(quant, sizeof quant, &mp);
     struct model_account ma;
-    account(&ma, m, dev);
+    account(&ma, m, &o.ep);
     char model_name[256];
     const char *path = model_path(m), *slash = strrchr(path, '/');
     snprintf(model_name, sizeof model_name, "%s", slash && !o.lo.dummy ? slash + 1 : path);

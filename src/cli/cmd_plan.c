@@ -24,19 +24,13 @@ static const char *usage =
     "                          (--cuda-context, the 'device total' line). None: just print the account\n"
     "  --max-num-seqs N        concurrent sequences (default 1)\n"
     "  -b, --batch-size N      max tokens per forward step, sizes the activations (default 512)\n"
-    "  --kv-cache-type T       f16 (default) or f32 (the CUDA backend's KV types)\n"
+    "  --kv-cache-type T       " KV_CACHE_TYPES " (default f16), or f32 (the CUDA exact mode)\n"
+    "  --kv-sink N             quantized caches: first N positions kept exact (default 4)\n"
+    "  --kv-window W           quantized caches: last W positions kept exact (default 128)\n"
     "  --kv-block-size N       positions per KV block (default 16)\n"
     "  --workspace SIZE        cuBLAS workspace (default 32MiB)\n"
     "  --cuda-context SIZE     CUDA context estimate (default 500MiB)\n";
 
-static enum pxq_type parse_kv_type(const struct args *a, const char *s) {
-    static const struct { const char *n; enum pxq_type t; } m[] = {
-        {"f16", PXQ_TYPE_F16}, {"f32", PXQ_TYPE_F32}};
-    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++)
-        if (!strcmp(s, m[i].n)) return m[i].t;
-    fail(a, 2, "--kv-cache-type expects f16 or f32 (the CUDA backend's KV types), got '%s'", s);
-    return PXQ_TYPE_F16;
-}
 
 int cmd_plan(int argc, char **argv) {
     struct args a = {argc, argv, 0, "plan"};
@@ -55,7 +49,13 @@ int cmd_plan(int argc, char **argv) {
         }
         else if (!strcmp(f, "--max-num-seqs")) p.n_seq = (int)arg_int(&a, 1, 1 << 16);
         else if (!strcmp(f, "-b") || !strcmp(f, "--batch-size")) p.n_batch = (int)arg_int(&a, 1, 1 << 20);
-        else if (!strcmp(f, "--kv-cache-type")) p.kv_type = parse_kv_type(&a, arg_str(&a));
+        else if (!strcmp(f, "--kv-cache-type") || !strcmp(f, "--kv-cache-dtype")) {
+            const char *t = arg_str(&a);
+            p.kv_f32 = !strcmp(t, "f32");
+            p.kv_type = p.kv_f32 ? KV_CACHE_F16 : arg_kv_cache_type(&a, f, t);
+        }
+        else if (!strcmp(f, "--kv-sink")) p.kv_sink = (int)arg_int(&a, 0, 1 << 20);
+        else if (!strcmp(f, "--kv-window")) p.kv_window = (int)arg_int(&a, 0, 1 << 20);
         else if (!strcmp(f, "--kv-block-size")) p.kv_block_size = (int)arg_int(&a, 1, 1 << 16);
         else if (!strcmp(f, "--workspace")) p.workspace = arg_size(&a, 0);
         else if (!strcmp(f, "--cuda-context")) p.cuda_context = arg_size(&a, 0);
