@@ -1,6 +1,6 @@
 /* forward_qwen35.c - the CPU reference of Qwen3.5 / 3.6's token mixers (HF transformers 5.17
- * modeling_qwen3_5.py): Qwen3_5GatedDeltaNet (linear_attention layers) and Qwen3_5Attention (gated
- * full attention). forward_cpu.c runs the rest of each decoder layer (norms, residuals, MLP), the
+ * modeling_qwen3_5.py): Qwen3_5GatedDeltaNet (linear_attention layers), and the engine set-up of the
+ * family. forward_cpu.c runs the rest of each decoder layer (norms, residuals, MLP), the
  * same as Qwen3's; every RMSNorm there is Qwen3_5RMSNorm, x_hat * (1 + w), whose 1 qwen35_engine_init
  * folds into the float32 weights when the file is HF's (llama.cpp's GGUFs have it folded already).
  *
@@ -16,11 +16,8 @@
  * State per sequence and DeltaNet layer (float32, in struct pxq_seq.rstate):
  *   conv [K-1][conv_dim] (the last K-1 inputs, oldest first), then S [n_v][dk][dv].
  *
- * Gated attention: q_proj gives per head [query (head_dim) | gate (head_dim)] (view(..., n_head,
- * 2 * head_dim) then chunk); query and key get q_norm/k_norm then partial RoPE (rotate_half over
- * the first n_rot dims, n_rot = partial_rotary_factor * head_dim; Qwen3.5's interleaved mrope sections
- * all carry the same position for text, so it is plain RoPE); softmax attention as Qwen3; the output
- * is multiplied by sigmoid(gate) before o_proj.
+ * Gated full attention (Qwen3_5Attention) is in forward_cpu.c, beside the plain attention it
+ * extends (gated_attention_layer).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -385,37 +382,4 @@ void deltanet_layer_cpu(struct pxq_engine *e, const struct ubatch *ub, int il) {
     gated_norm(e->ssm_o, e->ssm_z, e->lw[il].ssm_norm, n * a.d.nv, a.d.dv, e->hp->rms_eps);
     matmul_cpu(e->tp, e->xb2, L->ssm_out, e->ssm_o, n);
     runs_free(&r);
-}
-
-/* ---- gated full attention ---- */
-
-void gated_attention_layer_cpu(struct pxq_engine *e, const struct ubatch *ub, int il) {
-    const struct pxq_hparams *hp = e->hp;
-    const struct pxq_layer *L = model_layer(e->m, il);
-    const struct layer_f32 *w = &e->lw[il];
-    const int n = ub->n, hd = hp->head_dim, nh = hp->n_head, q_dim = nh * hd, kv_dim = hp->n_head_kv * hd;
-    const int l = e->kv_layer[il];
-    float *gate = e->xb2; /* [n][q_dim], free until o_proj writes it */
-    matmul_cpu(e->tp, e->att, L->attn_q, e->xb, n); /* [n][n_head][query | gate] */
-    for (int t = 0; t < n; t++)
-        for (int h = 0; h < nh; h++) {
-            const float *src = e->att + (size_t)t * 2 * q_dim + (size_t)h * 2 * hd;
-            memcpy(e->q + (size_t)t * q_dim + (size_t)h * hd, src, (size_t)hd * sizeof(float));
-            memcpy(gate + (size_t)t * q_dim + (size_t)h * hd, src + hd, (size_t)hd * sizeof(float));
-        }
-    matmul_cpu(e->tp, e->k, L->attn_k, e->xb, n);
-    matmul_cpu(e->tp, e->v, L->attn_v, e->xb, n);
-    for (int t = 0; t < n; t++) {
-        float *q = e->q + (size_t)t * q_dim, *k = e->k + (size_t)t * kv_dim;
-        rmsnorm_cpu(q, q, w->q_norm, hd, nh, hp->rms_eps); /* before RoPE */
-        rmsnorm_cpu(k, k, w->k_norm, hd, hp->n_head_kv, hp->rms_eps);
-        rope_cpu(q, nh, hd, hp->n_rot, ub->pos[t], e->inv_freq, 1);
-        rope_cpu(k, hp->n_head_kv, hd, hp->n_rot, ub->pos[t], e->inv_freq, 1);
-        const struct kv_seq *s = &e->seqs[ub->seq_id[t]].kv;
-        memcpy(kv_k(&e->kv, s, l, ub->pos[t]), k, (size_t)kv_dim * sizeof(float));
-        memcpy(kv_v(&e->kv, s, l, ub->pos[t]), e->v + (size_t)t * kv_dim, (size_t)kv_dim * sizeof(float));
-    }
-    attention_core_cpu(e, ub, l);
-    for (size_t i = 0; i < (size_t)n * q_dim; i++) e->att[i] *= 1.0f / (1.0f + expf(-gate[i]));
-    matmul_cpu(e->tp, e->xb2, L->attn_output, e->att, n);
 }

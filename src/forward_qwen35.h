@@ -1,6 +1,27 @@
-/* forward_qwen35.h - the gated delta rule of Qwen3.5's Gated DeltaNet layers, in its two forms
- * (HF transformers 5.17 modeling_qwen3_5.py: torch_recurrent_gated_delta_rule and
- * torch_chunk_gated_delta_rule; Yang, Kautz & Hatamizadeh 2025, "Gated Delta Networks").
+/* forward_qwen35.h - Qwen3.5's Gated DeltaNet on the CPU (forward_qwen35.c): the layer that
+ * forward_cpu calls, the engine set-up, and the layer's steps as functions of plain arrays (the CPU
+ * twins that the CUDA ops are tested against, tests/test_cuda_qwen35_ops.c).
+ * forward_cpu.c includes this header; forward_qwen35.c needs nothing of forward_cpu.c.
+ */
+#ifndef PXQ_FORWARD_QWEN35_H
+#define PXQ_FORWARD_QWEN35_H
+
+#include <stddef.h>
+
+struct pxq_engine;
+struct ubatch;
+
+/* Per-layer float32 vectors (norm offsets folded in), buffers, the per-sequence state size; 0 or -1
+ * with a message (engine.c, at creation). */
+int  qwen35_engine_init(struct pxq_engine *e, char *err, size_t errlen);
+void qwen35_engine_free(struct pxq_engine *e);
+/* A Gated DeltaNet layer (HF Qwen3_5GatedDeltaNet): reads e->xb (normed input, [n][n_embd]),
+ * writes e->xb2 ([n][n_embd]). */
+void deltanet_layer_cpu(struct pxq_engine *e, const struct ubatch *ub, int il);
+
+/* The gated delta rule in its two forms (HF transformers 5.17 modeling_qwen3_5.py:
+ * torch_recurrent_gated_delta_rule and torch_chunk_gated_delta_rule; Yang, Kautz & Hatamizadeh
+ * 2025, "Gated Delta Networks").
  *
  * One value head over n tokens, float32. State S is [dk][dv] (row kk holds the dv values of key dim kk),
  * updated in place. q, k: [n][dk], already L2-normalised, q also scaled by 1/sqrt(dk); v: [n][dv];
@@ -9,9 +30,6 @@
  * The chunked form gives the same outputs and final state in exact arithmetic (the UT transform over
  * chunks of `chunk` tokens); in float32 they agree to rounding (tests/test_qwen35.c states the bound).
  */
-#ifndef PXQ_FORWARD_QWEN35_H
-#define PXQ_FORWARD_QWEN35_H
-
 void gated_delta_rule_recurrent(float *out, float *S, const float *q, const float *k, const float *v, const float *g,
                                 const float *beta, int n, int dk, int dv);
 void gated_delta_rule_chunked(float *out, float *S, const float *q, const float *k, const float *v, const float *g,
