@@ -254,7 +254,7 @@ static float *upload_f32(cuda_backend *b, const float *h, size_t n) {
     return d;
 }
 
-/* A MoE layer (forward_cuda.c's moe_plan counts the same): the router, and each role's experts
+/* A MoE layer (cuda_plan.c's moe_plan counts the same): the router, and each role's experts
  * stacked into one weight, expert x's rows at x * rows per expert: [gate_x | up_x] (2 n_ff_exp rows)
  * when gate and up have one type, else gate and up apart (n_ff_exp rows); down (n_embd rows). */
 static void upload_moe(struct pxq_engine *e, cuda_backend *b, uploader *u, const struct pxq_layer *L, cuda_layer *cl) {

@@ -1,7 +1,7 @@
 /* backend.h - the CUDA backend as the engine sees it, in plain C (no CUDA headers): device weight
  * formats, the device memory plan, and backend creation / forward / accessors.
  *
- * The plan and the format sizes are plain C (src/forward_cuda.c, built always); the rest exists only
+ * The plan and the format sizes are plain C (src/cuda_plan.c, built always); the rest exists only
  * in builds with PXQ_CUDA (src/cuda/backend.cu).
  */
 #ifndef PXQ_CUDA_BACKEND_H
