@@ -167,7 +167,14 @@ extern "C" void cuda_no_device_msg(int cuda_error, int n_dev, char *out, size_t 
     snprintf(out, cap, "no CUDA device: %s (CUDA: %s)", why, ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
 }
 
-extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) {
+/* The steps of cuda_backend_new, in order: plan, arena (with the paths taken, streams, cuBLAS),
+ * upload, KV, buffers. CUDA graphs are not made here: forward.cu captures each decode step's shape
+ * at its first use (graph_get). */
+
+/* Plan: a device, the arena plan (cuda_plan.c) of this model at these engine parameters, and the
+ * arena's size (--gpu-mem, else the plan's total); 0, or -1 with a message where there is no device,
+ * the model does not fit, or its shapes have no kernel. */
+static int plan_step(struct pxq_engine *e, int exact, struct cuda_plan *plan, size_t *arena, char *err, size_t errlen) {
     const struct pxq_hparams *hp = e->hp;
     int n_dev = 0;
     cudaError_t ce = cudaGetDeviceCount(&n_dev);
@@ -176,24 +183,22 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
         cuda_no_device_msg(ce, n_dev, why, sizeof why);
         return set_err(err, errlen, "%s; use --device cpu", why);
     }
-    const int exact = env_is("PXQ_CUDA_FP32", "1");
     if (cudaSetDevice(0) != cudaSuccess) return set_err(err, errlen, "cudaSetDevice(0) failed");
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return set_err(err, errlen, "cudaMemGetInfo failed");
-    struct cuda_plan plan;
     { /* without --gpu-mem the arena is the plan itself, and the GPU's free memory is the budget that
        * chooses the prefill tiles (whole matrices, or the small ones where those would not fit) */
         struct pxq_engine_params pp = e->p;
         if (!pp.gpu_mem) pp.gpu_mem = free_b;
-        if (cuda_mem_plan(e->m, &pp, exact ? 4 : 2, &plan, err, errlen)) return -1;
+        if (cuda_mem_plan(e->m, &pp, exact ? 4 : 2, plan, err, errlen)) return -1;
     }
     char ps[320];
-    cuda_mem_plan_str(&plan, ps, sizeof ps);
+    cuda_mem_plan_str(plan, ps, sizeof ps);
     const double gib = 1024.0 * 1024.0 * 1024.0;
-    const size_t arena_size = e->p.gpu_mem ? e->p.gpu_mem : plan.total;
-    if (plan.total > arena_size)
+    const size_t arena_size = *arena = e->p.gpu_mem ? e->p.gpu_mem : plan->total;
+    if (plan->total > arena_size)
         return set_err(err, errlen, "the model does not fit in --gpu-mem %.2f GiB: %s; short by %.2f GiB",
-                       arena_size / gib, ps, (plan.total - arena_size) / gib);
+                       arena_size / gib, ps, (plan->total - arena_size) / gib);
     if (arena_size > free_b)
         return set_err(err, errlen, "device arena of %.2f GiB exceeds the %.2f GiB free on the GPU (plan: %s)",
                        arena_size / gib, free_b / gib, ps);
@@ -204,12 +209,13 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     if (attention_cuda_prepare(hd, group) != 0)
         return set_err(err, errlen, "attention needs %zu bytes of shared memory per block, more than this GPU allows",
                        attention_smem_bytes(hd, group));
+    return 0;
+}
 
-    cuda_backend *b = (cuda_backend *)xcalloc(1, sizeof *b);
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
-    snprintf(b->name, sizeof b->name, "%s", prop.name);
-    b->exact = exact;
+/* The paths a step takes (tensor cores, PDL, prefetch, attention kernels) on this device, with the
+ * environment's tuning knobs (docs/CUDA.md). */
+static void choose_paths(cuda_backend *b, const struct pxq_hparams *hp, const cudaDeviceProp &prop) {
+    const int exact = b->exact, hd = hp->head_dim;
     b->graphs = !env_is("PXQ_CUDA_GRAPHS", "0");
     b->mma = !env_is("PXQ_CUDA_MMA", "0");
     b->pdl = !env_is("PXQ_CUDA_PDL", "0") && cuda_pdl_supported();
@@ -259,10 +265,24 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
      * configuration's occupancy; Qwen3.5-27B at 16K keeps its 64 splits of 256) */
     b->split_blocks = getenv("PXQ_CUDA_SPLIT_BLOCKS") ? atoi(getenv("PXQ_CUDA_SPLIT_BLOCKS")) : 2;
     if (b->split_blocks < 1) b->split_blocks = 1;
+}
+
+/* Arena: the backend with its paths, the device arena of arena_size bytes (the plan's), the two
+ * streams of prefill's tile pipeline, and cuBLAS with its workspace (the arena's first bytes). NULL
+ * with a message if the arena cannot be allocated; on success e->backend is set. */
+static cuda_backend *arena_step(struct pxq_engine *e, int exact, size_t arena_size, char *err, size_t errlen) {
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    cuda_backend *b = (cuda_backend *)xcalloc(1, sizeof *b);
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    snprintf(b->name, sizeof b->name, "%s", prop.name);
+    b->exact = exact;
+    choose_paths(b, e->hp, prop);
     b->arena_size = arena_size;
     if (cudaMalloc((void **)&b->arena, arena_size) != cudaSuccess) {
         free(b);
-        return set_err(err, errlen, "cudaMalloc of the %.2f GiB arena failed", arena_size / gib);
+        set_err(err, errlen, "cudaMalloc of the %.2f GiB arena failed", arena_size / gib);
+        return NULL;
     }
     e->backend = b;
     { /* the GEMM stream before the tile stream: the GEMM's blocks go out first, the next tile's
@@ -293,87 +313,100 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     }
     b->cublas_ws = arena_get(b, CUDA_CUBLAS_WS);
     cublasSetWorkspace(b->cublas, b->cublas_ws, CUDA_CUBLAS_WS);
+    return b;
+}
 
-    /* weights */
-    uploader u = {};
+/* Upload, one layer: its matrices (stacked where one launch serves several), its float32 vectors,
+ * the stacked q|k|v biases; *max_in and *max_mat grow to its widest input and largest matrix. */
+static void upload_layer(struct pxq_engine *e, cuda_backend *b, uploader *u, int il, size_t *max_in, size_t *max_mat) {
+    const struct pxq_hparams *hp = e->hp;
+    const int hd = hp->head_dim;
+    const size_t kv_dim = (size_t)hp->n_head_kv * hd;
+    const struct pxq_layer *L = model_layer(e->m, il);
+    cuda_layer *cl = &b->L[il];
+    const struct pxq_tensor *mats[CM_COUNT];
+    cuda_layer_mats(L, mats);
+    const int dn = hp->layer_kind[il] == LAYER_DELTANET;
+    /* stacks: one launch where the layer has several matmuls of the same input and type */
+    struct { const struct pxq_tensor *t[3]; int n, first; cuda_weight *w; } st[3] = {
+        {{mats[CM_Q], mats[CM_K], mats[CM_V]}, 3, CM_Q, &cl->qkv},
+        {{mats[CM_GATE], mats[CM_UP]}, 2, CM_GATE, &cl->gu},
+        {{mats[CM_SSM_BETA], mats[CM_SSM_ALPHA]}, 2, CM_SSM_BETA, &cl->ba}};
+    int stacked[CM_COUNT] = {0};
+    cl->router.fmt = cl->moe_gu.fmt = cl->moe_gate.fmt = cl->moe_up.fmt = cl->moe_down.fmt = -1;
+    if (hp->n_expert) upload_moe(e, b, u, L, cl);
+    cl->dn_in.fmt = cl->qgkv.fmt = -1;
+    const struct pxq_tensor *qgkv[3] = {mats[CM_Q], mats[CM_K], mats[CM_V]};
+    if (!dn && hp->attn_output_gate && stackable(qgkv, 3) && !env_is("PXQ_CUDA_STACK", "0")) {
+        upload_stacked(e, b, u, qgkv, 3, &cl->qgkv);
+        const int r_q = (int)qgkv[0]->ne[1], r_k = (int)qgkv[1]->ne[1];
+        cl->w[CM_Q] = weight_rows(cl->qgkv, 0, r_q);
+        cl->w[CM_K] = weight_rows(cl->qgkv, r_q, r_k);
+        cl->w[CM_V] = weight_rows(cl->qgkv, r_q + r_k, cl->qgkv.n_out - r_q - r_k);
+        for (int i = CM_Q; i <= CM_V; i++) stacked[i] = 1;
+    }
+    const struct pxq_tensor *dn_in[4] = {mats[CM_SSM_QKV], mats[CM_SSM_Z], mats[CM_SSM_BETA], mats[CM_SSM_ALPHA]};
+    if (dn && stackable(dn_in, 4) && !env_is("PXQ_CUDA_STACK", "0")) { /* a decode token's one launch */
+        upload_stacked(e, b, u, dn_in, 4, &cl->dn_in);
+        const int r_qkv = (int)dn_in[0]->ne[1], r_z = (int)dn_in[1]->ne[1];
+        cl->w[CM_SSM_QKV] = weight_rows(cl->dn_in, 0, r_qkv);
+        cl->w[CM_SSM_Z] = weight_rows(cl->dn_in, r_qkv, r_z);
+        cl->ba = weight_rows(cl->dn_in, r_qkv + r_z, cl->dn_in.n_out - r_qkv - r_z);
+        for (int i = CM_SSM_QKV; i <= CM_SSM_ALPHA; i++) stacked[i] = 1;
+    }
+    for (int k = 0; k < 3; k++) {
+        if (k == 2 && cl->dn_in.fmt >= 0) continue; /* beta|alpha: rows of dn_in */
+        st[k].w->fmt = -1;
+        const int ok = stackable(st[k].t, st[k].n) && (k != 0 || (!dn && !hp->attn_output_gate)) && (k != 2 || dn);
+        if (!ok || env_is("PXQ_CUDA_STACK", "0")) continue;
+        upload_stacked(e, b, u, st[k].t, st[k].n, st[k].w);
+        for (int i = 0; i < st[k].n; i++) stacked[st[k].first + i] = 1;
+    }
+    for (int i = 0; i < CM_COUNT; i++) {
+        const int view = (cl->dn_in.fmt >= 0 && (i == CM_SSM_QKV || i == CM_SSM_Z)) ||
+                         (cl->qgkv.fmt >= 0 && i >= CM_Q && i <= CM_V); /* set above */
+        if (!view) cl->w[i].fmt = -1;
+        if (!mats[i] || (i < CM_GATE || i > CM_DOWN ? (i >= CM_SSM_QKV) != dn : 0)) continue;
+        if ((size_t)mats[i]->ne[0] > *max_in) *max_in = (size_t)mats[i]->ne[0];
+        size_t ne = (size_t)mats[i]->ne[0] * (size_t)mats[i]->ne[1];
+        if (ne > *max_mat) *max_mat = ne;
+        if (!stacked[i]) upload_weight(e, b, u, mats[i], &cl->w[i]);
+    }
+    const struct layer_f32 *w = &e->lw[il];
+    const float *src[CV_COUNT] = {w->attn_norm, w->ffn_norm, w->q_norm, w->k_norm, w->bq, w->bk, w->bv,
+                                  w->ssm_a, w->ssm_dt, w->ssm_norm, w->ssm_conv1d};
+    size_t vn[CV_COUNT];
+    cuda_layer_vec_sizes(hp, L, il, vn);
+    for (int i = 0; i < CV_COUNT; i++) {
+        const int stacked_bias = cl->qkv.fmt >= 0 && i >= CV_BQ && i <= CV_BV; /* in bqkv instead */
+        cl->v[i] = vn[i] && !stacked_bias ? upload_f32(b, src[i], vn[i]) : NULL;
+    }
+    if (cl->qkv.fmt >= 0 && (w->bq || w->bk || w->bv)) { /* biases side by side, as the stacked rows */
+        const size_t qd = (size_t)hp->n_head * hd;
+        float *h = (float *)xcalloc(qd + 2 * kv_dim, sizeof(float));
+        if (w->bq) memcpy(h, w->bq, qd * sizeof(float));
+        if (w->bk) memcpy(h + qd, w->bk, kv_dim * sizeof(float));
+        if (w->bv) memcpy(h + qd + kv_dim, w->bv, kv_dim * sizeof(float));
+        cl->bqkv = upload_f32(b, h, qd + 2 * kv_dim);
+        free(h);
+    }
+}
+
+/* Upload: every layer, the embedding table and lm_head, the output norm and RoPE's inverse
+ * frequencies, through two pinned stages; *max_in, *max_mat: the widest input and the largest
+ * matrix (the prefill buffers are sized by them). */
+static void upload_step(struct pxq_engine *e, cuda_backend *b, size_t *max_in, size_t *max_mat) {
+    const struct pxq_hparams *hp = e->hp;
+    const size_t d = (size_t)hp->n_embd;
+    uploader storage = {}, *u = &storage;
     for (int i = 0; i < 2; i++) {
-        CK(cudaMallocHost((void **)&u.stage[i], STAGE_BYTES));
-        CK(cudaEventCreate(&u.done[i]));
-        CK(cudaEventRecord(u.done[i], b->st));
+        CK(cudaMallocHost((void **)&u->stage[i], STAGE_BYTES));
+        CK(cudaEventCreate(&u->done[i]));
+        CK(cudaEventRecord(u->done[i], b->st));
     }
-    const size_t d = (size_t)hp->n_embd, kv_dim = (size_t)hp->n_head_kv * hd;
     b->L = (cuda_layer *)xcalloc((size_t)hp->n_layer, sizeof *b->L);
-    size_t max_in = d, max_mat = 0;
-    for (int il = 0; il < hp->n_layer; il++) {
-        const struct pxq_layer *L = model_layer(e->m, il);
-        cuda_layer *cl = &b->L[il];
-        const struct pxq_tensor *mats[CM_COUNT];
-        cuda_layer_mats(L, mats);
-        const int dn = hp->layer_kind[il] == LAYER_DELTANET;
-        /* stacks: one launch where the layer has several matmuls of the same input and type */
-        struct { const struct pxq_tensor *t[3]; int n, first; cuda_weight *w; } st[3] = {
-            {{mats[CM_Q], mats[CM_K], mats[CM_V]}, 3, CM_Q, &cl->qkv},
-            {{mats[CM_GATE], mats[CM_UP]}, 2, CM_GATE, &cl->gu},
-            {{mats[CM_SSM_BETA], mats[CM_SSM_ALPHA]}, 2, CM_SSM_BETA, &cl->ba}};
-        int stacked[CM_COUNT] = {0};
-        cl->router.fmt = cl->moe_gu.fmt = cl->moe_gate.fmt = cl->moe_up.fmt = cl->moe_down.fmt = -1;
-        if (hp->n_expert) upload_moe(e, b, &u, L, cl);
-        cl->dn_in.fmt = cl->qgkv.fmt = -1;
-        const struct pxq_tensor *qgkv[3] = {mats[CM_Q], mats[CM_K], mats[CM_V]};
-        if (!dn && hp->attn_output_gate && stackable(qgkv, 3) && !env_is("PXQ_CUDA_STACK", "0")) {
-            upload_stacked(e, b, &u, qgkv, 3, &cl->qgkv);
-            const int r_q = (int)qgkv[0]->ne[1], r_k = (int)qgkv[1]->ne[1];
-            cl->w[CM_Q] = weight_rows(cl->qgkv, 0, r_q);
-            cl->w[CM_K] = weight_rows(cl->qgkv, r_q, r_k);
-            cl->w[CM_V] = weight_rows(cl->qgkv, r_q + r_k, cl->qgkv.n_out - r_q - r_k);
-            for (int i = CM_Q; i <= CM_V; i++) stacked[i] = 1;
-        }
-        const struct pxq_tensor *dn_in[4] = {mats[CM_SSM_QKV], mats[CM_SSM_Z], mats[CM_SSM_BETA], mats[CM_SSM_ALPHA]};
-        if (dn && stackable(dn_in, 4) && !env_is("PXQ_CUDA_STACK", "0")) { /* a decode token's one launch */
-            upload_stacked(e, b, &u, dn_in, 4, &cl->dn_in);
-            const int r_qkv = (int)dn_in[0]->ne[1], r_z = (int)dn_in[1]->ne[1];
-            cl->w[CM_SSM_QKV] = weight_rows(cl->dn_in, 0, r_qkv);
-            cl->w[CM_SSM_Z] = weight_rows(cl->dn_in, r_qkv, r_z);
-            cl->ba = weight_rows(cl->dn_in, r_qkv + r_z, cl->dn_in.n_out - r_qkv - r_z);
-            for (int i = CM_SSM_QKV; i <= CM_SSM_ALPHA; i++) stacked[i] = 1;
-        }
-        for (int k = 0; k < 3; k++) {
-            if (k == 2 && cl->dn_in.fmt >= 0) continue; /* beta|alpha: rows of dn_in */
-            st[k].w->fmt = -1;
-            const int ok = stackable(st[k].t, st[k].n) && (k != 0 || (!dn && !hp->attn_output_gate)) && (k != 2 || dn);
-            if (!ok || env_is("PXQ_CUDA_STACK", "0")) continue;
-            upload_stacked(e, b, &u, st[k].t, st[k].n, st[k].w);
-            for (int i = 0; i < st[k].n; i++) stacked[st[k].first + i] = 1;
-        }
-        for (int i = 0; i < CM_COUNT; i++) {
-            const int view = (cl->dn_in.fmt >= 0 && (i == CM_SSM_QKV || i == CM_SSM_Z)) ||
-                             (cl->qgkv.fmt >= 0 && i >= CM_Q && i <= CM_V); /* set above */
-            if (!view) cl->w[i].fmt = -1;
-            if (!mats[i] || (i < CM_GATE || i > CM_DOWN ? (i >= CM_SSM_QKV) != dn : 0)) continue;
-            if ((size_t)mats[i]->ne[0] > max_in) max_in = (size_t)mats[i]->ne[0];
-            size_t ne = (size_t)mats[i]->ne[0] * (size_t)mats[i]->ne[1];
-            if (ne > max_mat) max_mat = ne;
-            if (!stacked[i]) upload_weight(e, b, &u, mats[i], &cl->w[i]);
-        }
-        const struct layer_f32 *w = &e->lw[il];
-        const float *src[CV_COUNT] = {w->attn_norm, w->ffn_norm, w->q_norm, w->k_norm, w->bq, w->bk, w->bv,
-                                      w->ssm_a, w->ssm_dt, w->ssm_norm, w->ssm_conv1d};
-        size_t vn[CV_COUNT];
-        cuda_layer_vec_sizes(hp, L, il, vn);
-        for (int i = 0; i < CV_COUNT; i++) {
-            const int stacked_bias = cl->qkv.fmt >= 0 && i >= CV_BQ && i <= CV_BV; /* in bqkv instead */
-            cl->v[i] = vn[i] && !stacked_bias ? upload_f32(b, src[i], vn[i]) : NULL;
-        }
-        if (cl->qkv.fmt >= 0 && (w->bq || w->bk || w->bv)) { /* biases side by side, as the stacked rows */
-            const size_t qd = (size_t)hp->n_head * hd;
-            float *h = (float *)xcalloc(qd + 2 * kv_dim, sizeof(float));
-            if (w->bq) memcpy(h, w->bq, qd * sizeof(float));
-            if (w->bk) memcpy(h + qd, w->bk, kv_dim * sizeof(float));
-            if (w->bv) memcpy(h + qd + kv_dim, w->bv, kv_dim * sizeof(float));
-            cl->bqkv = upload_f32(b, h, qd + 2 * kv_dim);
-            free(h);
-        }
-    }
+    *max_in = d, *max_mat = 0;
+    for (int il = 0; il < hp->n_layer; il++) upload_layer(e, b, u, il, max_in, max_mat);
     if (model_output(e->m) != model_token_embd(e->m)) {
         /* untied: the embedding table is only gathered (a few rows per step), so it stays in mapped
          * pinned host memory and the kernels read its rows over PCIe (Qwen3.5-27B: 682 MiB of Q4_0
@@ -390,27 +423,33 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
             die("cudaHostAlloc of %.1f MiB for the embedding table failed", (qa + sb) / 1048576.0);
         uint8_t *dp;
         CK(cudaHostGetDevicePointer((void **)&dp, b->embd_host, 0));
-        upload_rows(e, b, &u, t, b->embd_host, sb ? b->embd_host + qa : NULL);
+        upload_rows(e, b, u, t, b->embd_host, sb ? b->embd_host + qa : NULL);
         w->q = dp;
         w->s = sb ? dp + qa : NULL;
-        upload_weight(e, b, &u, model_output(e->m), &b->output);
+        upload_weight(e, b, u, model_output(e->m), &b->output);
     } else {
-        upload_weight(e, b, &u, model_token_embd(e->m), &b->embd);
+        upload_weight(e, b, u, model_token_embd(e->m), &b->embd);
         b->output = b->embd;
     }
     {
         size_t ne = (size_t)b->output.n_in * (size_t)b->output.n_out;
-        if (ne > max_mat) max_mat = ne;
+        if (ne > *max_mat) *max_mat = ne;
     }
     b->output_norm = upload_f32(b, e->output_norm, d);
     b->inv_freq = upload_f32(b, e->inv_freq, (size_t)(hp->n_rot / 2 + 1));
     CK(cudaStreamSynchronize(b->st));
     for (int i = 0; i < 2; i++) {
-        CK(cudaFreeHost(u.stage[i]));
-        CK(cudaEventDestroy(u.done[i]));
+        CK(cudaFreeHost(u->stage[i]));
+        CK(cudaEventDestroy(u->done[i]));
     }
+}
 
-    /* KV: the layout of kvcache.h, f16 (f32 in exact mode) */
+/* KV: the paged cache in the layout of kvcache.h, f16 (f32 in exact mode). Its block tables are the
+ * step inputs' (buffers_step). */
+static void kv_step(struct pxq_engine *e, cuda_backend *b) {
+    const struct pxq_hparams *hp = e->hp;
+    const int hd = hp->head_dim, exact = b->exact;
+    const size_t kv_dim = (size_t)hp->n_head_kv * hd;
     cuda_kv *kv = &b->kv;
     kv->kv_f32 = exact;
     kv->n_layer_kv = e->kv.n_layer_kv;
@@ -421,10 +460,16 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     size_t kv_bytes = (size_t)e->kv.n_blocks * kv->n_layer_kv * kv->block_size * kv_dim * (exact ? 4 : 2);
     kv->k = arena_get(b, kv_bytes);
     kv->v = arena_get(b, kv_bytes);
+}
 
-    /* activations, inputs, workspace, state: sizes from cuda_bufs_of, as the plan counted them */
+/* Buffers: activations, step inputs (device and pinned host), workspace, DeltaNet state: sizes from
+ * cuda_bufs_of, as the plan counted them. */
+static void buffers_step(struct pxq_engine *e, cuda_backend *b, size_t max_in, size_t max_mat, size_t w16_max) {
+    const struct pxq_hparams *hp = e->hp;
+    const int hd = hp->head_dim;
+    const size_t kv_dim = (size_t)hp->n_head_kv * hd;
     struct cuda_bufs bf;
-    cuda_bufs_of(hp, &e->p, max_in, max_mat, plan.w16_max, &bf);
+    cuda_bufs_of(hp, &e->p, max_in, max_mat, w16_max, &bf);
     const size_t nb = (size_t)e->p.n_batch;
     b->nb = (int)nb;
     b->max_blocks = (e->p.n_ctx + e->p.kv_block_size - 1) / e->p.kv_block_size;
@@ -475,8 +520,8 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
         *si[i] = step_inputs{p, p + nb, p + 2 * nb, p + 3 * nb, p + 4 * nb, p + 5 * nb, p + 6 * nb + 1, p + 7 * nb + 1,
                              p + 9 * nb + 1};
     }
-    kv->block_tab = b->di.tab;
-    kv->max_blocks = b->max_blocks;
+    b->kv.block_tab = b->di.tab; /* the KV cache reads the block tables of the step inputs */
+    b->kv.max_blocks = b->max_blocks;
     b->seq_map = (int *)xmalloc((size_t)e->p.n_seq_max * sizeof(int));
     b->x16 = arena_get(b, bf.x16 * 2);
     b->xq = (int8_t *)arena_get(b, bf.xq);
@@ -490,6 +535,18 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     b->w16 = arena_get(b, b->w16_elems * 2);
     b->part_o = arena_f32(b, bf.part_o);
     b->part_ml = arena_f32(b, bf.part_ml);
+}
+
+extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) {
+    const int exact = env_is("PXQ_CUDA_FP32", "1");
+    struct cuda_plan plan;
+    size_t arena_size = 0, max_in = 0, max_mat = 0;
+    if (plan_step(e, exact, &plan, &arena_size, err, errlen)) return -1;
+    cuda_backend *b = arena_step(e, exact, arena_size, err, errlen);
+    if (!b) return -1;
+    upload_step(e, b, &max_in, &max_mat);
+    kv_step(e, b);
+    buffers_step(e, b, max_in, max_mat, plan.w16_max);
     if (b->peak > plan.total) die("CUDA arena: used %zu bytes, plan %zu", b->peak, plan.total);
     snprintf(b->path, sizeof b->path, "cuda");
     return 0;
