@@ -226,10 +226,6 @@ static void choose_paths(cuda_backend *b, const struct pxq_hparams *hp, const cu
     int tune_a, tune_b;
     if (env_pair("PXQ_CUDA_MV", &tune_a, &tune_b)) /* "rows,warps" of the 1..2-token dp4a mat-vec */
         matmul_q8_tune(tune_a, tune_b);
-    qk_norm_rope_store_rows_off(env_is("PXQ_CUDA_QK_ROWS", "0")); /* A/B knob: the decode form for prefill */
-    /* A/B knobs: the generic tile kernel, the tile kernel's units a thread */
-    dequant_tile_f16_tune(env_is("PXQ_CUDA_DEQ_TILE", "generic"),
-                          getenv("PXQ_CUDA_DEQ_U") ? atoi(getenv("PXQ_CUDA_DEQ_U")) : 0);
     b->stage_o = b->pdl && !env_is("PXQ_CUDA_STAGE_O", "0") && matmul_q8_stage_supported(); /* overlap needs PDL */
     b->fuse_dn = !env_is("PXQ_CUDA_FUSE_DN", "0");
     b->early_trigger = getenv("PXQ_CUDA_EARLY_TRIGGER") ? atoi(getenv("PXQ_CUDA_EARLY_TRIGGER")) : 11;
@@ -240,7 +236,6 @@ static void choose_paths(cuda_backend *b, const struct pxq_hparams *hp, const cu
     if (env_pair("PXQ_CUDA_MOE_MMA_TUNE", &tune_a, &tune_b)) /* its "m-tiles,warps" */
         moe_q8_mma_tune(tune_a, tune_b);
     if (getenv("PXQ_CUDA_MOE_Q8_R")) moe_q8_tune(atoi(getenv("PXQ_CUDA_MOE_Q8_R"))); /* decode experts' rows a block */
-    if (getenv("PXQ_CUDA_GEMV_FILL")) matmul_gemv_tune(atoi(getenv("PXQ_CUDA_GEMV_FILL"))); /* A/B: 0 = 4 rows */
     {
         cuda_kv probe = {};
         probe.kv_f32 = exact, probe.n_head_kv = hp->n_head_kv, probe.head_dim = hd, probe.kv_dim = hp->n_head_kv * hd;
@@ -301,7 +296,6 @@ static cuda_backend *arena_step(struct pxq_engine *e, int exact, size_t arena_si
         CK(cudaEventRecord(b->gemm_done[i], b->st));
     }
     CK(cudaEventCreateWithFlags(&b->gemm_ready, cudaEventDisableTiming));
-    b->deq_defer_on = !env_is("PXQ_CUDA_DEQ_DEFER", "0");
     if (cublasCreate(&b->cublas) != CUBLAS_STATUS_SUCCESS) die("cublasCreate failed");
     cublasSetStream(b->cublas, b->st);
     { /* prefill GEMMs sized for 7/8 of the SMs, so the next tile's dequantization runs beside them

@@ -92,9 +92,9 @@ struct cuda_backend {
      * until that kernel is over (gemm_ready, recorded on st before the GEMM): launched during it, the
      * dequantization's blocks took every SM and the GEMM waited 10-15 us for them to leave.
      * deq_defer: armed by the short kernel, taken by the next GEMM; deq_after: gemm_ready is pending
-     * for the next tile's dequantization. PXQ_CUDA_DEQ_DEFER=0 turns it off. */
+     * for the next tile's dequantization (docs/PERF.md: 6956 -> 6986 t/s, Qwen3-32B pp512). */
     cudaEvent_t gemm_ready;
-    int deq_defer, deq_after, deq_defer_on;
+    int deq_defer, deq_after;
     int8_t *xq;             /* q8 activations [nb][max_in] and their (d, s) [nb][max_in/32][2] */
     float *xds;
     size_t w16_elems, w16_half; /* the two tile buffers, and the elements of a tile */

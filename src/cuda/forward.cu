@@ -318,7 +318,7 @@ static void ffn_dense(struct pxq_engine *e, cuda_backend *b, const cuda_layer *L
         if (gemm) { /* straight to the down GEMM's half operand */
             swiglu_f16_cuda(b->x16, b->hb, b->hb + ff, n, ff, 2 * ff, st);
             b->x16_src = b->hb2; /* hb2 itself is not written */
-            b->deq_defer = b->deq_defer_on;
+            b->deq_defer = 1;
         } else {
             swiglu_q8_cuda(b->hb2, xq_down, b->xds, b->hb, b->hb + ff, n, ff, 2 * ff, st);
         }
@@ -394,7 +394,7 @@ static void gemm_in_norm(cuda_backend *b, const float *w, int d, int n, float ep
     if (gemm) {
         rmsnorm_f16_cuda(b->xb, b->x16, b->x, w, d, n, eps, b->st);
         b->x16_src = b->xb;
-        b->deq_defer = b->deq_defer_on;
+        b->deq_defer = 1;
     } else {
         rmsnorm_q8_cuda(b->xb, q8 ? b->xq : NULL, b->xds, b->x, w, d, n, eps, NULL, b->st);
         b->x16_src = NULL;

@@ -662,7 +662,7 @@ static __device__ __forceinline__ void tile_unit(__half *out, int64_t u, uint2 a
  * j+16..j+23 (high), stored as 16 bytes at 32-byte distance, so that two lanes fill each 32-byte
  * sector; Q8_0 a quarter group, one 16-byte store (a store of 16 bytes at a 32-byte stride per
  * lane, which leaves each sector half written, cost a Q8_0 pp512 11%). U units a thread
- * (dequant_tile_f16_tune), their loads issued first; the launch covers the tile (the loop runs
+ * (DEQ_TILE_U), their loads issued first; the launch covers the tile (the loop runs
  * once: taking it out left ptxas spilling at 16 units a thread). */
 template <int F, int U>
 __global__ void __launch_bounds__(256)
@@ -690,29 +690,20 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-/* dequant_tile_f16_tune. 8 units a thread: Qwen3-32B Q4_0 pp512 on an H200 7025-7083 t/s, against
- * 6959-6990 with 4 and 7032 with 16 */
-static int dequant_tile_generic, dequant_tile_u = 8;
+/* dequant_tile_f16_tune (tests: the generic kernel as the reference) */
+static int dequant_tile_generic;
 
-extern "C" void dequant_tile_f16_tune(int generic, int units) {
-    dequant_tile_generic = generic != 0;
-    dequant_tile_u = units == 4 || units == 16 ? units : 8;
-}
+extern "C" void dequant_tile_f16_tune(int generic) { dequant_tile_generic = generic != 0; }
 
-template <int F, int U>
-static void dequant_tile_launch(__half *out, const cuda_weight &w, int64_t r0, int64_t n_units, cudaStream_t st) {
-    const int threads = 256;
-    const dim3 grid((unsigned)((n_units + threads * U - 1) / (threads * U)));
-    kernel_launch(dequant_tile_f16_kernel<F, U>, grid, dim3(threads), 0, st, out, w, r0, n_units);
-}
+/* 8 units a thread: Qwen3-32B Q4_0 pp512 on an H200 7025-7083 t/s, against 6959-6990 with 4 and 7032
+ * with 16 (docs/PERF.md, seventeenth session; the other counts were removed) */
+#define DEQ_TILE_U 8
 
 template <int F>
 static void dequant_tile(__half *out, const cuda_weight &w, int64_t r0, int64_t n_units, cudaStream_t st) {
-    switch (dequant_tile_u) {
-    case 4: dequant_tile_launch<F, 4>(out, w, r0, n_units, st); break;
-    case 16: dequant_tile_launch<F, 16>(out, w, r0, n_units, st); break;
-    default: dequant_tile_launch<F, 8>(out, w, r0, n_units, st); break;
-    }
+    const int threads = 256;
+    const dim3 grid((unsigned)((n_units + threads * DEQ_TILE_U - 1) / (threads * DEQ_TILE_U)));
+    kernel_launch(dequant_tile_f16_kernel<F, DEQ_TILE_U>, grid, dim3(threads), 0, st, out, w, r0, n_units);
 }
 
 template <typename T>
