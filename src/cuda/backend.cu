@@ -147,15 +147,61 @@ static void upload_moe(struct pxq_engine *e, cuda_backend *b, uploader *u, const
 
 /* ---- creation ---- */
 
+/* ---- tuning: the PXQ_CUDA_* knobs (tuning.h), read here and nowhere else ---- */
+
 static int env_is(const char *name, const char *val) {
     const char *v = getenv(name);
     return v && strcmp(v, val) == 0;
 }
 
-/* A tuning knob "a,b" of two integers: 1 with *a, *b set, 0 if name is unset or not that form. */
-static int env_pair(const char *name, int *a, int *b) {
+/* name's integer value (atoi), or def if name is unset */
+static int env_int(const char *name, int def) {
     const char *v = getenv(name);
-    return v && sscanf(v, "%d,%d", a, b) == 2;
+    return v ? atoi(v) : def;
+}
+
+/* A knob "a,b" of two integers: *a, *b set if name has that form, else left as they are. */
+static void env_pair(const char *name, int *a, int *b) {
+    const char *v = getenv(name);
+    int x, y;
+    if (v && sscanf(v, "%d,%d", &x, &y) == 2) *a = x, *b = y;
+}
+
+extern "C" void cuda_tuning_from_env(struct cuda_tuning *t) {
+    *t = cuda_tuning{};
+    t->exact = env_is("PXQ_CUDA_FP32", "1");
+    t->graphs = !env_is("PXQ_CUDA_GRAPHS", "0");
+    t->pdl = !env_is("PXQ_CUDA_PDL", "0");
+    t->mma = !env_is("PXQ_CUDA_MMA", "0");
+    t->moe_mma = !env_is("PXQ_CUDA_MOE_MMA", "0");
+    t->stack = !env_is("PXQ_CUDA_STACK", "0");
+    t->flash = !env_is("PXQ_CUDA_FLASH", "0");
+    t->decode_mma = !env_is("PXQ_CUDA_DECODE_MMA", "0");
+    t->stage_o = !env_is("PXQ_CUDA_STAGE_O", "0");
+    t->fuse_dn = !env_is("PXQ_CUDA_FUSE_DN", "0");
+    t->pdl_tokens = env_int("PXQ_CUDA_PDL_TOKENS", -1);
+    if (getenv("PXQ_CUDA_PDL_TOKENS") && t->pdl_tokens < 0) t->pdl_tokens = 0; /* no step, as any value < 1 */
+    env_pair("PXQ_CUDA_MV", &t->mv_rows, &t->mv_warps);
+    env_pair("PXQ_CUDA_MMA_TUNE", &t->mma_mr, &t->mma_kp);
+    env_pair("PXQ_CUDA_MOE_MMA_TUNE", &t->moe_mma_mr, &t->moe_mma_kp);
+    t->moe_q8_rows = env_int("PXQ_CUDA_MOE_Q8_R", 0);
+    t->early_trigger = env_int("PXQ_CUDA_EARLY_TRIGGER", 11);
+    t->mv_ahead = env_int("PXQ_CUDA_MV_AHEAD", 1);
+    t->l2_pf_mib = 4; /* a sweep (H200, decode b1, t/s at 0/4/8/12 MiB): Qwen3-32B 154.5/155.8/155.7/152.2,
+                       * Qwen3.5-27B 177.0/179.9/179.0/172.7; 16 MiB and more is slower (the prefetch then
+                       * competes with the mat-vec it rides on) */
+    const char *pf = getenv("PXQ_CUDA_L2_PREFETCH");
+    int blocks = 0;
+    if (pf && sscanf(pf, "%lf,%d", &t->l2_pf_mib, &blocks) == 2) t->l2_pf_blocks = blocks > 0 ? blocks : 1;
+    const char *cfg = getenv("PXQ_CUDA_DECODE_CFG");
+    t->decode_cfg = cfg && *cfg ? atoi(cfg) : -1;
+    t->split_blocks = env_int("PXQ_CUDA_SPLIT_BLOCKS", 2);
+    const char *tile = getenv("PXQ_CUDA_TILE");
+    t->tile = tile ? (size_t)strtoull(tile, NULL, 10) : 0;
+    t->sm_target = env_int("PXQ_CUDA_SM_TARGET", -1);
+    if (getenv("PXQ_CUDA_SM_TARGET") && t->sm_target < 0) t->sm_target = 0; /* all SMs, as any value <= 0 */
+    const char *pr = getenv("PXQ_CUDA_DEQ_PRIO");
+    t->deq_prio = !pr || !strcmp(pr, "gemm") ? CUDA_PRIO_GEMM : !strcmp(pr, "deq") ? CUDA_PRIO_DEQ : CUDA_PRIO_SAME;
 }
 
 extern "C" void cuda_no_device_msg(int cuda_error, int n_dev, char *out, size_t cap) {
@@ -215,63 +261,57 @@ static int plan_step(struct pxq_engine *e, int exact, struct cuda_plan *plan, si
 /* The paths a step takes (tensor cores, PDL, prefetch, attention kernels) on this device, with the
  * environment's tuning knobs (docs/CUDA.md). */
 static void choose_paths(cuda_backend *b, const struct pxq_hparams *hp, const cudaDeviceProp &prop) {
+    const struct cuda_tuning *t = &b->tune;
     const int exact = b->exact, hd = hp->head_dim;
-    b->graphs = !env_is("PXQ_CUDA_GRAPHS", "0");
-    b->mma = !env_is("PXQ_CUDA_MMA", "0");
-    b->pdl = !env_is("PXQ_CUDA_PDL", "0") && cuda_pdl_supported();
+    b->graphs = t->graphs;
+    b->mma = t->mma;
+    b->pdl = t->pdl && cuda_pdl_supported();
     /* the dp4a steps: 1-2 tokens, or 1-4 (the kernel's measured range, before the tensor cores took
      * 5-16) with PXQ_CUDA_MMA=0 */
     b->dp4a_tokens = b->mma ? CUDA_MMA_MIN_TOKENS - 1 : 4;
-    b->pdl_tokens = getenv("PXQ_CUDA_PDL_TOKENS") ? atoi(getenv("PXQ_CUDA_PDL_TOKENS")) : b->dp4a_tokens;
-    int tune_a, tune_b;
-    if (env_pair("PXQ_CUDA_MV", &tune_a, &tune_b)) /* "rows,warps" of the 1..2-token dp4a mat-vec */
-        matmul_q8_tune(tune_a, tune_b);
-    b->stage_o = b->pdl && !env_is("PXQ_CUDA_STAGE_O", "0") && matmul_q8_stage_supported(); /* overlap needs PDL */
-    b->fuse_dn = !env_is("PXQ_CUDA_FUSE_DN", "0");
-    b->early_trigger = getenv("PXQ_CUDA_EARLY_TRIGGER") ? atoi(getenv("PXQ_CUDA_EARLY_TRIGGER")) : 11;
-    b->ahead2 = getenv("PXQ_CUDA_MV_AHEAD") ? atoi(getenv("PXQ_CUDA_MV_AHEAD")) : 1;
-    if (env_pair("PXQ_CUDA_MMA_TUNE", &tune_a, &tune_b)) /* "m-tiles,warps" of the 3..16-token int8 mma mat-vec */
-        matmul_q8_mma_tune(tune_a, tune_b);
-    b->moe_mma = !exact && !env_is("PXQ_CUDA_MOE_MMA", "0"); /* MoE prefill on int8 tensor cores (ffn_moe) */
-    if (env_pair("PXQ_CUDA_MOE_MMA_TUNE", &tune_a, &tune_b)) /* its "m-tiles,warps" */
-        moe_q8_mma_tune(tune_a, tune_b);
-    if (getenv("PXQ_CUDA_MOE_Q8_R")) moe_q8_tune(atoi(getenv("PXQ_CUDA_MOE_Q8_R"))); /* decode experts' rows a block */
+    b->pdl_tokens = t->pdl_tokens >= 0 ? t->pdl_tokens : b->dp4a_tokens;
+    if (t->mv_rows || t->mv_warps) matmul_q8_tune(t->mv_rows, t->mv_warps); /* the 1..2-token dp4a mat-vec */
+    b->stage_o = b->pdl && t->stage_o && matmul_q8_stage_supported(); /* overlap needs PDL */
+    b->fuse_dn = t->fuse_dn;
+    b->early_trigger = t->early_trigger;
+    b->ahead2 = t->mv_ahead;
+    if (t->mma_mr || t->mma_kp) matmul_q8_mma_tune(t->mma_mr, t->mma_kp); /* the 3..16-token int8 mma mat-vec */
+    b->moe_mma = !exact && t->moe_mma; /* MoE prefill on int8 tensor cores (ffn_moe) */
+    if (t->moe_mma_mr || t->moe_mma_kp) moe_q8_mma_tune(t->moe_mma_mr, t->moe_mma_kp);
+    if (t->moe_q8_rows) moe_q8_tune(t->moe_q8_rows); /* decode experts' rows a block */
+    if (t->decode_cfg >= 0) attention_decode_force_cfg(t->decode_cfg);
     {
         cuda_kv probe = {};
         probe.kv_f32 = exact, probe.n_head_kv = hp->n_head_kv, probe.head_dim = hd, probe.kv_dim = hp->n_head_kv * hd;
-        b->prefill_attn = !env_is("PXQ_CUDA_FLASH", "0") && attention_prefill_supported(&probe, hp->n_head) &&
+        b->prefill_attn = t->flash && attention_prefill_supported(&probe, hp->n_head) &&
                           attention_prefill_prepare(hd) == 0;
-        b->decode_attn = !env_is("PXQ_CUDA_DECODE_MMA", "0") && attention_decode_supported(&probe, hp->n_head);
+        b->decode_attn = t->decode_mma && attention_decode_supported(&probe, hp->n_head);
     }
     b->n_sm = prop.multiProcessorCount;
     b->l2_size = (size_t)prop.l2CacheSize;
-    if (cuda_pdl_supported()) { /* the bulk prefetch is sm_90+, as PDL: the same gate. 4 MiB from a sweep
-                                 * (H200, decode b1, t/s at 0/4/8/12 MiB): Qwen3-32B 154.5/155.8/155.7/152.2,
-                                 * Qwen3.5-27B 177.0/179.9/179.0/172.7; 16 MiB and more is slower (the
-                                 * prefetch then competes with the mat-vec it rides on) */
-        double mib = 4;
-        int blocks = 4 * b->n_sm;
-        if (getenv("PXQ_CUDA_L2_PREFETCH")) sscanf(getenv("PXQ_CUDA_L2_PREFETCH"), "%lf,%d", &mib, &blocks);
-        b->l2_pf_bytes = mib > 0 ? (size_t)(mib * 1048576.0) : 0;
-        b->l2_pf_blocks = blocks > 0 ? blocks : 1;
+    if (cuda_pdl_supported()) { /* the bulk prefetch is sm_90+, as PDL: the same gate */
+        b->l2_pf_bytes = t->l2_pf_mib > 0 ? (size_t)(t->l2_pf_mib * 1048576.0) : 0;
+        b->l2_pf_blocks = t->l2_pf_blocks ? t->l2_pf_blocks : 4 * b->n_sm;
     }
     /* decode attention splits: at most one wave of two blocks per SM (Qwen3-32B at 32K on an H200, t/s
      * with 1/2/3/6 blocks per SM: 99.3/104.9-105.2/103.4-104.2/85.6; three is the (16, 2)
      * configuration's occupancy; Qwen3.5-27B at 16K keeps its 64 splits of 256) */
-    b->split_blocks = getenv("PXQ_CUDA_SPLIT_BLOCKS") ? atoi(getenv("PXQ_CUDA_SPLIT_BLOCKS")) : 2;
+    b->split_blocks = t->split_blocks;
     if (b->split_blocks < 1) b->split_blocks = 1;
 }
 
 /* Arena: the backend with its paths, the device arena of arena_size bytes (the plan's), the two
  * streams of prefill's tile pipeline, and cuBLAS with its workspace (the arena's first bytes). NULL
  * with a message if the arena cannot be allocated; on success e->backend is set. */
-static cuda_backend *arena_step(struct pxq_engine *e, int exact, size_t arena_size, char *err, size_t errlen) {
+static cuda_backend *arena_step(struct pxq_engine *e, const struct cuda_tuning *tune, size_t arena_size, char *err,
+                               size_t errlen) {
     const double gib = 1024.0 * 1024.0 * 1024.0;
     cuda_backend *b = (cuda_backend *)xcalloc(1, sizeof *b);
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     snprintf(b->name, sizeof b->name, "%s", prop.name);
-    b->exact = exact;
+    b->tune = *tune;
+    b->exact = tune->exact;
     choose_paths(b, e->hp, prop);
     b->arena_size = arena_size;
     if (cudaMalloc((void **)&b->arena, arena_size) != cudaSuccess) {
@@ -285,8 +325,7 @@ static cuda_backend *arena_step(struct pxq_engine *e, int exact, size_t arena_si
        * PXQ_CUDA_DEQ_PRIO=deq reverses it, =same gives both the default priority */
         int lo = 0, hi = 0;
         CK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-        const char *pr = getenv("PXQ_CUDA_DEQ_PRIO");
-        const int p_st = !pr || !strcmp(pr, "gemm") ? hi : lo, p_deq = pr && !strcmp(pr, "deq") ? hi : lo;
+        const int p_st = tune->deq_prio == CUDA_PRIO_GEMM ? hi : lo, p_deq = tune->deq_prio == CUDA_PRIO_DEQ ? hi : lo;
         CK(cudaStreamCreateWithPriority(&b->st, cudaStreamNonBlocking, p_st));
         CK(cudaStreamCreateWithPriority(&b->st_deq, cudaStreamNonBlocking, p_deq));
     }
@@ -301,8 +340,7 @@ static cuda_backend *arena_step(struct pxq_engine *e, int exact, size_t arena_si
     { /* prefill GEMMs sized for 7/8 of the SMs, so the next tile's dequantization runs beside them
        * (Qwen3-32B pp512 on an H200: 6445 t/s at 116 of 132 SMs, 6155 with all); tuning knob
        * PXQ_CUDA_SM_TARGET (0: all) */
-        const char *t = getenv("PXQ_CUDA_SM_TARGET");
-        const int target = t ? atoi(t) : b->n_sm - b->n_sm / 8;
+        const int target = tune->sm_target >= 0 ? tune->sm_target : b->n_sm - b->n_sm / 8;
         if (target > 0 && target < b->n_sm) cublasSetSmCountTarget(b->cublas, target);
     }
     b->cublas_ws = arena_get(b, CUDA_CUBLAS_WS);
@@ -331,7 +369,7 @@ static void upload_layer(struct pxq_engine *e, cuda_backend *b, uploader *u, int
     if (hp->n_expert) upload_moe(e, b, u, L, cl);
     cl->dn_in.fmt = cl->qgkv.fmt = -1;
     const struct pxq_tensor *qgkv[3] = {mats[CM_Q], mats[CM_K], mats[CM_V]};
-    if (!dn && hp->attn_output_gate && stackable(qgkv, 3) && !env_is("PXQ_CUDA_STACK", "0")) {
+    if (!dn && hp->attn_output_gate && stackable(qgkv, 3) && b->tune.stack) {
         upload_stacked(e, b, u, qgkv, 3, &cl->qgkv);
         const int r_q = (int)qgkv[0]->ne[1], r_k = (int)qgkv[1]->ne[1];
         cl->w[CM_Q] = weight_rows(cl->qgkv, 0, r_q);
@@ -340,7 +378,7 @@ static void upload_layer(struct pxq_engine *e, cuda_backend *b, uploader *u, int
         for (int i = CM_Q; i <= CM_V; i++) stacked[i] = 1;
     }
     const struct pxq_tensor *dn_in[4] = {mats[CM_SSM_QKV], mats[CM_SSM_Z], mats[CM_SSM_BETA], mats[CM_SSM_ALPHA]};
-    if (dn && stackable(dn_in, 4) && !env_is("PXQ_CUDA_STACK", "0")) { /* a decode token's one launch */
+    if (dn && stackable(dn_in, 4) && b->tune.stack) { /* a decode token's one launch */
         upload_stacked(e, b, u, dn_in, 4, &cl->dn_in);
         const int r_qkv = (int)dn_in[0]->ne[1], r_z = (int)dn_in[1]->ne[1];
         cl->w[CM_SSM_QKV] = weight_rows(cl->dn_in, 0, r_qkv);
@@ -352,7 +390,7 @@ static void upload_layer(struct pxq_engine *e, cuda_backend *b, uploader *u, int
         if (k == 2 && cl->dn_in.fmt >= 0) continue; /* beta|alpha: rows of dn_in */
         st[k].w->fmt = -1;
         const int ok = stackable(st[k].t, st[k].n) && (k != 0 || (!dn && !hp->attn_output_gate)) && (k != 2 || dn);
-        if (!ok || env_is("PXQ_CUDA_STACK", "0")) continue;
+        if (!ok || !b->tune.stack) continue;
         upload_stacked(e, b, u, st[k].t, st[k].n, st[k].w);
         for (int i = 0; i < st[k].n; i++) stacked[st[k].first + i] = 1;
     }
@@ -522,21 +560,19 @@ static void buffers_step(struct pxq_engine *e, cuda_backend *b, size_t max_in, s
     b->xds = arena_f32(b, bf.xds);
     b->w16_elems = bf.w16;
     b->w16_half = b->w16_elems / 2;
-    if (getenv("PXQ_CUDA_TILE")) { /* tuning knob: elements per prefill weight tile (at most the plan's) */
-        const size_t t = (size_t)strtoull(getenv("PXQ_CUDA_TILE"), NULL, 10);
-        if (t > 0 && t < b->w16_half) b->w16_half = t;
-    }
+    if (b->tune.tile > 0 && b->tune.tile < b->w16_half) b->w16_half = b->tune.tile; /* PXQ_CUDA_TILE */
     b->w16 = arena_get(b, b->w16_elems * 2);
     b->part_o = arena_f32(b, bf.part_o);
     b->part_ml = arena_f32(b, bf.part_ml);
 }
 
 extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) {
-    const int exact = env_is("PXQ_CUDA_FP32", "1");
+    struct cuda_tuning tune;
+    cuda_tuning_from_env(&tune);
     struct cuda_plan plan;
     size_t arena_size = 0, max_in = 0, max_mat = 0;
-    if (plan_step(e, exact, &plan, &arena_size, err, errlen)) return -1;
-    cuda_backend *b = arena_step(e, exact, arena_size, err, errlen);
+    if (plan_step(e, tune.exact, &plan, &arena_size, err, errlen)) return -1;
+    cuda_backend *b = arena_step(e, &tune, arena_size, err, errlen);
     if (!b) return -1;
     upload_step(e, b, &max_in, &max_mat);
     kv_step(e, b);

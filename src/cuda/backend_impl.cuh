@@ -13,6 +13,7 @@ extern "C" {
 }
 #include "cuda/backend.h"
 #include "cuda/ops_cuda.h"
+#include "cuda/tuning.h"
 
 #define CK(call)                                                                                   \
     do {                                                                                           \
@@ -98,6 +99,7 @@ struct cuda_backend {
     int8_t *xq;             /* q8 activations [nb][max_in] and their (d, s) [nb][max_in/32][2] */
     float *xds;
     size_t w16_elems, w16_half; /* the two tile buffers, and the elements of a tile */
+    struct cuda_tuning tune; /* the knobs, as read at creation; the fields below are the paths they chose */
     int exact, graphs;
     int prefill_attn;       /* attention_prefill_cuda (tensor-core flash attention) for prefill steps */
     int decode_attn;        /* attention_decode_cuda (tensor-core flash-decoding) for decode steps */

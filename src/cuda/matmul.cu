@@ -1,5 +1,5 @@
 /* matmul.cu - matmul_cpu's CUDA twins: fused dequant mat-vecs for decode, dequantized rows for the
- * embedding and the prefill tiles (cuBLAS, backend.cu).
+ * embedding and the prefill tiles (cuBLAS, forward.cu).
  *
  * Two mat-vecs, both reading each weight once for up to 16 token columns:
  *   matmul_gemv_cuda: float32 activations, fp32 FMAs; every weight format (exact mode, Q8M).
@@ -272,7 +272,7 @@ static __device__ __forceinline__ void wgroup_dot(float (&acc)[R][NT], const wgr
  * measured a gain: the q|k|v projection, whose next kernels (q/k norm, RoPE and KV store, then the
  * decode attention) are few blocks, and whose attention then copies its first K/V tiles while the
  * projection streams; the FFN's gate|up, before the SwiGLU; optionally the DeltaNet in-projection
- * (backend.cu, PXQ_CUDA_EARLY_TRIGGER).
+ * (forward.cu, PXQ_CUDA_EARLY_TRIGGER).
  * After the main loop, the last pf.n_blocks blocks ask for the next weight's first bytes in L2 (l2_prefetch_share).
  * PF: steps of weights a lane keeps in flight (1, or 2 under MATMUL_Q8_AHEAD2: both loaded before
  * the wait; the same sums in the same order, so the same bits).

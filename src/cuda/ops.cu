@@ -2,7 +2,7 @@
  * the matmuls are in matmul.cu.
  *
  * Every kernel here runs on sm_70 and up: plain loads, shuffles and fp32 FMAs, no cp.async, no
- * tensor cores (the prefill GEMM goes through cuBLAS, backend.cu). */
+ * tensor cores (the prefill GEMM goes through cuBLAS, forward.cu). */
 #include <math.h>
 #include <stdint.h>
 

@@ -3,7 +3,7 @@
  * Every op takes device pointers, outputs first, then inputs, then sizes, then the stream, as its
  * CPU twin (rmsnorm_cpu / rmsnorm_cuda / rmsnorm_kernel). Float32 activations throughout; weights
  * in a device format (enum cuda_wfmt) repacked at load from the GGUF/HF types (repack.cu).
- * Callable from C (tests) and C++ (backend.cu). Launch errors are programmer errors: the launchers
+ * Callable from C (tests) and C++ (forward.cu). Launch errors are programmer errors: the launchers
  * do not check, the caller checks cudaGetLastError / the stream once per step.
  */
 #ifndef PXQ_OPS_CUDA_H
@@ -240,6 +240,10 @@ void attention_combine_cuda(float *out, int8_t *xq, float *xds, const float *par
  * n_head / n_head_kv <= 16, sm_80+ with enough opt-in shared memory for one of its configurations
  * (the opt-in is set here, once: call outside graph capture before the first launch). */
 int attention_decode_supported(const struct cuda_kv *kv, int n_head);
+/* Benchmarks only (PXQ_CUDA_DECODE_CFG, tuning.h): the k-th (tile, stages) configuration of
+ * head_dim's list instead of the first that fits; set before the first decode attention. -1: the
+ * first that fits. Process-wide. */
+void attention_decode_force_cfg(int k);
 /* attention_cuda's semantics and arguments (split-K over n_split chunks of split_len positions, the
  * same part_o / part_ml layout and combine), on the tensor cores: f16 q and P, fp32 accumulation
  * (error about 1e-3 of the output's norm). Only where attention_decode_supported. split_len: a
