@@ -43,7 +43,9 @@
  * AD_WARPS products an element (13.9 -> 12.6 us a call at 4096 positions; %globaltimer stamps in a
  * probe build had put 3.2 us of a 40 us block at 32K into the old form, 4 exp2 an element).
  * Needs sm_80 (cp.async, mma m16n8k16, movmatrix): below that the body is empty and
- * attention_decode_supported returns 0 (callers keep attention_cuda, the Volta path). */
+ * attention_decode_supported returns 0 (callers keep attention_cuda, the Volta path).
+ * CPU twin: the attention of forward_cpu.c (attn_range, attention_core), at a decode step's positions.
+ */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -1,8 +1,9 @@
 /* backend.cu - creating the CUDA backend: the device arena by the plan (cuda_plan.c), weights
  * repacked on the host and uploaded (stacked where one launch can serve several matmuls), the paged
  * KV cache and the DeltaNet state on the device, the activation and step-input buffers; and free.
- * No CPU twin: the CPU engine reads the model's tensors where they lie (engine.c). The per-step
- * forward is forward.cu; the state both share is backend_impl.cuh.
+ * The per-step forward is forward.cu; the state both share is backend_impl.cuh.
+ * CPU twin: engine.c's pxq_engine_new and forward_qwen35.c's qwen35_engine_init (the CPU engine's
+ *   buffers and float32 vectors; the CPU reads the weights where they lie).
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -3,6 +3,7 @@
  *
  * The plan and the format sizes are plain C (src/cuda_plan.c, built always); the rest exists only
  * in builds with PXQ_CUDA (src/cuda/backend.cu creates, src/cuda/forward.cu runs the steps).
+ * CPU twin: engine_impl.h (the engine's internals the CPU forward sees).
  */
 #ifndef PXQ_CUDA_BACKEND_H
 #define PXQ_CUDA_BACKEND_H

@@ -1,6 +1,8 @@
 /* backend_impl.cuh - the CUDA backend's state, shared by its two halves: backend.cu (creation: the
  * arena, weight upload, KV, buffers; free) and forward.cu (the per-step forward, forward_cpu's twin).
- * Private to src/cuda/backend.cu and src/cuda/forward.cu; the engine sees cuda/backend.h. */
+ * Private to src/cuda/backend.cu and src/cuda/forward.cu; the engine sees cuda/backend.h.
+ * CPU twin: struct pxq_engine in engine_impl.h (the CPU forward's buffers).
+ */
 #ifndef PXQ_CUDA_BACKEND_IMPL_CUH
 #define PXQ_CUDA_BACKEND_IMPL_CUH
 

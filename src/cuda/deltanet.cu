@@ -4,7 +4,9 @@
  * attention's q/gate split and output gate. The chunked delta rule is in deltanet_chunked.cu.
  *
  * sm_70 and up: plain loads, shuffles and fp32 FMAs. Transcendentals are expf / log1pf / sqrtf as
- * the CPU forward (no fast-math intrinsics), so the two differ by summation order only. */
+ * the CPU forward (no fast-math intrinsics), so the two differ by summation order only.
+ * CPU twin: forward_qwen35.c (the functions named above).
+ */
 #include <math.h>
 #include <stdint.h>
 

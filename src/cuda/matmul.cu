@@ -10,7 +10,9 @@
  * Both use blocks of warps over R rows (the fp32 one 4, 8 from 5 tokens, 1 where those would leave
  * SMs without a block; the q8 one 1..8, by shape); the warps split
  * n_in (coalesced loads: consecutive lanes read consecutive bytes) and meet in shared memory.
- * Everything here compiles for sm_70 (V100) and up. */
+ * Everything here compiles for sm_70 (V100) and up.
+ * CPU twin: matmul_cpu (ops_cpu.c), and tensor_row_f32 for the dequantized rows.
+ */
 #include <math.h>
 #include <stdint.h>
 

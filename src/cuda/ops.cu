@@ -2,7 +2,10 @@
  * the matmuls are in matmul.cu.
  *
  * Every kernel here runs on sm_70 and up: plain loads, shuffles and fp32 FMAs, no cp.async, no
- * tensor cores (the prefill GEMM goes through cuBLAS, forward.cu). */
+ * tensor cores (the prefill GEMM goes through cuBLAS, forward.cu).
+ * CPU twin: ops_cpu.c (rmsnorm_cpu, rope_cpu, swiglu_cpu, ...) and forward_cpu.c's attention_layer and
+ *   attention_core.
+ */
 #include <math.h>
 #include <stdint.h>
 

@@ -18,6 +18,7 @@
  *   run_off [n_runs + 1]  run r's tokens are run_tok[run_off[r] .. run_off[r+1])
  *   run_tok [n]           token row indices (rows of x / qkv / ba / o)
  * all int32 on the device; n_runs on the host. A slot appears in at most one run per call.
+ * CPU twin: forward_qwen35.h / forward_qwen35.c.
  */
 #ifndef PXQ_OPS_QWEN35_CUDA_H
 #define PXQ_OPS_QWEN35_CUDA_H
