@@ -251,33 +251,40 @@ static float *layer_state(const struct dn_args *a, int run) {
 
 #define CONV_BLOCK 64
 
-/* Causal depthwise conv1d + SiLU (HF causal_conv1d_fn / causal_conv1d_update): for channel c,
- * y_t = silu(sum_j w[c][j] x_{t-(K-1)+j}), the inputs before this ubatch coming from the conv state.
- * Items: (run, block of CONV_BLOCK channels); tokens in order within a run. */
+/* Causal depthwise conv1d + SiLU (HF causal_conv1d_fn / causal_conv1d_update) over one run of n_tok
+ * tokens (token rows tok[0..n_tok), in order) and channels c0..c1: for channel c,
+ * y_t = silu(sum_j w[c][j] x_{t-(K-1)+j}), the inputs before the run coming from conv_state
+ * [K-1][conv_dim] (oldest first), which ends as the run's last K-1 inputs. x, y: [..][conv_dim]. */
+void ssm_conv_cpu(float *y, float *conv_state, const float *x, const float *w, int conv_dim, int K, const int *tok,
+                  int n_tok, int c0, int c1) {
+    for (int c = c0; c < c1; c++) {
+        const float *wc = w + (size_t)c * K;
+        float win[16]; /* K <= 16 (checked at load) */
+        for (int j = 0; j < K - 1; j++) win[j] = conv_state[(size_t)j * conv_dim + c];
+        for (int p = 0; p < n_tok; p++) {
+            const int t = tok[p];
+            const float xv = x[(size_t)t * conv_dim + c];
+            float acc = wc[K - 1] * xv;
+            for (int j = 0; j < K - 1; j++) acc += wc[j] * win[j];
+            for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
+            if (K > 1) win[K - 2] = xv;
+            y[(size_t)t * conv_dim + c] = acc / (1.0f + expf(-acc));
+        }
+        for (int j = 0; j < K - 1; j++) conv_state[(size_t)j * conv_dim + c] = win[j];
+    }
+}
+
+/* Items: (run, block of CONV_BLOCK channels). */
 static void conv_range(void *arg, int64_t i0, int64_t i1, int ith) {
     const struct dn_args *a = arg;
     const struct dn_dims *d = &a->d;
-    const int nblk = (d->conv_dim + CONV_BLOCK - 1) / CONV_BLOCK, K = d->K;
-    const float *wconv = a->e->lw[a->il].ssm_conv1d;
+    const int nblk = (d->conv_dim + CONV_BLOCK - 1) / CONV_BLOCK;
     for (int64_t it = i0; it < i1; it++) {
         const int run = (int)(it / nblk), c0 = (int)(it % nblk) * CONV_BLOCK;
         const int c1 = c0 + CONV_BLOCK < d->conv_dim ? c0 + CONV_BLOCK : d->conv_dim;
-        float *cs = layer_state(a, run); /* [K-1][conv_dim] */
-        for (int c = c0; c < c1; c++) {
-            const float *w = wconv + (size_t)c * K;
-            float win[16]; /* K <= 16 (checked at load) */
-            for (int j = 0; j < K - 1; j++) win[j] = cs[(size_t)j * d->conv_dim + c];
-            for (int p = a->r->off[run]; p < a->r->off[run + 1]; p++) {
-                const int t = a->r->tok[p];
-                const float x = a->e->ssm_qkv[(size_t)t * d->conv_dim + c];
-                float acc = w[K - 1] * x;
-                for (int j = 0; j < K - 1; j++) acc += w[j] * win[j];
-                for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
-                if (K > 1) win[K - 2] = x;
-                a->e->ssm_conv[(size_t)t * d->conv_dim + c] = acc / (1.0f + expf(-acc));
-            }
-            for (int j = 0; j < K - 1; j++) cs[(size_t)j * d->conv_dim + c] = win[j];
-        }
+        const int p0 = a->r->off[run];
+        ssm_conv_cpu(a->e->ssm_conv, layer_state(a, run), a->e->ssm_qkv, a->e->lw[a->il].ssm_conv1d, d->conv_dim, d->K,
+                     a->r->tok + p0, a->r->off[run + 1] - p0, c0, c1);
     }
 }
 
@@ -288,25 +295,33 @@ static void l2norm_scale(float *x, int n, float scale) {
 
 static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); } /* torch F.softplus, threshold 20 */
 
-/* Per token: l2norm q and k heads, q /= sqrt(dk); beta = sigmoid(b) and g = A softplus(a + dt_bias)
- * in place of b and a (ssm_ba rows: [b (n_v) | a (n_v)]). */
+/* Per token of n_tokens: l2norm the q and k heads of qkv ([n_tokens][conv_dim], q and k first),
+ * q /= sqrt(dk); beta = sigmoid(b) and g = A softplus(a + dt_bias) in place of b and a (ba rows:
+ * [b (nv) | a (nv)]); ssm_a = A [nv], ssm_dt = dt_bias [nv]. */
+void deltanet_prep_cpu(float *qkv, float *ba, const float *ssm_a, const float *ssm_dt, int nk, int nv, int dk,
+                       int conv_dim, int n_tokens) {
+    const float qscale = 1.0f / sqrtf((float)dk);
+    const int key_dim = nk * dk;
+    for (int t = 0; t < n_tokens; t++) {
+        float *x = qkv + (size_t)t * conv_dim;
+        for (int h = 0; h < nk; h++) {
+            l2norm_scale(x + (size_t)h * dk, dk, qscale);
+            l2norm_scale(x + key_dim + (size_t)h * dk, dk, 1.0f);
+        }
+        float *bt = ba + (size_t)t * 2 * nv;
+        for (int h = 0; h < nv; h++) {
+            bt[h] = 1.0f / (1.0f + expf(-bt[h]));
+            bt[nv + h] = ssm_a[h] * softplus(bt[nv + h] + ssm_dt[h]);
+        }
+    }
+}
+
 static void prep_range(void *arg, int64_t t0, int64_t t1, int ith) {
     const struct dn_args *a = arg;
     const struct dn_dims *d = &a->d;
     const struct layer_f32 *w = &a->e->lw[a->il];
-    const float qscale = 1.0f / sqrtf((float)d->dk);
-    for (int64_t t = t0; t < t1; t++) {
-        float *x = a->e->ssm_conv + (size_t)t * d->conv_dim;
-        for (int h = 0; h < d->nk; h++) {
-            l2norm_scale(x + (size_t)h * d->dk, d->dk, qscale);
-            l2norm_scale(x + d->key_dim + (size_t)h * d->dk, d->dk, 1.0f);
-        }
-        float *ba = a->e->ssm_ba + (size_t)t * 2 * d->nv;
-        for (int h = 0; h < d->nv; h++) {
-            ba[h] = 1.0f / (1.0f + expf(-ba[h]));
-            ba[d->nv + h] = w->ssm_a[h] * softplus(ba[d->nv + h] + w->ssm_dt[h]);
-        }
-    }
+    deltanet_prep_cpu(a->e->ssm_conv + (size_t)t0 * d->conv_dim, a->e->ssm_ba + (size_t)t0 * 2 * d->nv, w->ssm_a,
+                      w->ssm_dt, d->nk, d->nv, d->dk, d->conv_dim, (int)(t1 - t0));
 }
 
 /* Items: (run, value head). Gathers the run's q, k (key head of h), v, g, beta, runs the recurrent
@@ -344,8 +359,9 @@ static void rule_range(void *arg, int64_t i0, int64_t i1, int ith) {
     }
 }
 
-/* Qwen3_5RMSNormGated per (token, value head): o = o * rsqrt(mean(o^2) + eps) * w * silu(z). */
-static void gated_norm(float *o, const float *z, const float *w, int n_rows, int dv, float eps) {
+/* Qwen3_5RMSNormGated per row of dv (a token's value head): o = o * rsqrt(mean(o^2) + eps) * w * silu(z);
+ * o, z: [n_rows][dv], w: [dv]. */
+void gated_rmsnorm_silu_cpu(float *o, const float *z, const float *w, int n_rows, int dv, float eps) {
     for (int r = 0; r < n_rows; r++) {
         float *x = o + (size_t)r * dv;
         const float *zr = z + (size_t)r * dv;
@@ -379,7 +395,7 @@ void deltanet_layer_cpu(struct pxq_engine *e, const struct ubatch *ub, int il) {
     parallel_for(e->tp, (int64_t)r.n_runs * nblk, 1, conv_range, &a);
     parallel_for(e->tp, n, 1, prep_range, &a);
     parallel_for(e->tp, (int64_t)r.n_runs * a.d.nv, 1, rule_range, &a);
-    gated_norm(e->ssm_o, e->ssm_z, e->lw[il].ssm_norm, n * a.d.nv, a.d.dv, e->hp->rms_eps);
+    gated_rmsnorm_silu_cpu(e->ssm_o, e->ssm_z, e->lw[il].ssm_norm, n * a.d.nv, a.d.dv, e->hp->rms_eps);
     matmul_cpu(e->tp, e->xb2, L->ssm_out, e->ssm_o, n);
     runs_free(&r);
 }

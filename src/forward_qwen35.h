@@ -35,6 +35,16 @@ void gated_delta_rule_recurrent(float *out, float *S, const float *q, const floa
 void gated_delta_rule_chunked(float *out, float *S, const float *q, const float *k, const float *v, const float *g,
                               const float *beta, int n, int dk, int dv, int chunk);
 
+/* The layer's other steps (forward_qwen35.c has their formulas), the twins of ssm_conv_cuda,
+ * deltanet_prep_cuda and gated_rmsnorm_silu_cuda (cuda/ops_qwen35_cuda.h): the causal conv1d + SiLU
+ * of one run of n_tok tokens over channels c0..c1, with its conv state [K-1][conv_dim]; the q/k
+ * l2norm and beta/g of n_tokens rows; the gated RMSNorm of n_rows rows of dv. */
+void ssm_conv_cpu(float *y, float *conv_state, const float *x, const float *w, int conv_dim, int K, const int *tok,
+                  int n_tok, int c0, int c1);
+void deltanet_prep_cpu(float *qkv, float *ba, const float *ssm_a, const float *ssm_dt, int nk, int nv, int dk,
+                       int conv_dim, int n_tokens);
+void gated_rmsnorm_silu_cpu(float *o, const float *z, const float *w, int n_rows, int dv, float eps);
+
 /* Runs of at least this many tokens of one sequence in a ubatch take the chunked form; HF's chunk is 64. */
 #define DELTANET_CHUNK_MIN 2
 #define DELTANET_CHUNK 64
