@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "cuda/backend.h"
+#include "forward_qwen35.h"
 #include "ops_cpu.h"
 #include "util.h"
 

@@ -56,19 +56,5 @@ struct pxq_engine {
 
 /* Run the model over one ubatch on the CPU: positions were validated and KV blocks reserved. */
 void forward_cpu(struct pxq_engine *e, const struct ubatch *ub);
-/* Causal attention of the ubatch's q (e->q, [n][n_head*head_dim], after norm and RoPE) over the cache
- * of attention layer l (this ubatch's K/V already written) into e->att (forward_cpu.c). */
-void attention_core_cpu(struct pxq_engine *e, const struct ubatch *ub, int l);
-/* Store the ubatch's k, v ([n][kv_dim], after norm and RoPE) at their positions of cache layer l. */
-void kv_store_ubatch_cpu(struct pxq_engine *e, const struct ubatch *ub, int l);
-
-
-/* Qwen3.5 hybrid (forward_qwen35.c). qwen35_engine_init: per-layer float32 vectors (norm offsets
- * folded in), buffers, the per-sequence state size; 0 or -1 with a message. Layers read e->xb
- * (normed input, [n][n_embd]) and write e->xb2 ([n][n_embd]). */
-int  qwen35_engine_init(struct pxq_engine *e, char *err, size_t errlen);
-void qwen35_engine_free(struct pxq_engine *e);
-void deltanet_layer_cpu(struct pxq_engine *e, const struct ubatch *ub, int il);
-void gated_attention_layer_cpu(struct pxq_engine *e, const struct ubatch *ub, int il);
-
+/* Qwen3.5's DeltaNet layers and engine set-up: forward_qwen35.h. */
 #endif

@@ -3,7 +3,8 @@
  * Per layer (HF modeling_qwen3.py Qwen3DecoderLayer; qwen2 and llama are the same minus q/k norm):
  *   h   = x + o_proj(attn(rope(q_norm(q_proj(rms(x)))), rope(k_norm(k_proj(rms(x)))), v_proj(rms(x))))
  *   x'  = h + down(silu(gate(rms(h))) * up(rms(h)))          (MoE: router top-k over experts)
- * then logits = lm_head(rms(x)) for the tokens that asked for them.
+ * then logits = lm_head(rms(x)) for the tokens that asked for them. Qwen3.5 (hybrid): its gated
+ * attention is here (gated_attention_layer), its Gated DeltaNet layers in forward_qwen35.c.
  * Buffers (n = ubatch tokens): x, xb, xb2 [n][n_embd]; q, att [n][n_head*head_dim];
  * k, v [n][n_head_kv*head_dim]; hb, hb2 [n][n_ff]; router [n][n_expert].
  */
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 
 #include "engine_impl.h"
+#include "forward_qwen35.h"
 #include "ops_cpu.h"
 #include "util.h"
 
@@ -61,6 +63,21 @@ static void attn_range(void *arg, int64_t j0, int64_t j1, int ith) {
     }
 }
 
+/* Causal attention of the ubatch's q (e->q, [n][n_head*head_dim], after norm and RoPE) over the cache
+ * of attention layer l (this ubatch's K/V already written) into e->att. */
+static void attention_core(struct pxq_engine *e, const struct ubatch *ub, int l) {
+    struct attn_args a = {e, ub, l};
+    parallel_for(e->tp, (int64_t)ub->n * e->hp->n_head_kv, 1, attn_range, &a);
+}
+
+/* Store the ubatch's k, v (e->k, e->v: [n][kv_dim], after norm and RoPE) at their positions of cache
+ * layer l, in the cache's types (kv_store). */
+static void kv_store_ubatch(struct pxq_engine *e, const struct ubatch *ub, int l) {
+    const int kv_dim = e->kv.lay.kv_dim;
+    for (int t = 0; t < ub->n; t++)
+        kv_store(&e->kv, &e->seqs[ub->seq_id[t]].kv, l, ub->pos[t], e->k + (size_t)t * kv_dim, e->v + (size_t)t * kv_dim);
+}
+
 static void add_bias(float *y, const float *b, int n_rows, int n) {
     if (!b) return;
     for (int r = 0; r < n_rows; r++)
@@ -86,20 +103,44 @@ static void attention_layer(struct pxq_engine *e, const struct ubatch *ub, int i
         rope_cpu(q, hp->n_head, hd, hp->n_rot, ub->pos[t], e->inv_freq, hp->rope_style == ROPE_NEOX);
         rope_cpu(k, hp->n_head_kv, hd, hp->n_rot, ub->pos[t], e->inv_freq, hp->rope_style == ROPE_NEOX);
     }
-    kv_store_ubatch_cpu(e, ub, l);
-    attention_core_cpu(e, ub, l);
+    kv_store_ubatch(e, ub, l);
+    attention_core(e, ub, l);
     matmul_cpu(e->tp, e->xb2, L->attn_output, e->att, n);
 }
 
-void kv_store_ubatch_cpu(struct pxq_engine *e, const struct ubatch *ub, int l) {
-    const int kv_dim = e->kv.lay.kv_dim;
-    for (int t = 0; t < ub->n; t++)
-        kv_store(&e->kv, &e->seqs[ub->seq_id[t]].kv, l, ub->pos[t], e->k + (size_t)t * kv_dim, e->v + (size_t)t * kv_dim);
-}
-
-void attention_core_cpu(struct pxq_engine *e, const struct ubatch *ub, int l) {
-    struct attn_args a = {e, ub, l};
-    parallel_for(e->tp, (int64_t)ub->n * e->hp->n_head_kv, 1, attn_range, &a);
+/* Qwen3.5's gated attention (HF modeling_qwen3_5.py Qwen3_5Attention): q_proj gives per head
+ * [query (head_dim) | gate (head_dim)] (view(..., n_head, 2 * head_dim) then chunk); query and key
+ * get q_norm/k_norm then partial RoPE (rotate_half over the first n_rot dims, n_rot =
+ * partial_rotary_factor * head_dim; Qwen3.5's interleaved mrope sections all carry the same position
+ * for text, so it is plain RoPE); softmax attention as Qwen3; the output is multiplied by
+ * sigmoid(gate) before o_proj. */
+static void gated_attention_layer(struct pxq_engine *e, const struct ubatch *ub, int il) {
+    const struct pxq_hparams *hp = e->hp;
+    const struct pxq_layer *L = model_layer(e->m, il);
+    const struct layer_f32 *w = &e->lw[il];
+    const int n = ub->n, hd = hp->head_dim, nh = hp->n_head, q_dim = nh * hd, kv_dim = hp->n_head_kv * hd;
+    const int l = e->kv_layer[il];
+    float *gate = e->xb2; /* [n][q_dim], free until o_proj writes it */
+    matmul_cpu(e->tp, e->att, L->attn_q, e->xb, n); /* [n][n_head][query | gate] */
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < nh; h++) {
+            const float *src = e->att + (size_t)t * 2 * q_dim + (size_t)h * 2 * hd;
+            memcpy(e->q + (size_t)t * q_dim + (size_t)h * hd, src, (size_t)hd * sizeof(float));
+            memcpy(gate + (size_t)t * q_dim + (size_t)h * hd, src + hd, (size_t)hd * sizeof(float));
+        }
+    matmul_cpu(e->tp, e->k, L->attn_k, e->xb, n);
+    matmul_cpu(e->tp, e->v, L->attn_v, e->xb, n);
+    for (int t = 0; t < n; t++) {
+        float *q = e->q + (size_t)t * q_dim, *k = e->k + (size_t)t * kv_dim;
+        rmsnorm_cpu(q, q, w->q_norm, hd, nh, hp->rms_eps); /* before RoPE */
+        rmsnorm_cpu(k, k, w->k_norm, hd, hp->n_head_kv, hp->rms_eps);
+        rope_cpu(q, nh, hd, hp->n_rot, ub->pos[t], e->inv_freq, 1);
+        rope_cpu(k, hp->n_head_kv, hd, hp->n_rot, ub->pos[t], e->inv_freq, 1);
+    }
+    kv_store_ubatch(e, ub, l);
+    attention_core(e, ub, l);
+    for (size_t i = 0; i < (size_t)n * q_dim; i++) e->att[i] *= 1.0f / (1.0f + expf(-gate[i]));
+    matmul_cpu(e->tp, e->xb2, L->attn_output, e->att, n);
 }
 
 /* ---- feed-forward ---- */
@@ -180,7 +221,7 @@ void forward_cpu(struct pxq_engine *e, const struct ubatch *ub) {
         if (hp->layer_kind[il] == LAYER_DELTANET)
             deltanet_layer_cpu(e, ub, il); /* forward_qwen35.c */
         else if (hp->attn_output_gate)
-            gated_attention_layer_cpu(e, ub, il);
+            gated_attention_layer(e, ub, il);
         else
             attention_layer(e, ub, il);
         add_residual(e->x, e->xb2, (size_t)n * d);

@@ -1,6 +1,6 @@
 /* forward_qwen35.c - the CPU reference of Qwen3.5 / 3.6's token mixers (HF transformers 5.17
- * modeling_qwen3_5.py): Qwen3_5GatedDeltaNet (linear_attention layers) and Qwen3_5Attention (gated
- * full attention). forward_cpu.c runs the rest of each decoder layer (norms, residuals, MLP), the
+ * modeling_qwen3_5.py): Qwen3_5GatedDeltaNet (linear_attention layers), and the engine set-up of the
+ * family. forward_cpu.c runs the rest of each decoder layer (norms, residuals, MLP), the
  * same as Qwen3's; every RMSNorm there is Qwen3_5RMSNorm, x_hat * (1 + w), whose 1 qwen35_engine_init
  * folds into the float32 weights when the file is HF's (llama.cpp's GGUFs have it folded already).
  *
@@ -16,11 +16,8 @@
  * State per sequence and DeltaNet layer (float32, in struct pxq_seq.rstate):
  *   conv [K-1][conv_dim] (the last K-1 inputs, oldest first), then S [n_v][dk][dv].
  *
- * Gated attention: q_proj gives per head [query (head_dim) | gate (head_dim)] (view(..., n_head,
- * 2 * head_dim) then chunk); query and key get q_norm/k_norm then partial RoPE (rotate_half over
- * the first n_rot dims, n_rot = partial_rotary_factor * head_dim; Qwen3.5's interleaved mrope sections
- * all carry the same position for text, so it is plain RoPE); softmax attention as Qwen3; the output
- * is multiplied by sigmoid(gate) before o_proj.
+ * Gated full attention (Qwen3_5Attention) is in forward_cpu.c, beside the plain attention it
+ * extends (gated_attention_layer).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -254,33 +251,40 @@ static float *layer_state(const struct dn_args *a, int run) {
 
 #define CONV_BLOCK 64
 
-/* Causal depthwise conv1d + SiLU (HF causal_conv1d_fn / causal_conv1d_update): for channel c,
- * y_t = silu(sum_j w[c][j] x_{t-(K-1)+j}), the inputs before this ubatch coming from the conv state.
- * Items: (run, block of CONV_BLOCK channels); tokens in order within a run. */
+/* Causal depthwise conv1d + SiLU (HF causal_conv1d_fn / causal_conv1d_update) over one run of n_tok
+ * tokens (token rows tok[0..n_tok), in order) and channels c0..c1: for channel c,
+ * y_t = silu(sum_j w[c][j] x_{t-(K-1)+j}), the inputs before the run coming from conv_state
+ * [K-1][conv_dim] (oldest first), which ends as the run's last K-1 inputs. x, y: [..][conv_dim]. */
+void ssm_conv_cpu(float *y, float *conv_state, const float *x, const float *w, int conv_dim, int K, const int *tok,
+                  int n_tok, int c0, int c1) {
+    for (int c = c0; c < c1; c++) {
+        const float *wc = w + (size_t)c * K;
+        float win[16]; /* K <= 16 (checked at load) */
+        for (int j = 0; j < K - 1; j++) win[j] = conv_state[(size_t)j * conv_dim + c];
+        for (int p = 0; p < n_tok; p++) {
+            const int t = tok[p];
+            const float xv = x[(size_t)t * conv_dim + c];
+            float acc = wc[K - 1] * xv;
+            for (int j = 0; j < K - 1; j++) acc += wc[j] * win[j];
+            for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
+            if (K > 1) win[K - 2] = xv;
+            y[(size_t)t * conv_dim + c] = acc / (1.0f + expf(-acc));
+        }
+        for (int j = 0; j < K - 1; j++) conv_state[(size_t)j * conv_dim + c] = win[j];
+    }
+}
+
+/* Items: (run, block of CONV_BLOCK channels). */
 static void conv_range(void *arg, int64_t i0, int64_t i1, int ith) {
     const struct dn_args *a = arg;
     const struct dn_dims *d = &a->d;
-    const int nblk = (d->conv_dim + CONV_BLOCK - 1) / CONV_BLOCK, K = d->K;
-    const float *wconv = a->e->lw[a->il].ssm_conv1d;
+    const int nblk = (d->conv_dim + CONV_BLOCK - 1) / CONV_BLOCK;
     for (int64_t it = i0; it < i1; it++) {
         const int run = (int)(it / nblk), c0 = (int)(it % nblk) * CONV_BLOCK;
         const int c1 = c0 + CONV_BLOCK < d->conv_dim ? c0 + CONV_BLOCK : d->conv_dim;
-        float *cs = layer_state(a, run); /* [K-1][conv_dim] */
-        for (int c = c0; c < c1; c++) {
-            const float *w = wconv + (size_t)c * K;
-            float win[16]; /* K <= 16 (checked at load) */
-            for (int j = 0; j < K - 1; j++) win[j] = cs[(size_t)j * d->conv_dim + c];
-            for (int p = a->r->off[run]; p < a->r->off[run + 1]; p++) {
-                const int t = a->r->tok[p];
-                const float x = a->e->ssm_qkv[(size_t)t * d->conv_dim + c];
-                float acc = w[K - 1] * x;
-                for (int j = 0; j < K - 1; j++) acc += w[j] * win[j];
-                for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
-                if (K > 1) win[K - 2] = x;
-                a->e->ssm_conv[(size_t)t * d->conv_dim + c] = acc / (1.0f + expf(-acc));
-            }
-            for (int j = 0; j < K - 1; j++) cs[(size_t)j * d->conv_dim + c] = win[j];
-        }
+        const int p0 = a->r->off[run];
+        ssm_conv_cpu(a->e->ssm_conv, layer_state(a, run), a->e->ssm_qkv, a->e->lw[a->il].ssm_conv1d, d->conv_dim, d->K,
+                     a->r->tok + p0, a->r->off[run + 1] - p0, c0, c1);
     }
 }
 
@@ -291,25 +295,33 @@ static void l2norm_scale(float *x, int n, float scale) {
 
 static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); } /* torch F.softplus, threshold 20 */
 
-/* Per token: l2norm q and k heads, q /= sqrt(dk); beta = sigmoid(b) and g = A softplus(a + dt_bias)
- * in place of b and a (ssm_ba rows: [b (n_v) | a (n_v)]). */
+/* Per token of n_tokens: l2norm the q and k heads of qkv ([n_tokens][conv_dim], q and k first),
+ * q /= sqrt(dk); beta = sigmoid(b) and g = A softplus(a + dt_bias) in place of b and a (ba rows:
+ * [b (nv) | a (nv)]); ssm_a = A [nv], ssm_dt = dt_bias [nv]. */
+void deltanet_prep_cpu(float *qkv, float *ba, const float *ssm_a, const float *ssm_dt, int nk, int nv, int dk,
+                       int conv_dim, int n_tokens) {
+    const float qscale = 1.0f / sqrtf((float)dk);
+    const int key_dim = nk * dk;
+    for (int t = 0; t < n_tokens; t++) {
+        float *x = qkv + (size_t)t * conv_dim;
+        for (int h = 0; h < nk; h++) {
+            l2norm_scale(x + (size_t)h * dk, dk, qscale);
+            l2norm_scale(x + key_dim + (size_t)h * dk, dk, 1.0f);
+        }
+        float *bt = ba + (size_t)t * 2 * nv;
+        for (int h = 0; h < nv; h++) {
+            bt[h] = 1.0f / (1.0f + expf(-bt[h]));
+            bt[nv + h] = ssm_a[h] * softplus(bt[nv + h] + ssm_dt[h]);
+        }
+    }
+}
+
 static void prep_range(void *arg, int64_t t0, int64_t t1, int ith) {
     const struct dn_args *a = arg;
     const struct dn_dims *d = &a->d;
     const struct layer_f32 *w = &a->e->lw[a->il];
-    const float qscale = 1.0f / sqrtf((float)d->dk);
-    for (int64_t t = t0; t < t1; t++) {
-        float *x = a->e->ssm_conv + (size_t)t * d->conv_dim;
-        for (int h = 0; h < d->nk; h++) {
-            l2norm_scale(x + (size_t)h * d->dk, d->dk, qscale);
-            l2norm_scale(x + d->key_dim + (size_t)h * d->dk, d->dk, 1.0f);
-        }
-        float *ba = a->e->ssm_ba + (size_t)t * 2 * d->nv;
-        for (int h = 0; h < d->nv; h++) {
-            ba[h] = 1.0f / (1.0f + expf(-ba[h]));
-            ba[d->nv + h] = w->ssm_a[h] * softplus(ba[d->nv + h] + w->ssm_dt[h]);
-        }
-    }
+    deltanet_prep_cpu(a->e->ssm_conv + (size_t)t0 * d->conv_dim, a->e->ssm_ba + (size_t)t0 * 2 * d->nv, w->ssm_a,
+                      w->ssm_dt, d->nk, d->nv, d->dk, d->conv_dim, (int)(t1 - t0));
 }
 
 /* Items: (run, value head). Gathers the run's q, k (key head of h), v, g, beta, runs the recurrent
@@ -347,8 +359,9 @@ static void rule_range(void *arg, int64_t i0, int64_t i1, int ith) {
     }
 }
 
-/* Qwen3_5RMSNormGated per (token, value head): o = o * rsqrt(mean(o^2) + eps) * w * silu(z). */
-static void gated_norm(float *o, const float *z, const float *w, int n_rows, int dv, float eps) {
+/* Qwen3_5RMSNormGated per row of dv (a token's value head): o = o * rsqrt(mean(o^2) + eps) * w * silu(z);
+ * o, z: [n_rows][dv], w: [dv]. */
+void gated_rmsnorm_silu_cpu(float *o, const float *z, const float *w, int n_rows, int dv, float eps) {
     for (int r = 0; r < n_rows; r++) {
         float *x = o + (size_t)r * dv;
         const float *zr = z + (size_t)r * dv;
@@ -382,38 +395,7 @@ void deltanet_layer_cpu(struct pxq_engine *e, const struct ubatch *ub, int il) {
     parallel_for(e->tp, (int64_t)r.n_runs * nblk, 1, conv_range, &a);
     parallel_for(e->tp, n, 1, prep_range, &a);
     parallel_for(e->tp, (int64_t)r.n_runs * a.d.nv, 1, rule_range, &a);
-    gated_norm(e->ssm_o, e->ssm_z, e->lw[il].ssm_norm, n * a.d.nv, a.d.dv, e->hp->rms_eps);
+    gated_rmsnorm_silu_cpu(e->ssm_o, e->ssm_z, e->lw[il].ssm_norm, n * a.d.nv, a.d.dv, e->hp->rms_eps);
     matmul_cpu(e->tp, e->xb2, L->ssm_out, e->ssm_o, n);
     runs_free(&r);
-}
-
-/* ---- gated full attention ---- */
-
-void gated_attention_layer_cpu(struct pxq_engine *e, const struct ubatch *ub, int il) {
-    const struct pxq_hparams *hp = e->hp;
-    const struct pxq_layer *L = model_layer(e->m, il);
-    const struct layer_f32 *w = &e->lw[il];
-    const int n = ub->n, hd = hp->head_dim, nh = hp->n_head, q_dim = nh * hd, kv_dim = hp->n_head_kv * hd;
-    const int l = e->kv_layer[il];
-    float *gate = e->xb2; /* [n][q_dim], free until o_proj writes it */
-    matmul_cpu(e->tp, e->att, L->attn_q, e->xb, n); /* [n][n_head][query | gate] */
-    for (int t = 0; t < n; t++)
-        for (int h = 0; h < nh; h++) {
-            const float *src = e->att + (size_t)t * 2 * q_dim + (size_t)h * 2 * hd;
-            memcpy(e->q + (size_t)t * q_dim + (size_t)h * hd, src, (size_t)hd * sizeof(float));
-            memcpy(gate + (size_t)t * q_dim + (size_t)h * hd, src + hd, (size_t)hd * sizeof(float));
-        }
-    matmul_cpu(e->tp, e->k, L->attn_k, e->xb, n);
-    matmul_cpu(e->tp, e->v, L->attn_v, e->xb, n);
-    for (int t = 0; t < n; t++) {
-        float *q = e->q + (size_t)t * q_dim, *k = e->k + (size_t)t * kv_dim;
-        rmsnorm_cpu(q, q, w->q_norm, hd, nh, hp->rms_eps); /* before RoPE */
-        rmsnorm_cpu(k, k, w->k_norm, hd, hp->n_head_kv, hp->rms_eps);
-        rope_cpu(q, nh, hd, hp->n_rot, ub->pos[t], e->inv_freq, 1);
-        rope_cpu(k, hp->n_head_kv, hd, hp->n_rot, ub->pos[t], e->inv_freq, 1);
-    }
-    kv_store_ubatch_cpu(e, ub, l);
-    attention_core_cpu(e, ub, l);
-    for (size_t i = 0; i < (size_t)n * q_dim; i++) e->att[i] *= 1.0f / (1.0f + expf(-gate[i]));
-    matmul_cpu(e->tp, e->xb2, L->attn_output, e->att, n);
 }

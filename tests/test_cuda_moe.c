@@ -38,7 +38,7 @@
 #include "model.h"
 #include "util.h"
 
-/* The arena plan (forward_cuda.c, plain C) of the MoE test models. */
+/* The arena plan (cuda_plan.c, plain C) of the MoE test models. */
 static void test_plan(void) {
     char path[512], err[512] = "";
     snprintf(path, sizeof path, "%s/random-qwen3moe", test_data_dir());

@@ -135,16 +135,16 @@ static void test_matmul(struct threadpool *tp) {
             err = norm_err(got, ref, 5 * (size_t)n_in);
             CHECK(err <= 1e-3, "dequant rows to f16 %s: %.3g", type_name(type), err);
             if (w.fmt == WFMT_Q4_0 || w.fmt == WFMT_Q8_0 || w.fmt == WFMT_Q4M) { /* the tile kernel */
-                const int nr = 90; /* rows 3..92: 2880 units of Q4 (5760 of Q8_0), so 2 to 6 blocks at each
-                                    * units-a-thread tuning, a partial last one */
+                const int nr = 90; /* rows 3..92: 2880 units of Q4 (5760 of Q8_0): 2 or 3 blocks of
+                                    * 8 units a thread, a partial last one */
                 uint16_t *fast = xmalloc((size_t)nr * n_in * 2), *gen = xmalloc((size_t)nr * n_in * 2);
                 void *dt = dev_poison_bytes((size_t)nr * n_in * 2);
                 dequant_rows_cuda(dt, 1, &w, NULL, 3, nr, 0);
                 dev_get(fast, dt, (size_t)nr * n_in * 2);
-                dequant_tile_f16_tune(1, 0);
+                dequant_tile_f16_tune(1);
                 CK(cudaMemset(dt, 0xff, (size_t)nr * n_in * 2));
                 dequant_rows_cuda(dt, 1, &w, NULL, 3, nr, 0);
-                dequant_tile_f16_tune(0, 0);
+                dequant_tile_f16_tune(0);
                 dev_get(gen, dt, (size_t)nr * n_in * 2);
                 size_t diff = 0;
                 for (size_t i = 0; i < (size_t)nr * n_in; i++) /* the generic kernel's zeros are +0 */
@@ -152,23 +152,13 @@ static void test_matmul(struct threadpool *tp) {
                 CHECK(diff == 0, "dequant tile f16 %s: %zu of %zu halves differ from the generic kernel", type_name(type),
                       diff, (size_t)nr * n_in);
                 float rowf[8192];
-                const int tunings[3] = {0, 4, 16}; /* units a thread: the built-in, then each other */
-                for (int ti = 0; ti < 3; ti++) { /* each half: the f32 row's value rounded to f16 */
-                    if (tunings[ti]) {
-                        dequant_tile_f16_tune(0, tunings[ti]);
-                        CK(cudaMemset(dt, 0xff, (size_t)nr * n_in * 2));
-                        dequant_rows_cuda(dt, 1, &w, NULL, 3, nr, 0);
-                        dequant_tile_f16_tune(0, 0);
-                        dev_get(fast, dt, (size_t)nr * n_in * 2);
-                    }
-                    size_t off = 0;
-                    for (int r = 0; r < nr && n_in <= 8192; r++) {
-                        tensor_row_f32(rowf, &t, 3 + r);
-                        for (int i = 0; i < n_in; i++) off += fast[(size_t)r * n_in + i] != f32_to_fp16(rowf[i]);
-                    }
-                    CHECK(off == 0, "dequant tile f16 %s, units a thread %d (0: built-in): %zu halves differ from the "
-                          "CPU rows rounded to f16", type_name(type), tunings[ti], off);
+                size_t off = 0; /* each half: the f32 row's value rounded to f16 */
+                for (int r = 0; r < nr && n_in <= 8192; r++) {
+                    tensor_row_f32(rowf, &t, 3 + r);
+                    for (int i = 0; i < n_in; i++) off += fast[(size_t)r * n_in + i] != f32_to_fp16(rowf[i]);
                 }
+                CHECK(off == 0, "dequant tile f16 %s: %zu halves differ from the CPU rows rounded to f16",
+                      type_name(type), off);
                 free(fast), free(gen);
                 cudaFree(dt);
             }

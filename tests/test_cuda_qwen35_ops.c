@@ -1,7 +1,8 @@
 /* test_cuda_qwen35_ops.c - the CUDA ops of Qwen3.5's token mixers (cuda/ops_qwen35_cuda.h) against
- * references written here in double precision, straight from the formulas of forward_qwen35.c /
- * HF modeling_qwen3_5.py (no code shared with the kernels), by the normalised error
- * ||out - ref|| / ||ref|| (tests/test_cuda_common.h).
+ * their CPU twins (forward_qwen35.h: ssm_conv_cpu, deltanet_prep_cpu, gated_delta_rule_recurrent,
+ * gated_rmsnorm_silu_cpu; float32, the code the CPU engine runs), by the normalised error
+ * ||out - ref|| / ||ref|| (tests/test_cuda_common.h). The gated attention's q/gate split and output
+ * gate, inline in forward_cpu.c's gated_attention_layer, are restated here (a copy and a sigmoid).
  *
  * Inputs: seeded random, realistic scale: q, k of unit norm (q also / sqrt(dk)), v in [-1, 1],
  * beta in (0.02, 0.98), g = -3 u^3 in [-3, 0] (mostly near 0: long memory), initial S in
@@ -18,7 +19,7 @@
  * gated_delta_rule_chunked_scratch_floats, exactly the need at chunks of 32 (must run chunked),
  * one float short of that and NULL (must fall back to the recurrent kernel, the scratch untouched).
  *
- * Bounds (float32 kernels vs float64 references):
+ * Bounds (float32 kernels vs the float32 CPU twins; both round, in different orders):
  *   ssm_conv: y <= 1e-6; the conv state is moved, not computed: the whole state buffer bit-exact
  *   deltanet_prep: q, k, beta, g <= 1e-6; v bit-exact
  *   gated delta rule, recurrent: outputs and final S <= 1e-5 (130 steps of fp32 rounding, each
@@ -29,11 +30,12 @@
  *   gated RMSNorm: <= 1e-6; its int8 groups dequantized <= 1e-2 of the reference, and each group's
  *     (d, d * sum q) consistent with the floats written (d = max|x| / 127) to 1e-6
  *   split_q_gate: bit-exact; sigmoid_gate <= 1e-6, int8 form <= 1e-2
- * Measured with the kernels' own code run on the CPU under a fiber emulation of CUDA threads
- * (tools/cuda_emu/run.sh; same fp32 operations and fma; not on a GPU): conv 7e-8, prep 1e-7,
+ * Measured against the former float64 references (the kernels' own code run on the CPU under a
+ * fiber emulation of CUDA threads, tools/cuda_emu/run.sh; not on a GPU): conv 7e-8, prep 1e-7,
  * recurrent out 1.4e-7 / state 6e-8, chunked (two kernels, every chunk x tile) out <= 8.7e-7 /
  * state <= 9.1e-7 (chunks of 32: out <= 5.4e-7 / state <= 2.7e-7), gated norm 8e-8 (int8 8.3e-3),
- * sigmoid gate 5e-8 (int8 5e-3).
+ * sigmoid gate 5e-8 (int8 5e-3). Against the float32 twins: not yet measured on a GPU (each side
+ * should be about 1e-7 from the exact value, well inside the bounds).
  * Every output buffer is poisoned first, so an unwritten element fails: floats with NaN, int8 with
  * -128 (never a quantized value: q is in [-127, 127]).
  * Each op's error is printed; then timings of the delta rule on the 27B's shape (bench_rule: decode,
@@ -51,6 +53,7 @@ int main(void) { return cuda_test_gate("test_cuda_qwen35_ops"); }
 
 #include "cuda/ops_qwen35_cuda.h"
 #include "cuda/ops_cuda.h"
+#include "forward_qwen35.h"
 
 
 static void *xmalloc_t(size_t bytes) {
@@ -70,7 +73,6 @@ static int8_t *dev_poison_i8(size_t n) { /* -128 */
     return d;
 }
 
-static double silu_d(double x) { return x / (1.0 + exp(-x)); }
 static double sigmoid_d(double x) { return 1.0 / (1.0 + exp(-x)); }
 
 /* ---- shapes, runs, state ---- */
@@ -130,23 +132,10 @@ static void test_conv(const struct shape *s, const struct runs *r) {
     float *st_got = ALLOC(float, sn);
     fill(x, (size_t)n * C, 1.0f), fill(w, (size_t)C * K, 0.5f), fill(st, sn, 1.0f);
     memcpy(st_ref, st, sn * sizeof(float));
-    /* reference: the history h = conv state (K-1 oldest first) then the run's inputs; output i is the
-     * window h[i .. i+K-1]; the state ends as the last K-1 entries of h */
-    double *h = ALLOC(double, 200 + 16);
-    for (int ri = 0; ri < r->n_runs; ri++) {
-        const int m = r->off[ri + 1] - r->off[ri];
-        float *cs = st_ref + layer_at(s, r->seq[ri]);
-        for (int c = 0; c < C; c++) {
-            for (int j = 0; j < K - 1; j++) h[j] = cs[(size_t)j * C + c];
-            for (int i = 0; i < m; i++) h[K - 1 + i] = x[(size_t)r->tok[r->off[ri] + i] * C + c];
-            for (int i = 0; i < m; i++) {
-                double a = 0;
-                for (int j = 0; j < K; j++) a += (double)w[(size_t)c * K + j] * h[i + j];
-                ref[(size_t)r->tok[r->off[ri] + i] * C + c] = (float)silu_d(a);
-            }
-            for (int j = 0; j < K - 1; j++) cs[(size_t)j * C + c] = (float)h[m + j];
-        }
-    }
+    /* reference: the CPU twin, run by run over every channel (forward_qwen35.c) */
+    for (int ri = 0; ri < r->n_runs; ri++)
+        ssm_conv_cpu(ref, st_ref + layer_at(s, r->seq[ri]), x, w, C, K, r->tok + r->off[ri], r->off[ri + 1] - r->off[ri],
+                     0, C);
     struct druns d = druns_put(r);
     float *dx = dev_put(x, (size_t)n * C * 4), *dw = dev_put(w, (size_t)C * K * 4), *dst = dev_put(st, sn * 4);
     float *dy = dev_poison_bytes((size_t)n * C * 4);
@@ -161,7 +150,7 @@ static void test_conv(const struct shape *s, const struct runs *r) {
            st_same ? "exact" : "DIFFERS");
     druns_free(&d);
     cudaFree(dx), cudaFree(dw), cudaFree(dst), cudaFree(dy);
-    free(x), free(w), free(st), free(ref), free(got), free(st_ref), free(st_got), free(h);
+    free(x), free(w), free(st), free(ref), free(got), free(st_ref), free(st_got);
 }
 
 /* ---- q/k l2norm, beta, g ---- */
@@ -174,22 +163,9 @@ static void test_prep(const struct shape *s, int n) {
     fill(qkv, (size_t)n * C, 1.0f), fill(ba, (size_t)n * 2 * nv, 4.0f), fill(dtb, nv, 1.0f);
     for (int h = 0; h < nv; h++) A[h] = -(0.1f + 1.4f * rnd_u());
     ba[nv] = 25.0f, ba[nv + 1] = 19.5f; /* above and below softplus's threshold of 20 */
-    for (int t = 0; t < n; t++) {
-        const float *x = qkv + (size_t)t * C;
-        float *y = ref + (size_t)t * C;
-        memcpy(y, x, (size_t)C * sizeof(float));
-        for (int hh = 0; hh < 2 * s->nk; hh++) {
-            double ss = 0;
-            for (int i = 0; i < s->dk; i++) ss += (double)x[hh * s->dk + i] * x[hh * s->dk + i];
-            const double sc = 1.0 / sqrt(ss + 1e-6) * (hh < s->nk ? 1.0 / sqrt((double)s->dk) : 1.0);
-            for (int i = 0; i < s->dk; i++) y[hh * s->dk + i] = (float)(x[hh * s->dk + i] * sc);
-        }
-        for (int h = 0; h < nv; h++) {
-            const double b = ba[(size_t)t * 2 * nv + h], a = (double)ba[(size_t)t * 2 * nv + nv + h] + dtb[h];
-            ba_ref[(size_t)t * 2 * nv + h] = (float)sigmoid_d(b);
-            ba_ref[(size_t)t * 2 * nv + nv + h] = (float)(A[h] * log1p(exp(a)));
-        }
-    }
+    memcpy(ref, qkv, (size_t)n * C * sizeof(float)); /* the CPU twin, in place on copies */
+    memcpy(ba_ref, ba, (size_t)n * 2 * nv * sizeof(float));
+    deltanet_prep_cpu(ref, ba_ref, A, dtb, s->nk, nv, s->dk, C, n);
     float *dq = dev_put(qkv, (size_t)n * C * 4), *dba = dev_put(ba, (size_t)n * 2 * nv * 4);
     float *dA = dev_put(A, (size_t)nv * 4), *ddt = dev_put(dtb, (size_t)nv * 4);
     deltanet_prep_cuda(dq, dba, dA, ddt, s->nk, nv, s->dk, C, n, 0);
@@ -223,41 +199,35 @@ static void unit(float *x, int n, double scale) {
     for (int i = 0; i < n; i++) x[i] = (float)(x[i] / sqrt(ss) * scale);
 }
 
-/* Per run and value head, per token in order, in double:
- *   S = S exp(g);  kv = k S;  S += k^T (beta (v - kv));  o = q S */
+/* The CPU twin, gated_delta_rule_recurrent (forward_qwen35.h), per run and value head, its q, k, v,
+ * g and beta gathered from the token rows as forward_qwen35.c's rule_range gathers them; o [n][nv][dv],
+ * the runs' S updated in st. */
 static void rule_ref(float *o, float *st, const struct shape *s, const struct runs *r, const float *qkv, const float *ba,
                      int v_tiled) {
     const int dk = s->dk, dv = s->dv, nv = s->nv;
-    double *S = ALLOC(double, (size_t)dk * dv), *kv = ALLOC(double, dv);
+    int max_m = 1;
+    for (int ri = 0; ri < r->n_runs; ri++)
+        if (r->off[ri + 1] - r->off[ri] > max_m) max_m = r->off[ri + 1] - r->off[ri];
+    float *q = ALLOC(float, (size_t)max_m * dk), *k = ALLOC(float, (size_t)max_m * dk), *v = ALLOC(float, (size_t)max_m * dv);
+    float *out = ALLOC(float, (size_t)max_m * dv), *g = ALLOC(float, max_m), *beta = ALLOC(float, max_m);
     for (int ri = 0; ri < r->n_runs; ri++)
         for (int h = 0; h < nv; h++) {
-            const int kh = v_tiled ? h % s->nk : h / (nv / s->nk);
-            float *Sf = st + layer_at(s, r->seq[ri]) + (size_t)(s->K - 1) * s->conv_dim + (size_t)h * dk * dv;
-            for (size_t i = 0; i < (size_t)dk * dv; i++) S[i] = Sf[i];
-            for (int p = r->off[ri]; p < r->off[ri + 1]; p++) {
-                const int t = r->tok[p];
-                const float *q = qkv + (size_t)t * s->conv_dim + (size_t)kh * dk, *k = q + s->key_dim;
-                const float *v = qkv + (size_t)t * s->conv_dim + 2 * s->key_dim + (size_t)h * dv;
-                const double beta = ba[(size_t)t * 2 * nv + h], decay = exp((double)ba[(size_t)t * 2 * nv + nv + h]);
-                for (int j = 0; j < dv; j++) kv[j] = 0;
-                for (int i = 0; i < dk; i++)
-                    for (int j = 0; j < dv; j++) {
-                        S[(size_t)i * dv + j] *= decay;
-                        kv[j] += k[i] * S[(size_t)i * dv + j];
-                    }
-                for (int j = 0; j < dv; j++) kv[j] = beta * (v[j] - kv[j]); /* now delta */
-                for (int j = 0; j < dv; j++) {
-                    double out = 0;
-                    for (int i = 0; i < dk; i++) {
-                        S[(size_t)i * dv + j] += k[i] * kv[j];
-                        out += q[i] * S[(size_t)i * dv + j];
-                    }
-                    o[(size_t)t * nv * dv + (size_t)h * dv + j] = (float)out;
-                }
+            const int kh = v_tiled ? h % s->nk : h / (nv / s->nk), p0 = r->off[ri], m = r->off[ri + 1] - p0;
+            for (int i = 0; i < m; i++) {
+                const int t = r->tok[p0 + i];
+                const float *x = qkv + (size_t)t * s->conv_dim;
+                memcpy(q + (size_t)i * dk, x + (size_t)kh * dk, (size_t)dk * sizeof(float));
+                memcpy(k + (size_t)i * dk, x + s->key_dim + (size_t)kh * dk, (size_t)dk * sizeof(float));
+                memcpy(v + (size_t)i * dv, x + 2 * s->key_dim + (size_t)h * dv, (size_t)dv * sizeof(float));
+                beta[i] = ba[(size_t)t * 2 * nv + h];
+                g[i] = ba[(size_t)t * 2 * nv + nv + h];
             }
-            for (size_t i = 0; i < (size_t)dk * dv; i++) Sf[i] = (float)S[i];
+            float *S = st + layer_at(s, r->seq[ri]) + (size_t)(s->K - 1) * s->conv_dim + (size_t)h * dk * dv;
+            gated_delta_rule_recurrent(out, S, q, k, v, g, beta, m, dk, dv);
+            for (int i = 0; i < m; i++)
+                memcpy(o + (size_t)r->tok[p0 + i] * nv * dv + (size_t)h * dv, out + (size_t)i * dv, (size_t)dv * sizeof(float));
         }
-    free(S), free(kv);
+    free(q), free(k), free(v), free(out), free(g), free(beta);
 }
 
 /* The chunked form's scratch (ops_qwen35_cuda.h): at chunks of C, nv x (n / C + n_runs) slots of
@@ -382,13 +352,8 @@ static void test_gated_norm(int n_rows, int dv, int with_q8) {
     int8_t *xq = ALLOC(int8_t, ne);
     fill(o, ne, 2.0f), fill(z, ne, 4.0f), fill(w, dv, 1.5f);
     const float eps = 1e-6f;
-    for (int r = 0; r < n_rows; r++) {
-        double ss = 0;
-        for (int i = 0; i < dv; i++) ss += (double)o[(size_t)r * dv + i] * o[(size_t)r * dv + i];
-        const double sc = 1.0 / sqrt(ss / dv + eps);
-        for (int i = 0; i < dv; i++)
-            ref[(size_t)r * dv + i] = (float)(o[(size_t)r * dv + i] * sc * w[i] * silu_d(z[(size_t)r * dv + i]));
-    }
+    memcpy(ref, o, ne * sizeof(float)); /* the CPU twin, in place on a copy */
+    gated_rmsnorm_silu_cpu(ref, z, w, n_rows, dv, eps);
     float *dO = dev_put(o, ne * 4), *dz = dev_put(z, ne * 4), *dw = dev_put(w, (size_t)dv * 4);
     int8_t *dxq = with_q8 ? dev_poison_i8(ne) : NULL;
     float *dxds = with_q8 ? dev_poison_bytes(ne / 32 * 8) : NULL;

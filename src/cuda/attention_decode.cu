@@ -43,7 +43,9 @@
  * AD_WARPS products an element (13.9 -> 12.6 us a call at 4096 positions; %globaltimer stamps in a
  * probe build had put 3.2 us of a 40 us block at 32K into the old form, 4 exp2 an element).
  * Needs sm_80 (cp.async, mma m16n8k16, movmatrix): below that the body is empty and
- * attention_decode_supported returns 0 (callers keep attention_cuda, the Volta path). */
+ * attention_decode_supported returns 0 (callers keep attention_cuda, the Volta path).
+ * CPU twin: the attention of forward_cpu.c (attn_range, attention_core), at a decode step's positions.
+ */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -135,7 +137,7 @@ __global__ void __launch_bounds__(AD_THREADS)
     /* The ring's NS stages are filled before the loop, tile i as cp.async group i. The first tiles
      * wholly below the positions this step writes are copied before pdl_wait: their K/V came from
      * earlier steps, and the copies stream in while the kernels before run (the q/k norm, RoPE and
-     * KV store, and the q|k|v mat-vec, which lets them launch at its start: backend.cu). A step's
+     * KV store, and the q|k|v mat-vec, which lets them launch at its start: forward.cu). A step's
      * tokens of one sequence are consecutive positions, so those it writes up to pos[t] are
      * >= pos[t] - n_tokens + 1. */
     const int old_end = pos[t] - (int)gridDim.z + 1;
@@ -401,9 +403,13 @@ static const ad_config ad_configs[] = {
 };
 #define AD_N_CFG ((int)(sizeof ad_configs / sizeof *ad_configs))
 
+static int ad_force = -1; /* attention_decode_force_cfg */
+
+extern "C" void attention_decode_force_cfg(int k) { ad_force = k; }
+
 /* The configuration for head_dim D on this device: the first of D's list whose shared memory fits
  * the opt-in, whose image is sm_80+ and which runs two blocks per SM (the decode splits are sized
- * for a wave of two, backend.cu); else the first that fits at all; or the forced k-th of D's list;
+ * for a wave of two, forward.cu); else the first that fits at all; or the forced k-th of D's list;
  * -1 if none. Cached per D. */
 static int ad_pick(int D) {
     static int cached[3] = {-2, -2, -2};
@@ -411,8 +417,7 @@ static int ad_pick(int D) {
     if (di < 0) return -1;
     if (cached[di] != -2) return cached[di];
     int dev = 0, major = 0, optin = 0, pick = -1;
-    const char *force = getenv("PXQ_CUDA_DECODE_CFG");
-    const int fk = force && *force ? atoi(force) : -1;
+    const int fk = ad_force;
     if (cudaGetDevice(&dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8 &&
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess) {

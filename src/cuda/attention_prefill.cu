@@ -27,6 +27,7 @@
  *
  * The tensor-core path needs sm_80 (cp.async, mma m16n8k16 f16): under __CUDA_ARCH__ < 800 the
  * kernel body is empty and attention_prefill_supported returns 0, so callers keep attention_cuda.
+ * CPU twin: the attention of forward_cpu.c (attn_range, attention_core), over a prefill step.
  */
 #include <math.h>
 #include <stdint.h>

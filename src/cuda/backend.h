@@ -1,8 +1,9 @@
 /* backend.h - the CUDA backend as the engine sees it, in plain C (no CUDA headers): device weight
  * formats, the device memory plan, and backend creation / forward / accessors.
  *
- * The plan and the format sizes are plain C (src/forward_cuda.c, built always); the rest exists only
- * in builds with PXQ_CUDA (src/cuda/backend.cu).
+ * The plan and the format sizes are plain C (src/cuda_plan.c, built always); the rest exists only
+ * in builds with PXQ_CUDA (src/cuda/backend.cu creates, src/cuda/forward.cu runs the steps).
+ * CPU twin: engine_impl.h (the engine's internals the CPU forward sees).
  */
 #ifndef PXQ_CUDA_BACKEND_H
 #define PXQ_CUDA_BACKEND_H
@@ -49,7 +50,7 @@ void cuda_weight_sizes(int fmt, int64_t n_in, int64_t n_out, size_t *q_bytes, si
 #define CUDA_SPLIT_LEN 256
 #define CUDA_SPLIT_ALIGN 64 /* decode attention splits: whole tiles of every attention_decode configuration */
 
-/* The split-K of a decode step's attention over n_kv positions (the step's longest context; backend.cu
+/* The split-K of a decode step's attention over n_kv positions (the step's longest context; forward.cu
  * decode_splits, which also has the measurements): *n_split chunks of *split_len positions.
  * attention_cuda (decode_attn 0): chunks of CUDA_SPLIT_LEN, n_split the power of two covering n_kv.
  * attention_decode_cuda (decode_attn 1): at most T = split_blocks x n_sm / (n_head_kv x n_tok)

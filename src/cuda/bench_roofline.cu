@@ -1,7 +1,9 @@
 /* bench_roofline.cu - the CUDA roofline `pxq bench` divides by (roofline.h): device-to-device copy
  * bandwidth and the cuBLAS FP16 tensor-core GEMM rate, measured on device 0 before the model loads.
  * Its buffers come from cudaMalloc, not the engine's arena, and are freed before the engine is made:
- * a measurement, not part of the inference memory plan. */
+ * a measurement, not part of the inference memory plan.
+ * CPU twin: roofline.c's CPU roofline.
+ */
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
 #include <stdio.h>

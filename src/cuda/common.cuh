@@ -1,5 +1,7 @@
 /* common.cuh - warp reductions, bit conversions, the int8 grouping of activations, the paged-KV
- * address and the grid size shared by the CUDA kernels. */
+ * address and the grid size shared by the CUDA kernels.
+ * CPU twin: ops_cpu.h's vector helpers and kvcache.h's KV address (kv_k, kv_v).
+ */
 #ifndef PXQ_CUDA_COMMON_CUH
 #define PXQ_CUDA_COMMON_CUH
 

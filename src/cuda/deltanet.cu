@@ -1,10 +1,13 @@
 /* deltanet.cu - CUDA kernels of Qwen3.5's token mixers (ops_qwen35_cuda.h), the twins of
- * forward_qwen35.c: the DeltaNet conv (conv_range), q/k/beta/g prep (prep_range), the recurrent
- * gated delta rule (gated_delta_rule_recurrent), the gated RMSNorm (gated_norm) and the gated
- * attention's q/gate split and output gate. The chunked delta rule is in deltanet_chunked.cu.
+ * forward_qwen35.c: the DeltaNet conv (ssm_conv_cpu), q/k/beta/g prep (deltanet_prep_cpu), the recurrent
+ * gated delta rule (gated_delta_rule_recurrent), the gated RMSNorm (gated_rmsnorm_silu_cpu) and the gated
+ * attention's q/gate split and output gate (forward_cpu.c's gated_attention_layer). The chunked
+ * delta rule is in deltanet_chunked.cu.
  *
  * sm_70 and up: plain loads, shuffles and fp32 FMAs. Transcendentals are expf / log1pf / sqrtf as
- * the CPU forward (no fast-math intrinsics), so the two differ by summation order only. */
+ * the CPU forward (no fast-math intrinsics), so the two differ by summation order only.
+ * CPU twin: forward_qwen35.c (the functions named above).
+ */
 #include <math.h>
 #include <stdint.h>
 

@@ -71,7 +71,9 @@
  * half the K/Q traffic per column. Automatic: the one of less estimated time from the blocks
  * resident per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor; see tile_for): 16 for the 27B's
  * one run of any length on an H200. Chunks of 32 (64 only when forced).
- * sm_70 and up: fp32 FMAs from shared memory, no tensor cores. */
+ * sm_70 and up: fp32 FMAs from shared memory, no tensor cores.
+ * CPU twin: forward_qwen35.c's gated_delta_rule_chunked.
+ */
 #include <math.h>
 #include <stdint.h>
 

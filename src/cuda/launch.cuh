@@ -4,7 +4,9 @@
  * comes before their pdl_wait() (common.cuh) early: a mat-vec's first weight loads, the launch
  * itself. Inside a captured CUDA graph the edge becomes a programmatic one. Without cuda_pdl, or
  * with a runtime older than CUDA 12, a plain launch. The kernels launched here call pdl_wait()
- * (common.cuh states the rule). */
+ * (common.cuh states the rule).
+ * CPU twin: none (how kernels launch; the CPU's parallel_for in threadpool.c has no dependent launch).
+ */
 #ifndef PXQ_CUDA_LAUNCH_CUH
 #define PXQ_CUDA_LAUNCH_CUH
 

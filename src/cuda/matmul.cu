@@ -1,5 +1,5 @@
 /* matmul.cu - matmul_cpu's CUDA twins: fused dequant mat-vecs for decode, dequantized rows for the
- * embedding and the prefill tiles (cuBLAS, backend.cu).
+ * embedding and the prefill tiles (cuBLAS, forward.cu).
  *
  * Two mat-vecs, both reading each weight once for up to 16 token columns:
  *   matmul_gemv_cuda: float32 activations, fp32 FMAs; every weight format (exact mode, Q8M).
@@ -10,7 +10,9 @@
  * Both use blocks of warps over R rows (the fp32 one 4, 8 from 5 tokens, 1 where those would leave
  * SMs without a block; the q8 one 1..8, by shape); the warps split
  * n_in (coalesced loads: consecutive lanes read consecutive bytes) and meet in shared memory.
- * Everything here compiles for sm_70 (V100) and up. */
+ * Everything here compiles for sm_70 (V100) and up.
+ * CPU twin: matmul_cpu (ops_cpu.c), and tensor_row_f32 for the dequantized rows.
+ */
 #include <math.h>
 #include <stdint.h>
 
@@ -272,7 +274,7 @@ static __device__ __forceinline__ void wgroup_dot(float (&acc)[R][NT], const wgr
  * measured a gain: the q|k|v projection, whose next kernels (q/k norm, RoPE and KV store, then the
  * decode attention) are few blocks, and whose attention then copies its first K/V tiles while the
  * projection streams; the FFN's gate|up, before the SwiGLU; optionally the DeltaNet in-projection
- * (backend.cu, PXQ_CUDA_EARLY_TRIGGER).
+ * (forward.cu, PXQ_CUDA_EARLY_TRIGGER).
  * After the main loop, the last pf.n_blocks blocks ask for the next weight's first bytes in L2 (l2_prefetch_share).
  * PF: steps of weights a lane keeps in flight (1, or 2 under MATMUL_Q8_AHEAD2: both loaded before
  * the wait; the same sums in the same order, so the same bits).
@@ -662,7 +664,7 @@ static __device__ __forceinline__ void tile_unit(__half *out, int64_t u, uint2 a
  * j+16..j+23 (high), stored as 16 bytes at 32-byte distance, so that two lanes fill each 32-byte
  * sector; Q8_0 a quarter group, one 16-byte store (a store of 16 bytes at a 32-byte stride per
  * lane, which leaves each sector half written, cost a Q8_0 pp512 11%). U units a thread
- * (dequant_tile_f16_tune), their loads issued first; the launch covers the tile (the loop runs
+ * (DEQ_TILE_U), their loads issued first; the launch covers the tile (the loop runs
  * once: taking it out left ptxas spilling at 16 units a thread). */
 template <int F, int U>
 __global__ void __launch_bounds__(256)
@@ -690,29 +692,20 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-/* dequant_tile_f16_tune. 8 units a thread: Qwen3-32B Q4_0 pp512 on an H200 7025-7083 t/s, against
- * 6959-6990 with 4 and 7032 with 16 */
-static int dequant_tile_generic, dequant_tile_u = 8;
+/* dequant_tile_f16_tune (tests: the generic kernel as the reference) */
+static int dequant_tile_generic;
 
-extern "C" void dequant_tile_f16_tune(int generic, int units) {
-    dequant_tile_generic = generic != 0;
-    dequant_tile_u = units == 4 || units == 16 ? units : 8;
-}
+extern "C" void dequant_tile_f16_tune(int generic) { dequant_tile_generic = generic != 0; }
 
-template <int F, int U>
-static void dequant_tile_launch(__half *out, const cuda_weight &w, int64_t r0, int64_t n_units, cudaStream_t st) {
-    const int threads = 256;
-    const dim3 grid((unsigned)((n_units + threads * U - 1) / (threads * U)));
-    kernel_launch(dequant_tile_f16_kernel<F, U>, grid, dim3(threads), 0, st, out, w, r0, n_units);
-}
+/* 8 units a thread: Qwen3-32B Q4_0 pp512 on an H200 7025-7083 t/s, against 6959-6990 with 4 and 7032
+ * with 16 (docs/perf-history.md, seventeenth session; the other counts were removed) */
+#define DEQ_TILE_U 8
 
 template <int F>
 static void dequant_tile(__half *out, const cuda_weight &w, int64_t r0, int64_t n_units, cudaStream_t st) {
-    switch (dequant_tile_u) {
-    case 4: dequant_tile_launch<F, 4>(out, w, r0, n_units, st); break;
-    case 16: dequant_tile_launch<F, 16>(out, w, r0, n_units, st); break;
-    default: dequant_tile_launch<F, 8>(out, w, r0, n_units, st); break;
-    }
+    const int threads = 256;
+    const dim3 grid((unsigned)((n_units + threads * DEQ_TILE_U - 1) / (threads * DEQ_TILE_U)));
+    kernel_launch(dequant_tile_f16_kernel<F, DEQ_TILE_U>, grid, dim3(threads), 0, st, out, w, r0, n_units);
 }
 
 template <typename T>

@@ -41,7 +41,9 @@
  * Q8_0 185; ptxas, sm_90, no spills).
  *
  * Rows whose length is not a multiple of 128, unaligned pointers, devices below sm_80 and builds
- * without an sm_80+ image take the dp4a kernel (matmul_q8_cuda) instead. */
+ * without an sm_80+ image take the dp4a kernel (matmul_q8_cuda) instead.
+ * CPU twin: matmul_cpu (ops_cpu.c); forward_cpu.c's ffn_moe for the expert tiles.
+ */
 #include <math.h>
 #include <stdint.h>
 

@@ -3,7 +3,10 @@
  * 8.x, "Warp Level Matrix Multiply-Accumulate Instructions"), and the prefill's products and
  * online-softmax step over a tile.
  * Defined only when compiling for sm_80 and up; the kernels that use them have empty bodies below
- * that. */
+ * that.
+ * CPU twin: none (tensor-core building blocks of the attention kernels, whose twin is forward_cpu.c's
+ *   attention).
+ */
 #pragma once
 
 #include <math.h>

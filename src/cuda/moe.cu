@@ -7,7 +7,9 @@
  * do (fp32: 8 elements per thread per step, load8; int8: one group of 32 per thread, __dp4a) and
  * meet in shared memory. One pair per block keeps the kernel simple; tokens routed to the same expert each
  * read its rows (a decode step of 8 tokens x top-8 touches at most 64 experts of 128: most reads are
- * distinct, and repeated ones come from L2). Everything compiles for sm_70 and up. */
+ * distinct, and repeated ones come from L2). Everything compiles for sm_70 and up.
+ * CPU twin: forward_cpu.c's ffn_moe.
+ */
 #include <math.h>
 #include <stdint.h>
 

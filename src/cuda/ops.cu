@@ -2,7 +2,10 @@
  * the matmuls are in matmul.cu.
  *
  * Every kernel here runs on sm_70 and up: plain loads, shuffles and fp32 FMAs, no cp.async, no
- * tensor cores (the prefill GEMM goes through cuBLAS, backend.cu). */
+ * tensor cores (the prefill GEMM goes through cuBLAS, forward.cu).
+ * CPU twin: ops_cpu.c (rmsnorm_cpu, rope_cpu, swiglu_cpu, ...) and forward_cpu.c's attention_layer and
+ *   attention_core.
+ */
 #include <math.h>
 #include <stdint.h>
 
@@ -507,16 +510,12 @@ __global__ void __launch_bounds__(QKP_WARPS * 32)
     }
 }
 
-static int qk_rows_off; /* qk_norm_rope_store_rows_off */
-
-extern "C" void qk_norm_rope_store_rows_off(int off) { qk_rows_off = off != 0; }
-
 extern "C" void qk_norm_rope_store_cuda(float *q_out, const float *q, float *k, const float *v, int ld_q, int ld_kv,
                                         const float *q_norm, const float *k_norm, float eps, int n_head, int n_rot,
                                         const int32_t *pos, const float *inv_freq, int neox, const struct cuda_kv *kv,
                                         int l, const int32_t *seq_id, int n_tokens, cudaStream_t st) {
     if (n_tokens <= 0) return;
-    if (n_tokens > QKP_DECODE_MAX && !qk_rows_off) {
+    if (n_tokens > QKP_DECODE_MAX) {
         kernel_launch(qk_norm_rope_store_rows_kernel, dim3(n_tokens), dim3(QKP_WARPS * 32), 0, st, q_out, q, k, v, ld_q,
                       ld_kv, q_norm, k_norm, eps, n_head, n_rot, pos, inv_freq, neox, *kv, l, seq_id);
         return;

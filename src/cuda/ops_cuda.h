@@ -3,7 +3,7 @@
  * Every op takes device pointers, outputs first, then inputs, then sizes, then the stream, as its
  * CPU twin (rmsnorm_cpu / rmsnorm_cuda / rmsnorm_kernel). Float32 activations throughout; weights
  * in a device format (enum cuda_wfmt) repacked at load from the GGUF/HF types (repack.cu).
- * Callable from C (tests) and C++ (backend.cu). Launch errors are programmer errors: the launchers
+ * Callable from C (tests) and C++ (forward.cu). Launch errors are programmer errors: the launchers
  * do not check, the caller checks cudaGetLastError / the stream once per step.
  */
 #ifndef PXQ_OPS_CUDA_H
@@ -143,11 +143,9 @@ void matmul_q8_mma_tune(int mr, int kp);
 void dequant_rows_cuda(void *out, int out_half, const struct cuda_weight *w, const int32_t *rows, int64_t r0,
                        int n_rows, cudaStream_t st);
 
-/* Tests and A/B runs only: generic != 0 sends the f16 tiles of Q4_0, Q8_0 and Q4M rows through the
- * generic dequantization kernel instead of their own (the same values); units: their own kernel's
- * units a thread (4, 8 or 16; other values: the built-in 8). 0, 0 restores the built-in choice.
- * Process-wide. */
-void dequant_tile_f16_tune(int generic, int units);
+/* Tests only: generic != 0 sends the f16 tiles of Q4_0, Q8_0 and Q4M rows through the generic
+ * dequantization kernel instead of their own (the same values); 0 restores their own. Process-wide. */
+void dequant_tile_f16_tune(int generic);
 
 /* x[n] float32 -> half (prefill GEMM operands). */
 void f32_to_f16_cuda(void *out, const float *x, int64_t n, cudaStream_t st);
@@ -211,9 +209,6 @@ void qk_norm_rope_store_cuda(float *q_out, const float *q, float *k, const float
                              const float *q_norm, const float *k_norm, float eps, int n_head, int n_rot,
                              const int32_t *pos, const float *inv_freq, int neox, const struct cuda_kv *kv, int l,
                              const int32_t *seq_id, int n_tokens, cudaStream_t st);
-/* Tests and A/B runs only: off != 0 sends prefill steps (over 16 tokens) through the decode form
- * above (the same bits); 0 restores the prefill form. Process-wide. */
-void qk_norm_rope_store_rows_off(int off);
 
 /* Causal attention of q[t] ([n_tokens][n_head*head_dim]) over positions 0..pos[t] of its sequence
  * in layer l: out[t][h] = softmax(q k^T / sqrt(head_dim)) v (the CPU forward's attn_range). Split-K
@@ -245,6 +240,10 @@ void attention_combine_cuda(float *out, int8_t *xq, float *xds, const float *par
  * n_head / n_head_kv <= 16, sm_80+ with enough opt-in shared memory for one of its configurations
  * (the opt-in is set here, once: call outside graph capture before the first launch). */
 int attention_decode_supported(const struct cuda_kv *kv, int n_head);
+/* Benchmarks only (PXQ_CUDA_DECODE_CFG, tuning.h): the k-th (tile, stages) configuration of
+ * head_dim's list instead of the first that fits; set before the first decode attention. -1: the
+ * first that fits. Process-wide. */
+void attention_decode_force_cfg(int k);
 /* attention_cuda's semantics and arguments (split-K over n_split chunks of split_len positions, the
  * same part_o / part_ml layout and combine), on the tensor cores: f16 q and P, fp32 accumulation
  * (error about 1e-3 of the output's norm). Only where attention_decode_supported. split_len: a

@@ -11,6 +11,7 @@
  * device weight, expert e's rows at e * rows_per_expert (backend.cu uploads them so).
  * Device pointers; outputs first, then inputs, then sizes, then the stream (ops_cuda.h conventions).
  * Launch errors are the caller's to check, as for every op.
+ * CPU twin: forward_cpu.c's ffn_moe.
  */
 #ifndef PXQ_OPS_MOE_CUDA_H
 #define PXQ_OPS_MOE_CUDA_H

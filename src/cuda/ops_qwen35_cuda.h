@@ -18,6 +18,7 @@
  *   run_off [n_runs + 1]  run r's tokens are run_tok[run_off[r] .. run_off[r+1])
  *   run_tok [n]           token row indices (rows of x / qkv / ba / o)
  * all int32 on the device; n_runs on the host. A slot appears in at most one run per call.
+ * CPU twin: forward_qwen35.h / forward_qwen35.c.
  */
 #ifndef PXQ_OPS_QWEN35_CUDA_H
 #define PXQ_OPS_QWEN35_CUDA_H
@@ -36,7 +37,7 @@ extern "C" {
 int deltanet_cuda_supported(int dk, int dv);
 
 /* Causal depthwise conv1d + SiLU over each run (HF causal_conv1d_fn / causal_conv1d_update; CPU
- * conv_range): for channel c and a run's token t (in order),
+ * ssm_conv_cpu): for channel c and a run's token t (in order),
  *   y[t][c] = silu(sum_{j<K-1} w[c][j] * win_j + w[c][K-1] * x[t][c])
  * where win is the K-1 previous inputs of the sequence (the conv state, then this run's tokens);
  * the conv state ends as the run's last K-1 inputs. x, y [n][conv_dim] (x = the in_proj_qkv
@@ -46,7 +47,7 @@ void ssm_conv_cuda(float *y, float *state, size_t seq_stride, const float *x, co
                    const int32_t *run_seq, const int32_t *run_off, const int32_t *run_tok, int n_runs, int n_tokens,
                    cudaStream_t st);
 
-/* In place on the conv output (CPU prep_range): qkv [n][conv_dim] rows = [q (nk heads of dk) |
+/* In place on the conv output (CPU deltanet_prep_cpu): qkv [n][conv_dim] rows = [q (nk heads of dk) |
  * k (nk heads of dk) | v]; each q and k head x becomes x * 1/sqrt(sum x^2 + 1e-6) (HF l2norm), q
  * also times 1/sqrt(dk); v is left as is. ba [n][2 * nv] = [b | a] becomes [beta | g] with
  *   beta = sigmoid(b),  g = A[h] * softplus(a + dt_bias[h])   (torch softplus, threshold 20)
@@ -119,7 +120,7 @@ int deltanet_decode_cuda(float *o, int8_t *xq, float *xds, float *state, size_t 
                          int v_tiled, float eps, const int32_t *run_seq, const int32_t *run_off,
                          const int32_t *run_tok, int n_runs, cudaStream_t st);
 
-/* Qwen3_5RMSNormGated per row of dv (rows = tokens x value heads; CPU gated_norm), in place:
+/* Qwen3_5RMSNormGated per row of dv (rows = tokens x value heads; CPU gated_rmsnorm_silu_cpu), in place:
  *   o = o * 1/sqrt(mean(o^2) + eps) * w * silu(z)
  * o, z [n_rows][dv]; w [dv] (no 1 + w). If xq != NULL, also the int8 form of the result for
  * matmul_q8_cuda (quantize_q8_cuda's groups of 32 over the flat [n_rows * dv] buffer: d = max|x|/127,

@@ -4,7 +4,9 @@
  * own buffers (no relocatable device code). At exit the host prints, per kernel id and slot, the
  * mean over the last PROBE_RING launches of (slot s - slot 1), slot 1 being the stamp after
  * pdl_wait, in us. Usage in a kernel: PROBE_BEGIN(k) at its start (stamps slot 0), PROBE(s) where
- * wanted; in the TU's host code: PROBE_HOST(tu, names) once and PROBE_REGISTER(tu) before launches. */
+ * wanted; in the TU's host code: PROBE_HOST(tu, names) once and PROBE_REGISTER(tu) before launches.
+ * CPU twin: none (a timing probe).
+ */
 #ifndef PXQ_CUDA_PROBE_CUH
 #define PXQ_CUDA_PROBE_CUH
 #ifdef PXQ_PROBE

@@ -1,7 +1,9 @@
 /* repack.cu - host-side repacking of GGUF/HF weight rows into the device formats of ops_cuda.h.
  *
  * Block layouts are those of quant.h (ggml-common.h); the formulas are quant.c's dequantizers,
- * split into integer quants and per-group (d, m) so that w = d*q + m reproduces each value. */
+ * split into integer quants and per-group (d, m) so that w = d*q + m reproduces each value.
+ * CPU twin: quant.c's dequantizers (dequantize_row), whose values the repacked layouts reproduce.
+ */
 #include <stdlib.h>
 #include <string.h>
 

@@ -1,5 +1,7 @@
 /* wload.cuh - dequantizing loads of device weight rows (layouts: cuda/backend.h), shared by the
- * mat-vecs (matmul.cu) and the MoE gathered mat-vecs (moe.cu). */
+ * mat-vecs (matmul.cu) and the MoE gathered mat-vecs (moe.cu).
+ * CPU twin: quant.c's dequantize_row (tensor_row_f32), row by row.
+ */
 #ifndef PXQ_CUDA_WLOAD_CUH
 #define PXQ_CUDA_WLOAD_CUH
 

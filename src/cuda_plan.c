@@ -1,4 +1,4 @@
-/* forward_cuda.c - the C side of the CUDA backend, built with or without CUDA: device weight formats
+/* cuda_plan.c - the C side of the CUDA backend, built with or without CUDA: device weight formats
  * and their sizes, the arena plan the backend allocates by (cuda/backend.h), and the engine.h
  * device accessors. The device code is in src/cuda/. */
 #include <stdio.h>
