@@ -113,7 +113,7 @@ static void test_prefill(int hd, int n_head, int n_head_kv, int bs, float q_scal
     fill(q, (size_t)n_tok * q_dim, q_scale);
     ref_attention_f64(ref, q, k16, v16, 0, tab, max_blocks, n_layer_kv, l, bs, pos, seq, n_tok, n_head, n_head_kv, hd);
 
-    struct cuda_kv kv = {0};
+    struct cuda_kv kv = test_kv_view(n_layer_kv, n_head_kv, hd, bs, 0);
     kv.k = dev_put(k16, kv_elems * 2), kv.v = dev_put(v16, kv_elems * 2);
     kv.kv_f32 = 0, kv.n_layer_kv = n_layer_kv, kv.block_size = bs, kv.n_head_kv = n_head_kv, kv.head_dim = hd;
     kv.kv_dim = kv_dim, kv.block_tab = dev_put(tab, (size_t)n_blocks * 4), kv.max_blocks = max_blocks;
@@ -182,7 +182,7 @@ static void bench(int n_tok) {
     for (size_t i = 0; i < kv_elems; i++) k16[i] = f32_to_fp16(rnd_f()), v16[i] = f32_to_fp16(rnd_f());
     float *q = xmalloc((size_t)n_tok * q_dim * 4), *a = xmalloc((size_t)n_tok * q_dim * 4), *b = xmalloc((size_t)n_tok * q_dim * 4);
     fill(q, (size_t)n_tok * q_dim, 1.0f);
-    struct cuda_kv kv = {0};
+    struct cuda_kv kv = test_kv_view(n_layer_kv, n_head_kv, hd, bs, 0);
     kv.k = dev_put(k16, kv_elems * 2), kv.v = dev_put(v16, kv_elems * 2);
     kv.kv_f32 = 0, kv.n_layer_kv = n_layer_kv, kv.block_size = bs, kv.n_head_kv = n_head_kv, kv.head_dim = hd;
     kv.kv_dim = kv_dim, kv.block_tab = dev_put(tab, (size_t)n_blocks * 4), kv.max_blocks = max_blocks;

@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/ops_cuda.h"
+#include "kvcache.h"
 #include "util.h" /* fp16_to_f32 */
 #endif
 
@@ -156,10 +157,27 @@ static inline void ref_attention_f64(float *ref, const float *q, const void *k, 
 /* A one-layer f16 paged cache holding one sequence, uploaded: K and V [n_blocks][bs][n_head_kv * hd]
  * halves, block table tab[n_blocks]; *dpos, *dseq: the decode token at position n_kv - 1 of
  * sequence 0. Free kv.k, kv.v, kv.block_tab and the two ints with cudaFree. */
+/* The kernels' view of a KV layout (kvcache.h) of n_layer_kv layers, n_head_kv heads of hd, blocks of
+ * bs, f16 (or f32): as the backend builds it (cuda_kv_from_layout), buffers and tables left to the
+ * caller. */
+static inline struct cuda_kv test_kv_view(int n_layer_kv, int n_head_kv, int hd, int bs, int f32) {
+    struct kv_layout lay;
+    struct kv_spec spec = {0};
+    spec.exact_f32 = f32;
+    struct cuda_kv kv = {0};
+    char err[200];
+    if (kv_layout_init(&lay, n_layer_kv, n_head_kv, hd, bs, &spec, err, sizeof err) != 0 || cuda_kv_from_layout(&kv, &lay) != 0) {
+        fprintf(stderr, "test_kv_view: %s\n", err);
+        exit(1);
+    }
+    kv_layout_free(&lay);
+    return kv;
+}
+
 static inline struct cuda_kv dev_kv_one_seq(const uint16_t *k16, const uint16_t *v16, const int32_t *tab, int n_blocks,
                                             int bs, int n_head_kv, int hd, int n_kv, int32_t **dpos, int32_t **dseq) {
     const size_t kv_elems = (size_t)n_blocks * bs * n_head_kv * hd;
-    struct cuda_kv kv = {0};
+    struct cuda_kv kv = test_kv_view(1, n_head_kv, hd, bs, 0);
     kv.k = dev_put(k16, kv_elems * 2), kv.v = dev_put(v16, kv_elems * 2);
     kv.n_layer_kv = 1, kv.block_size = bs, kv.n_head_kv = n_head_kv, kv.head_dim = hd, kv.kv_dim = n_head_kv * hd;
     kv.block_tab = dev_put(tab, (size_t)n_blocks * 4), kv.max_blocks = n_blocks;

@@ -599,7 +599,7 @@ static void test_attention(int kv_f32, int hd, int n_head, int n_head_kv, int bs
     const int group = n_head / n_head_kv;
     ref_attention_f64(ref, q, kv_f32 ? (void *)kc : (void *)k16, kv_f32 ? (void *)vc : (void *)v16, kv_f32, tab,
                       max_blocks, n_layer_kv, l, bs, pos, seq, n_tok, n_head, n_head_kv, hd);
-    struct cuda_kv kv = {0};
+    struct cuda_kv kv = test_kv_view(n_layer_kv, n_head_kv, hd, bs, 0);
     kv.k = dev_put(kv_f32 ? (void *)kc : (void *)k16, kv_elems * (kv_f32 ? 4 : 2));
     kv.v = dev_put(kv_f32 ? (void *)vc : (void *)v16, kv_elems * (kv_f32 ? 4 : 2));
     kv.kv_f32 = kv_f32, kv.n_layer_kv = n_layer_kv, kv.block_size = bs, kv.n_head_kv = n_head_kv, kv.head_dim = hd;
@@ -695,7 +695,7 @@ static void test_qk_norm_rope_store(int neox, int kv_f32) {
     float *dqn = dev_put(qn, sizeof qn), *dkn = dev_put(kn, sizeof kn), *dinv = dev_put(inv, sizeof inv);
     int32_t *dpos = dev_put(pos, sizeof pos), *dseq = dev_put(seq, sizeof seq);
     const size_t kv_elems = (size_t)n_blocks * n_layer_kv * bs * kv_dim, es = kv_f32 ? 4 : 2;
-    struct cuda_kv kv = {0};
+    struct cuda_kv kv = test_kv_view(n_layer_kv, n_head_kv, hd, bs, 0);
     CK(cudaMalloc(&kv.k, kv_elems * es));
     CK(cudaMalloc(&kv.v, kv_elems * es));
     kv.kv_f32 = kv_f32, kv.n_layer_kv = n_layer_kv, kv.block_size = bs, kv.n_head_kv = n_head_kv, kv.head_dim = hd;
@@ -774,7 +774,7 @@ static void test_qk_norm_rope_rows(int neox) {
     float *dqkv[2], *dqo[2];
     void *dk[2], *dvv[2];
     for (int r = 0; r < 2; r++) { /* r 0: all tokens at once; r 1: one launch per token */
-        struct cuda_kv kv = {0};
+        struct cuda_kv kv = test_kv_view(n_layer_kv, n_head_kv, hd, bs, 0);
         dk[r] = dev_poison_bytes(kv_elems * 2), dvv[r] = dev_poison_bytes(kv_elems * 2);
         kv.k = dk[r], kv.v = dvv[r], kv.kv_f32 = 0, kv.n_layer_kv = n_layer_kv, kv.block_size = bs;
         kv.n_head_kv = n_head_kv, kv.head_dim = hd, kv.kv_dim = kv_dim, kv.max_blocks = max_blocks;

@@ -461,7 +461,7 @@ extern "C" void attention_decode_cuda(float *out, int8_t *xq, float *xds, const 
     if (n_tokens <= 0 || k < 0) return;
     PROBE_REGISTER(attn);
     const ad_config &c = ad_configs[k];
-    const float sl2 = 1.4426950408889634f / sqrtf((float)c.D), scale = 1.0f / sqrtf((float)c.D);
+    const float scale = kv->attn_scale, sl2 = 1.4426950408889634f * scale; /* log2(e) * scale: exp(x) = 2^(x log2 e) */
     const dim3 grid((unsigned)n_split, (unsigned)kv->n_head_kv, (unsigned)n_tokens), block(AD_THREADS);
     const size_t smem = ad_smem(c.D, c.BN, c.NS);
     float *direct = n_split == 1 ? out : NULL;

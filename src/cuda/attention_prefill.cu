@@ -264,7 +264,7 @@ extern "C" void attention_prefill_cuda(void *out, int out_half, const float *q, 
                                        int n_head, cudaStream_t st) {
     if (n_tiles <= 0) return;
     const int hd = kv->head_dim, group = n_head / kv->n_head_kv;
-    const float sl2 = 1.4426950408889634f / sqrtf((float)hd); /* log2(e) / sqrt(head_dim): exp(x) = 2^(x log2 e) */
+    const float sl2 = 1.4426950408889634f * kv->attn_scale; /* log2(e) * scale: exp(x) = 2^(x log2 e) */
     const dim3 grid((unsigned)(n_tiles * group), (unsigned)kv->n_head_kv), block(PF_THREADS);
     const size_t smem = attention_prefill_smem_bytes(hd);
     float *o32 = out_half ? NULL : (float *)out;

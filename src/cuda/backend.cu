@@ -282,7 +282,7 @@ static void choose_paths(cuda_backend *b, const struct pxq_hparams *hp, const cu
     if (t->moe_q8_rows) moe_q8_tune(t->moe_q8_rows); /* decode experts' rows a block */
     if (t->decode_cfg >= 0) attention_decode_force_cfg(t->decode_cfg);
     {
-        cuda_kv probe = {};
+        cuda_kv probe = {}; /* the kernels' gates look at the types and shapes only */
         probe.kv_f32 = exact, probe.n_head_kv = hp->n_head_kv, probe.head_dim = hd, probe.kv_dim = hp->n_head_kv * hd;
         b->prefill_attn = t->flash && attention_prefill_supported(&probe, hp->n_head) &&
                           attention_prefill_prepare(hd) == 0;
@@ -477,22 +477,45 @@ static void upload_step(struct pxq_engine *e, cuda_backend *b, size_t *max_in, s
     }
 }
 
-/* KV: the paged cache in the layout of kvcache.h, f16 (f32 in exact mode). Its block tables are the
- * step inputs' (buffers_step). */
-static void kv_step(struct pxq_engine *e, cuda_backend *b) {
-    const struct pxq_hparams *hp = e->hp;
-    const int hd = hp->head_dim, exact = b->exact;
-    const size_t kv_dim = (size_t)hp->n_head_kv * hd;
+/* KV: the paged cache in the engine's layout (kvcache.h), f16 (f32 in exact mode, which the layout
+ * then says too). Its block tables are the step inputs' (buffers_step). */
+static int kv_step(struct pxq_engine *e, cuda_backend *b, char *err, size_t errlen) {
+    if (b->exact) { /* the device keeps float32: describe it so */
+        struct kv_layout lay;
+        struct kv_spec spec = pxq_kv_spec(e->m, &e->p);
+        spec.exact_f32 = 1;
+        if (kv_layout_init(&lay, e->kv.lay.n_layer_kv, e->kv.lay.n_head_kv, e->kv.lay.head_dim, e->kv.lay.block_size,
+                           &spec, err, errlen) != 0)
+            return -1;
+        kv_layout_free(&e->kv.lay);
+        e->kv.lay = lay;
+    }
     cuda_kv *kv = &b->kv;
-    kv->kv_f32 = exact;
-    kv->n_layer_kv = e->kv.n_layer_kv;
-    kv->block_size = e->kv.block_size;
-    kv->n_head_kv = hp->n_head_kv;
-    kv->head_dim = hd;
-    kv->kv_dim = (int)kv_dim;
-    size_t kv_bytes = (size_t)e->kv.n_blocks * kv->n_layer_kv * kv->block_size * kv_dim * (exact ? 4 : 2);
-    kv->k = arena_get(b, kv_bytes);
-    kv->v = arena_get(b, kv_bytes);
+    if (cuda_kv_from_layout(kv, &e->kv.lay) != 0) {
+        snprintf(err, errlen, "CUDA: the KV cache's element types are not ones the CUDA kernels read (f16 or f32)");
+        return -1;
+    }
+    kv->k = arena_get(b, (size_t)e->kv.n_blocks * e->kv.lay.block_bytes[KV_K]);
+    kv->v = arena_get(b, (size_t)e->kv.n_blocks * e->kv.lay.block_bytes[KV_V]);
+    return 0;
+}
+
+extern "C" int cuda_kv_from_layout(cuda_kv *kv, const struct kv_layout *lay) {
+    memset(kv, 0, sizeof *kv);
+    const int t0 = lay->n_layer_kv ? lay->layer[KV_K][0].type[0] : KV_F16;
+    for (int pool = 0; pool < 2; pool++)
+        for (int l = 0; l < lay->n_layer_kv; l++)
+            for (int h = 0; h < lay->n_head_kv; h++)
+                if (lay->layer[pool][l].type[h] != t0) return -1;
+    if (t0 != KV_F16 && t0 != KV_F32) return -1;
+    kv->kv_f32 = t0 == KV_F32;
+    kv->n_layer_kv = lay->n_layer_kv;
+    kv->block_size = lay->block_size;
+    kv->n_head_kv = lay->n_head_kv;
+    kv->head_dim = lay->head_dim;
+    kv->kv_dim = lay->kv_dim;
+    kv->attn_scale = lay->attn_scale;
+    return 0;
 }
 
 /* Buffers: activations, step inputs (device and pinned host), workspace, DeltaNet state: sizes from
@@ -505,7 +528,7 @@ static void buffers_step(struct pxq_engine *e, cuda_backend *b, size_t max_in, s
     cuda_bufs_of(hp, &e->p, max_in, max_mat, w16_max, &bf);
     const size_t nb = (size_t)e->p.n_batch;
     b->nb = (int)nb;
-    b->max_blocks = (e->p.n_ctx + e->p.kv_block_size - 1) / e->p.kv_block_size;
+    b->max_blocks = (int)kv_blocks_for(e->p.n_ctx, e->p.kv_block_size);
     b->n_tab = (int)(nb < (size_t)e->p.n_seq_max ? nb : (size_t)e->p.n_seq_max);
     b->max_splits = (e->p.n_ctx + CUDA_SPLIT_LEN - 1) / CUDA_SPLIT_LEN;
     if (bf.state) {
@@ -567,6 +590,8 @@ static void buffers_step(struct pxq_engine *e, cuda_backend *b, size_t max_in, s
     b->part_ml = arena_f32(b, bf.part_ml);
 }
 
+extern "C" void cuda_backend_free(struct pxq_engine *e);
+
 extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) {
     struct cuda_tuning tune;
     cuda_tuning_from_env(&tune);
@@ -576,7 +601,10 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     cuda_backend *b = arena_step(e, &tune, arena_size, err, errlen);
     if (!b) return -1;
     upload_step(e, b, &max_in, &max_mat);
-    kv_step(e, b);
+    if (kv_step(e, b, err, errlen)) {
+        cuda_backend_free(e);
+        return -1;
+    }
     buffers_step(e, b, max_in, max_mat, plan.w16_max);
     if (b->peak > plan.total) die("CUDA arena: used %zu bytes, plan %zu", b->peak, plan.total);
     snprintf(b->path, sizeof b->path, "cuda");

@@ -748,7 +748,7 @@ extern "C" void attention_cuda(float *out, const float *q, const struct cuda_kv 
     if (n_tokens <= 0) return;
     const int group = n_head / kv->n_head_kv, hd = kv->head_dim;
     const size_t smem = attention_smem_bytes(hd, group);
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = kv->attn_scale;
     dim3 grid(n_tokens, kv->n_head_kv, n_split), block(group * 32);
     float *direct = n_split == 1 ? out : NULL; /* one split: the kernel writes out itself */
     if (kv->kv_f32) {

@@ -183,16 +183,25 @@ void swiglu_f16_cuda(void *x16, const float *gate, const float *up, int n_tokens
 void add_bias_cuda(float *y, const float *b, int n_rows, int n, cudaStream_t st);
 void add_residual_cuda(float *x, const float *y, int64_t n, cudaStream_t st);
 
-/* Paged KV on the device: the layout of kvcache.h with element type half (kv_f32 = 0) or float:
+/* Paged KV on the device: the view the kernels take of the engine's struct kv_layout (kvcache.h),
+ * built from it by cuda_kv_from_layout: every head of every layer in one element type, half
+ * (kv_f32 = 0) or float, which with that layout's offsets is
  *   k[((b * n_layer_kv + l) * block_size + slot) * kv_dim + h * head_dim + d].
- * block_tab[seq * max_blocks + j] is the j-th block of sequence seq. */
+ * attn_scale is the layout's softmax scale. block_tab[seq * max_blocks + j] is the j-th block of
+ * sequence seq. */
 struct cuda_kv {
     void *k, *v;
     int kv_f32;
     int n_layer_kv, block_size, n_head_kv, head_dim, kv_dim;
+    float attn_scale;
     const int32_t *block_tab;   /* [n_seq_max][max_blocks] (device) */
     int max_blocks;
 };
+
+/* The view of lay (k, v, block_tab and max_blocks left 0 for the caller). Returns 0, or -1 if lay
+ * has a type the CUDA kernels do not read (only f16 everywhere, or f32 everywhere, so far). */
+struct kv_layout;
+int cuda_kv_from_layout(struct cuda_kv *kv, const struct kv_layout *lay);
 
 /* Write k[t], v[t] ([n_tokens][kv_dim]) at (seq_id[t], pos[t]) of layer l. */
 void kv_store_cuda(const struct cuda_kv *kv, int l, const float *k, const float *v, const int32_t *pos,
