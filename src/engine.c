@@ -98,7 +98,7 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
     }
     e->output_norm = vec_f32(model_output_norm(m));
     e->inv_freq = xmalloc((size_t)(hp->n_rot / 2 + 1) * sizeof(float));
-    rope_inv_freq(e->inv_freq, hp->n_rot, hp->rope_theta);
+    rope_table(e->inv_freq, hp->n_rot, hp->rope_theta, &hp->rope_scaling, hp->n_ctx_train, NULL);
     size_t nb = (size_t)e->p.n_batch;
     size_t q_dim = (size_t)hp->n_head * hp->head_dim * (hp->attn_output_gate ? 2 : 1);
     size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;

@@ -238,20 +238,50 @@ static int check_moe(const struct pxq_hparams *hp, int gguf, char *err, size_t e
     return 0;
 }
 
-/* What config.json may ask for that PXQ does not compute: RoPE scaling other than none/default
- * (YaRN, linear, dynamic, llama3, longrope), sliding-window attention, an activation other than SiLU.
- * Each would load and run with plain RoPE, full attention and SiLU, and give other logits than the
- * checkpoint's, so they are refused. c: the text config; rp: its rope_parameters or NULL. */
-static int check_unsupported_config(const cJSON *c, const cJSON *rp, char *err, size_t errlen) {
-    const cJSON *rs[2] = {cJSON_GetObjectItemCaseSensitive(c, "rope_scaling"), rp};
+/* RoPE scaling from config.json: rope_scaling (HF 4.x) or rope_parameters (HF 5.x), the keys of HF's
+ * ROPE_INIT_FUNCTIONS (rope_type or the older type; factor, original_max_position_embeddings,
+ * attention_factor, beta_fast, beta_slow, mscale, mscale_all_dim, truncate, low_freq_factor,
+ * high_freq_factor). Types PXQ does not compute (dynamic, longrope, ...) are refused by name. */
+static int rope_scaling_from_config(struct rope_scaling *rs, const cJSON *c, const cJSON *rp, char *err, size_t errlen) {
+    memset(rs, 0, sizeof *rs);
+    const cJSON *objs[2] = {cJSON_GetObjectItemCaseSensitive(c, "rope_scaling"), rp};
     for (int i = 0; i < 2; i++) {
-        if (!cJSON_IsObject(rs[i])) continue;
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs[i], "rope_type");
-        if (!t || cJSON_IsNull(t)) t = cJSON_GetObjectItemCaseSensitive(rs[i], "type"); /* the older key */
-        if (t && !cJSON_IsNull(t) && !(cJSON_IsString(t) && !strcmp(t->valuestring, "default")))
-            return set_err(err, errlen, "config.json: %s type '%s' is not supported (PXQ computes plain RoPE only)",
-                           i ? "rope_parameters" : "rope_scaling", cJSON_IsString(t) ? t->valuestring : "(not a string)");
+        const cJSON *o = objs[i];
+        const char *what = i ? "config.json rope_parameters" : "config.json rope_scaling";
+        if (!cJSON_IsObject(o)) continue;
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "rope_type");
+        if (!t || cJSON_IsNull(t)) t = cJSON_GetObjectItemCaseSensitive(o, "type"); /* the older key */
+        if (!t || cJSON_IsNull(t)) continue;
+        const int ty = cJSON_IsString(t) ? rope_scaling_parse(t->valuestring) : -1;
+        if (ty < 0)
+            return set_err(err, errlen, "%s: rope type '%s' is not supported (PXQ computes none/default, linear, yarn and llama3)",
+                           what, cJSON_IsString(t) ? t->valuestring : "(not a string)");
+        if (ty == ROPE_SCALING_NONE) continue;
+        double f, orig, af, bf, bs, ms, msa, lo, hi;
+        if (cfg_num(o, "factor", 0, &f, err, errlen) || cfg_num(o, "original_max_position_embeddings", 0, &orig, err, errlen) ||
+            cfg_num(o, "attention_factor", 0, &af, err, errlen) || cfg_num(o, "beta_fast", 0, &bf, err, errlen) ||
+            cfg_num(o, "beta_slow", 0, &bs, err, errlen) || cfg_num(o, "mscale", 0, &ms, err, errlen) ||
+            cfg_num(o, "mscale_all_dim", 0, &msa, err, errlen) || cfg_num(o, "low_freq_factor", 0, &lo, err, errlen) ||
+            cfg_num(o, "high_freq_factor", 0, &hi, err, errlen))
+            return -1;
+        if (!cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(o, "factor")))
+            return set_err(err, errlen, "%s: rope type %s needs a numeric 'factor'", what, t->valuestring);
+        if (!(orig >= 0 && orig <= 1e9 && orig == (int)orig))
+            return set_err(err, errlen, "%s: original_max_position_embeddings %g must be a non-negative integer", what, orig);
+        rs->type = (enum rope_scaling_type)ty;
+        rs->factor = to_f32(f), rs->orig_ctx = (int)orig, rs->attn_factor = to_f32(af);
+        rs->beta_fast = to_f32(bf), rs->beta_slow = to_f32(bs), rs->mscale = to_f32(ms), rs->mscale_all_dim = to_f32(msa);
+        rs->low_freq_factor = to_f32(lo), rs->high_freq_factor = to_f32(hi);
+        rs->no_truncate = cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(o, "truncate"));
+        if (rope_scaling_check(rs, what, err, errlen)) return -1;
     }
+    return 0;
+}
+
+/* What config.json may ask for that PXQ does not compute: sliding-window attention, an activation
+ * other than SiLU. Each would load and run with full attention and SiLU, and give other logits than
+ * the checkpoint's, so they are refused. c: the text config. */
+static int check_unsupported_config(const cJSON *c, char *err, size_t errlen) {
     const cJSON *sw = cJSON_GetObjectItemCaseSensitive(c, "use_sliding_window");
     if (cJSON_IsTrue(sw))
         return set_err(err, errlen, "config.json: use_sliding_window true is not supported (PXQ computes full causal attention)");
@@ -376,7 +406,9 @@ static int hparams_from_config(struct pxq_hparams *hp, const char *config_path, 
         goto out;
     }
     hp->n_rot = (int)(hp->head_dim * prf);
-    if (check_norm_rope(hp, 0, err, errlen) || check_unsupported_config(c, rpo, err, errlen)) goto out;
+    if (check_norm_rope(hp, 0, err, errlen) || rope_scaling_from_config(&hp->rope_scaling, c, rpo, err, errlen) ||
+        check_unsupported_config(c, err, errlen))
+        goto out;
     hp->rope_style = ROPE_NEOX;
     int bias = 0;
     if (cfg_bool(root, "tie_word_embeddings", 0, &hp->tie_embd, err, errlen) || /* the top level's, if the text_config has none */
@@ -499,24 +531,33 @@ static int hparams_from_gguf(struct pxq_hparams *hp, const struct gguf_file *g, 
     hp->rope_theta = gguf_f32_arch(g, a, "rope.freq_base", 10000.0f);
     hp->rms_eps = gguf_f32_arch(g, a, "attention.layer_norm_rms_epsilon", 1e-6f);
     if (check_norm_rope(hp, 1, err, errlen)) return -1;
-    /* RoPE scaling (GGUF spec: {arch}.rope.scaling.type none|linear|yarn; llama.cpp writes Llama 3.1's
-     * frequency factors as a rope_freqs.weight tensor): PXQ computes plain RoPE only */
+    /* RoPE scaling (GGUF spec: {arch}.rope.scaling.type none|linear|yarn, .factor,
+     * .original_context_length, .attn_factor, .yarn_beta_fast, .yarn_beta_slow). llama.cpp applies a
+     * linear factor when one is given and no type is (older converters wrote {arch}.rope.scaling.factor
+     * or {arch}.rope.scale_linear alone). Its rope_freqs.weight tensor (Llama 3.1's per-dim factors)
+     * is not read yet, so it is refused. */
     char key[128];
     snprintf(key, sizeof key, "%s.rope.scaling.type", a);
     const char *rst = gguf_get_str(g, key);
-    if (rst && strcmp(rst, "none") != 0)
-        return set_err(err, errlen, "GGUF: %s '%s' is not supported (PXQ computes plain RoPE only)", key, rst);
-    /* llama.cpp applies a linear factor when one is given and no type is (older converters wrote
-     * {arch}.rope.scaling.factor or {arch}.rope.scale_linear alone) */
-    static const char *const factor_keys[] = {"rope.scaling.factor", "rope.scale_linear"};
-    for (int i = 0; i < 2; i++) {
-        float f = gguf_f32_arch(g, a, factor_keys[i], 0.0f);
-        if (f != 0.0f && f != 1.0f)
-            return set_err(err, errlen, "GGUF: %s.%s %g (RoPE scaling) is not supported (PXQ computes plain RoPE only)", a,
-                           factor_keys[i], f);
+    struct rope_scaling *rs = &hp->rope_scaling;
+    memset(rs, 0, sizeof *rs);
+    float f = gguf_f32_arch(g, a, "rope.scaling.factor", 0.0f);
+    if (f == 0.0f) f = gguf_f32_arch(g, a, "rope.scale_linear", 0.0f);
+    if (rst && strcmp(rst, "none") && strcmp(rst, "linear") && strcmp(rst, "yarn"))
+        return set_err(err, errlen, "GGUF: %s '%s' is not supported (none, linear, yarn)", key, rst);
+    if (rst ? strcmp(rst, "none") != 0 : (f != 0.0f && f != 1.0f)) {
+        rs->type = rst && !strcmp(rst, "yarn") ? ROPE_SCALING_YARN : ROPE_SCALING_LINEAR;
+        rs->factor = f;
+        int orig = 0;
+        if (gguf_u32_arch(g, a, "rope.scaling.original_context_length", 0, 0, &orig, err, errlen)) return -1;
+        rs->orig_ctx = orig;
+        rs->attn_factor = gguf_f32_arch(g, a, "rope.scaling.attn_factor", 0.0f);
+        rs->beta_fast = gguf_f32_arch(g, a, "rope.scaling.yarn_beta_fast", 0.0f);
+        rs->beta_slow = gguf_f32_arch(g, a, "rope.scaling.yarn_beta_slow", 0.0f);
+        if (rope_scaling_check(rs, "GGUF rope.scaling", err, errlen)) return -1;
     }
     if (gguf_find_tensor(g, "rope_freqs.weight"))
-        return set_err(err, errlen, "GGUF: tensor rope_freqs.weight (RoPE frequency scaling) is not supported (PXQ computes plain RoPE only)");
+        return set_err(err, errlen, "GGUF: tensor rope_freqs.weight (per-dim RoPE frequency factors) is not supported yet");
     hp->rope_style = hp->arch == ARCH_LLAMA ? ROPE_NORM : ROPE_NEOX;
     hp->has_qkv_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
     hp->has_qk_norm = hp->arch == ARCH_QWEN3 || hp->arch == ARCH_QWEN3MOE || hp->arch == ARCH_QWEN35;
@@ -852,6 +893,12 @@ void model_free(struct pxq_model *m) {
 }
 
 const struct pxq_hparams *model_hparams(const struct pxq_model *m) { return &m->hp; }
+
+int model_set_rope_scaling(struct pxq_model *m, const struct rope_scaling *rs, char *err, size_t errlen) {
+    if (rope_scaling_check(rs, "RoPE scaling", err, errlen)) return -1;
+    m->hp.rope_scaling = *rs;
+    return 0;
+}
 const struct pxq_layer *model_layer(const struct pxq_model *m, int il) { return &m->layers[il]; }
 const struct pxq_tensor *model_token_embd(const struct pxq_model *m) { return m->token_embd; }
 const struct pxq_tensor *model_output_norm(const struct pxq_model *m) { return m->output_norm; }

@@ -10,6 +10,7 @@
 #ifndef PXQ_MODEL_H
 #define PXQ_MODEL_H
 
+#include "rope.h"
 #include <stddef.h>
 #include <stdint.h>
 #include "tensor.h"
@@ -39,6 +40,7 @@ struct pxq_hparams {
     int   n_ctx_train;     /* max_position_embeddings */
     int   n_rot;           /* rotary dims per head (head_dim, or partial_rotary_factor * head_dim) */
     float rope_theta;
+    struct rope_scaling rope_scaling; /* rope.h: none, linear, yarn or llama3, from the file or overridden */
     float rms_eps;
     enum rope_style rope_style;
     int   tie_embd;        /* lm_head shares token_embd */
@@ -125,6 +127,9 @@ struct pxq_model *model_open_dummy(const char *config_json_path, enum pxq_type d
                                    char *err, size_t errlen);
 
 const struct pxq_hparams *model_hparams(const struct pxq_model *m);
+/* Replace the model's RoPE scaling (a command line's --rope-scaling over the file's), before any
+ * engine is created on it. Returns 0, or -1 with rope_scaling_check's message. */
+int model_set_rope_scaling(struct pxq_model *m, const struct rope_scaling *rs, char *err, size_t errlen);
 const struct pxq_layer   *model_layer(const struct pxq_model *m, int il);
 const struct pxq_tensor  *model_token_embd(const struct pxq_model *m);  /* [n_embd, n_vocab] */
 const struct pxq_tensor  *model_output_norm(const struct pxq_model *m); /* [n_embd] */

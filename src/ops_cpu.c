@@ -1,5 +1,6 @@
 /* ops_cpu.c - see ops_cpu.h. */
 #include "ops_cpu.h"
+#include "rope.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -244,17 +245,15 @@ void rmsnorm_cpu(float *out, const float *x, const float *w, int n, int n_rows, 
 }
 
 void rope_inv_freq(float *inv_freq, int n_rot, float theta) {
-    for (int i = 0; i < n_rot / 2; i++) {
-        float ex = (float)(2 * i) / (float)n_rot;
-        inv_freq[i] = 1.0f / powf(theta, ex);
-    }
+    rope_table(inv_freq, n_rot, theta, NULL, 0, NULL);
 }
 
 void rope_cpu(float *x, int n_heads, int head_dim, int n_rot, int pos, const float *inv_freq, int neox) {
     const int half = n_rot / 2;
+    const float m = inv_freq[half]; /* the attention factor (rope.h's table): 1 but for YaRN */
     for (int i = 0; i < half; i++) {
         float ang = (float)pos * inv_freq[i];
-        float c = cosf(ang), s = sinf(ang);
+        float c = cosf(ang) * m, s = sinf(ang) * m;
         for (int h = 0; h < n_heads; h++) {
             float *v = x + (size_t)h * head_dim;
             int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;

@@ -37,10 +37,11 @@ void rmsnorm_cpu(float *out, const float *x, const float *w, int n, int n_rows, 
 
 /* Rotary embedding in place on x[n_heads][head_dim] at position pos, rotating the first n_rot dims
  * of each head (Su et al. 2021, RoFormer; HF apply_rotary_pos_emb). neox=1: dim i pairs with
- * i + n_rot/2 (rotate_half); neox=0: dim 2i pairs with 2i+1. inv_freq[n_rot/2] from rope_inv_freq. */
+ * i + n_rot/2 (rotate_half); neox=0: dim 2i pairs with 2i+1. inv_freq: rope.h's table, n_rot/2
+ * frequencies then the attention factor that scales cos and sin (rope_table, or rope_inv_freq). */
 void rope_cpu(float *x, int n_heads, int head_dim, int n_rot, int pos, const float *inv_freq, int neox);
 /* inv_freq[i] = 1 / theta^(2i / n_rot), computed as HF does in float32. */
-void rope_inv_freq(float *inv_freq, int n_rot, float theta);
+void rope_inv_freq(float *inv_freq, int n_rot, float theta); /* plain RoPE's table: n_rot/2 + 1 floats */
 
 /* out[i] = silu(gate[i]) * up[i] (SwiGLU, Shazeer 2020). */
 void swiglu_cpu(float *out, const float *gate, const float *up, int64_t n);

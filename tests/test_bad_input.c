@@ -225,11 +225,11 @@ static void hostile_models_and_prompts(const uint8_t *img, size_t len) {
     if (g) write_bytes(path, g, n), free(g);
     expect_clean_failure("GGUF block_count 3 of 6", (char *[]){"run", "-m", path, "-p", "hi", NULL},
                          "is in layer 3, but the model has 3 layers (GGUF block_count)");
-    /* GGUF RoPE scaling, which PXQ does not compute: a type, or a factor alone (llama.cpp: linear) */
+    /* GGUF RoPE scaling: a type PXQ does not compute, yarn without a factor, a negative factor */
     static const struct { const char *key; uint32_t t; float f; const char *s, *needle; } rope[] = {
-        {"qwen3.rope.scaling.type", 8, 0, "yarn", "qwen3.rope.scaling.type 'yarn'"},
-        {"qwen3.rope.scaling.factor", 6, 4.0f, NULL, "qwen3.rope.scaling.factor 4"},
-        {"qwen3.rope.scale_linear", 6, 2.0f, NULL, "qwen3.rope.scale_linear 2"}};
+        {"qwen3.rope.scaling.type", 8, 0, "longrope", "qwen3.rope.scaling.type 'longrope' is not supported"},
+        {"qwen3.rope.scaling.type", 8, 0, "yarn", "rope type yarn needs a factor > 0"},
+        {"qwen3.rope.scaling.factor", 6, -4.0f, NULL, "rope type linear needs a factor > 0 (got -4)"}};
     for (size_t i = 0; i < sizeof rope / sizeof rope[0]; i++) {
         uint8_t v[64];
         size_t vl = 4;
@@ -245,10 +245,15 @@ static void hostile_models_and_prompts(const uint8_t *img, size_t len) {
         snprintf(what, sizeof what, "GGUF %s", rope[i].key);
         expect_clean_failure(what, (char *[]){"info", path, NULL}, rope[i].needle);
     }
-    const float one = 1.0f; /* a factor of 1 scales nothing: loads */
+    const float one = 1.0f, four = 4.0f; /* a factor of 1 scales nothing; a factor alone is linear (llama.cpp) */
     g = gguf_add(img, len, "qwen3.rope.scaling.factor", 6, &one, 4, &n);
     write_bytes(path, g, n), free(g);
-    expect_success("GGUF rope.scaling.factor 1", (char *[]){"info", path, NULL}, buf, sizeof buf);
+    if (expect_success("GGUF rope.scaling.factor 1", (char *[]){"info", path, NULL}, buf, sizeof buf))
+        CHECK(!strstr(buf, "rope scaling"), "factor 1 is no scaling: %s", buf);
+    g = gguf_add(img, len, "qwen3.rope.scale_linear", 6, &four, 4, &n);
+    write_bytes(path, g, n), free(g);
+    if (expect_success("GGUF rope.scale_linear 4", (char *[]){"info", path, NULL}, buf, sizeof buf))
+        CHECK(strstr(buf, "rope scaling: linear, factor 4") != NULL, "scale_linear alone is linear: %s", buf);
     /* GGUF: an eos id past the vocab loads, and is not reported as an eos id */
     g = gguf_replace(img, len, "tokenizer.ggml.eos_token_id", 4, &big, 4, &n);
     CHECK(g != NULL, "fixture has tokenizer.ggml.eos_token_id");
@@ -287,12 +292,17 @@ static void hostile_models_and_prompts(const uint8_t *img, size_t len) {
         {"vocab_size smaller than the weights", "\"vocab_size\": 8192", "\"vocab_size\": 100", "token_embd"},
         {"num_hidden_layers 3 of 6", "\"num_hidden_layers\": 6", "\"num_hidden_layers\": 3",
          "is in layer 3, but the model has 3 layers (config.json num_hidden_layers)"},
-        /* what PXQ does not compute is refused, not run as plain RoPE / full attention / SiLU */
-        {"rope_type yarn", "\"rope_type\": \"default\"", "\"rope_type\": \"yarn\", \"factor\": 4.0", "rope_parameters type 'yarn'"},
-        {"rope_scaling llama3", "\"sliding_window\": null", "\"rope_scaling\": {\"type\": \"llama3\"}, \"sliding_window\": null",
-         "rope_scaling type 'llama3'"},
+        /* RoPE scaling PXQ does not compute, or without what it needs; sliding windows, other activations */
+        {"rope_type dynamic", "\"rope_type\": \"default\"", "\"rope_type\": \"dynamic\", \"factor\": 4.0",
+         "rope_parameters: rope type 'dynamic' is not supported"},
+        {"rope_type yarn without a factor", "\"rope_type\": \"default\"", "\"rope_type\": \"yarn\"", "yarn needs a numeric 'factor'"},
+        {"rope_type yarn factor 0", "\"rope_type\": \"default\"", "\"rope_type\": \"yarn\", \"factor\": 0", "needs a factor > 0 (got 0)"},
+        {"rope_type yarn beta_fast < beta_slow", "\"rope_type\": \"default\"",
+         "\"rope_type\": \"yarn\", \"factor\": 4, \"beta_fast\": 1, \"beta_slow\": 8", "beta_fast > beta_slow"},
+        {"rope_scaling llama3 without a factor", "\"sliding_window\": null", "\"rope_scaling\": {\"type\": \"llama3\"}, \"sliding_window\": null",
+         "rope_scaling: rope type llama3 needs a numeric 'factor'"},
         {"use_sliding_window true", "\"use_sliding_window\": false", "\"use_sliding_window\": true", "use_sliding_window"},
-        {"rope_type null, type yarn", "\"rope_type\": \"default\"", "\"rope_type\": null, \"type\": \"yarn\"", "type 'yarn'"},
+        {"rope_type null, type yarn", "\"rope_type\": \"default\"", "\"rope_type\": null, \"type\": \"yarn\"", "yarn needs a numeric 'factor'"},
         {"hidden_act gelu", "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", "hidden_act 'gelu'"},
     };
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {

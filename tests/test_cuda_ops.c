@@ -687,7 +687,7 @@ static void test_qk_norm_rope_store(int neox, int kv_f32) {
     const int q_dim = n_head * hd, kv_dim = n_head_kv * hd, n_blocks = max_blocks;
     int32_t pos[3] = {0, 5, 37}, seq[3] = {0, 0, 0}, tab[4] = {2, 0, 3, 1};
     float *q = xmalloc((size_t)n_tok * q_dim * 4), *k = xmalloc((size_t)n_tok * kv_dim * 4), *v = xmalloc((size_t)n_tok * kv_dim * 4);
-    float qn[64], kn[64], inv[32];
+    float qn[64], kn[64], inv[33];
     fill(q, (size_t)n_tok * q_dim, 2.0f), fill(k, (size_t)n_tok * kv_dim, 2.0f), fill(v, (size_t)n_tok * kv_dim, 1.0f);
     fill(qn, 64, 1.0f), fill(kn, 64, 1.0f);
     rope_inv_freq(inv, n_rot, 1000000.0f);
@@ -765,7 +765,7 @@ static void test_qk_norm_rope_rows(int neox) {
     const int ld = q_dim + 2 * kv_dim;
     int32_t pos[40], seq[40], tab[8] = {5, 2, 7, 0, 3, 6, 1, 4};
     for (int t = 0; t < n_tok; t++) seq[t] = t < 25 ? 0 : 1, pos[t] = t < 25 ? 3 + t : 15 + t; /* 3..27, 40..54 */
-    float *qkv = xmalloc((size_t)n_tok * ld * 4), qn[128], kn[128], inv[64] = {0};
+    float *qkv = xmalloc((size_t)n_tok * ld * 4), qn[128], kn[128], inv[65] = {0};
     fill(qkv, (size_t)n_tok * ld, 2.0f), fill(qn, 128, 1.0f), fill(kn, 128, 1.0f);
     rope_inv_freq(inv, n_rot, 1000000.0f);
     float *dqn = dev_put(qn, sizeof qn), *dkn = dev_put(kn, sizeof kn), *dinv = dev_put(inv, sizeof inv);

@@ -112,6 +112,9 @@ void common_help(int width, int with_ctx) {
                               " also --kv-cache-dtype, -ctk/-ctv"},
         {"--kv-sink N", "quantized cache: first N positions kept exact (default 4)"},
         {"--kv-window W", "quantized cache: last W positions before each query kept exact (default 128)"},
+        {"--rope-scaling T", "none, linear, yarn or llama3, over the model file's (also llama.cpp's spelling)"},
+        {"--rope-factor F", "the scaling factor (alias --rope-scale)"},
+        {"--original-max-position-embeddings N", "the trained context the scaling starts from (alias --yarn-orig-ctx)"},
     };
     const int n = (int)(sizeof rows / sizeof *rows), from = with_ctx ? 2 : 3; /* rows[2] is -c */
     help_print(rows, 2, width);
@@ -125,10 +128,51 @@ int arg_kv_cache_type(const struct args *a, const char *flag, const char *v) {
     return t;
 }
 
+/* RoPE scaling given on the command line, applied over the file's when the model is opened. */
+static struct {
+    int type;                 /* -1: the file's */
+    float factor, attn_factor, beta_fast, beta_slow;
+    int orig_ctx;             /* -1: the file's */
+} rope_cli = {-1, 0, 0, 0, 0, -1};
+
+void cli_model_overrides(const struct args *a, struct pxq_model *m) {
+    const int tuned = rope_cli.factor || rope_cli.orig_ctx >= 0 || rope_cli.attn_factor || rope_cli.beta_fast || rope_cli.beta_slow;
+    if (rope_cli.type < 0 && !tuned) return;
+    struct rope_scaling rs = model_hparams(m)->rope_scaling;
+    if (rope_cli.type >= 0 && rope_cli.type != (int)rs.type) { /* a new type starts from its defaults */
+        memset(&rs, 0, sizeof rs);
+        rs.type = (enum rope_scaling_type)rope_cli.type;
+    }
+    if (rs.type == ROPE_SCALING_NONE && tuned)
+        fail(a, 2, "--rope-factor and the YaRN flags need --rope-scaling linear|yarn|llama3 (%s)",
+             rope_cli.type < 0 ? "the model has no RoPE scaling" : "--rope-scaling none was given");
+    if (rope_cli.factor) rs.factor = rope_cli.factor;
+    if (rope_cli.orig_ctx >= 0) rs.orig_ctx = rope_cli.orig_ctx;
+    if (rope_cli.attn_factor) rs.attn_factor = rope_cli.attn_factor;
+    if (rope_cli.beta_fast) rs.beta_fast = rope_cli.beta_fast;
+    if (rope_cli.beta_slow) rs.beta_slow = rope_cli.beta_slow;
+    char err[256];
+    if (model_set_rope_scaling(m, &rs, err, sizeof err)) fail(a, 2, "%s", err);
+}
+
 int device_parse(struct args *a, struct pxq_engine_params *ep) {
     static const char *ct_flag, *ct_val; /* llama.cpp's --cache-type-k / -v: one PXQ type for both */
     const char *f = a->argv[a->i];
-    if (!strcmp(f, "--kv-cache-type") || !strcmp(f, "--kv-cache-dtype")) {
+    if (!strcmp(f, "--rope-scaling")) { /* vLLM / the seed; llama.cpp's spelling too */
+        const char *v = arg_str(a);
+        rope_cli.type = rope_scaling_parse(v);
+        if (rope_cli.type < 0) fail(a, 2, "--rope-scaling: unknown type '%s'; the types are none, linear, yarn, llama3", v);
+    } else if (!strcmp(f, "--rope-factor") || !strcmp(f, "--rope-scale")) {
+        rope_cli.factor = (float)arg_num(a, 1e-6, 1e6);
+    } else if (!strcmp(f, "--original-max-position-embeddings") || !strcmp(f, "--yarn-orig-ctx")) {
+        rope_cli.orig_ctx = (int)arg_int(a, 1, 1 << 30);
+    } else if (!strcmp(f, "--yarn-attn-factor")) {
+        rope_cli.attn_factor = (float)arg_num(a, 1e-6, 1e6);
+    } else if (!strcmp(f, "--yarn-beta-fast")) {
+        rope_cli.beta_fast = (float)arg_num(a, 1e-6, 1e6);
+    } else if (!strcmp(f, "--yarn-beta-slow")) {
+        rope_cli.beta_slow = (float)arg_num(a, 1e-6, 1e6);
+    } else if (!strcmp(f, "--kv-cache-type") || !strcmp(f, "--kv-cache-dtype")) {
         ep->kv_type = arg_kv_cache_type(a, f, arg_str(a));
     } else if (!strcmp(f, "--cache-type-k") || !strcmp(f, "-ctk") || !strcmp(f, "--cache-type-v") || !strcmp(f, "-ctv")) {
         const char *v = arg_str(a);
@@ -202,6 +246,7 @@ struct pxq_model *open_model_or_fail(const struct args *a, const char *path) {
     const int given = path != NULL;
     if (!path) path = default_model_path();
     struct pxq_model *m = model_open(path, err, sizeof err);
+    if (m) cli_model_overrides(a, m);
     const char *env = getenv("PXQ_MODEL");
     if (!m) fail(a, 1, "%s%s", err,
                  given                ? ""

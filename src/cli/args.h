@@ -55,8 +55,12 @@ void common_help(int width, int with_ctx);
  * binary's directory or its parent, else relative to the working directory. */
 const char *default_model_path(void);
 
-/* Open the model (or exit 1 with the loader's message). */
+/* Open the model (or exit 1 with the loader's message), with the command line's overrides applied. */
 struct pxq_model *open_model_or_fail(const struct args *a, const char *path);
+/* The command line's model overrides (--rope-scaling, --rope-factor, --original-max-position-embeddings
+ * and llama.cpp's --rope-scale, --yarn-orig-ctx, --yarn-attn-factor, --yarn-beta-fast/-slow, parsed by
+ * device_parse) over the file's; exit 2 with a message on a bad combination. */
+void cli_model_overrides(const struct args *a, struct pxq_model *m);
 
 /* Parse sizes with a unit, in any case: "16GiB", "512MiB", "24GB", "1e9B" (B, K/KiB, KB, M/MiB, MB,
  * G/GiB, GB, T/TiB, TB). Returns 0; -1 for a bare number, a negative or non-finite value, or an

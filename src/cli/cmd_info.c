@@ -33,6 +33,10 @@ int cmd_info(int argc, char **argv) {
     printf("n_ctx_train %d, rope_theta %g, n_rot %d (%s), rms_eps %g, tied embeddings %s, qkv bias %s, q/k norm %s\n",
            hp->n_ctx_train, hp->rope_theta, hp->n_rot, hp->rope_style == ROPE_NEOX ? "neox" : "interleaved", hp->rms_eps,
            hp->tie_embd ? "yes" : "no", hp->has_qkv_bias ? "yes" : "no", hp->has_qk_norm ? "yes" : "no");
+    const struct rope_scaling *rs = &hp->rope_scaling;
+    if (rs->type != ROPE_SCALING_NONE)
+        printf("rope scaling: %s, factor %g, original context %d%s\n", rope_scaling_name(rs->type), rs->factor,
+               rs->orig_ctx ? rs->orig_ctx : hp->n_ctx_train, rs->orig_ctx ? "" : " (n_ctx_train)");
     if (hp->n_expert) printf("experts %d, used %d, n_ff_exp %d, norm_topk_prob %d\n", hp->n_expert, hp->n_expert_used, hp->n_ff_exp, hp->norm_topk_prob);
     if (hp->arch == ARCH_QWEN35) { /* hybrid: KV only for attention layers, a fixed float32 state for the others */
         int n_dn = 0;

@@ -53,5 +53,6 @@ struct pxq_model *load_opts_open(const struct args *a, const struct load_opts *o
     char err[512] = "";
     struct pxq_model *m = model_open_dummy(o->config, o->dtype, o->seed, n_threads, err, sizeof err);
     if (!m) fail(a, 1, "%s", err);
+    cli_model_overrides(a, m);
     return m;
 }

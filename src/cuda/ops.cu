@@ -180,12 +180,12 @@ extern "C" void rmsnorm_f16_cuda(float *out, void *x16, const float *x, const fl
 __global__ void rope_kernel(float *x, int n_heads, int head_dim, int n_rot, const int32_t *pos, const float *inv_freq,
                             int neox, int ld) {
     const int half = n_rot / 2;
-    const float p = (float)pos[blockIdx.x];
+    const float p = (float)pos[blockIdx.x], m = inv_freq[half]; /* rope.h's table: the attention factor last */
     float *xt = x + (size_t)blockIdx.x * ld;
     for (int idx = threadIdx.x; idx < n_heads * half; idx += blockDim.x) {
         int h = idx / half, i = idx - h * half;
         float ang = p * inv_freq[i];
-        float c = cosf(ang), s = sinf(ang);
+        float c = cosf(ang) * m, s = sinf(ang) * m;
         float *v = xt + (size_t)h * head_dim;
         int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
         float a = v[i0], b = v[i1];
@@ -444,12 +444,12 @@ __global__ void __launch_bounds__(QKR_WARPS * 32)
     size_t off = 0;
     if (live) {
         qkr_weights(w, hd, lane, wv);
-        const float p = (float)pos[t];
+        const float p = (float)pos[t], m = inv_freq[half]; /* rope.h's table: the attention factor last */
 #pragma unroll
         for (int k2 = 0; k2 < QKR_PER / 2; k2++) {
             const int i = lane + 32 * k2;
             const float ang = i < half ? p * inv_freq[i] : 0.0f;
-            cs[k2] = cosf(ang), sn[k2] = sinf(ang);
+            cs[k2] = cosf(ang) * m, sn[k2] = sinf(ang) * m;
         }
         if (is_k) {
             const int32_t *tab = kv.block_tab + (size_t)seq_id[t] * kv.max_blocks;
@@ -487,9 +487,10 @@ __global__ void __launch_bounds__(QKP_WARPS * 32)
     pdl_wait();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = blockIdx.x, hd = kv.head_dim;
     const int half = n_rot / 2, p = pos[t];
+    const float m = inv_freq[half]; /* rope.h's table: the attention factor last */
     for (int i = threadIdx.x; i < 32 * QKR_PER / 2; i += blockDim.x) {
         const float ang = i < half ? (float)p * inv_freq[i] : 0.0f;
-        cs_s[i] = cosf(ang), sn_s[i] = sinf(ang);
+        cs_s[i] = cosf(ang) * m, sn_s[i] = sinf(ang) * m;
     }
     const size_t off_t = kv_off(kv, l, kv.block_tab + (size_t)seq_id[t] * kv.max_blocks, p);
     __syncthreads();
