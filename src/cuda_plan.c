@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cuda/backend.h"
+#include "kvcache.h"
 #include "engine_impl.h"
 #include "quant.h"
 #include "util.h"
@@ -221,8 +222,8 @@ void cuda_widths_of(const struct pxq_hparams *hp, size_t *max_in, size_t *max_ma
     *max_mat = mat;
 }
 
-int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, int kv_elt, struct cuda_plan *plan,
-                  char *err, size_t errlen) {
+int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, const struct kv_layout *lay,
+                  struct cuda_plan *plan, char *err, size_t errlen) {
     const struct pxq_hparams *hp = model_hparams(m);
     memset(plan, 0, sizeof *plan);
     const int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
@@ -264,12 +265,13 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
     }
     w += al((size_t)hp->n_embd * 4) + al((size_t)(hp->n_rot / 2 + 1) * 4);
     plan->weights = w;
-    const size_t kv_dim = (size_t)hp->n_head_kv * hd;
-    int n_layer_kv = 0;
-    for (int il = 0; il < hp->n_layer; il++) n_layer_kv += hp->layer_kind[il] == LAYER_ATTN;
-    plan->kv_per_token = (size_t)n_layer_kv * kv_dim * 2 * (size_t)kv_elt;
+    /* the KV pools as the backend allocates them (kv_step), from the cache's layout */
+    plan->kv_per_token = kv_layout_bytes_per_pos(lay);
     plan->kv_tokens = (int64_t)p->kv_blocks * p->kv_block_size;
-    plan->kv = 2 * al((size_t)plan->kv_tokens * plan->kv_per_token / 2);
+    plan->kv = al((size_t)p->kv_blocks * lay->block_bytes[KV_K]) + al((size_t)p->kv_blocks * lay->block_bytes[KV_V]);
+    if (lay->quantized)
+        plan->kv += al(2 * (size_t)lay->n_layer_kv * sizeof(struct kv_layer_desc)) +
+                    2 * al(kv_layout_residual_bytes(lay) / 2 * (size_t)p->n_seq_max);
     for (int small = 0; small < 2; small++) { /* whole-matrix tiles, or the small ones if over budget */
         struct cuda_bufs bf;
         plan->w16_max = small ? CUDA_W16_SMALL_ELEMS : CUDA_W16_MAX_ELEMS;

@@ -62,12 +62,6 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
         return NULL;
     }
 #endif
-    if (e->p.device != PXQ_DEVICE_CPU && e->p.kv_type != KV_CACHE_F16) {
-        set_err(err, errlen, "--kv-cache-type %s: the CUDA backend's attention reads an f16 cache only so far; "
-                "the quantized cache runs on --device cpu", kv_cache_type_name((enum kv_cache_type)e->p.kv_type));
-        free(e);
-        return NULL;
-    }
     if (e->p.kv_blocks <= 0) e->p.kv_blocks = (int)kv_blocks_for(e->p.n_ctx, e->p.kv_block_size) * e->p.n_seq_max;
     int n_kv = 0;
     for (int il = 0; il < hp->n_layer; il++) e->kv_layer[il] = hp->layer_kind[il] == LAYER_ATTN ? n_kv++ : -1;

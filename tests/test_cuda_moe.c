@@ -55,9 +55,14 @@ static void test_plan(void) {
         ep.kv_block_size = 16;
         ep.kv_blocks = 16;
         struct cuda_plan plan;
-        int rc = cuda_mem_plan(ms[i], &ep, 2, &plan, err, sizeof err);
+        struct kv_layout lay; /* the f16 cache this engine would have */
+        struct kv_spec spec = pxq_kv_spec(ms[i], &ep);
+        int n_kv = 0;
+        for (int il = 0; il < hp->n_layer; il++) n_kv += hp->layer_kind[il] == LAYER_ATTN;
+        CHECK(kv_layout_init(&lay, n_kv, hp->n_head_kv, hp->head_dim, ep.kv_block_size, &spec, err, sizeof err) == 0, "%s", err);
+        int rc = cuda_mem_plan(ms[i], &ep, &lay, &plan, err, sizeof err);
         CHECK(rc == 0, "cuda_mem_plan %s: %s", model_path(ms[i]), err);
-        if (rc) continue;
+        if (rc) { kv_layout_free(&lay); continue; }
         size_t bytes = 0, n_items = 0;
         for (int t = 0; t < model_n_tensors(ms[i]); t++) bytes += model_tensor(ms[i], t)->nbytes, n_items++;
         if (model_output(ms[i]) != model_token_embd(ms[i])) /* untied: token_embd stays in host memory */
@@ -77,17 +82,17 @@ static void test_plan(void) {
             struct pxq_tensor *up1 = (struct pxq_tensor *)L->experts[1].up;
             up1->type = PXQ_TYPE_F16;
             err[0] = 0;
-            rc = cuda_mem_plan(ms[i], &ep, 2, &plan, err, sizeof err);
+            rc = cuda_mem_plan(ms[i], &ep, &lay, &plan, err, sizeof err);
             printf("plan with one f16 expert: %s\n", err);
             CHECK(rc != 0 && strstr(err, "one type per matrix") && strstr(err, up1->name), "mixed expert types: %s", err);
             struct cuda_plan p2;
             for (int x = 0; x < hp->n_expert; x++) ((struct pxq_tensor *)L->experts[x].up)->type = PXQ_TYPE_F16;
             CHECK(!cuda_moe_gu_fused(L), "gate f32 and up f16 are not fused");
-            rc = cuda_mem_plan(ms[i], &ep, 2, &p2, err, sizeof err);
+            rc = cuda_mem_plan(ms[i], &ep, &lay, &p2, err, sizeof err);
             CHECK(rc == 0, "layer 1 ups in f16: %s", err);
             struct cuda_plan p0;
             for (int x = 0; x < hp->n_expert; x++) ((struct pxq_tensor *)L->experts[x].up)->type = PXQ_TYPE_F32;
-            CHECK(cuda_mem_plan(ms[i], &ep, 2, &p0, err, sizeof err) == 0 && cuda_moe_gu_fused(L), "restored: %s", err);
+            CHECK(cuda_mem_plan(ms[i], &ep, &lay, &p0, err, sizeof err) == 0 && cuda_moe_gu_fused(L), "restored: %s", err);
             /* the f16 ups take half the bytes: n_expert * n_ff_exp * n_embd * 2 fewer, up to the alignment */
             const long long want = (long long)hp->n_expert * hp->n_ff_exp * hp->n_embd * 2;
             const long long got = (long long)p0.weights - (long long)p2.weights;
@@ -96,6 +101,7 @@ static void test_plan(void) {
             CHECK(rc == 0 && llabs(got - want) <= 2 * CUDA_ALIGN, "f16 ups save %lld bytes, expected %lld", got, want);
         }
         model_free(ms[i]);
+        kv_layout_free(&lay);
     }
 }
 

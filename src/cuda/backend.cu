@@ -237,7 +237,7 @@ static int plan_step(struct pxq_engine *e, int exact, struct cuda_plan *plan, si
        * chooses the prefill tiles (whole matrices, or the small ones where those would not fit) */
         struct pxq_engine_params pp = e->p;
         if (!pp.gpu_mem) pp.gpu_mem = free_b;
-        if (cuda_mem_plan(e->m, &pp, exact ? 4 : 2, plan, err, errlen)) return -1;
+        if (cuda_mem_plan(e->m, &pp, &e->kv.lay, plan, err, errlen)) return -1;
     }
     char ps[320];
     cuda_mem_plan_str(plan, ps, sizeof ps);
@@ -480,16 +480,6 @@ static void upload_step(struct pxq_engine *e, cuda_backend *b, size_t *max_in, s
 /* KV: the paged cache in the engine's layout (kvcache.h), f16 (f32 in exact mode, which the layout
  * then says too). Its block tables are the step inputs' (buffers_step). */
 static int kv_step(struct pxq_engine *e, cuda_backend *b, char *err, size_t errlen) {
-    if (b->exact) { /* the device keeps float32: describe it so */
-        struct kv_layout lay;
-        struct kv_spec spec = pxq_kv_spec(e->m, &e->p);
-        spec.exact_f32 = 1;
-        if (kv_layout_init(&lay, e->kv.lay.n_layer_kv, e->kv.lay.n_head_kv, e->kv.lay.head_dim, e->kv.lay.block_size,
-                           &spec, err, errlen) != 0)
-            return -1;
-        kv_layout_free(&e->kv.lay);
-        e->kv.lay = lay;
-    }
     cuda_kv *kv = &b->kv;
     if (cuda_kv_from_layout(kv, &e->kv.lay) != 0) {
         snprintf(err, errlen, "CUDA: the KV cache's element types are not ones the CUDA kernels read (f16 or f32)");
@@ -497,6 +487,16 @@ static int kv_step(struct pxq_engine *e, cuda_backend *b, char *err, size_t errl
     }
     kv->k = arena_get(b, (size_t)e->kv.n_blocks * e->kv.lay.block_bytes[KV_K]);
     kv->v = arena_get(b, (size_t)e->kv.n_blocks * e->kv.lay.block_bytes[KV_V]);
+    if (kv->quantized) { /* the per-layer descriptors, and the residual of every sequence slot */
+        const size_t nd = (size_t)e->kv.lay.n_layer_kv, rb = kv_layout_residual_bytes(&e->kv.lay) / 2;
+        kv_layer_desc *dd = (kv_layer_desc *)arena_get(b, 2 * nd * sizeof(kv_layer_desc));
+        CK(cudaMemcpy(dd, e->kv.lay.layer[KV_K], nd * sizeof(kv_layer_desc), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dd + nd, e->kv.lay.layer[KV_V], nd * sizeof(kv_layer_desc), cudaMemcpyHostToDevice));
+        kv->desc = dd;
+        kv->res_k = (float *)arena_get(b, rb * (size_t)e->p.n_seq_max);
+        kv->res_v = (float *)arena_get(b, rb * (size_t)e->p.n_seq_max);
+        b->prefill_attn = b->decode_attn = 0; /* the tensor-core kernels read f16 rows: the generic one reads these */
+    }
     return 0;
 }
 
@@ -505,9 +505,14 @@ extern "C" int cuda_kv_from_layout(cuda_kv *kv, const struct kv_layout *lay) {
     const int t0 = lay->n_layer_kv ? lay->layer[KV_K][0].type[0] : KV_F16;
     for (int pool = 0; pool < 2; pool++)
         for (int l = 0; l < lay->n_layer_kv; l++)
-            for (int h = 0; h < lay->n_head_kv; h++)
-                if (lay->layer[pool][l].type[h] != t0) return -1;
-    if (t0 != KV_F16 && t0 != KV_F32) return -1;
+            for (int h = 0; h < lay->n_head_kv; h++) {
+                const int t = lay->layer[pool][l].type[h];
+                if (lay->quantized ? !(t == KV_Q8_0 || (pool == KV_V && t == KV_Q2NU)) : t != t0) return -1;
+            }
+    if (!lay->quantized && t0 != KV_F16 && t0 != KV_F32) return -1;
+    kv->quantized = lay->quantized;
+    kv->block_bytes_k = lay->block_bytes[KV_K], kv->block_bytes_v = lay->block_bytes[KV_V];
+    kv->n_sink = lay->n_sink, kv->n_window = lay->n_window, kv->n_ring = lay->n_ring;
     kv->kv_f32 = t0 == KV_F32;
     kv->n_layer_kv = lay->n_layer_kv;
     kv->block_size = lay->block_size;
@@ -592,9 +597,24 @@ static void buffers_step(struct pxq_engine *e, cuda_backend *b, size_t max_in, s
 
 extern "C" void cuda_backend_free(struct pxq_engine *e);
 
+/* Exact mode keeps an f16-type cache in float32 on the device: describe it so, before the plan. */
+static int exact_layout(struct pxq_engine *e, char *err, size_t errlen) {
+    struct kv_layout lay;
+    struct kv_spec spec = pxq_kv_spec(e->m, &e->p);
+    if (spec.type != KV_CACHE_F16) return 0;
+    spec.exact_f32 = 1;
+    if (kv_layout_init(&lay, e->kv.lay.n_layer_kv, e->kv.lay.n_head_kv, e->kv.lay.head_dim, e->kv.lay.block_size, &spec,
+                       err, errlen) != 0)
+        return -1;
+    kv_layout_free(&e->kv.lay);
+    e->kv.lay = lay;
+    return 0;
+}
+
 extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) {
     struct cuda_tuning tune;
     cuda_tuning_from_env(&tune);
+    if (tune.exact && exact_layout(e, err, errlen)) return -1;
     struct cuda_plan plan;
     size_t arena_size = 0, max_in = 0, max_mat = 0;
     if (plan_step(e, tune.exact, &plan, &arena_size, err, errlen)) return -1;

@@ -137,12 +137,14 @@ struct cuda_plan {
     int64_t kv_tokens;
     size_t w16_max;     /* the prefill tile buffers' elements (CUDA_W16_MAX_ELEMS or _SMALL_ELEMS) */
 };
-/* The plan for model m under params p resolved as pxq_engine_new resolves them, with kv_elt bytes
- * per KV element (2: f16, 4: f32). Returns 0, or -1 with a message if the CUDA backend cannot run
+/* The plan for model m under params p resolved as pxq_engine_new resolves them, with the KV cache
+ * of layout lay (kvcache.h: its pools per block, and for a quantized cache the descriptors and the
+ * residual of n_seq_max sequences). Returns 0, or -1 with a message if the CUDA backend cannot run
  * the model (a weight type, head_dim or DeltaNet head it has no kernel for; MoE experts of one
  * matrix in several types). */
-int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, int kv_elt, struct cuda_plan *plan,
-                  char *err, size_t errlen);
+struct kv_layout;
+int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, const struct kv_layout *lay,
+                  struct cuda_plan *plan, char *err, size_t errlen);
 /* One line: "weights X GiB + KV Y GiB (Z KiB/token x N tokens) + activations A MiB + workspace B MiB = T GiB". */
 void cuda_mem_plan_str(const struct cuda_plan *plan, char *out, size_t cap);
 

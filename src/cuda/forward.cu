@@ -208,6 +208,8 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
         qk_norm_rope_store_cuda(q_out, qkv, qkv + q_dim, qkv + q_dim + kv_dim, ld, ld, L->v[CV_Q_NORM],
                                 L->v[CV_K_NORM], hp->rms_eps, hp->n_head, hp->n_rot, b->di.pos, b->inv_freq, neox,
                                 &b->kv, l, b->di.seq, n, st);
+        if (b->kv.quantized) /* the roped k and v quantized into the cache (kv_store_ubatch's twin) */
+            kv_store_q_cuda(&b->kv, l, qkv + q_dim, qkv + q_dim + kv_dim, ld, b->di.pos, b->di.seq, n, st);
         att_q8 = attention(b, q_out, l, hp->n_head, s, xq_att, !gated);
     } else {
         float *k = b->k, *v = b->v;
@@ -226,6 +228,7 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
         /* q/k norm (before RoPE), RoPE, and the KV store: one kernel */
         qk_norm_rope_store_cuda(b->q, b->q, k, v, q_dim, kv_dim, L->v[CV_Q_NORM], L->v[CV_K_NORM], hp->rms_eps,
                                 hp->n_head, hp->n_rot, b->di.pos, b->inv_freq, neox, &b->kv, l, b->di.seq, n, st);
+        if (b->kv.quantized) kv_store_q_cuda(&b->kv, l, k, v, kv_dim, b->di.pos, b->di.seq, n, st);
         att_q8 = attention(b, b->q, l, hp->n_head, s, xq_att, !gated);
     }
     if (gated) sigmoid_gate_cuda(b->att, xq, b->xds, b->xb2, (int64_t)n * q_dim, st);

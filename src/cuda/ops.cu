@@ -14,6 +14,7 @@
 #include "cuda/ops_cuda.h"
 
 #include "cuda/common.cuh"
+#include "cuda/kv_quant.cuh"
 #include "cuda/probe.cuh"
 #include "cuda/launch.cuh"
 
@@ -334,9 +335,52 @@ __global__ void kv_store_kernel(const cuda_kv kv, int l, const float *k, const f
     }
 }
 
+/* grid (n_tokens, n_head_kv, 2 pools), block head_dim: warp g quantizes group g of the head's row
+ * (kv_quantize_row: q8_0 d = absmax / 127 and codes rint(x / d); q2nu the f16 absmax and the nearest
+ * level, ties to the lower), then the float row goes to the residual where the position has a slot. */
+__global__ void kv_store_q_kernel(const cuda_kv kv, int l, const float *k, const float *v, int ld, const int32_t *pos,
+                                  const int32_t *seq_id) {
+    const int t = blockIdx.x, h = blockIdx.y, pool = blockIdx.z, i = threadIdx.x, lane = i & 31, g = i >> 5;
+    const int p = pos[t], s = seq_id[t];
+    const float x = (pool ? v : k)[(size_t)t * ld + (size_t)h * kv.head_dim + i];
+    const int32_t *tab = kv.block_tab + (size_t)s * kv.max_blocks;
+    const kv_layer_desc *d;
+    uint8_t *row = (uint8_t *)kvq_row(kv, pool, l, tab, h, p, &d);
+    const float amax = warp_max(fabsf(x));
+    if (d->type[h] == KV_Q8_0) {
+        uint8_t *gp = row + (size_t)g * (2 + KV_GROUP);
+        const float dd = amax / 127.0f, id = dd > 0.0f ? 1.0f / dd : 0.0f;
+        if (lane == 0) *(__half *)gp = __float2half_rn(dd);
+        gp[2 + lane] = (uint8_t)(int8_t)__float2int_rn(x * id);
+    } else {
+        uint8_t *gp = row + (size_t)g * (2 + KV_GROUP / 4);
+        const __half dh = __float2half_rn(amax);
+        const float dd = __half2float(dh), id = dd > 0.0f ? 1.0f / dd : 0.0f, u = x * id;
+        const float *lv = d->levels[h];
+        int best = 0;
+#pragma unroll
+        for (int c = 1; c < 4; c++)
+            if (fabsf(u - lv[c]) < fabsf(u - lv[best])) best = c;
+        unsigned b = (unsigned)best << (2 * (lane & 3));
+        b |= __shfl_down_sync(FULL_MASK, b, 1);
+        b |= __shfl_down_sync(FULL_MASK, b, 2);
+        if ((lane & 3) == 0) gp[2 + lane / 4] = (uint8_t)b;
+        if (lane == 0) *(__half *)gp = dh;
+    }
+    float *r = kvq_res(kv, pool, l, s, p);
+    if (r) r[(size_t)h * kv.head_dim + i] = x;
+}
+
+extern "C" void kv_store_q_cuda(const struct cuda_kv *kv, int l, const float *k, const float *v, int ld,
+                                const int32_t *pos, const int32_t *seq_id, int n_tokens, cudaStream_t st) {
+    if (n_tokens <= 0) return;
+    kv_store_q_kernel<<<dim3(n_tokens, kv->n_head_kv, 2), kv->head_dim, 0, st>>>(*kv, l, k, v, ld, pos, seq_id);
+}
+
 extern "C" void kv_store_cuda(const struct cuda_kv *kv, int l, const float *k, const float *v, const int32_t *pos,
                               const int32_t *seq_id, int n_tokens, cudaStream_t st) {
     if (n_tokens <= 0) return;
+    if (kv->quantized) return kv_store_q_cuda(kv, l, k, v, kv->kv_dim, pos, seq_id, n_tokens, st);
     kv_store_kernel<<<n_tokens, 128, 0, st>>>(*kv, l, k, v, pos, seq_id);
 }
 
@@ -403,7 +447,7 @@ static __device__ __forceinline__ void qkr_finish(float *y, bool has_w, float ep
         if (i >= hd) continue;
         const float o = hv[i];
         y[i] = o;
-        if (is_k) {
+        if (is_k && !kv.quantized) { /* a quantized cache is written by kv_store_q_cuda from y */
             if (kv.kv_f32) {
                 ((float *)kv.k)[off + i] = o;
                 ((float *)kv.v)[off + i] = vv[k2];
@@ -559,7 +603,7 @@ static __device__ __forceinline__ void load8(const void *base, size_t off, float
  * Shared memory: K tile [32][head_dim + 4] (rows 16-byte aligned, a lane per row reads float4s
  * without bank conflicts), V tile [32][head_dim], q of the group's heads. Scoring: lane j = position
  * j; accumulating: lane owns dims 4*lane + 128c .. +3. */
-template <typename KV>
+template <typename KV, bool Q = false>
 __global__ void attention_kernel(float *__restrict__ out, float *__restrict__ part_o, float *__restrict__ part_ml,
                                  const float *__restrict__ q,
                                  const cuda_kv kv, int l, const int32_t *__restrict__ pos,
@@ -584,7 +628,10 @@ __global__ void attention_kernel(float *__restrict__ out, float *__restrict__ pa
         for (int idx = threadIdx.x; idx < ATT_TILE * hd8; idx += blockDim.x) {
             int j = idx / hd8, d = (idx - j * hd8) * 8, p = t0 + j;
             float kk[8], vv[8];
-            if (p < p1) {
+            if (p < p1 && Q) { /* a quantized cache: the residual or the row dequantized (kv_quant.cuh) */
+                kvq_load8(kv, KV_K, l, tab, seq_id[t], kvh, p, n_kv - 1, d, kk);
+                kvq_load8(kv, KV_V, l, tab, seq_id[t], kvh, p, n_kv - 1, d, vv);
+            } else if (p < p1) {
                 size_t off = kv_off(kv, l, tab, p) + (size_t)kvh * hd + d;
                 load8<KV>(kv.k, off, kk);
                 load8<KV>(kv.v, off, vv);
@@ -737,7 +784,8 @@ extern "C" void attention_combine_cuda(float *out, int8_t *xq, float *xds, const
 
 extern "C" int attention_cuda_prepare(int head_dim, int group) {
     const int smem = (int)attention_smem_bytes(head_dim, group);
-    if (cudaFuncSetAttribute(attention_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
+    if (cudaFuncSetAttribute(attention_kernel<float, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
+        cudaFuncSetAttribute(attention_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
         cudaFuncSetAttribute(attention_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
         return -1;
     return 0;
@@ -752,7 +800,10 @@ extern "C" void attention_cuda(float *out, const float *q, const struct cuda_kv 
     const float scale = kv->attn_scale;
     dim3 grid(n_tokens, kv->n_head_kv, n_split), block(group * 32);
     float *direct = n_split == 1 ? out : NULL; /* one split: the kernel writes out itself */
-    if (kv->kv_f32) {
+    if (kv->quantized) {
+        attention_kernel<float, true><<<grid, block, smem, st>>>(direct, part_o, part_ml, q, *kv, l, pos, seq_id, n_head,
+                                                                 n_split, split_len, scale);
+    } else if (kv->kv_f32) {
         attention_kernel<float><<<grid, block, smem, st>>>(direct, part_o, part_ml, q, *kv, l, pos, seq_id, n_head,
                                                            n_split, split_len, scale);
     } else {

@@ -196,12 +196,28 @@ struct cuda_kv {
     float attn_scale;
     const int32_t *block_tab;   /* [n_seq_max][max_blocks] (device) */
     int max_blocks;
+    /* quantized caches (--kv-cache-type q8_0 / pxq): the pools hold each head's rows in its type as
+     * the layout's descriptors say; positions a query sees exactly (kv_exact) come from the float32
+     * residual, per sequence [n_layer_kv][n_sink + n_ring][kv_dim] */
+    int quantized;
+    const struct kv_layer_desc *desc; /* device [2][n_layer_kv]: K's layers, then V's */
+    size_t block_bytes_k, block_bytes_v;
+    float *res_k, *res_v;             /* [n_seq_max][n_layer_kv][n_sink + n_ring][kv_dim] (device) */
+    int n_sink, n_window, n_ring;
 };
 
-/* The view of lay (k, v, block_tab and max_blocks left 0 for the caller). Returns 0, or -1 if lay
- * has a type the CUDA kernels do not read (only f16 everywhere, or f32 everywhere, so far). */
+/* The view of lay (k, v, block_tab, max_blocks, desc and the residual left 0 for the caller).
+ * Returns 0, or -1 if lay has a type the CUDA kernels do not read: f16 everywhere, f32 everywhere,
+ * or quantized (K q8_0, V q8_0 or q2nu per head). */
 struct kv_layout;
 int cuda_kv_from_layout(struct cuda_kv *kv, const struct kv_layout *lay);
+
+/* Quantized caches: store k[t], v[t] (row t at k + t * ld, v + t * ld; all heads, after norm and
+ * RoPE) at (seq_id[t], pos[t]) of layer l: each head's row quantized per group of 32 into its type
+ * (kv_quantize_row's arithmetic: the same codes and f16 scales), and the float row into the
+ * residual when the position has a slot there (kv_store). */
+void kv_store_q_cuda(const struct cuda_kv *kv, int l, const float *k, const float *v, int ld, const int32_t *pos,
+                     const int32_t *seq_id, int n_tokens, cudaStream_t st);
 
 /* Write k[t], v[t] ([n_tokens][kv_dim]) at (seq_id[t], pos[t]) of layer l. */
 void kv_store_cuda(const struct cuda_kv *kv, int l, const float *k, const float *v, const int32_t *pos,

@@ -1,0 +1,209 @@
+/* test_cuda_kvquant.c - the quantized KV cache on the GPU against its CPU twin (kvcache.c).
+ *
+ *   store      kv_store_q_cuda against kv_store on the same layout and block table: every byte of
+ *              both pools (codes and f16 scales) and every residual float equal. Layout: pxq with
+ *              calibrated-style levels (not the uniform ones), two heads' V kept at 8 bits, sink 4,
+ *              window 8, head_dim 64 and 128, two sequences in a shuffled block table, positions
+ *              0..39 and 0..24 written in one ubatch.
+ *   attention  attention_cuda over that cache (each position read as kv_exact says: residual or
+ *              dequantized row) against the same softmax computed on the CPU from kv_load's rows:
+ *              normalised error <= 1e-5 (fp32 on both sides; the order of the sums differs).
+ *   engine     tiny-qwen3 (HF dir), greedy 24 tokens on CPU and CUDA with --kv-cache-type q8_0 and
+ *              pxq (defaults, and every position quantized): the same tokens.
+ */
+#define TEST_RNG_SEED 0x51ed2701a3c2f8e5ull
+#include "test_cuda_common.h"
+#include "testutil.h"
+
+#ifndef PXQ_CUDA
+int main(void) { return cuda_test_gate("test_cuda_kvquant"); }
+#else
+
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/backend.h"
+#include "cuda/ops_cuda.h"
+#include "engine.h"
+#include "kvcache.h"
+#include "util.h"
+
+static void test_store_attention(int hd, int n_head_kv, int group) {
+    const int n_layer_kv = 2, bs = 16, l = 1, kv_dim = n_head_kv * hd, n_head = n_head_kv * group;
+    uint8_t v8[2 * 8] = {0};
+    float levels[2 * 8 * 4];
+    for (int i = 0; i < n_layer_kv * n_head_kv; i++) {
+        v8[i] = i % 3 == 1; /* some heads' V at 8 bits */
+        const float a = 0.6f + 0.05f * (float)(i % 5);
+        levels[4 * i] = -1, levels[4 * i + 1] = -a / 3, levels[4 * i + 2] = a / 2.5f, levels[4 * i + 3] = 0.95f;
+    }
+    struct kv_spec spec = {.type = KV_CACHE_PXQ, .n_sink = 4, .n_window = 8, .n_batch = 64, .v8 = v8, .levels = levels};
+    struct kv_layout lay;
+    char err[256];
+    CHECK(kv_layout_init(&lay, n_layer_kv, n_head_kv, hd, bs, &spec, err, sizeof err) == 0, "layout: %s", err);
+    /* the CPU cache: 8 blocks, two sequences whose tables are a shuffle of them */
+    struct kv_cache c;
+    CHECK(kv_cache_init(&c, &lay, 8, 1, err, sizeof err) == 0, "cache: %s", err);
+    struct kv_seq s[2] = {{0}, {0}};
+    kv_seq_reserve(&c, &s[0], 40), kv_seq_reserve(&c, &s[1], 25);
+    const int max_blocks = 4;
+    int32_t tab[2 * 4] = {0};
+    for (int q = 0; q < 2; q++)
+        for (int j = 0; j < s[q].n_blocks; j++) tab[q * max_blocks + j] = s[q].blocks[j];
+    const int n_tok = 65;
+    int32_t pos[65], seq[65];
+    for (int t = 0; t < n_tok; t++) seq[t] = t < 40 ? 0 : 1, pos[t] = t < 40 ? t : t - 40;
+    float *k = xmalloc((size_t)n_tok * kv_dim * 4), *v = xmalloc((size_t)n_tok * kv_dim * 4);
+    fill(k, (size_t)n_tok * kv_dim, 3.0f), fill(v, (size_t)n_tok * kv_dim, 1.0f);
+    for (int t = 0; t < n_tok; t++)
+        for (int ll = 0; ll < n_layer_kv; ll++)
+            kv_store(&c, &s[seq[t]], ll, pos[t], k + (size_t)t * kv_dim, v + (size_t)t * kv_dim);
+    /* the device cache: same layout and tables */
+    struct cuda_kv kv;
+    CHECK(cuda_kv_from_layout(&kv, &lay) == 0 && kv.quantized, "cuda view of a pxq layout");
+    const size_t pk = 8 * lay.block_bytes[KV_K], pv = 8 * lay.block_bytes[KV_V];
+    kv.k = dev_poison_bytes(pk), kv.v = dev_poison_bytes(pv);
+    kv.block_tab = dev_put(tab, sizeof tab), kv.max_blocks = max_blocks;
+    struct kv_layer_desc *dd;
+    CK(cudaMalloc((void **)&dd, 2 * n_layer_kv * sizeof *dd));
+    CK(cudaMemcpy(dd, lay.layer[KV_K], n_layer_kv * sizeof *dd, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dd + n_layer_kv, lay.layer[KV_V], n_layer_kv * sizeof *dd, cudaMemcpyHostToDevice));
+    kv.desc = dd;
+    const size_t res = kv_layout_residual_bytes(&lay) / 2; /* one pool, one sequence */
+    kv.res_k = (float *)dev_poison_bytes(2 * res), kv.res_v = (float *)dev_poison_bytes(2 * res);
+    float *dk = dev_put(k, (size_t)n_tok * kv_dim * 4), *dv = dev_put(v, (size_t)n_tok * kv_dim * 4);
+    int32_t *dpos = dev_put(pos, sizeof pos), *dseq = dev_put(seq, sizeof seq);
+    for (int ll = 0; ll < n_layer_kv; ll++) kv_store_q_cuda(&kv, ll, dk, dv, kv_dim, dpos, dseq, n_tok, 0);
+    CK(cudaDeviceSynchronize());
+    /* compare every written row's bytes, and the residual slots */
+    uint8_t *gk = xmalloc(pk), *gv = xmalloc(pv);
+    dev_get(gk, kv.k, pk), dev_get(gv, kv.v, pv);
+    size_t bad = 0, rows = 0;
+    for (int t = 0; t < n_tok; t++)
+        for (int ll = 0; ll < n_layer_kv; ll++)
+            for (int h = 0; h < n_head_kv; h++)
+                for (int pool = 0; pool < 2; pool++) {
+                    const size_t off = kv_row_off(&lay, pool, s[seq[t]].blocks, ll, h, pos[t]);
+                    const size_t nb = kv_row_bytes((enum kv_type)lay.layer[pool][ll].type[h], hd);
+                    bad += memcmp((pool ? gv : gk) + off, c.pool[pool] + off, nb) != 0;
+                    rows++;
+                }
+    CHECK(bad == 0, "hd %d: %zu of %zu quantized rows differ from the CPU's bytes", hd, bad, rows);
+    float *rk = xmalloc(2 * res), *rv = xmalloc(2 * res);
+    dev_get(rk, kv.res_k, 2 * res), dev_get(rv, kv.res_v, 2 * res);
+    const size_t per_seq = res / 4; /* floats */
+    int res_bad = 0;
+    for (int q = 0; q < 2; q++)
+        for (int ll = 0; ll < n_layer_kv; ll++)
+            for (int p = 0; p < (q ? 25 : 40); p++) {
+                if (!kv_exact(&lay, p, q ? 24 : 39)) continue; /* slots the last query reads */
+                const float *want = kv_load(&c, &s[q], KV_K, ll, 0, p, q ? 24 : 39, NULL);
+                const int slot = p < lay.n_sink ? p : lay.n_sink + p % lay.n_ring;
+                const float *got = rk + q * per_seq + ((size_t)ll * (lay.n_sink + lay.n_ring) + slot) * kv_dim;
+                res_bad += memcmp(got, want, (size_t)kv_dim * 4) != 0;
+                const float *wv = kv_load(&c, &s[q], KV_V, ll, 0, p, q ? 24 : 39, NULL);
+                res_bad += memcmp(rv + q * per_seq + ((size_t)ll * (lay.n_sink + lay.n_ring) + slot) * kv_dim, wv,
+                                  (size_t)kv_dim * 4) != 0;
+            }
+    CHECK(res_bad == 0, "hd %d: %d residual rows differ", hd, res_bad);
+    /* attention over the cache: a query per token, against the CPU's softmax over kv_load's rows */
+    float *q = xmalloc((size_t)n_tok * n_head * hd * 4), *ref = xmalloc((size_t)n_tok * n_head * hd * 4);
+    fill(q, (size_t)n_tok * n_head * hd, 1.0f);
+    float *sc = xmalloc(64 * sizeof(float)), tmp[256];
+    for (int t = 0; t < n_tok; t++)
+        for (int h = 0; h < n_head; h++) {
+            const int kvh = h / group, n_kv = pos[t] + 1;
+            const float *qh = q + ((size_t)t * n_head + h) * hd;
+            float m = -INFINITY, sum = 0;
+            for (int p = 0; p < n_kv; p++) {
+                const float *kr = kv_load(&c, &s[seq[t]], KV_K, l, kvh, p, pos[t], tmp);
+                double a = 0;
+                for (int d = 0; d < hd; d++) a += (double)qh[d] * kr[d];
+                sc[p] = (float)a * lay.attn_scale;
+                m = fmaxf(m, sc[p]);
+            }
+            float *o = ref + ((size_t)t * n_head + h) * hd;
+            memset(o, 0, (size_t)hd * 4);
+            for (int p = 0; p < n_kv; p++) sum += sc[p] = expf(sc[p] - m);
+            for (int p = 0; p < n_kv; p++) {
+                const float *vr = kv_load(&c, &s[seq[t]], KV_V, l, kvh, p, pos[t], tmp);
+                for (int d = 0; d < hd; d++) o[d] += sc[p] / sum * vr[d];
+            }
+        }
+    CHECK(attention_cuda_prepare(hd, group) == 0, "attention smem");
+    float *dq = dev_put(q, (size_t)n_tok * n_head * hd * 4), *dout = dev_poison((size_t)n_tok * n_head * hd);
+    const int n_split = 3, split_len = 16;
+    float *po = dev_poison((size_t)n_tok * n_head * n_split * hd), *pml = dev_poison((size_t)n_tok * n_head * n_split * 2);
+    attention_cuda(dout, dq, &kv, l, dpos, dseq, n_tok, n_head, n_split, split_len, po, pml, 0);
+    attention_combine_cuda(dout, NULL, NULL, po, pml, n_tok, n_head, hd, n_split, 0);
+    CK(cudaDeviceSynchronize());
+    float *got = xmalloc((size_t)n_tok * n_head * hd * 4);
+    dev_get(got, dout, (size_t)n_tok * n_head * hd * 4);
+    const double e = norm_err(got, ref, (size_t)n_tok * n_head * hd);
+    printf("kv quant hd %d, %d kv heads x %d: store %zu rows equal, attention error %.2e\n", hd, n_head_kv, group, rows - bad, e);
+    CHECK(e <= 1e-5, "hd %d: attention over the quantized cache, normalised error %.3g", hd, e);
+    cudaFree(kv.k), cudaFree(kv.v), cudaFree((void *)kv.block_tab), cudaFree(dd), cudaFree(kv.res_k), cudaFree(kv.res_v);
+    cudaFree(dk), cudaFree(dv), cudaFree(dpos), cudaFree(dseq), cudaFree(dq), cudaFree(dout), cudaFree(po), cudaFree(pml);
+    free(k), free(v), free(gk), free(gv), free(rk), free(rv), free(q), free(ref), free(sc), free(got);
+    kv_seq_shrink(&c, &s[0], 0), kv_seq_shrink(&c, &s[1], 0);
+    kv_cache_free(&c);
+}
+
+/* Greedy tokens of tiny-qwen3 on one device with a cache type. */
+static int greedy(struct pxq_model *m, int device, int kv_type, int window, int32_t *out, int n_gen) {
+    struct pxq_engine_params ep = pxq_engine_default_params();
+    ep.n_ctx = 256, ep.device = device, ep.kv_type = kv_type, ep.n_threads = 2;
+    if (window == 0) ep.kv_window = 0, ep.kv_sink = 0;
+    char err[256];
+    struct pxq_engine *e = pxq_engine_new(m, &ep, err, sizeof err);
+    CHECK(e != NULL, "engine (device %d, kv %d): %s", device, kv_type, err);
+    if (!e) return -1;
+    int32_t toks[64] = {785, 1216, 315, 279, 1879, 572, 911, 264, 1042, 13, 576, 3250, 11, 1052}; /* ids < 8192 */
+    int n = 14, s = pxq_seq_new(e);
+    int32_t pos[64], seq[64];
+    for (int i = 0; i < 64; i++) pos[i] = i, seq[i] = s;
+    struct pxq_batch b = {n, toks, pos, seq, NULL};
+    int rc = pxq_decode(e, &b, err, sizeof err);
+    for (int g = 0; rc == 0 && g < n_gen; g++) {
+        const float *lg = pxq_logits(e, 0);
+        int best = 0;
+        for (int v = 1; v < 8192; v++) best = lg[v] > lg[best] ? v : best;
+        out[g] = best;
+        struct pxq_batch b1 = {1, &out[g], &pos[n + g], &seq[0], NULL};
+        rc = pxq_decode(e, &b1, err, sizeof err);
+    }
+    CHECK(rc == 0, "decode: %s", err);
+    pxq_engine_free(e);
+    return rc;
+}
+
+static void test_engine(void) {
+    char err[512], p[1024];
+    snprintf(p, sizeof p, "%s/tiny-qwen3", test_data_dir());
+    struct pxq_model *m = model_open(p, err, sizeof err);
+    CHECK(m != NULL, "open %s: %s", p, err);
+    if (!m) return;
+    static const struct { int type, window; const char *name; } cases[] = {
+        {KV_CACHE_Q8_0, 128, "q8_0"}, {KV_CACHE_PXQ, 128, "pxq"}, {KV_CACHE_Q8_0, 0, "q8_0, all quantized"},
+        {KV_CACHE_PXQ, 0, "pxq, all quantized"}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int32_t a[24], b[24];
+        if (greedy(m, PXQ_DEVICE_CPU, cases[i].type, cases[i].window, a, 24) || greedy(m, PXQ_DEVICE_CUDA, cases[i].type, cases[i].window, b, 24))
+            continue;
+        int same = 0;
+        while (same < 24 && a[same] == b[same]) same++;
+        printf("engine %s: CPU and CUDA agree on %d of 24 greedy tokens\n", cases[i].name, same);
+        CHECK(same == 24, "engine %s: greedy tokens differ at %d", cases[i].name, same);
+    }
+    model_free(m);
+}
+
+int main(void) {
+    int gate = cuda_test_gate("test_cuda_kvquant");
+    if (gate >= 0) return gate;
+    test_store_attention(64, 2, 3);
+    test_store_attention(128, 4, 2);
+    test_engine();
+    return test_summary("test_cuda_kvquant");
+}
+#endif
