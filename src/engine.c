@@ -41,6 +41,8 @@ struct kv_spec pxq_kv_spec(const struct pxq_model *m, const struct pxq_engine_pa
     spec.n_sink = p->kv_sink;
     spec.n_window = p->kv_window;
     spec.n_batch = p->n_batch > 0 ? p->n_batch : 512;
+    spec.attn_window = p->attn_window;
+    spec.attn_sinks = p->attn_sinks;
     return spec;
 }
 
@@ -62,6 +64,13 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
         return NULL;
     }
 #endif
+    if (e->p.attn_window < 0 || e->p.attn_sinks < 0 || e->p.attn_window >= e->p.n_ctx ||
+        (e->p.attn_sinks && !e->p.attn_window)) {
+        set_err(err, errlen, "--attention-window %d, --attention-sinks %d: the window must be in [1, the context %d) and "
+                "sinks need a window", e->p.attn_window, e->p.attn_sinks, e->p.n_ctx);
+        free(e);
+        return NULL;
+    }
     if (e->p.kv_blocks <= 0) e->p.kv_blocks = (int)kv_blocks_for(e->p.n_ctx, e->p.kv_block_size) * e->p.n_seq_max;
     int n_kv = 0;
     for (int il = 0; il < hp->n_layer; il++) e->kv_layer[il] = hp->layer_kind[il] == LAYER_ATTN ? n_kv++ : -1;

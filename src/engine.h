@@ -25,6 +25,8 @@ struct pxq_engine_params {
     int kv_blocks;    /* KV pool size in blocks (0: enough for n_seq_max full sequences) */
     int kv_type;      /* enum kv_cache_type (kvcache.h): KV_CACHE_F16 (default), KV_CACHE_Q8_0, KV_CACHE_PXQ */
     int kv_sink, kv_window; /* quantized caches: first / most recent positions kept exact (default 4, 128) */
+    int attn_window, attn_sinks; /* window + sink attention: a query sees the first attn_sinks and its last
+                                    attn_window positions (0: full attention, the default) */
     enum pxq_device device;
     size_t gpu_mem;   /* CUDA: arena bytes (0: backend default) */
 };

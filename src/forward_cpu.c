@@ -32,33 +32,44 @@ static float *scores_get(size_t n) {
 
 
 /* One (token, KV head) pair per item: for each of the `group` query heads sharing that KV head,
- * causal softmax(q k^T * attn_scale) v over positions 0..pos (attn_scale from the cache's layout:
- * 1 / sqrt(head_dim) unless a RoPE scaling sets another). Each K and V row is read once for the
+ * causal softmax(q k^T * attn_scale) v over positions 0..pos that it sees (kv_visible: all of them,
+ * or the sinks and the window; attn_scale from the cache's layout, 1 / sqrt(head_dim)). Each K and
+ * V row is read once for the
  * whole group (GQA), dequantized from the cache's type (kv_load). The arithmetic per query head is
  * the same as head by head. */
 static void attn_range(void *arg, int64_t j0, int64_t j1, int ith) {
     const struct attn_args *a = arg;
     const struct pxq_engine *e = a->e;
     const struct pxq_hparams *hp = e->hp;
+    const struct kv_layout *lay = &e->kv.lay;
     const int hd = hp->head_dim, q_dim = hp->n_head * hd, group = hp->n_head / hp->n_head_kv;
-    const float scale = e->kv.lay.attn_scale;
+    const float scale = lay->attn_scale;
     float tmp[KV_MAX_HEAD_DIM];
     for (int64_t j = j0; j < j1; j++) {
         const int t = (int)(j / hp->n_head_kv), kvh = (int)(j % hp->n_head_kv);
         const struct kv_seq *s = &e->seqs[a->ub->seq_id[t]].kv;
         const int q_pos = a->ub->pos[t], n_kv = q_pos + 1;
-        const float *q = e->q + (size_t)t * q_dim + (size_t)kvh * group * hd; /* the group's heads, contiguous */
-        float *sc = scores_get((size_t)n_kv * group);                       /* [group][n_kv] */
-        for (int p = 0; p < n_kv; p++) {
-            const float *k = kv_load(&e->kv, s, KV_K, a->l, kvh, p, q_pos, tmp);
-            for (int g = 0; g < group; g++) sc[(size_t)g * n_kv + p] = vec_dot_f32(q + (size_t)g * hd, k, hd) * scale;
+        /* the positions it sees (kv_visible): [0, n_a) and [b0, n_kv); all of them without a window */
+        int n_a = n_kv, b0 = n_kv;
+        if (lay->attn_window && n_kv > lay->attn_sinks + lay->attn_window) {
+            n_a = lay->attn_sinks;
+            b0 = n_kv - lay->attn_window;
         }
-        for (int g = 0; g < group; g++) softmax_cpu(sc + (size_t)g * n_kv, n_kv);
+        const int n_vis = n_a + (n_kv - b0);
+        const float *q = e->q + (size_t)t * q_dim + (size_t)kvh * group * hd; /* the group's heads, contiguous */
+        float *sc = scores_get((size_t)n_vis * group);                      /* [group][n_vis] */
+        for (int i = 0; i < n_vis; i++) {
+            const int p = i < n_a ? i : b0 + (i - n_a);
+            const float *k = kv_load(&e->kv, s, KV_K, a->l, kvh, p, q_pos, tmp);
+            for (int g = 0; g < group; g++) sc[(size_t)g * n_vis + i] = vec_dot_f32(q + (size_t)g * hd, k, hd) * scale;
+        }
+        for (int g = 0; g < group; g++) softmax_cpu(sc + (size_t)g * n_vis, n_vis);
         float *o = e->att + (size_t)t * q_dim + (size_t)kvh * group * hd;
         memset(o, 0, (size_t)group * hd * sizeof(float));
-        for (int p = 0; p < n_kv; p++) {
+        for (int i = 0; i < n_vis; i++) {
+            const int p = i < n_a ? i : b0 + (i - n_a);
             const float *v = kv_load(&e->kv, s, KV_V, a->l, kvh, p, q_pos, tmp);
-            for (int g = 0; g < group; g++) vec_axpy_f32(o + (size_t)g * hd, sc[(size_t)g * n_kv + p], v, hd);
+            for (int g = 0; g < group; g++) vec_axpy_f32(o + (size_t)g * hd, sc[(size_t)g * n_vis + i], v, hd);
         }
     }
 }

@@ -56,6 +56,8 @@ int kv_layout_init(struct kv_layout *lay, int n_layer_kv, int n_head_kv, int hea
     lay->block_size = block_size;
     lay->attn_scale = spec->attn_scale > 0 ? spec->attn_scale : 1.0f / sqrtf((float)head_dim);
     lay->quantized = spec->type != KV_CACHE_F16;
+    lay->attn_window = spec->attn_window > 0 ? spec->attn_window : 0;
+    lay->attn_sinks = lay->attn_window && spec->attn_sinks > 0 ? spec->attn_sinks : 0;
     if (lay->quantized) {
         lay->n_sink = spec->n_sink > 0 ? spec->n_sink : 0;
         lay->n_window = spec->n_window > 0 ? spec->n_window : 0;

@@ -60,9 +60,12 @@ struct kv_layer_desc {
 struct kv_layout {
     int n_layer_kv, n_head_kv, head_dim, kv_dim;
     int block_size;
-    float attn_scale;               /* softmax(q k^T * attn_scale): 1 / sqrt(head_dim), times a RoPE
-                                       scaling's attention factor squared where one applies */
+    float attn_scale;               /* softmax(q k^T * attn_scale): 1 / sqrt(head_dim) (YaRN's factor
+                                       scales the rotation instead: rope.h) */
     int n_sink, n_window, n_ring;   /* quantized caches only (else 0): the exact residual, see above */
+    int attn_window, attn_sinks;    /* window + sink attention (StreamingLLM, Xiao et al. 2023, arXiv
+                                       2309.17453): a query at q sees positions p < attn_sinks and
+                                       q - p < attn_window only; attn_window 0: every position */
     int quantized;                  /* any head of any layer in a quantized type */
     size_t block_bytes[2];          /* K, V pool bytes per block */
     struct kv_layer_desc *layer[2]; /* [n_layer_kv] per pool */
@@ -89,6 +92,7 @@ struct kv_spec {
     const uint8_t *v8;              /* pxq: [n_layer_kv][n_head_kv] 1 = keep this head's V at 8 bits, or NULL */
     const float *levels;            /* pxq: [n_layer_kv][n_head_kv][4] or NULL */
     float attn_scale;               /* 0: 1 / sqrt(head_dim) */
+    int attn_window, attn_sinks;    /* window + sink attention (0: full attention) */
 };
 
 /* Fill a layout for n_layer_kv layers of n_head_kv heads of head_dim. Returns 0, or -1 with a message
@@ -105,6 +109,10 @@ static inline size_t kv_row_off(const struct kv_layout *lay, int pool, const int
     const struct kv_layer_desc *d = &lay->layer[pool][l];
     return (size_t)blocks[p / lay->block_size] * lay->block_bytes[pool] + d->layer_off +
            (size_t)(p % lay->block_size) * d->slot_bytes + d->head_off[h];
+}
+/* Whether a query at position q attends to position p at all (window + sink attention). */
+static inline int kv_visible(const struct kv_layout *lay, int p, int q) {
+    return !lay->attn_window || p < lay->attn_sinks || q - p < lay->attn_window;
 }
 /* Whether a query at position q sees position p exactly (from the residual). */
 static inline int kv_exact(const struct kv_layout *lay, int p, int q) {

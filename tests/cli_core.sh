@@ -148,4 +148,17 @@ for spec in "$D/tiny-qwen3 0.005" "$D/gguf/tiny-qwen3-bf16.gguf 0.005" "$D/gguf/
     check "perplexity $1 = $p within $2 of 82.253" 'within "$p" 82.253 $2'
 done
 rm -f /tmp/pxq-run-err.$$ /tmp/pxq-prompt.$$
+# window + sink attention: a window as long as the context is full attention, bit for bit; a short
+# window loses perplexity and sinks win some of it back (StreamingLLM); impossible windows are refused
+pw() { $PXQ perplexity -m $D/tiny-qwen3 -f $D/frankenstein.txt -c 256 --chunks 4 "$@" 2>/dev/null | tail -n 1; }
+full=$(pw); w255=$(pw --attention-window 255); w16=$(pw --attention-window 16); w16s=$(pw --attention-window 16 --attention-sinks 4)
+check "attention window 255 of 256 = full attention ($full)" '[ -n "$full" ] && [ "$full" = "$w255" ]'
+check "window 16: worse than full; 4 sinks better than none ($w16, $w16s)" \
+    'awk -v f="${full#ppl = }" -v a="${w16#ppl = }" -v b="${w16s#ppl = }" "BEGIN { exit !(a > f && b < a) }"'
+bad=$($PXQ run -p hi -n 1 -c 128 --attention-window 128 2>&1; echo "rc=$?")
+check "a window as large as the context is refused" 'printf "%s" "$bad" | grep -q "the window must be in" && printf "%s" "$bad" | grep -q "rc=1"'
+bad=$($PXQ run -p hi -n 1 --attention-sinks 4 2>&1; echo "rc=$?")
+check "sinks without a window are refused" 'printf "%s" "$bad" | grep -q "sinks need a window" && printf "%s" "$bad" | grep -q "rc=1"'
+
 exit $fail
+

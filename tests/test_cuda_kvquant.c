@@ -9,7 +9,8 @@
  *              dequantized row) against the same softmax computed on the CPU from kv_load's rows:
  *              normalised error <= 1e-5 (fp32 on both sides; the order of the sums differs).
  *   engine     tiny-qwen3 (HF dir), greedy 24 tokens on CPU and CUDA with --kv-cache-type q8_0 and
- *              pxq (defaults, and every position quantized): the same tokens.
+ *              pxq (defaults, and every position quantized), and with window + sink attention
+ *              (window 16, 4 sinks; f16 and pxq): the same tokens.
  */
 #define TEST_RNG_SEED 0x51ed2701a3c2f8e5ull
 #include "test_cuda_common.h"
@@ -150,9 +151,10 @@ static void test_store_attention(int hd, int n_head_kv, int group) {
 }
 
 /* Greedy tokens of tiny-qwen3 on one device with a cache type. */
-static int greedy(struct pxq_model *m, int device, int kv_type, int window, int32_t *out, int n_gen) {
+static int greedy(struct pxq_model *m, int device, int kv_type, int window, int attn_window, int32_t *out, int n_gen) {
     struct pxq_engine_params ep = pxq_engine_default_params();
     ep.n_ctx = 256, ep.device = device, ep.kv_type = kv_type, ep.n_threads = 2;
+    ep.attn_window = attn_window, ep.attn_sinks = attn_window ? 4 : 0;
     if (window == 0) ep.kv_window = 0, ep.kv_sink = 0;
     char err[256];
     struct pxq_engine *e = pxq_engine_new(m, &ep, err, sizeof err);
@@ -183,12 +185,14 @@ static void test_engine(void) {
     struct pxq_model *m = model_open(p, err, sizeof err);
     CHECK(m != NULL, "open %s: %s", p, err);
     if (!m) return;
-    static const struct { int type, window; const char *name; } cases[] = {
-        {KV_CACHE_Q8_0, 128, "q8_0"}, {KV_CACHE_PXQ, 128, "pxq"}, {KV_CACHE_Q8_0, 0, "q8_0, all quantized"},
-        {KV_CACHE_PXQ, 0, "pxq, all quantized"}};
+    static const struct { int type, window, attn_window; const char *name; } cases[] = {
+        {KV_CACHE_Q8_0, 128, 0, "q8_0"}, {KV_CACHE_PXQ, 128, 0, "pxq"}, {KV_CACHE_Q8_0, 0, 0, "q8_0, all quantized"},
+        {KV_CACHE_PXQ, 0, 0, "pxq, all quantized"}, {KV_CACHE_F16, 128, 16, "f16, attention window 16 + 4 sinks"},
+        {KV_CACHE_PXQ, 0, 16, "pxq all quantized, attention window 16 + 4 sinks"}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         int32_t a[24], b[24];
-        if (greedy(m, PXQ_DEVICE_CPU, cases[i].type, cases[i].window, a, 24) || greedy(m, PXQ_DEVICE_CUDA, cases[i].type, cases[i].window, b, 24))
+        if (greedy(m, PXQ_DEVICE_CPU, cases[i].type, cases[i].window, cases[i].attn_window, a, 24) ||
+            greedy(m, PXQ_DEVICE_CUDA, cases[i].type, cases[i].window, cases[i].attn_window, b, 24))
             continue;
         int same = 0;
         while (same < 24 && a[same] == b[same]) same++;

@@ -112,6 +112,8 @@ void common_help(int width, int with_ctx) {
                               " also --kv-cache-dtype, -ctk/-ctv"},
         {"--kv-sink N", "quantized cache: first N positions kept exact (default 4)"},
         {"--kv-window W", "quantized cache: last W positions before each query kept exact (default 128)"},
+        {"--attention-window W", "window + sink attention: each query sees its last W positions (0: all)"},
+        {"--attention-sinks N", "... and the first N positions (StreamingLLM; default 0)"},
         {"--rope-scaling T", "none, linear, yarn or llama3, over the model file's (also llama.cpp's spelling)"},
         {"--rope-factor F", "the scaling factor (alias --rope-scale)"},
         {"--original-max-position-embeddings N", "the trained context the scaling starts from (alias --yarn-orig-ctx)"},
@@ -184,6 +186,10 @@ int device_parse(struct args *a, struct pxq_engine_params *ep) {
                  f, v, ct_flag, ct_val);
         ct_flag = f, ct_val = v;
         ep->kv_type = t;
+    } else if (!strcmp(f, "--attention-window")) {
+        ep->attn_window = (int)arg_int(a, 0, 1 << 30);
+    } else if (!strcmp(f, "--attention-sinks")) {
+        ep->attn_sinks = (int)arg_int(a, 0, 1 << 30);
     } else if (!strcmp(f, "--kv-sink")) {
         ep->kv_sink = (int)arg_int(a, 0, 1 << 20);
     } else if (!strcmp(f, "--kv-window")) {

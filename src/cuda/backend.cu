@@ -497,6 +497,7 @@ static int kv_step(struct pxq_engine *e, cuda_backend *b, char *err, size_t errl
         kv->res_v = (float *)arena_get(b, rb * (size_t)e->p.n_seq_max);
         b->prefill_attn = b->decode_attn = 0; /* the tensor-core kernels read f16 rows: the generic one reads these */
     }
+    if (kv->attn_window) b->prefill_attn = b->decode_attn = 0; /* the generic kernel masks; the others do not */
     return 0;
 }
 
@@ -513,6 +514,7 @@ extern "C" int cuda_kv_from_layout(cuda_kv *kv, const struct kv_layout *lay) {
     kv->quantized = lay->quantized;
     kv->block_bytes_k = lay->block_bytes[KV_K], kv->block_bytes_v = lay->block_bytes[KV_V];
     kv->n_sink = lay->n_sink, kv->n_window = lay->n_window, kv->n_ring = lay->n_ring;
+    kv->attn_window = lay->attn_window, kv->attn_sinks = lay->attn_sinks;
     kv->kv_f32 = t0 == KV_F32;
     kv->n_layer_kv = lay->n_layer_kv;
     kv->block_size = lay->block_size;

@@ -623,7 +623,11 @@ __global__ void attention_kernel(float *__restrict__ out, float *__restrict__ pa
     float m = -INFINITY, lsum = 0.0f;
     float4 o[2] = {make_float4(0, 0, 0, 0), make_float4(0, 0, 0, 0)};
     const int hd8 = hd / 8, hd4 = hd / 4;
+    /* window + sink attention: the positions in [vis_a, vis_b) are not seen (kv_visible) */
+    int vis_a = p1, vis_b = p1;
+    if (kv.attn_window && n_kv > kv.attn_sinks + kv.attn_window) vis_a = kv.attn_sinks, vis_b = n_kv - kv.attn_window;
     for (int t0 = p0; t0 < p1; t0 += ATT_TILE) {
+        if (t0 >= vis_a && min(t0 + ATT_TILE, p1) <= vis_b) continue; /* a tile it does not see (uniform in the block) */
         __syncthreads();
         for (int idx = threadIdx.x; idx < ATT_TILE * hd8; idx += blockDim.x) {
             int j = idx / hd8, d = (idx - j * hd8) * 8, p = t0 + j;
@@ -646,7 +650,7 @@ __global__ void attention_kernel(float *__restrict__ out, float *__restrict__ pa
         __syncthreads();
         const int p = t0 + lane;
         float s = -INFINITY;
-        if (p < p1) {
+        if (p < p1 && !(p >= vis_a && p < vis_b)) {
             const float4 *kr = (const float4 *)(Ks + lane * ks), *qr = (const float4 *)(Qs + warp * hd);
             float a = 0.0f;
             for (int d = 0; d < hd4; d++) {
@@ -655,8 +659,8 @@ __global__ void attention_kernel(float *__restrict__ out, float *__restrict__ pa
             }
             s = a * scale;
         }
-        const float m_new = fmaxf(m, warp_max(s)); /* finite: the tile has at least one position */
-        const float pj = p < p1 ? expf(s - m_new) : 0.0f;
+        const float m_new = fmaxf(m, warp_max(s)); /* finite: the tile has at least one position it sees */
+        const float pj = s > -INFINITY ? expf(s - m_new) : 0.0f;
         const float corr = expf(m - m_new);
         lsum = lsum * corr + warp_sum(pj);
 #pragma unroll

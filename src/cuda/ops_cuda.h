@@ -204,6 +204,7 @@ struct cuda_kv {
     size_t block_bytes_k, block_bytes_v;
     float *res_k, *res_v;             /* [n_seq_max][n_layer_kv][n_sink + n_ring][kv_dim] (device) */
     int n_sink, n_window, n_ring;
+    int attn_window, attn_sinks;      /* window + sink attention (kv_visible; 0: every position) */
 };
 
 /* The view of lay (k, v, block_tab, max_blocks, desc and the residual left 0 for the caller).
