@@ -284,11 +284,12 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
     else {
         /* memory alone bounds it: a context past the trained one is reported, and marked */
         const char *beyond = mp->max_ctx > hp->n_ctx_train ? ", which this exceeds" : "";
+        const char *kvt = p->kv_type == KV_CACHE_F16 && p->kv_f32 ? "f32" : kv_cache_type_name((enum kv_cache_type)p->kv_type);
         if (mp->max_ctx_whole < mp->max_ctx)
-            fprintf(f, "largest context that fits: %lld tokens per sequence x %d seq (model's n_ctx_train %d%s); up to %lld with the whole-matrix prefill tiles, beyond that the small ones\n",
-                    (long long)mp->max_ctx, p->n_seq, hp->n_ctx_train, beyond, (long long)mp->max_ctx_whole);
+            fprintf(f, "largest context that fits: %lld tokens per sequence x %d seq with the %s KV cache (model's n_ctx_train %d%s); up to %lld with the whole-matrix prefill tiles, beyond that the small ones\n",
+                    (long long)mp->max_ctx, p->n_seq, kvt, hp->n_ctx_train, beyond, (long long)mp->max_ctx_whole);
         else
-            fprintf(f, "largest context that fits: %lld tokens per sequence x %d seq (model's n_ctx_train %d%s)\n",
-                    (long long)mp->max_ctx, p->n_seq, hp->n_ctx_train, beyond);
+            fprintf(f, "largest context that fits: %lld tokens per sequence x %d seq with the %s KV cache (model's n_ctx_train %d%s)\n",
+                    (long long)mp->max_ctx, p->n_seq, kvt, hp->n_ctx_train, beyond);
     }
 }

@@ -47,6 +47,21 @@ state=$(awk 'BEGIN { conv_dim = 2 * 16 * 128 + 48 * 128; printf "%.2f MiB", 48 *
 check "plan Qwen3.5-27B: 16 attention layers, 64 KiB/token, 16384 tokens fit in 16GiB" \
     '[ $rcq = 0 ] && grep -q "16 attention, 48 DeltaNet" $tmp.q35 && grep -q "64.00 KiB/token" $tmp.q35'
 check "plan Qwen3.5-27B: recurrent state $state per sequence" 'grep -q "recurrent state *$state" $tmp.q35'
+# quantized caches, counted by hand: per layer and KV head of 256, q8_0 is 8 groups x (2 + 32) bytes and
+# q2nu 8 x (2 + 8); 16 layers x 4 heads: q8_0 (272 + 272) x 64 = 34 KiB, pxq (272 + 80) x 64 = 22 KiB per
+# token; the residual (4 + 128 + 512 positions) x 64 KiB x 2 in float32 = 80.5 MiB per sequence. The
+# largest context grows as the bytes per token shrink.
+ctx() { sed -n 's/^largest context that fits: \([0-9]*\) tokens.*/\1/p' "$1"; }
+for kt in f16 q8_0 pxq; do $PXQ plan --load-format dummy --config $Q --gpu-mem 15.2GiB --kv-cache-type $kt > $tmp.kv$kt; done
+check "plan Qwen3.5-27B --kv-cache-type q8_0: 34 KiB/token + 80.50 MiB/seq residual" \
+    'grep -q "34.00 KiB/token" $tmp.kvq8_0 && grep -q "80.50 MiB/seq exact residual" $tmp.kvq8_0'
+check "plan Qwen3.5-27B --kv-cache-type pxq: 22 KiB/token, the type named in the largest context" \
+    'grep -q "22.00 KiB/token" $tmp.kvpxq && grep -q "with the pxq KV cache" $tmp.kvpxq'
+check "largest context at 15.2GiB: f16 $(ctx $tmp.kvf16) < q8_0 $(ctx $tmp.kvq8_0) < pxq $(ctx $tmp.kvpxq)" \
+    '[ "$(ctx $tmp.kvf16)" -lt "$(ctx $tmp.kvq8_0)" ] && [ "$(ctx $tmp.kvq8_0)" -lt "$(ctx $tmp.kvpxq)" ]'
+bad=$($PXQ plan --load-format dummy --config $Q --kv-cache-type int4 2>&1; echo "rc=$?")
+check "an unknown --kv-cache-type lists the valid ones, exit 2" \
+    'printf "%s" "$bad" | grep -q "unknown KV cache type .int4.; the types are f16, q8_0, pxq" && printf "%s" "$bad" | grep -q "rc=2"'
 $PXQ plan --load-format dummy --config presets/qwen3-30b-a3b.json -c 4096 > $tmp.moe
 check "plan Qwen3-30B-A3B without a budget: exit 0, 48 attention layers" '[ $? = 0 ] && grep -q "48 attention" $tmp.moe'
 
