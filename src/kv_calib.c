@@ -211,15 +211,18 @@ int kv_calibrate(struct kv_calib *out, struct pxq_model *m, const struct kv_cali
     if (!p->quiet)
         fprintf(stderr, "pxq kv-calibrate: levels from %d chunks of %d tokens of %s in %.1f s\n", n_chunks, ctx, p->calib_file,
                 now_sec() - t0);
-    /* 2. sensitivity (skipped when no head keeps 8 bits) */
+    /* 2. sensitivity, and per head the better of the fitted and the uniform levels by the same
+     * measure (skipped when neither is needed: uniform levels and no 8-bit head) */
     const int n_keep = (int)floor((double)p->ratio * n_heads + 0.5);
-    if (n_keep == 0) {
+    if (n_keep == 0 && p->uniform_levels) {
         rc = 0;
         goto out;
     }
     t0 = now_sec();
     const int n_sens = p->sens_chunks > 0 && p->sens_chunks < n_chunks ? p->sens_chunks : n_chunks;
-    double *kl = xcalloc((size_t)n_heads + 1, sizeof *kl); /* [0]: every V at 8 bits; [1 + j]: head j at 2 bits */
+    const int n_cand = p->uniform_levels ? 1 : 2; /* candidate 0: out->levels; 1: uniform */
+    double *kl = xcalloc(1 + (size_t)n_cand * n_heads, sizeof *kl); /* [0]: every V at 8 bits; [1 + k * n_heads + j] */
+    float *lv_try = xmalloc((size_t)n_heads * 4 * sizeof *lv_try);
     base = xmalloc((size_t)(ctx - 1) * (size_t)n_vocab * sizeof *base);
     lq = xmalloc((size_t)n_vocab * sizeof *lq);
     v8 = xmalloc((size_t)n_heads);
@@ -228,41 +231,57 @@ int kv_calibrate(struct kv_calib *out, struct pxq_model *m, const struct kv_cali
         struct pxq_engine *eb = pxq_engine_new(m, &ep, err, errlen);
         if (!eb || run_chunk(eb, ct, ctx, pos, sid, want, err, errlen) != 0) {
             pxq_engine_free(eb);
-            free(kl);
+            free(kl), free(lv_try);
             goto out;
         }
         for (int i = 0; i < ctx - 1; i++) log_softmax(pxq_logits(eb, i), n_vocab, base + (size_t)i * n_vocab);
         pxq_engine_free(eb);
-        for (int j = -1; j < n_heads; j++) {
+        for (int r = 0; r < 1 + n_cand * n_heads; r++) {
+            const int j = r ? (r - 1) % n_heads : -1, k = r ? (r - 1) / n_heads : 0;
             struct pxq_engine_params eq = ep;
             eq.kv_type = KV_CACHE_PXQ;
             eq.kv_sink = eq.kv_window = 0;
             memset(v8, 1, (size_t)n_heads);
+            memcpy(lv_try, out->levels, (size_t)n_heads * 4 * sizeof *lv_try);
             if (j >= 0) v8[j] = 0;
+            if (k == 1) memcpy(lv_try + 4 * (size_t)j, uniform_levels, sizeof uniform_levels);
             eq.kv_v8 = v8;
-            eq.kv_levels = out->levels;
+            eq.kv_levels = lv_try;
             struct pxq_engine *ex = pxq_engine_new(m, &eq, err, errlen);
             if (!ex || run_chunk(ex, ct, ctx, pos, sid, want, err, errlen) != 0) {
                 pxq_engine_free(ex);
-                free(kl);
+                free(kl), free(lv_try);
                 goto out;
             }
             double s = 0;
             for (int i = 0; i < ctx - 1; i++) {
                 const float *lb = base + (size_t)i * n_vocab;
                 log_softmax(pxq_logits(ex, i), n_vocab, lq);
-                double k = 0;
-                for (int v = 0; v < n_vocab; v++) k += exp((double)lb[v]) * ((double)lb[v] - lq[v]);
-                s += k > 0 ? k : 0;
+                double d = 0;
+                for (int v = 0; v < n_vocab; v++) d += exp((double)lb[v]) * ((double)lb[v] - lq[v]);
+                s += d > 0 ? d : 0;
             }
-            kl[j + 1] += s / (double)(ctx - 1) / n_sens;
+            kl[r] += s / (double)(ctx - 1) / n_sens;
             pxq_engine_free(ex);
         }
         if (!p->quiet) fprintf(stderr, "pxq kv-calibrate: sensitivity chunk %d/%d\n", c + 1, n_sens);
     }
     out->sensitivity = xmalloc((size_t)n_heads * sizeof *out->sensitivity);
-    for (int j = 0; j < n_heads; j++) out->sensitivity[j] = (float)(kl[1 + j] - kl[0]);
-    free(kl);
+    int n_uniform = 0;
+    for (int j = 0; j < n_heads; j++) {
+        double s = kl[1 + j];
+        if (n_cand == 2 && kl[1 + n_heads + j] < s) { /* the fitted levels cost more than uniform ones: keep those */
+            s = kl[1 + n_heads + j];
+            memcpy(out->levels + 4 * (size_t)j, uniform_levels, sizeof uniform_levels);
+            n_uniform++;
+        }
+        out->sensitivity[j] = (float)(s - kl[0]);
+    }
+    if (!p->quiet && n_cand == 2)
+        for (int j = 0; j < n_heads; j++)
+            fprintf(stderr, "pxq kv-calibrate: layer %d head %d: KL fitted %.6f, uniform %.6f\n", j / n_hkv, j % n_hkv,
+                    kl[1 + j] - kl[0], kl[1 + n_heads + j] - kl[0]);
+    free(kl), free(lv_try);
     /* 3. the n_keep most sensitive heads keep 8 bits (ties: the lower index) */
     for (int k = 0; k < n_keep; k++) {
         int best = -1;
@@ -272,6 +291,7 @@ int kv_calibrate(struct kv_calib *out, struct pxq_model *m, const struct kv_cali
         out->v8[best] = 1;
     }
     if (!p->quiet) {
+        fprintf(stderr, "pxq kv-calibrate: %d of %d heads keep the uniform levels (the fitted ones cost more KL)\n", n_uniform, n_heads);
         for (int j = 0; j < n_heads; j++)
             fprintf(stderr, "pxq kv-calibrate: layer %d head %d: KL %.6f -> V %d bits\n", j / n_hkv, j % n_hkv, out->sensitivity[j],
                     out->v_bits[j]);

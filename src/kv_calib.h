@@ -11,9 +11,13 @@
  *      1960; 1-D weighted k-means), started from the uniform levels {-1, -1/3, 1/3, 1}.
  *   2. sensitivity of head (l, h): the mean KL(P_exact || P_quant) of the next-token distribution
  *      over the first sens_chunks chunks, with every position quantized (no sinks, no window), head
- *      (l, h)'s V at 2 bits (its calibrated levels) and every other V at 8 bits, K at 8 bits; minus
- *      the same with every V at 8 bits (the share of K's and the other heads' 8-bit error), so it
- *      is what 2 bits on that head alone cost. 1 + n_layer_kv * n_head_kv passes.
+ *      (l, h)'s V at 2 bits and every other V at 8 bits, K at 8 bits; minus the same with every V at
+ *      8 bits (the share of K's and the other heads' 8-bit error), so it is what 2 bits on that head
+ *      alone cost. Measured with the fitted levels and with the uniform ones: a head keeps the
+ *      uniform levels where they cost less (the MSE-optimal levels shrink a group's largest values,
+ *      and where one channel keeps being that largest value the error does not average out over
+ *      positions; tiny-qwen35 has such heads). 1 + 2 * n_layer_kv * n_head_kv passes (1 + n with
+ *      uniform_levels; none with uniform_levels at ratio 0).
  *   3. the round(ratio * n_layer_kv * n_head_kv) most sensitive heads keep V at 8 bits.
  *
  * GGUF keys (written by kv_calib_put_gguf, read at model_open by kv_calib_read_gguf):

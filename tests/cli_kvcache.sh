@@ -29,7 +29,7 @@ check "the keys: v_bits [12], v_levels [48], ratio, the calibration file's sha25
 check "every tensor and key of the input is kept" \
     '[ "$("$PXQ" info -v $M 2>&1 | grep -v "^model:" | grep -c .)" -le "$(grep -v "^model:" $tmp/info | grep -c .)" ] &&
      "$PXQ" info -v $M 2>&1 | grep -v "^model:\|^  general.alignment" > $tmp/a; grep -v "^model:\|pxq.kv" $tmp/info > $tmp/b; diff $tmp/a $tmp/b > /dev/null'
-"$PXQ" kv-calibrate -m $M --calib-file $C -o $tmp/k0.gguf --chunks 4 --kv-sensitive-ratio 0 2> $tmp/err; rc=$?
+"$PXQ" kv-calibrate -m $M --calib-file $C -o $tmp/k0.gguf --chunks 4 --sens-chunks 1 --kv-sensitive-ratio 0 2> $tmp/err; rc=$?
 check "kv-calibrate at ratio 0 keeps no head at 8 bits" '[ $rc = 0 ] && grep -q "0 of 12 KV heads" $tmp/err'
 
 cp $tmp/k0.gguf $tmp/in.gguf
