@@ -291,7 +291,8 @@ int kv_calibrate(struct kv_calib *out, struct pxq_model *m, const struct kv_cali
         out->v8[best] = 1;
     }
     if (!p->quiet) {
-        fprintf(stderr, "pxq kv-calibrate: %d of %d heads keep the uniform levels (the fitted ones cost more KL)\n", n_uniform, n_heads);
+        if (n_cand == 2)
+            fprintf(stderr, "pxq kv-calibrate: %d of %d heads keep the uniform levels (the fitted ones cost more KL)\n", n_uniform, n_heads);
         for (int j = 0; j < n_heads; j++)
             fprintf(stderr, "pxq kv-calibrate: layer %d head %d: KL %.6f -> V %d bits\n", j / n_hkv, j % n_hkv, out->sensitivity[j],
                     out->v_bits[j]);
