@@ -167,6 +167,7 @@ void pxq_engine_free(struct pxq_engine *e) {
 #endif
     for (int s = 0; s < e->p.n_seq_max; s++) {
         free(e->seqs[s].kv.blocks);
+        free(e->seqs[s].kv.res[0]), free(e->seqs[s].kv.res[1]); /* a quantized cache's residual */
         free(e->seqs[s].rstate);
     }
     qwen35_engine_free(e);
