@@ -74,10 +74,11 @@ tests: $(TESTS) $(BENCHES) $(BUILD)/pxq
 test: tests
 	@BUILD=$(BUILD) tests/run_tests.sh
 
-# Bad-input tests under AddressSanitizer + UBSan, in their own build directory.
+# Bad-input tests (and the pxq.kv.* keys' refusals) under AddressSanitizer + UBSan, in their own build directory.
 test-asan:
 	$(MAKE) BUILD=build-asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" tests
 	BUILD=build-asan ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_bad_input
+	ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_kv_calib
 
 test-cuda: tests
 	@BUILD=$(BUILD) PXQ_TEST_CUDA=1 tests/run_tests.sh cuda

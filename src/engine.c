@@ -7,6 +7,7 @@
 
 #include "cuda/backend.h"
 #include "forward_qwen35.h"
+#include "kv_calib.h"
 #include "ops_cpu.h"
 #include "util.h"
 
@@ -34,8 +35,10 @@ static float *vec_f32(const struct pxq_tensor *t) {
 }
 
 struct kv_spec pxq_kv_spec(const struct pxq_model *m, const struct pxq_engine_params *p) {
-    (void)m;
+    const struct kv_calib *c = m ? model_kv_calib(m) : NULL;
     struct kv_spec spec = {0};
+    spec.v8 = p->kv_v8 ? p->kv_v8 : c ? c->v8 : NULL;
+    spec.levels = p->kv_levels ? p->kv_levels : c ? c->levels : NULL;
     spec.type = (enum kv_cache_type)p->kv_type;
     spec.exact_f32 = p->device == PXQ_DEVICE_CPU; /* the CPU reference keeps its f16-type cache in float32 */
     spec.n_sink = p->kv_sink;
@@ -76,6 +79,12 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
     for (int il = 0; il < hp->n_layer; il++) e->kv_layer[il] = hp->layer_kind[il] == LAYER_ATTN ? n_kv++ : -1;
     struct kv_layout lay;
     struct kv_spec spec = pxq_kv_spec(e->m, &e->p);
+    static int warned_uncalibrated;
+    if (spec.type == KV_CACHE_PXQ && !spec.v8 && !spec.levels && !warned_uncalibrated) {
+        warned_uncalibrated = 1; /* once per process: perplexity's second engine, serve's restarts */
+        fprintf(stderr, "pxq: warning: %s has no KV calibration (pxq.kv.* keys; pxq kv-calibrate writes them): "
+                "--kv-cache-type pxq uses the uniform 2-bit levels and keeps no V head at 8 bits\n", model_path(m));
+    }
     if (kv_layout_init(&lay, n_kv, hp->n_head_kv, hp->head_dim, e->p.kv_block_size, &spec, err, errlen) != 0) {
         free(e);
         return NULL;
@@ -162,6 +171,7 @@ void pxq_engine_free(struct pxq_engine *e) {
 #endif
     for (int s = 0; s < e->p.n_seq_max; s++) {
         free(e->seqs[s].kv.blocks);
+        free(e->seqs[s].kv.res[0]), free(e->seqs[s].kv.res[1]); /* a quantized cache's residual */
         free(e->seqs[s].rstate);
     }
     qwen35_engine_free(e);

@@ -43,6 +43,8 @@ struct gguf_kv {
     uint64_t        n;     /* array: element count */
     const uint8_t  *adata; /* array: first element in the buffer */
     size_t         *soff;  /* string arrays: buffer offset of element i's u64 length (owned) */
+    const uint8_t  *raw;   /* the value's encoded bytes (after the u32 type), for copying */
+    size_t          raw_len;
 };
 
 struct gguf_file {
@@ -214,9 +216,19 @@ static const char *t_name(const struct gguf_file *g, int i) { return g->t[i].nam
 
 /* ---- parsing ------------------------------------------------------------------------------- */
 
+static int parse_kv_value(struct rd *r, struct gguf_kv *kv, uint32_t vt);
+
 static int parse_kv(struct rd *r, struct gguf_kv *kv) {
     uint32_t vt;
     if (rd_u32(r, &vt, "value type")) return -1;
+    const size_t start = r->pos;
+    if (parse_kv_value(r, kv, vt)) return -1;
+    kv->raw = r->p + start;
+    kv->raw_len = r->pos - start;
+    return 0;
+}
+
+static int parse_kv_value(struct rd *r, struct gguf_kv *kv, uint32_t vt) {
     if (vtype_size(vt) < 0) return set_err(r->err, r->errlen, "%s: %s: unknown value type %u", r->name, r->ctx, vt);
     kv->type = (enum gguf_vtype)vt;
     int es = vtype_size(vt);
@@ -487,6 +499,12 @@ int gguf_n_kv(const struct gguf_file *g) { return g->n_kv; }
 const char *gguf_kv_key(const struct gguf_file *g, int i) { return i >= 0 && i < g->n_kv ? g->kv[i].key : NULL; }
 enum gguf_vtype gguf_kv_type(const struct gguf_file *g, int i) {
     return i >= 0 && i < g->n_kv ? g->kv[i].type : (enum gguf_vtype)-1;
+}
+int gguf_kv_raw(const struct gguf_file *g, int i, const uint8_t **p, size_t *len) {
+    if (i < 0 || i >= g->n_kv) return -1;
+    *p = g->kv[i].raw;
+    *len = g->kv[i].raw_len;
+    return 0;
 }
 int gguf_find_key(const struct gguf_file *g, const char *key) { return lookup(g->kv_hash, g->kv_hcap, key, kv_name, g); }
 uint32_t gguf_version(const struct gguf_file *g) { return g->version; }

@@ -41,6 +41,10 @@ int         gguf_n_kv(const struct gguf_file *g);
 const char *gguf_kv_key(const struct gguf_file *g, int i);
 enum gguf_vtype gguf_kv_type(const struct gguf_file *g, int i);
 int         gguf_find_key(const struct gguf_file *g, const char *key); /* index or -1 */
+/* Value i as encoded in the file, after its u32 type (a scalar's bytes, a string's u64 length and
+ * bytes, an array's u32 element type, u64 count and elements): for copying a key into another file
+ * unchanged (gguf_w_raw). 0, or -1 if i is out of range. */
+int         gguf_kv_raw(const struct gguf_file *g, int i, const uint8_t **p, size_t *len);
 /* Format value i for display into buf[cap], always NUL-terminated, "..." where cut short.
  * Scalars: 42, -1, 1e-06, true; strings quoted with control bytes escaped: "qwen3";
  * arrays: element type and length, then the first 8 items (strings cut at 64 bytes):

@@ -132,6 +132,16 @@ void gguf_w_arr_f32(struct gguf_writer *w, const char *key, const float *v, size
     }
 }
 
+void gguf_w_arr_u8(struct gguf_writer *w, const char *key, const uint8_t *v, size_t n) {
+    struct buf *b = kv_slot(w, key, GGUF_ARRAY);
+    put_u32(b, GGUF_UINT8);
+    put_u64(b, n);
+    if (n) buf_put(b, v, n);
+}
+void gguf_w_raw(struct gguf_writer *w, const char *key, uint32_t type, const void *bytes, size_t len) {
+    buf_put(kv_slot(w, key, (enum gguf_vtype)type), bytes, len);
+}
+
 static size_t pad_to(size_t n) { return (n + GGUF_W_ALIGNMENT - 1) / GGUF_W_ALIGNMENT * GGUF_W_ALIGNMENT; }
 
 int gguf_w_add_tensor(struct gguf_writer *w, const char *name, enum pxq_type type, int n_dims, const int64_t *ne,

@@ -39,6 +39,10 @@ void gguf_w_strn(struct gguf_writer *w, const char *key, const char *s, size_t l
 void gguf_w_arr_str(struct gguf_writer *w, const char *key, const char *const *s, const size_t *len, size_t n);
 void gguf_w_arr_i32(struct gguf_writer *w, const char *key, const int32_t *v, size_t n);
 void gguf_w_arr_f32(struct gguf_writer *w, const char *key, const float *v, size_t n);
+void gguf_w_arr_u8(struct gguf_writer *w, const char *key, const uint8_t *v, size_t n);
+/* A value of type `type` already encoded as GGUF encodes it (gguf.h gguf_kv_raw): copies a key of
+ * another file unchanged, whatever its type. */
+void gguf_w_raw(struct gguf_writer *w, const char *key, uint32_t type, const void *bytes, size_t len);
 
 /* Declare a tensor: name (< PXQ_NAME_MAX bytes), ggml type, 1..4 dims with ne[0] innermost.
  * Returns its index, or -1 if the name repeats, the shape is bad or ne[0] is not a multiple of the

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 
 #include "gguf.h"
+#include "kv_calib.h"
 #include "quant.h"
 #include "safetensors.h"
 #include "tokenizer.h"
@@ -38,6 +39,8 @@ struct pxq_model {
     struct pxq_layer layers[PXQ_MAX_LAYERS];
     const struct pxq_tensor *token_embd, *output_norm, *output;
     struct pxq_tokenizer *tok;
+    struct kv_calib kvc;        /* pxq.kv.* keys of a GGUF (kv_calib.h) */
+    int has_kvc;
 };
 
 const char *arch_name(enum pxq_arch a) {
@@ -844,6 +847,18 @@ struct pxq_model *model_open(const char *path, char *err, size_t errlen) {
         }
     }
     if (bind_weights(m, err, errlen) != 0) goto fail;
+    if (m->gguf) { /* the pxq KV cache's calibration, checked against the attention layers and KV heads */
+        int n_lkv = 0;
+        for (int il = 0; il < m->hp.n_layer; il++) n_lkv += m->hp.layer_kind[il] == LAYER_ATTN;
+        int r = kv_calib_read_gguf(&m->kvc, m->gguf, n_lkv, m->hp.n_head_kv, err, errlen);
+        if (r < 0) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", err);
+            set_err(err, errlen, "%s: %s", path, why);
+            goto fail;
+        }
+        m->has_kvc = r == 1;
+    }
     if (m->tok) {
         int32_t ids[PXQ_MAX_EOS];
         int n = tokenizer_eos_ids(m->tok, ids, PXQ_MAX_EOS);
@@ -889,6 +904,7 @@ void model_free(struct pxq_model *m) {
     if (m->tok) tokenizer_free(m->tok);
     if (m->gguf) gguf_close(m->gguf);
     if (m->st) st_close(m->st);
+    kv_calib_free(&m->kvc);
     free(m);
 }
 
@@ -907,6 +923,7 @@ struct pxq_tokenizer *model_tokenizer(const struct pxq_model *m) { return m->tok
 const char *model_path(const struct pxq_model *m) { return m->path; }
 int model_is_gguf(const struct pxq_model *m) { return m->gguf != NULL; }
 struct gguf_file *model_gguf(const struct pxq_model *m) { return m->gguf; }
+const struct kv_calib *model_kv_calib(const struct pxq_model *m) { return m->has_kvc ? &m->kvc : NULL; }
 
 int model_n_tensors(const struct pxq_model *m) {
     return m->gguf ? gguf_n_tensors(m->gguf) : m->st ? st_n_tensors(m->st) : m->n_own_tensors;

@@ -142,6 +142,8 @@ int model_is_gguf(const struct pxq_model *m);
 int model_n_tensors(const struct pxq_model *m);
 const struct pxq_tensor *model_tensor(const struct pxq_model *m, int i);
 struct gguf_file *model_gguf(const struct pxq_model *m); /* NULL for HF dirs */
+/* The pxq KV cache calibration the GGUF carried (pxq.kv.* keys, kv_calib.h), or NULL. */
+const struct kv_calib *model_kv_calib(const struct pxq_model *m);
 
 /* Total bytes of the weights the forward uses (for rooflines). */
 size_t model_weight_bytes(const struct pxq_model *m);

@@ -6,7 +6,10 @@
  * --kl-base BASE: the same chunks also go through BASE (same vocabulary), and at every scored position
  * KL(P_base || P_model) = sum_v p_base(v) (log p_base(v) - log p_model(v)) and whether the two
  * argmaxes agree are accumulated (llama.cpp's llama-perplexity --kl-divergence reports the same
- * measures); the mean KL and the top-1 agreement are printed beside PPL. */
+ * measures); the mean KL and the top-1 agreement are printed beside PPL.
+ * --kl-base-kv-cache-type T: the base runs with KV cache type T (BASE, or the model itself when no
+ * --kl-base is given): e.g. `--kv-cache-type pxq --kl-base-kv-cache-type f16` measures what the
+ * quantized cache alone costs (docs/KVCACHE.md). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,7 +62,7 @@ int cmd_perplexity(int argc, char **argv) {
     struct common_opts co;
     common_init(&co);
     const char *file = NULL, *kl_base = NULL;
-    int ctx = 512, chunks = 0, json = 0;
+    int ctx = 512, chunks = 0, json = 0, kl_base_kv = -1;
     for (a.i = 1; a.i < argc; a.i++) {
         const char *f = argv[a.i];
         if (!strcmp(f, "-c") || !strcmp(f, "--ctx-size")) ctx = (int)arg_int(&a, 2, 1 << 20);
@@ -68,17 +71,19 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(f, "--chunks")) chunks = (int)arg_int(&a, 1, 1 << 24);
         else if (!strcmp(f, "--json")) json = 1;
         else if (!strcmp(f, "--kl-base")) kl_base = arg_str(&a);
+        else if (!strcmp(f, "--kl-base-kv-cache-type")) kl_base_kv = arg_kv_cache_type(&a, f, arg_str(&a));
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             static const struct help_row rows[] = {
                 {"-f, --file TEXT", "the text to score"},
                 {"-c, --ctx-size N", "tokens per chunk (default 512)"},
                 {"--chunks K", "score the first K chunks only (default: all)"},
                 {"--kl-base BASE", "also report KL(base || model) and top-1 agreement against BASE (same vocabulary)"},
+                {"--kl-base-kv-cache-type T", "the base runs with KV cache T (f16, q8_0, pxq); without --kl-base, the base is the model itself"},
                 {"--json", "one JSON object instead of text"},
             };
-            printf("usage: pxq perplexity [-m PATH] -f TEXT [-c CTX] [--chunks K] [--kl-base BASE_MODEL] [--json]\n");
-            help_print(rows, (int)(sizeof rows / sizeof *rows), 22);
-            common_help(22, 0);
+            printf("usage: pxq perplexity [-m PATH] -f TEXT [-c CTX] [--chunks K] [--kl-base BASE_MODEL] [--kl-base-kv-cache-type T] [--json]\n");
+            help_print(rows, (int)(sizeof rows / sizeof *rows), 28);
+            common_help(28, 0);
             return 0;
         } else
             fail(&a, 2, "unknown option '%s'", f);
@@ -112,11 +117,14 @@ int cmd_perplexity(int argc, char **argv) {
     struct pxq_engine *eb = NULL;
     double *lpb = NULL, *lpm = NULL, kld = 0, nll_base = 0;
     long n_top1 = 0;
-    if (kl_base) {
+    if (kl_base || kl_base_kv >= 0) {
+        struct pxq_engine_params bp = co.ep;
+        if (kl_base_kv >= 0) bp.kv_type = kl_base_kv;
+        if (!kl_base) kl_base = model_path(m);
         mb = open_model_or_fail(&a, kl_base);
         if (model_hparams(mb)->n_vocab != n_vocab)
             fail(&a, 1, "--kl-base %s: vocabulary of %d tokens, the model has %d", kl_base, model_hparams(mb)->n_vocab, n_vocab);
-        eb = pxq_engine_new(mb, &co.ep, err, sizeof err);
+        eb = pxq_engine_new(mb, &bp, err, sizeof err);
         if (!eb) fail(&a, 1, "%s", err);
         lpb = xmalloc((size_t)n_vocab * sizeof *lpb);
         lpm = xmalloc((size_t)n_vocab * sizeof *lpm);

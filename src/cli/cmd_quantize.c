@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "args.h"
+#include "kv_calib.h"
 #include "quant.h"
 #include "quantize.h"
 
@@ -24,6 +25,10 @@ static const char *usage_text =
     "  --keep-f16 PATTERN       store tensors whose GGUF name matches the glob in F16 (repeatable)\n"
     "  --embd-type T            token_embd type: f32 f16 bf16 q8_0 q4_0 q4_1 (default: the weight type)\n"
     "  --output-type T          lm_head type, also token_embd when tied (default q8_0)\n"
+    "  --kv-quant int2          also calibrate the pxq KV cache (V 2-bit) on --calib-file and write the\n"
+    "                           pxq.kv.* keys (as pxq kv-calibrate; docs/KVCACHE.md)\n"
+    "  --kv-sensitive-ratio R   with --kv-quant: share of KV heads whose V keeps 8 bits (default 0.15)\n"
+    "  --kv-chunks N            with --kv-quant: chunks of 256 tokens of calibration text (default 16)\n"
     "  -t, --threads N          CPU threads (default: all)\n"
     "  --no-progress            no progress bar (it is drawn only when stderr is a terminal)\n";
 
@@ -40,7 +45,8 @@ int cmd_quantize(int argc, char **argv) {
     struct args a = {argc, argv, 0, "quantize"};
     struct quantize_params p = quantize_default_params();
     const char *dtype = "int4", *method = "rtn";
-    int sym = 1, sym_given = 0, progress = isatty(2);
+    int sym = 1, sym_given = 0, progress = isatty(2), kv_quant = 0, kv_ratio_given = 0;
+    struct kv_calib_params kp = kv_calib_default_params();
     for (a.i = 1; a.i < argc; a.i++) {
         const char *f = argv[a.i];
         if (!strcmp(f, "--model") || !strcmp(f, "-m")) p.model_dir = arg_str(&a);
@@ -67,6 +73,13 @@ int cmd_quantize(int argc, char **argv) {
         else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) p.n_threads = (int)arg_int(&a, 1, 1024);
         else if (!strcmp(f, "--no-progress")) progress = 0;
         else if (!strcmp(f, "--act-order")) p.act_order = 1;
+        else if (!strcmp(f, "--kv-quant")) {
+            const char *v = arg_str(&a);
+            if (!strcmp(v, "int2")) kv_quant = 1;
+            else if (!strcmp(v, "none")) kv_quant = 0;
+            else fail(&a, 2, "--kv-quant: unknown KV quantization '%s' (int2: the pxq cache's 2-bit V; none)", v);
+        } else if (!strcmp(f, "--kv-sensitive-ratio")) kp.ratio = (float)arg_num(&a, 0, 1), kv_ratio_given = 1;
+        else if (!strcmp(f, "--kv-chunks")) kp.chunks = (int)arg_int(&a, 1, 1 << 20);
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             fputs(usage_text, stdout);
             return 0;
@@ -87,7 +100,22 @@ int cmd_quantize(int argc, char **argv) {
     char err[1024] = "";
     if (quantize_pick_type(dtype, p.group_size, sym, &p.wtype, err, sizeof err) != 0) fail(&a, 2, "%s", err);
     if (p.method != QUANT_RTN && !p.calib_file) fail(&a, 2, "--method %s needs --calib-file FILE", method);
+    if (kv_quant && !p.calib_file) fail(&a, 2, "--kv-quant int2 needs --calib-file FILE");
+    if (kv_ratio_given && !kv_quant) fail(&a, 2, "--kv-sensitive-ratio is for --kv-quant int2");
     p.progress = progress;
     if (quantize_model(&p, err, sizeof err) != 0) fail(&a, 1, "%s", err);
+    if (kv_quant) { /* the freshly written model, calibrated as pxq kv-calibrate does, rewritten with the keys */
+        kp.calib_file = p.calib_file;
+        kp.n_threads = p.n_threads;
+        struct pxq_model *m = open_model_or_fail(&a, p.output);
+        struct kv_calib c;
+        if (kv_calibrate(&c, m, &kp, err, sizeof err) != 0 || kv_calib_write_gguf(p.output, p.output, &c, err, sizeof err) != 0)
+            fail(&a, 1, "KV calibration of %s: %s", p.output, err);
+        int n8 = 0;
+        for (int i = 0; i < c.n_layer_kv * c.n_head_kv; i++) n8 += c.v_bits[i] == 8;
+        fprintf(stderr, "pxq quantize: KV cache calibrated: %d of %d KV heads keep V at 8 bits\n", n8, c.n_layer_kv * c.n_head_kv);
+        kv_calib_free(&c);
+        model_free(m);
+    }
     return 0;
 }

@@ -15,6 +15,7 @@ int cmd_quantize(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_kv_calibrate(int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -28,6 +29,7 @@ static const struct {
     {"quantize", cmd_quantize, "HF checkpoint to a Q4_0/Q4_1/Q8_0 GGUF, RTN or calibrated (AWQ, GPTQ)"},
     {"serve", cmd_serve, "OpenAI-compatible HTTP server with continuous batching"},
     {"plan", cmd_plan, "device memory plan of a model, context and --gpu-mem budget (no GPU needed)"},
+    {"kv-calibrate", cmd_kv_calibrate, "calibrate the pxq KV cache (2-bit V levels, 8-bit heads) into a GGUF copy"},
     {"bench", cmd_bench, "prefill/decode throughput with protocol and roofline (llama-bench style)"},
 };
 
