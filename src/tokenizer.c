@@ -39,87 +39,16 @@
  * match limit (10M + 3 x input bytes backtracking steps in one match: a regex from a hostile
  * tokenizer.json cannot hang a request).
  */
-#include "tokenizer.h"
+#include "tokenizer_impl.h"
 
-#include "gguf.h"
-#include "util.h"
-
-#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
 
-#define MAX_ID      (1 << 24)
-#define MAX_STEPS   8
-#define MAX_PATTERN 4096
-#define MAX_EOS     8
-
-/* The GGUF pre-tokenizer regexes (llama.cpp llama-vocab.cpp, by tokenizer.ggml.pre). */
-static const char RE_GPT2[] =
+/* The GPT-2 regex (ByteLevel use_regex; also GGUF pre-tokenizer "gpt-2"). */
+const char TOK_RE_GPT2[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-static const char RE_QWEN2[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
-    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-static const char RE_QWEN35[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+"
-    "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-static const char RE_LLAMA3[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
-    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-static const char *const RE_DEFAULT[] = {
-    "[\\p{P}\\$\\+<=>\\^~\\|]+",
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)", "\\p{N}+",
-    "[0-9][0-9][0-9]"};
-/* tokenizer.ggml.pre -> regex (NULL: RE_DEFAULT), NFC (Qwen's tokenizer.json has it), ignore_merges */
-static const struct { const char *name, *re; int nfc, ignore_merges; } GGUF_PRE[] = {
-    {"qwen2", RE_QWEN2, 1, 0}, {"deepseek-r1-qwen", RE_QWEN2, 1, 0}, {"qwen35", RE_QWEN35, 1, 0},
-    {"stablelm2", RE_QWEN2, 0, 0}, {"llama3", RE_LLAMA3, 0, 1}, {"llama-v3", RE_LLAMA3, 0, 1},
-    {"llama-bpe", RE_LLAMA3, 0, 1}, {"gpt-2", RE_GPT2, 0, 0}, {"default", NULL, 0, 0}};
-
-enum { STEP_SPLIT, STEP_BYTELEVEL };
-struct pre_step {
-    int kind;
-    pcre2_code *re;        /* STEP_SPLIT: the pattern; STEP_BYTELEVEL with use_regex: GPT-2 regex */
-    int add_prefix_space;  /* STEP_BYTELEVEL */
-};
-
-struct added_tok {
-    const char *s; /* content as matched (in the arena); NFC'd for normalized tokens under NFC */
-    uint32_t off, len;
-    int32_t id;
-    uint8_t special, normalized, lstrip, rstrip, single_word;
-};
-
-struct merge_val { uint32_t rank; int32_t id; };
-
-struct pxq_tokenizer {
-    int n_vocab;              /* largest id + 1 */
-    char *arena;              /* all token strings */
-    size_t arena_len, arena_cap;
-    uint32_t *mtext_off, *mtext_len; /* [n_vocab] vocab spelling (byte-level chars); len UINT32_MAX: none */
-    uint32_t *raw_off, *raw_len;     /* [n_vocab] decoded bytes; len UINT32_MAX: no token */
-    uint8_t *special;                /* [n_vocab] 1: added token marked special */
-    int32_t *vocab_slot;             /* open addressing: vocab string -> id, -1 empty */
-    uint32_t vocab_mask;
-    uint64_t *merge_key;             /* open addressing: (left id << 32 | right id) -> merge_val */
-    struct merge_val *merge_val;
-    uint32_t merge_mask;
-    struct added_tok *added;         /* sorted by (first byte, length descending) */
-    int n_added, n_added_norm;
-    int added_first[257];            /* added[added_first[c] .. added_first[c+1]) start with byte c */
-    int32_t byte_id[256];            /* id of each single byte's byte-level char, -1 if absent */
-    uint16_t byte_cp[256];           /* GPT-2 bytes_to_unicode */
-    int nfc, ignore_merges, fuse_unk;
-    int32_t unk_id;
-    struct pre_step steps[MAX_STEPS];
-    int n_steps;
-    int32_t eos[MAX_EOS];
-    int n_eos;
-    char *chat_template;
-};
 
 /* ---- UTF-8 ------------------------------------------------------------------------------------ */
 
@@ -205,25 +134,7 @@ static const struct merge_val *merge_find(const struct pxq_tokenizer *t, int32_t
     }
 }
 
-/* ---- building a tokenizer (shared by the tokenizer.json and GGUF loaders) ------------------------ */
-
-struct tok_src { const char *s; size_t len; int64_t id; }; /* a vocab entry */
-struct added_src {
-    const char *s; size_t len; int64_t id;
-    int special, normalized, lstrip, rstrip, single_word;
-};
-struct merge_src { const char *a; size_t alen; const char *b; size_t blen; };
-
-struct tok_spec {
-    struct tok_src *vocab; int n_vocab;
-    struct added_src *added; int n_added;
-    struct merge_src *merges; int n_merges;
-    const char *patterns[MAX_STEPS]; int literal[MAX_STEPS]; int n_split; /* Split steps, in order */
-    int bytelevel_prefix, bytelevel_regex;
-    int nfc, ignore_merges, fuse_unk;
-    int hf_ids; /* assign added-token ids as HF does (else keep the given ones) */
-    const char *unk; size_t unk_len;
-};
+/* ---- building a tokenizer (tokenizer_impl.h; the loaders are in tokenizer_load.c) ---------------- */
 
 static uint32_t arena_add(struct pxq_tokenizer *t, const char *s, size_t n) {
     if (t->arena_len + n + 1 > t->arena_cap) {
@@ -275,7 +186,7 @@ static char *nfc(const char *s, size_t n, size_t *out_len) {
     return (char *)dst;
 }
 
-static struct pxq_tokenizer *build(const struct tok_spec *sp, char *err, size_t errlen) {
+struct pxq_tokenizer *tok_build(const struct tok_spec *sp, char *err, size_t errlen) {
     int64_t max_id = -1;
     for (int i = 0; i < sp->n_vocab; i++) if (sp->vocab[i].id > max_id) max_id = sp->vocab[i].id;
     for (int i = 0; !sp->hf_ids && i < sp->n_added; i++) if (sp->added[i].id > max_id) max_id = sp->added[i].id;
@@ -454,7 +365,7 @@ static struct pxq_tokenizer *build(const struct tok_spec *sp, char *err, size_t 
     }
     t->steps[t->n_steps].kind = STEP_BYTELEVEL;
     t->steps[t->n_steps].add_prefix_space = sp->bytelevel_prefix;
-    if (sp->bytelevel_regex && !(t->steps[t->n_steps].re = compile_re(RE_GPT2, 0, err, errlen))) goto fail;
+    if (sp->bytelevel_regex && !(t->steps[t->n_steps].re = compile_re(TOK_RE_GPT2, 0, err, errlen))) goto fail;
     t->n_steps++;
     return t;
 fail:
@@ -886,317 +797,4 @@ int tokenizer_encode_chat(const struct pxq_tokenizer *t, const struct chat_msg *
     free(text);
     free(ok);
     return rc;
-}
-
-static void add_eos(struct pxq_tokenizer *t, int64_t id) {
-    if (id < 0 || id >= t->n_vocab || t->raw_len[id] == UINT32_MAX || t->n_eos == MAX_EOS) return;
-    for (int i = 0; i < t->n_eos; i++) if (t->eos[i] == id) return;
-    t->eos[t->n_eos++] = (int32_t)id;
-}
-
-/* ---- tokenizer.json ----------------------------------------------------------------------------- */
-
-static int jbool(const cJSON *o, const char *k, int def) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsBool(v) ? cJSON_IsTrue(v) : def;
-}
-static const char *jtype(const cJSON *o) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "type");
-    return cJSON_IsString(v) ? v->valuestring : "";
-}
-static int jid(const cJSON *v, int64_t *out) {
-    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < MAX_ID) ||
-        v->valuedouble != (double)(int64_t)v->valuedouble)
-        return -1;
-    *out = (int64_t)v->valuedouble;
-    return 0;
-}
-
-static int parse_normalizer(const cJSON *nz, struct tok_spec *sp, int depth, char *err, size_t errlen) {
-    if (!nz || cJSON_IsNull(nz)) return 0;
-    const char *ty = jtype(nz);
-    if (!strcmp(ty, "NFC")) { sp->nfc = 1; return 0; }
-    if (!strcmp(ty, "Sequence") && depth < 4) {
-        const cJSON *arr = cJSON_GetObjectItemCaseSensitive(nz, "normalizers"), *x;
-        if (!cJSON_IsArray(arr)) return set_err(err, errlen, "tokenizer.json: normalizer Sequence without a list");
-        cJSON_ArrayForEach(x, arr) if (parse_normalizer(x, sp, depth + 1, err, errlen)) return -1;
-        return 0;
-    }
-    return set_err(err, errlen, "tokenizer.json: unsupported normalizer \"%.40s\" (NFC or none only)", ty);
-}
-
-static int parse_pretok(const cJSON *pt, struct tok_spec *sp, int *have_bl, int depth, char *err, size_t errlen) {
-    const char *ty = jtype(pt);
-    if (*have_bl) return set_err(err, errlen, "tokenizer.json: pre-tokenizer after ByteLevel is not supported");
-    if (!strcmp(ty, "Sequence") && depth < 4) {
-        const cJSON *arr = cJSON_GetObjectItemCaseSensitive(pt, "pretokenizers"), *x;
-        if (!cJSON_IsArray(arr)) return set_err(err, errlen, "tokenizer.json: pre_tokenizer Sequence without a list");
-        cJSON_ArrayForEach(x, arr) if (parse_pretok(x, sp, have_bl, depth + 1, err, errlen)) return -1;
-        return 0;
-    }
-    if (!strcmp(ty, "ByteLevel")) {
-        *have_bl = 1;
-        sp->bytelevel_prefix = jbool(pt, "add_prefix_space", 1);
-        sp->bytelevel_regex = jbool(pt, "use_regex", 1);
-        return 0;
-    }
-    if (!strcmp(ty, "Split")) {
-        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(pt, "pattern");
-        const cJSON *beh = cJSON_GetObjectItemCaseSensitive(pt, "behavior");
-        const cJSON *re = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
-        const cJSON *str = cJSON_GetObjectItemCaseSensitive(pat, "String");
-        if (!cJSON_IsString(beh) || strcmp(beh->valuestring, "Isolated") || jbool(pt, "invert", 0))
-            return set_err(err, errlen, "tokenizer.json: Split supports behavior \"Isolated\" without invert only");
-        if (!cJSON_IsString(re) && !cJSON_IsString(str))
-            return set_err(err, errlen, "tokenizer.json: Split without a Regex or String pattern");
-        if (sp->n_split == MAX_STEPS - 1) return set_err(err, errlen, "tokenizer.json: too many Split steps");
-        sp->literal[sp->n_split] = !cJSON_IsString(re);
-        sp->patterns[sp->n_split++] = cJSON_IsString(re) ? re->valuestring : str->valuestring;
-        return 0;
-    }
-    return set_err(err, errlen, "tokenizer.json: unsupported pre_tokenizer \"%.40s\"", ty);
-}
-
-/* Fill sp from a parsed tokenizer.json; pointers in sp point into root. */
-static int parse_hf(const cJSON *root, struct tok_spec *sp, char *err, size_t errlen) {
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model"), *x;
-    if (!cJSON_IsObject(model)) return set_err(err, errlen, "tokenizer.json: no \"model\" object");
-    if (cJSON_GetObjectItemCaseSensitive(model, "type") && strcmp(jtype(model), "BPE"))
-        return set_err(err, errlen, "tokenizer.json: model type \"%.40s\" is not BPE", jtype(model));
-    const char *bad[] = {"continuing_subword_prefix", "end_of_word_suffix"};
-    for (int i = 0; i < 2; i++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(model, bad[i]);
-        if (v && !cJSON_IsNull(v) && !(cJSON_IsString(v) && !v->valuestring[0]))
-            return set_err(err, errlen, "tokenizer.json: model.%s is not supported", bad[i]);
-    }
-    if (jbool(model, "byte_fallback", 0)) return set_err(err, errlen, "tokenizer.json: byte_fallback is not supported");
-    sp->ignore_merges = jbool(model, "ignore_merges", 0);
-    sp->fuse_unk = jbool(model, "fuse_unk", 0);
-    const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
-    if (cJSON_IsString(unk)) { sp->unk = unk->valuestring; sp->unk_len = strlen(unk->valuestring); }
-
-    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
-    if (!cJSON_IsObject(vocab)) return set_err(err, errlen, "tokenizer.json: model.vocab is not an object");
-    int nv = cJSON_GetArraySize(vocab);
-    sp->vocab = xcalloc(nv ? nv : 1, sizeof *sp->vocab);
-    cJSON_ArrayForEach(x, vocab) {
-        struct tok_src *v = &sp->vocab[sp->n_vocab];
-        if (jid(x, &v->id)) return set_err(err, errlen, "tokenizer.json: vocab \"%.40s\": id is not an integer in [0, 2^24)", x->string);
-        v->s = x->string;
-        v->len = strlen(x->string);
-        sp->n_vocab++;
-    }
-    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
-    if (merges && !cJSON_IsArray(merges)) return set_err(err, errlen, "tokenizer.json: model.merges is not a list");
-    int nm = cJSON_GetArraySize(merges);
-    sp->merges = xcalloc(nm ? nm : 1, sizeof *sp->merges);
-    cJSON_ArrayForEach(x, merges) {
-        struct merge_src *m = &sp->merges[sp->n_merges];
-        if (cJSON_IsString(x)) { /* "a b"; HF skips "#version" lines */
-            const char *s = x->valuestring, *sp1 = s[0] ? strchr(s + 1, ' ') : NULL;
-            if (!strncmp(s, "#version", 8)) continue;
-            if (!sp1 || strchr(sp1 + 1, ' '))
-                return set_err(err, errlen, "tokenizer.json: merge %d \"%.40s\" is not \"a b\"", sp->n_merges, s);
-            *m = (struct merge_src){s, (size_t)(sp1 - s), sp1 + 1, strlen(sp1 + 1)};
-        } else if (cJSON_GetArraySize(x) == 2 && cJSON_IsString(x->child) && cJSON_IsString(x->child->next)) {
-            const char *a = x->child->valuestring, *b = x->child->next->valuestring;
-            *m = (struct merge_src){a, strlen(a), b, strlen(b)};
-        } else {
-            return set_err(err, errlen, "tokenizer.json: merge %d is neither \"a b\" nor [a, b]", sp->n_merges);
-        }
-        sp->n_merges++;
-    }
-    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
-    if (added && !cJSON_IsNull(added) && !cJSON_IsArray(added))
-        return set_err(err, errlen, "tokenizer.json: added_tokens is not a list");
-    int na = cJSON_IsArray(added) ? cJSON_GetArraySize(added) : 0;
-    sp->added = xcalloc(na ? na : 1, sizeof *sp->added);
-    for (x = na ? added->child : NULL; x; x = x->next) {
-        struct added_src *a = &sp->added[sp->n_added];
-        const cJSON *c = cJSON_GetObjectItemCaseSensitive(x, "content");
-        if (!cJSON_IsString(c) || jid(cJSON_GetObjectItemCaseSensitive(x, "id"), &a->id))
-            return set_err(err, errlen, "tokenizer.json: added_tokens[%d] needs a string content and an id in [0, 2^24)", sp->n_added);
-        a->s = c->valuestring;
-        a->len = strlen(c->valuestring);
-        a->special = jbool(x, "special", 0);
-        a->normalized = jbool(x, "normalized", !a->special);
-        a->lstrip = jbool(x, "lstrip", 0);
-        a->rstrip = jbool(x, "rstrip", 0);
-        a->single_word = jbool(x, "single_word", 0);
-        sp->n_added++;
-    }
-    if (parse_normalizer(cJSON_GetObjectItemCaseSensitive(root, "normalizer"), sp, 0, err, errlen)) return -1;
-    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
-    int have_bl = 0;
-    if (pt && !cJSON_IsNull(pt) && parse_pretok(pt, sp, &have_bl, 0, err, errlen)) return -1;
-    if (!have_bl) return set_err(err, errlen, "tokenizer.json: no ByteLevel pre-tokenizer (only byte-level BPE is supported)");
-    const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
-    if (dec && !cJSON_IsNull(dec) && strcmp(jtype(dec), "ByteLevel"))
-        return set_err(err, errlen, "tokenizer.json: unsupported decoder \"%.40s\" (ByteLevel only)", jtype(dec));
-    return 0;
-}
-
-static void free_spec(struct tok_spec *sp) {
-    free(sp->vocab);
-    free(sp->added);
-    free(sp->merges);
-}
-
-struct pxq_tokenizer *tokenizer_load_hf_buffer(const char *json, size_t len, char *err, size_t errlen) {
-    if (!json) { set_err(err, errlen, "tokenizer.json: no data"); return NULL; }
-    cJSON *root = cJSON_ParseWithLength(json, len);
-    if (!root) {
-        const char *at = cJSON_GetErrorPtr();
-        size_t off = at && at >= json && at <= json + len ? (size_t)(at - json) : 0;
-        set_err(err, errlen, "tokenizer.json: malformed JSON near byte %zu", off);
-        return NULL;
-    }
-    struct tok_spec sp = {.hf_ids = 1};
-    struct pxq_tokenizer *t = NULL;
-    if (parse_hf(root, &sp, err, errlen) == 0) t = build(&sp, err, errlen);
-    free_spec(&sp);
-    cJSON_Delete(root);
-    return t;
-}
-
-/* eos_token of tokenizer_config.json: "<|im_end|>" or {"content": "<|im_end|>", ...}, and the chat
- * template (chat_template.jinja, else tokenizer_config.json's). Both files are optional; one that is
- * there but is a pipe or device is an error (-1, "PATH: not a regular file"), not skipped: the EOS id
- * or the template would go missing without a word. */
-static int read_tokenizer_config(struct pxq_tokenizer *t, const char *dir, char *err, size_t errlen) {
-    char path[4096], e[256];
-    size_t n;
-    static const char *const names[] = {"chat_template.jinja", "tokenizer_config.json"};
-    for (int i = 0; i < 2; i++)
-        if (path_join(path, sizeof path, dir, names[i]) == 0 && is_special(path))
-            return set_err(err, errlen, "%s: not a regular file", path);
-    if (path_join(path, sizeof path, dir, "chat_template.jinja") == 0 && file_exists(path))
-        t->chat_template = read_regular_file(path, 1 << 20, &n, e, sizeof e);
-    if (path_join(path, sizeof path, dir, "tokenizer_config.json") != 0) return 0;
-    char *txt = file_exists(path) ? read_regular_file(path, 64 << 20, &n, e, sizeof e) : NULL;
-    cJSON *cfg = txt ? cJSON_ParseWithLength(txt, n) : NULL;
-    free(txt);
-    const cJSON *eos = cJSON_GetObjectItemCaseSensitive(cfg, "eos_token");
-    if (cJSON_IsObject(eos)) eos = cJSON_GetObjectItemCaseSensitive(eos, "content");
-    if (cJSON_IsString(eos)) add_eos(t, tokenizer_token_id(t, eos->valuestring));
-    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template"), *x;
-    if (!t->chat_template && cJSON_IsString(ct)) t->chat_template = xstrdup(ct->valuestring);
-    if (!t->chat_template && cJSON_IsArray(ct)) /* [{"name": "default", "template": "..."}, ...] */
-        cJSON_ArrayForEach(x, ct) {
-            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(x, "name");
-            const cJSON *tp = cJSON_GetObjectItemCaseSensitive(x, "template");
-            if (cJSON_IsString(nm) && !strcmp(nm->valuestring, "default") && cJSON_IsString(tp))
-                t->chat_template = xstrdup(tp->valuestring);
-        }
-    cJSON_Delete(cfg);
-    return 0;
-}
-
-struct pxq_tokenizer *tokenizer_load_hf(const char *path, char *err, size_t errlen) {
-    char file[4096], dir[4096];
-    if (!path) { set_err(err, errlen, "tokenizer: no path"); return NULL; }
-    if (is_dir(path)) {
-        snprintf(dir, sizeof dir, "%s", path);
-        if (path_join(file, sizeof file, path, "tokenizer.json")) { set_err(err, errlen, "tokenizer: path too long"); return NULL; }
-    } else {
-        snprintf(file, sizeof file, "%s", path);
-        snprintf(dir, sizeof dir, "%s", path);
-        char *slash = strrchr(dir, '/');
-        if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
-    }
-    size_t n;
-    char *json = read_regular_file(file, (size_t)1 << 30, &n, err, errlen);
-    if (!json) {
-        char xz[4100];
-        snprintf(xz, sizeof xz, "%s.xz", file);
-        if (!file_exists(file) && file_exists(xz)) /* a compressed copy (the repo's own fixtures) */
-            set_err(err, errlen, "%s: not found; %s is there: decompress it first (xz -dk %s)", file, xz, xz);
-        return NULL;
-    }
-    struct pxq_tokenizer *t = tokenizer_load_hf_buffer(json, n, err, errlen);
-    free(json);
-    if (t && read_tokenizer_config(t, dir, err, errlen) != 0) {
-        tokenizer_free(t);
-        return NULL;
-    }
-    return t;
-}
-
-/* ---- GGUF metadata (llama.cpp llama-vocab.cpp) -------------------------------------------------- */
-
-struct pxq_tokenizer *tokenizer_load_gguf(const struct gguf_file *g, char *err, size_t errlen) {
-    const char *model = g ? gguf_get_str(g, "tokenizer.ggml.model") : NULL;
-    if (!model || strcmp(model, "gpt2")) {
-        set_err(err, errlen, "gguf: tokenizer.ggml.model is \"%.40s\", only \"gpt2\" (byte-level BPE) is supported",
-                model ? model : "(missing)");
-        return NULL;
-    }
-    const char *pre = gguf_get_str(g, "tokenizer.ggml.pre");
-    int k = 0, n_pre = (int)(sizeof GGUF_PRE / sizeof *GGUF_PRE);
-    while (k < n_pre && strcmp(pre ? pre : "default", GGUF_PRE[k].name)) k++;
-    if (k == n_pre) {
-        set_err(err, errlen, "gguf: unknown tokenizer.ggml.pre \"%.40s\" (supported: qwen2, qwen35, "
-                "deepseek-r1-qwen, stablelm2, llama-bpe, llama3, llama-v3, gpt-2, default)", pre);
-        return NULL;
-    }
-    struct tok_spec sp = {.nfc = GGUF_PRE[k].nfc, .ignore_merges = GGUF_PRE[k].ignore_merges, .n_split = 1};
-    sp.patterns[0] = GGUF_PRE[k].re;
-    if (!GGUF_PRE[k].re) {
-        sp.n_split = 4;
-        for (int i = 0; i < 4; i++) sp.patterns[i] = RE_DEFAULT[i];
-    }
-    int64_t n = gguf_arr_len(g, "tokenizer.ggml.tokens");
-    if (n <= 0 || n >= MAX_ID || gguf_arr_type(g, "tokenizer.ggml.tokens") != GGUF_STRING) {
-        set_err(err, errlen, "gguf: tokenizer.ggml.tokens must be a non-empty string array under 2^24 entries");
-        return NULL;
-    }
-    int64_t nt = gguf_arr_len(g, "tokenizer.ggml.token_type");
-    if (nt >= 0 && nt != n) {
-        set_err(err, errlen, "gguf: tokenizer.ggml.token_type has %lld entries, tokens has %lld",
-                (long long)nt, (long long)n);
-        return NULL;
-    }
-    int64_t nm = gguf_arr_len(g, "tokenizer.ggml.merges");
-    if (nm >= MAX_ID || (nm > 0 && gguf_arr_type(g, "tokenizer.ggml.merges") != GGUF_STRING)) {
-        set_err(err, errlen, "gguf: tokenizer.ggml.merges must be a string array under 2^24 entries");
-        return NULL;
-    }
-    struct pxq_tokenizer *t = NULL;
-    sp.vocab = xcalloc(n, sizeof *sp.vocab);
-    sp.added = xcalloc(n, sizeof *sp.added);
-    sp.merges = xcalloc(nm > 0 ? nm : 1, sizeof *sp.merges);
-    for (int64_t i = 0; i < n; i++) {
-        size_t len;
-        const char *s = gguf_arr_str(g, "tokenizer.ggml.tokens", i, &len);
-        int64_t ty = 1;
-        if (!s || (nt > 0 && gguf_arr_i64(g, "tokenizer.ggml.token_type", i, &ty))) {
-            set_err(err, errlen, "gguf: tokenizer.ggml.tokens/token_type entry %lld unreadable", (long long)i);
-            goto out;
-        }
-        if (ty == 3 || ty == 4) /* CONTROL -> special added token; USER_DEFINED -> added, not special */
-            sp.added[sp.n_added++] = (struct added_src){s, len, i, ty == 3, 0, 0, 0, 0};
-        else
-            sp.vocab[sp.n_vocab++] = (struct tok_src){s, len, i};
-    }
-    for (int64_t i = 0; i < nm; i++) {
-        size_t len;
-        const char *s = gguf_arr_str(g, "tokenizer.ggml.merges", i, &len);
-        const char *sp1 = s && len > 1 ? memchr(s + 1, ' ', len - 1) : NULL;
-        if (!sp1) {
-            set_err(err, errlen, "gguf: tokenizer.ggml.merges[%lld] is not \"a b\"", (long long)i);
-            goto out;
-        }
-        sp.merges[sp.n_merges++] = (struct merge_src){s, (size_t)(sp1 - s), sp1 + 1, len - (size_t)(sp1 - s) - 1};
-    }
-    if (!(t = build(&sp, err, errlen))) goto out;
-    const char *keys[] = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
-    for (int i = 0; i < 3; i++) {
-        int64_t id;
-        if (gguf_get_i64(g, keys[i], &id) == 0) add_eos(t, id);
-    }
-    const char *tmpl = gguf_get_str(g, "tokenizer.chat_template");
-    if (tmpl) t->chat_template = xstrdup(tmpl);
-out:
-    free_spec(&sp);
-    return t;
 }
