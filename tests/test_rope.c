@@ -1,7 +1,9 @@
 /* test_rope.c - RoPE scaling: the tables rope_table fills against hand-computed values of the
- * formulas (rope.h), and, where tests/data/ref/rope holds them, against HF transformers' own
- * inv_freq and attention factor and its logits and greedy tokens for the test models run with the
- * same scaling (tools/make_yarn_ref.py). */
+ * formulas (rope.h), and against HF transformers 5.17's own inv_freq and attention factor and its
+ * logits (4 rows a case, max |logit - HF| <= 1e-3 of the largest |logit|) and greedy tokens for the
+ * test models run with the same scaling (tests/data/ref/rope, made on the GPU machine by
+ * tools/make_yarn_ref.py): tiny-qwen3 with yarn x4 from 512 (prompts of 24 and 700 tokens: past the
+ * original context), linear x2 and llama3 x8; random-qwen35 (partial RoPE) with yarn x4 from 128. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -161,7 +163,11 @@ static void test_reference(const char *name, const struct rope_scaling *rs) {
             if (pxq_decode(e, &b1, err, sizeof err) != 0) { same = 0; break; }
             last = pxq_logits(e, 0);
         }
-        CHECK(same, "%s (%d tokens): greedy tokens equal HF's (first difference at %d)", name, nt, g - 1);
+        /* a random model's logits are near-uniform: its greedy tokens are reported, not held (as in
+         * test_cuda_model for random-qwen2); the trained model's must equal HF's */
+        if (!strncmp(name, "random-", 7)) printf("%s (%d tokens): greedy tokens %s HF's%s\n", name, nt, same ? "equal" : "differ from",
+                                                  same ? "" : " (near-uniform logits: reported only)");
+        else CHECK(same, "%s (%d tokens): greedy tokens equal HF's (first difference at %d)", name, nt, g - 1);
         pxq_seq_free(e, s);
         free(tok), free(pos), free(seq), free(lg);
     }
