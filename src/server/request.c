@@ -311,14 +311,14 @@ static int parse_messages(struct pctx *c, const cJSON *root, const struct srv_li
             goto out;
         }
         if (!(contents[k] = message_content(c, m, k, role->valuestring))) goto out;
-        msgs[k] = (struct chat_msg){rrole, contents[k]};
+        msgs[k] = (struct chat_msg){.role = rrole, .content = contents[k]};
     }
     int add_gen = 1, thinking = 1;
     if (get_bool(c, root, "add_generation_prompt", &add_gen)) goto out;
     if (template_kwargs(c, root, &thinking)) goto out;
     char err[256] = "";
     /* Control tokens come from the template alone: a message holding "<|im_end|>" stays text. */
-    if (tokenizer_encode_chat(lim->tok, msgs, n, add_gen, thinking, &r->prompt, &r->n_prompt, err, sizeof err) != 0) {
+    if (tokenizer_encode_chat(lim->tok, msgs, n, NULL, add_gen, thinking, &r->prompt, &r->n_prompt, err, sizeof err) != 0) {
         bad(c, 400, "messages", "%s", err);
         goto out;
     }
