@@ -436,6 +436,27 @@ int pyjson_member(const char *json, size_t n, const char *key, int last, size_t 
     return found ? 0 : -1;
 }
 
+int pyjson_next_member(const char *json, size_t n, size_t *pos, size_t *koff, size_t *klen, size_t *voff, size_t *vlen) {
+    size_t i = *pos;
+    if (i == 0) {
+        i = skip_ws(json, n, 0);
+        if (i >= n || json[i] != '{') return -1;
+        i = skip_ws(json, n, i + 1);
+    }
+    if (i >= n || json[i] != '"') return -1;
+    size_t k1 = skip_value(json, n, i);
+    *koff = i, *klen = k1 - i;
+    i = skip_ws(json, n, k1);
+    if (i < n && json[i] == ':') i++;
+    i = skip_ws(json, n, i);
+    size_t v1 = skip_value(json, n, i);
+    *voff = i, *vlen = v1 - i;
+    i = skip_ws(json, n, v1);
+    if (i < n && json[i] == ',') i = skip_ws(json, n, i + 1);
+    *pos = i;
+    return 0;
+}
+
 int pyjson_elem(const char *json, size_t n, int idx, size_t *off, size_t *len) {
     size_t i = skip_ws(json, n, 0);
     if (i >= n || json[i] != '[') return -1;

@@ -40,6 +40,9 @@ int pyjson_dump(struct sbuf *out, const char *json, size_t n, char *err, size_t 
 int pyjson_member(const char *json, size_t n, const char *key, int last, size_t *off, size_t *len);
 int pyjson_elem(const char *json, size_t n, int i, size_t *off, size_t *len);
 char pyjson_type(const char *json, size_t n);
+/* The members of the object json[0..n) in order: start with *pos = 0; each call gives the next
+ * member's key (raw, quotes included) and value spans and returns 0, then -1 at the end. */
+int pyjson_next_member(const char *json, size_t n, size_t *pos, size_t *koff, size_t *klen, size_t *voff, size_t *vlen);
 /* Decode the JSON string value json[0..n) into a malloc'd NUL-terminated string; NULL if it is not
  * a valid string or holds a NUL or a lone surrogate. */
 char *pyjson_string(const char *json, size_t n);
