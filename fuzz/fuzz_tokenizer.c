@@ -61,7 +61,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *tmpl = malloc(size + 1);
     memcpy(tmpl, data, size);
     tmpl[size] = 0;
-    struct chat_msg m[4] = {{"system", "s"}, {"user", "u"}, {"assistant", "<think>\nr\n</think>\n\na"}, {"tool", "x"}};
+    struct chat_msg m[4] = {{.role = "system", .content = "s"}, {.role = "user", .content = "u"},
+                            {.role = "assistant", .content = "<think>\nr\n</think>\n\na"}, {.role = "tool", .content = "x"}};
     free(chat_apply_template(tmpl, m, 4, 1, err, sizeof err));
     free(chat_apply_template(tmpl, m + 1, 2, 0, err, sizeof err));
     free(tmpl);

@@ -770,6 +770,11 @@ int tokenizer_eos_ids(const struct pxq_tokenizer *t, int32_t *ids, int cap) {
 }
 
 int tokenizer_has_chat_template(const struct pxq_tokenizer *t) { return t && t->chat_template; }
+const char *tokenizer_chat_template(const struct pxq_tokenizer *t) { return t ? t->chat_template : NULL; }
+void tokenizer_set_chat_template(struct pxq_tokenizer *t, const char *tmpl) {
+    free(t->chat_template);
+    t->chat_template = tmpl ? xstrdup(tmpl) : NULL;
+}
 
 char *tokenizer_apply_chat(const struct pxq_tokenizer *t, const struct chat_msg *msgs, int n_msgs,
                            int add_generation_prompt, char *err, size_t errlen) {
@@ -780,7 +785,7 @@ char *tokenizer_apply_chat(const struct pxq_tokenizer *t, const struct chat_msg 
     return chat_apply_template(t->chat_template, msgs, n_msgs, add_generation_prompt, err, errlen);
 }
 
-int tokenizer_encode_chat(const struct pxq_tokenizer *t, const struct chat_msg *msgs, int n_msgs,
+int tokenizer_encode_chat(const struct pxq_tokenizer *t, const struct chat_msg *msgs, int n_msgs, const char *tools,
                           int add_generation_prompt, int enable_thinking, int32_t **ids, int *n_ids, char *err,
                           size_t errlen) {
     if (ids) *ids = NULL;
@@ -790,7 +795,7 @@ int tokenizer_encode_chat(const struct pxq_tokenizer *t, const struct chat_msg *
         return -1;
     }
     uint8_t *ok = NULL;
-    char *text = chat_render(t->chat_template, msgs, n_msgs, add_generation_prompt, enable_thinking, &ok, err, errlen);
+    char *text = chat_render(t->chat_template, msgs, n_msgs, tools, add_generation_prompt, enable_thinking, &ok, err, errlen);
     if (!text) return -1;
     int rc = tokenizer_encode_masked(t, text, strlen(text), ok, ids, n_ids);
     if (rc != 0) set_err(err, errlen, "%s", TOKENIZER_ENCODE_FAILED);

@@ -86,26 +86,51 @@ int tokenizer_eos_ids(const struct pxq_tokenizer *t, int32_t *ids, int cap);
 /* Chat rendering with the model's template (chat_template.jinja, else tokenizer_config.json
  * "chat_template", or GGUF tokenizer.chat_template). Supported: ChatML templates (the template uses
  * <|im_start|> / <|im_end|>), which covers Qwen2/2.5/3; anything else fails with a message.
- * Output (malloc'd) as HF apply_chat_template(messages, add_generation_prompt) renders it, for the
- * cases listed at the top of chat.c (Qwen3: <think> handling of assistant turns; no tools). */
-struct chat_msg { const char *role; const char *content; };
+ * Output (malloc'd) as HF apply_chat_template(messages, tools=..., add_generation_prompt) renders it,
+ * for the cases listed at the top of chat.c (Qwen3: <think> handling, tools, tool calls).
+ *
+ * A message: role and content ("" for none) as OpenAI's; reasoning_content (NULL when not given:
+ * Qwen3 then splits reasoning out of content at </think>); tool_calls of an assistant message. A
+ * tool call's arguments are JSON text of a value when arguments_json is 1 (written through tojson,
+ * a JSON string as its text), else text written as it is. */
+struct chat_tool_call { const char *name; const char *arguments; int arguments_json; };
+struct chat_msg {
+    const char *role;
+    const char *content;
+    const char *reasoning_content;
+    const struct chat_tool_call *tool_calls;
+    int n_tool_calls;
+};
 char *tokenizer_apply_chat(const struct pxq_tokenizer *t, const struct chat_msg *msgs, int n_msgs,
                            int add_generation_prompt, char *err, size_t errlen);
 /* The same with a template given as text (e.g. a --chat-template override); chat.c. */
 char *chat_apply_template(const char *tmpl, const struct chat_msg *msgs, int n_msgs,
                           int add_generation_prompt, char *err, size_t errlen);
-/* chat_apply_template that also returns (*special_ok, malloc'd, one byte per byte of the result)
- * 1 where the template's scaffolding wrote the byte and 0 where a message's text did.
+/* What PXQ's renderer does with a template (chat.c): 0 = not ChatML (rendering fails); CHAT_CHATML
+ * plus one of CHAT_TOOLS (Qwen3's: tools, tool calls and reasoning_content are rendered), CHAT_QWEN_ROLES
+ * (Qwen2/2.5's: tool messages are rendered, tools and tool calls fail), CHAT_PLAIN (the template never
+ * mentions tools: HF ignores them, and so does the renderer), or none of those (tools and tool calls
+ * fail). CHAT_REASONING: the template renders reasoning_content. */
+enum { CHAT_CHATML = 1, CHAT_TOOLS = 2, CHAT_REASONING = 4, CHAT_QWEN_ROLES = 8, CHAT_PLAIN = 16 };
+int chat_template_caps(const char *tmpl);
+/* chat_apply_template with tools and enable_thinking, that also returns (*special_ok, malloc'd, one
+ * byte per byte of the result) 1 where the template's scaffolding wrote the byte and 0 where a
+ * message's text, a tool or a tool call did. tools: JSON text of an array (each element is written
+ * with tojson), or NULL; an empty array is no tools, as in the template ({%- if tools %}).
  * enable_thinking: chat_template_kwargs.enable_thinking (1 when not given); 0 closes an empty think
  * block after the generation prompt in templates that test it (Qwen3), and changes nothing in others. */
-char *chat_render(const char *tmpl, const struct chat_msg *msgs, int n_msgs, int add_generation_prompt,
+char *chat_render(const char *tmpl, const struct chat_msg *msgs, int n_msgs, const char *tools, int add_generation_prompt,
                   int enable_thinking, uint8_t **special_ok, char *err, size_t errlen);
 /* Render msgs with the tokenizer's template and tokenize the result so that control tokens come only
  * from the template (tokenizer_encode_masked): the path every chat prompt takes. *ids is malloc'd.
  * Returns 0, or -1 with a message (no template, a bad message list, the regex limit). */
-int tokenizer_encode_chat(const struct pxq_tokenizer *t, const struct chat_msg *msgs, int n_msgs,
+int tokenizer_encode_chat(const struct pxq_tokenizer *t, const struct chat_msg *msgs, int n_msgs, const char *tools,
                           int add_generation_prompt, int enable_thinking, int32_t **ids, int *n_ids, char *err,
                           size_t errlen);
+/* The chat template text (NULL if none), and a replacement for it (a copy is kept; pxq serve
+ * --chat-template, before the tokenizer is shared between threads). */
+const char *tokenizer_chat_template(const struct pxq_tokenizer *t);
+void tokenizer_set_chat_template(struct pxq_tokenizer *t, const char *tmpl);
 /* 1 if a chat template was found. */
 int tokenizer_has_chat_template(const struct pxq_tokenizer *t);
 

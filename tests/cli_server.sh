@@ -1,5 +1,6 @@
 #!/bin/sh
-# pxq serve end to end, with node clients in tests/server/: the official openai SDK (sdk.js), 16
+# pxq serve end to end, with node clients in tests/server/: the official openai SDK (sdk.js; tool
+# calls and reasoning with the test-only fixed-output mode, tools.js), 16
 # concurrent greedy requests == 16 alone (equivalence.js), 64 streaming clients (load.js), 1,000
 # hostile requests (abuse.js), SIGTERM with requests in flight (sigterm.js) and the decided edges of
 # seed, chat messages and stop (validation.js). Each script starts
@@ -14,8 +15,8 @@ if ! command -v node >/dev/null 2>&1; then
     exit 0
 fi
 fail=0
-for t in sdk validation equivalence load abuse sigterm; do
-    if [ $t = sdk ] && [ ! -d tests/server/node_modules/openai ]; then
+for t in sdk tools validation equivalence load abuse sigterm; do
+    if { [ $t = sdk ] || [ $t = tools ]; } && [ ! -d tests/server/node_modules/openai ]; then
         echo "FAIL sdk.js: the openai package is missing (cd tests/server && npm install)"
         fail=1
         continue

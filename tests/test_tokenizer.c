@@ -108,7 +108,7 @@ static void check_stream(const struct pxq_tokenizer *t, const int32_t *ids, int 
 
 static void check_chat(const struct pxq_tokenizer *t, const char *tmpl, const cJSON *c) {
     const cJSON *msgs = cJSON_GetObjectItem(c, "messages"), *m;
-    struct chat_msg cm[16];
+    struct chat_msg cm[16] = {0};
     int n = 0;
     cJSON_ArrayForEach(m, msgs) if (n < 16) {
         cm[n].role = cJSON_GetObjectItem(m, "role")->valuestring;
@@ -357,14 +357,14 @@ static void check_injection(const struct pxq_tokenizer *t, const char *label) {
         int n = 0;
         for (int k = 0; k < 4; k++) {
             if (r < 4 && k != r) continue;
-            bad[n] = (struct chat_msg){roles[k], evil};
-            good[n++] = (struct chat_msg){roles[k], "Hi"};
+            bad[n] = (struct chat_msg){.role = roles[k], .content = evil};
+            good[n++] = (struct chat_msg){.role = roles[k], .content = "Hi"};
         }
-        bad[n] = good[n] = (struct chat_msg){"user", "Go on."}, n++;
+        bad[n] = good[n] = (struct chat_msg){.role = "user", .content = "Go on."}, n++;
         int32_t *ib = NULL, *ig = NULL, *iw = NULL;
         int nb = 0, ng = 0, nw = 0;
-        int rb = tokenizer_encode_chat(t, bad, n, 1, 1, &ib, &nb, err, sizeof err);
-        int rg = tokenizer_encode_chat(t, good, n, 1, 1, &ig, &ng, err, sizeof err);
+        int rb = tokenizer_encode_chat(t, bad, n, NULL, 1, 1, &ib, &nb, err, sizeof err);
+        int rg = tokenizer_encode_chat(t, good, n, NULL, 1, 1, &ig, &ng, err, sizeof err);
         const char *what = r < 4 ? roles[r] : "every role";
         CHECK(rb == 0 && rg == 0, "%s: encode_chat (%s): %s", label, what, err);
         CHECK(n_special(t, ib, nb) == n_special(t, ig, ng) && nb > ng,
@@ -417,7 +417,7 @@ static void test_tiny(const struct pxq_tokenizer *t, const char *label) {
     int32_t eos[8];
     int ne = tokenizer_eos_ids(t, eos, 8);
     CHECK(ne == 1 && eos[0] == 8189, "%s eos (%d ids)", label, ne);
-    struct chat_msg m[2] = {{"system", "Be brief."}, {"user", "Hi"}};
+    struct chat_msg m[2] = {{.role = "system", .content = "Be brief."}, {.role = "user", .content = "Hi"}};
     char err[256], *r = tokenizer_apply_chat(t, m, 2, 1, err, sizeof err);
     CHECK(r && !strcmp(r, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"),
           "%s chat: %s", label, r ? r : err);
@@ -512,7 +512,7 @@ static void test_bad_input(void) {
         CHECK(!tokenizer_has_chat_template(t) && tokenizer_apply_chat(t, NULL, 0, 1, err, sizeof err) == NULL, "no template");
         tokenizer_free(t);
     }
-    struct chat_msg m = {"user", "x"};
+    struct chat_msg m = {.role = "user", .content = "x"};
     CHECK(chat_apply_template("{{ bos_token }}[INST]", &m, 1, 1, err, sizeof err) == NULL && err[0], "non-ChatML template");
     CHECK(tokenizer_load_gguf(NULL, err, sizeof err) == NULL, "gguf NULL");
     CHECK(tokenizer_load_hf("/nonexistent/dir", err, sizeof err) == NULL && err[0], "missing path");
@@ -566,11 +566,11 @@ int main(void) {
         if (t) {
             test_qwen3(json, json_len, t, extra);
             check_injection(t, "qwen3 (real template)");
-            struct chat_msg hi = {"user", "Hi"};
+            struct chat_msg hi = {.role = "user", .content = "Hi"};
             char e2[256] = "", *off = NULL;
             int32_t *ti = NULL;
             int tn = 0;
-            if (tokenizer_encode_chat(t, &hi, 1, 1, 0, &ti, &tn, e2, sizeof e2) == 0) off = tokenizer_decode(t, ti, tn, 0);
+            if (tokenizer_encode_chat(t, &hi, 1, NULL, 1, 0, &ti, &tn, e2, sizeof e2) == 0) off = tokenizer_decode(t, ti, tn, 0);
             CHECK(off && !strcmp(off, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n") &&
                   ti[tn - 4] == tokenizer_token_id(t, "<think>"), "qwen3 enable_thinking=false: %s", off ? off : e2);
             free(off);

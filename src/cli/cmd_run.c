@@ -105,10 +105,10 @@ int cmd_run(int argc, char **argv) {
         if (nul) fail(&a, 1, "%s has a NUL byte at offset %zu; --chat renders text without them", file, (size_t)(nul - prompt));
         struct chat_msg msgs[2];
         int nm = 0;
-        if (system) msgs[nm++] = (struct chat_msg){"system", system};
-        msgs[nm++] = (struct chat_msg){"user", prompt};
+        if (system) msgs[nm++] = (struct chat_msg){.role = "system", .content = system};
+        msgs[nm++] = (struct chat_msg){.role = "user", .content = prompt};
         /* control tokens come from the template alone: a prompt holding "<|im_end|>" stays text */
-        if (tokenizer_encode_chat(tok, msgs, nm, 1, 1, &ids, &n_ids, err, sizeof err) != 0) fail(&a, 1, "%s", err);
+        if (tokenizer_encode_chat(tok, msgs, nm, NULL, 1, 1, &ids, &n_ids, err, sizeof err) != 0) fail(&a, 1, "%s", err);
     } else if (tokenizer_encode(tok, prompt, prompt_len, 1, &ids, &n_ids) != 0) {
         fail(&a, 1, "could not tokenize the prompt: %s", TOKENIZER_ENCODE_FAILED);
     }

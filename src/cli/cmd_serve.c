@@ -37,15 +37,21 @@ static const char *usage =
     "  --served-model-name NAME         model id in the API (default: the -m argument)\n"
     "  --shutdown-timeout S             on SIGTERM, seconds in-flight requests may still run (default 30)\n"
     "  --max-body-bytes N               largest request body (default 4194304)\n"
-    "  --connection-timeout S           close connections idle (or stuck mid-request) this long (default 60)\n";
+    "  --connection-timeout S           close connections idle (or stuck mid-request) this long (default 60)\n"
+    "  --chat-template PATH             use this Jinja chat template file instead of the model's\n"
+    "  --reasoning-parser qwen3         split <think>...</think> out of chat output as reasoning_content\n"
+    "  --tool-call-parser hermes        parse <tool_call> blocks into tool_calls (tool_choice \"auto\")\n"
+    "  --enable-auto-tool-choice        accepted for vLLM's command lines (--tool-call-parser enables it)\n"
+    "Tests only: PXQ_TEST_OUTPUT=TEXT makes every request generate TEXT's tokens, then end (eos).\n";
 
 int cmd_serve(int argc, char **argv) {
     struct args a = {argc, argv, 0, "serve"};
     struct common_opts co;
     common_init(&co);
     struct http_config hc = {"127.0.0.1", 8000, NULL, 4u << 20, 512, 60, 0};
-    struct sched_config sc = {16, 512};
-    const char *name = NULL;
+    struct sched_config sc = {16, 512, NULL, 0};
+    const char *name = NULL, *tmpl_path = NULL;
+    int reasoning_parser = 0, tool_parser = 0;
     double gpu_util = 0, grace = 30;
     int kv_blocks = 0, batched_set = 0;
     for (a.i = 1; a.i < argc; a.i++) {
@@ -63,6 +69,17 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(f, "--shutdown-timeout")) grace = arg_num(&a, 0, 86400);
         else if (!strcmp(f, "--connection-timeout")) hc.connection_timeout = (unsigned)arg_int(&a, 1, 86400);
         else if (!strcmp(f, "--max-body-bytes")) hc.max_body = (size_t)arg_int(&a, 1024, 1L << 30);
+        else if (!strcmp(f, "--chat-template")) tmpl_path = arg_str(&a);
+        else if (!strcmp(f, "--enable-auto-tool-choice")) continue;
+        else if (!strcmp(f, "--reasoning-parser")) {
+            const char *v = arg_str(&a);
+            if (strcmp(v, "qwen3")) fail(&a, 2, "--reasoning-parser '%s' is not available (PXQ has: qwen3)", v);
+            reasoning_parser = 1;
+        } else if (!strcmp(f, "--tool-call-parser")) {
+            const char *v = arg_str(&a);
+            if (strcmp(v, "hermes")) fail(&a, 2, "--tool-call-parser '%s' is not available (PXQ has: hermes)", v);
+            tool_parser = 1;
+        }
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             printf("%s", usage);
             common_help(33, 0); /* -c is --max-model-len, above */
@@ -106,6 +123,27 @@ int cmd_serve(int argc, char **argv) {
     struct pxq_model *m = open_model_or_fail(&a, co.model);
     struct pxq_tokenizer *tok = model_tokenizer(m);
     if (!tok) fail(&a, 1, "%s has no tokenizer; pxq serve needs one", model_path(m));
+    if (tmpl_path) {
+        char terr[512];
+        size_t tn = 0;
+        char *t = read_file(tmpl_path, 1 << 20, &tn, terr, sizeof terr);
+        if (!t) fail(&a, 2, "--chat-template: %s", terr);
+        if (!chat_template_caps(t)) fail(&a, 2, "--chat-template %s: not a ChatML template (no <|im_start|>); PXQ renders ChatML templates", tmpl_path);
+        tokenizer_set_chat_template(tok, t);
+        free(t);
+    }
+    int32_t *forced = NULL;
+    const char *test_out = getenv("PXQ_TEST_OUTPUT");
+    if (test_out && *test_out) { /* tests only: see usage */
+        int32_t eos[4];
+        int nf = 0;
+        if (tokenizer_encode(tok, test_out, strlen(test_out), 1, &forced, &nf) != 0 || tokenizer_eos_ids(tok, eos, 4) < 1)
+            fail(&a, 1, "PXQ_TEST_OUTPUT: cannot tokenize it, or the tokenizer names no eos");
+        forced = xrealloc(forced, (size_t)(nf + 1) * sizeof *forced);
+        forced[nf++] = eos[0];
+        sc.forced = forced, sc.n_forced = nf;
+        fprintf(stderr, "pxq serve: TEST MODE (PXQ_TEST_OUTPUT): every request generates the same %d tokens\n", nf);
+    }
     char served[1024];
     if (name) snprintf(served, sizeof served, "%s", name);
     else if (co.model) snprintf(served, sizeof served, "%s", co.model);
@@ -135,7 +173,7 @@ int cmd_serve(int argc, char **argv) {
     struct scheduler *sched = sched_new(e, tok, &sc, met, err, sizeof err);
     if (!sched) fail(&a, 1, "%s", err);
     struct srv_limits lim = {served, tok, model_hparams(m)->n_vocab, ep->n_ctx,
-                             pxq_kv_blocks_total(e) * pxq_kv_block_size(e)};
+                             pxq_kv_blocks_total(e) * pxq_kv_block_size(e), reasoning_parser, tool_parser};
     hc.max_model_len = ep->n_ctx;
     struct http_server *h = http_start(&hc, &lim, sched, met, err, sizeof err);
     if (!h) fail(&a, 1, "%s", err);
@@ -160,6 +198,7 @@ int cmd_serve(int argc, char **argv) {
     metrics_free(met);
     pxq_engine_free(e);
     model_free(m);
+    free(forced);
     fprintf(stderr, "pxq serve: stopped\n");
     return 0;
 }

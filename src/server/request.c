@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "pyjson.h"
 #include "util.h"
 
 /* ---- UTF-8 ---- */
@@ -89,6 +90,8 @@ void srv_req_release(struct srv_req *r) {
     free(r->all);
     sampler_free(r->smp);
     stop_free(&r->sm);
+    parser_free(&r->cp);
+    parse_out_free(&r->po);
     free(r);
 }
 
@@ -122,6 +125,8 @@ struct pctx {
     int *status;
     char *msg, *param;
     size_t msglen, paramlen;
+    const char *body;       /* the raw request, for values whose exact bytes matter (tools, arguments) */
+    size_t len;
 };
 
 static struct srv_req *bad(struct pctx *c, int status, const char *param, const char *fmt, ...)
@@ -203,10 +208,11 @@ static int parse_prompt(struct pctx *c, const cJSON *root, const struct srv_limi
 }
 
 /* Message content (OpenAI's message objects): a string, or a non-empty array of
- * {"type": "text", "text": ...} parts, joined. Required for every role: without tool calls (not
- * supported) an assistant message has no other way to say anything, and OpenAI requires it too. */
-static char *message_content(struct pctx *c, const cJSON *m, int k, const char *role) {
+ * {"type": "text", "text": ...} parts, joined. Required for every role, except an assistant
+ * message with tool calls, whose content may be null (rendered as "", as vLLM does). */
+static char *message_content(struct pctx *c, const cJSON *m, int k, const char *role, int has_calls) {
     const cJSON *v = field(m, "content");
+    if (!v && has_calls) return xstrdup("");
     if (!v) return bad(c, 400, "messages", "messages[%d] (role '%s') has no 'content' (null or missing)", k, role), NULL;
     if (cJSON_IsString(v)) return xstrdup(v->valuestring);
     if (!cJSON_IsArray(v))
@@ -260,25 +266,27 @@ static int template_kwargs(struct pctx *c, const cJSON *root, int *thinking) {
 
 /* Fields of OpenAI's API that PXQ does not implement yet: refused rather than ignored, since each
  * changes what the model is asked or what comes back. A field given with its neutral value (null,
- * "none", "auto" with no tools, {"type": "text"}, [] or {}) asks for nothing and passes. */
+ * "none", "auto", {"type": "text"}, [] or {}) asks for nothing and passes. tool_choice "required"
+ * and a named function need the output constrained to a call (guided decoding), as does a JSON
+ * response_format: structured output, separate work. */
 static int refuse_unsupported(struct pctx *c, const cJSON *root) {
-    static const char *const lists[] = {"tools", "functions"};
-    for (size_t i = 0; i < sizeof lists / sizeof *lists; i++) {
-        const cJSON *v = field(root, lists[i]);
-        if (v && !(cJSON_IsArray(v) && !cJSON_GetArraySize(v)))
-            return bad(c, 400, lists[i], "'%s' is not supported: tool calling is not implemented", lists[i]), -1;
-    }
+    const cJSON *v = field(root, "functions");
+    if (v && !(cJSON_IsArray(v) && !cJSON_GetArraySize(v)))
+        return bad(c, 400, "functions", "'functions' (deprecated by OpenAI) is not supported: send 'tools'"), -1;
     static const char *const choices[] = {"tool_choice", "function_call"};
     for (size_t i = 0; i < sizeof choices / sizeof *choices; i++) {
-        const cJSON *v = field(root, choices[i]);
+        v = field(root, choices[i]);
         if (v && !(cJSON_IsString(v) && (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto"))))
-            return bad(c, 400, choices[i], "'%s' is not supported: tool calling is not implemented", choices[i]), -1;
+            return bad(c, 400, choices[i], "'%s' other than \"auto\" or \"none\" (\"required\", a named function) is not "
+                       "supported yet: forcing a call needs structured output (guided decoding), which is not implemented",
+                       choices[i]), -1;
     }
     const cJSON *rf = field(root, "response_format");
     if (rf) {
         const cJSON *ty = cJSON_IsObject(rf) ? field(rf, "type") : NULL;
         if (!(cJSON_IsString(ty) && !strcmp(ty->valuestring, "text")))
-            return bad(c, 400, "response_format", "'response_format' other than {\"type\": \"text\"} is not supported: structured output is not implemented"), -1;
+            return bad(c, 400, "response_format", "'response_format' other than {\"type\": \"text\"} is not supported: "
+                       "structured output (JSON mode, json_schema) is not implemented yet"), -1;
     }
     const cJSON *lb = field(root, "logit_bias");
     if (lb && !(cJSON_IsObject(lb) && !lb->child))
@@ -286,13 +294,158 @@ static int refuse_unsupported(struct pctx *c, const cJSON *root) {
     return 0;
 }
 
+static void put_raw(struct sbuf *b, const char *s) { sbuf_put(b, s, strlen(s)); }
+
+/* Key k (raw JSON string) is one of the declared names. */
+static int key_is(const char *raw, size_t n, const char *const *names, int n_names) {
+    char *k = pyjson_string(raw, n);
+    int hit = 0;
+    for (int i = 0; k && i < n_names; i++) hit |= !strcmp(k, names[i]);
+    free(k);
+    return hit;
+}
+
+/* Append the members of object json[n] other than `skip`, each as ", key: value". */
+static void extras(struct sbuf *b, const char *json, size_t n, const char *const *skip, int n_skip) {
+    size_t pos = 0, ko, kl, vo, vl;
+    while (pyjson_next_member(json, n, &pos, &ko, &kl, &vo, &vl) == 0) {
+        if (key_is(json + ko, kl, skip, n_skip)) continue;
+        put_raw(b, ", ");
+        sbuf_put(b, json + ko, kl);
+        put_raw(b, ": ");
+        sbuf_put(b, json + vo, vl);
+    }
+}
+
+/* tools: [{"type": "function", "function": {"name", "description"?, "parameters"?}}]. vLLM
+ * validates each as ChatCompletionToolsParam and gives the template tool.model_dump(), so the
+ * template sees {"type": "function", "function": {"name": ..., "description": ... or null,
+ * "parameters": ... or null, other keys}, other keys}; *out gets that array as JSON text built from
+ * the request's own bytes (numbers keep their lexemes for tojson), or NULL when there are none. */
+static int parse_tools(struct pctx *c, const cJSON *root, char **out) {
+    *out = NULL;
+    const cJSON *tools = field(root, "tools");
+    if (!tools) return 0;
+    if (!cJSON_IsArray(tools)) return bad(c, 400, "tools", "'tools' must be an array"), -1;
+    if (!cJSON_GetArraySize(tools)) return 0;
+    size_t to, tl;
+    if (pyjson_member(c->body, c->len, "tools", 0, &to, &tl)) return bad(c, 400, "tools", "'tools' could not be read"), -1;
+    const char *traw = c->body + to;
+    struct sbuf b = {0};
+    put_raw(&b, "[");
+    int k = 0;
+    for (const cJSON *t = tools->child; t; t = t->next, k++) {
+        const cJSON *ty = field(t, "type"), *fn = field(t, "function");
+        const cJSON *name = fn ? field(fn, "name") : NULL, *desc = fn ? field(fn, "description") : NULL;
+        const cJSON *params = fn ? field(fn, "parameters") : NULL;
+        if (!cJSON_IsObject(t) || (ty && !(cJSON_IsString(ty) && !strcmp(ty->valuestring, "function")))) {
+            free(b.p);
+            return bad(c, 400, "tools", "tools[%d] must be an object with \"type\": \"function\"", k), -1;
+        }
+        if (!cJSON_IsObject(fn) || !cJSON_IsString(name) || (desc && !cJSON_IsString(desc)) || (params && !cJSON_IsObject(params))) {
+            free(b.p);
+            return bad(c, 400, "tools", "tools[%d].function must be an object with a string 'name', an optional string "
+                       "'description' and an optional object 'parameters'", k), -1;
+        }
+        size_t eo, el, fo, fl, vo, vl;
+        pyjson_elem(traw, tl, k, &eo, &el);
+        const char *e = traw + eo;
+        pyjson_member(e, el, "function", 0, &fo, &fl);
+        const char *f = e + fo;
+        if (k) put_raw(&b, ", ");
+        put_raw(&b, "{\"type\": \"function\", \"function\": {\"name\": ");
+        pyjson_member(f, fl, "name", 0, &vo, &vl), sbuf_put(&b, f + vo, vl);
+        put_raw(&b, ", \"description\": ");
+        if (desc) pyjson_member(f, fl, "description", 0, &vo, &vl), sbuf_put(&b, f + vo, vl);
+        else put_raw(&b, "null");
+        put_raw(&b, ", \"parameters\": ");
+        if (params) pyjson_member(f, fl, "parameters", 0, &vo, &vl), sbuf_put(&b, f + vo, vl);
+        else put_raw(&b, "null");
+        static const char *const fkeys[] = {"name", "description", "parameters"}, *const tkeys[] = {"type", "function"};
+        extras(&b, f, fl, fkeys, 3);
+        put_raw(&b, "}");
+        extras(&b, e, el, tkeys, 2);
+        put_raw(&b, "}");
+    }
+    put_raw(&b, "]");
+    *out = b.p;
+    return 0;
+}
+
+/* An assistant message's tool_calls: [{"id"?, "type"?: "function", "function": {"name", "arguments"}}].
+ * OpenAI's arguments are a string of JSON, which vLLM json.loads before the template (so the
+ * template writes it through tojson); an object is taken as the arguments themselves. */
+static int message_tool_calls(struct pctx *c, const cJSON *calls, int k, const char *mraw, size_t mlen,
+                              struct chat_tool_call **out, int *n_out) {
+    int n = cJSON_GetArraySize(calls), j = 0;
+    size_t co, cl;
+    *out = xcalloc((size_t)n, sizeof **out);
+    *n_out = 0;
+    pyjson_member(mraw, mlen, "tool_calls", 0, &co, &cl);
+    for (const cJSON *tc = calls->child; tc; tc = tc->next, j++) {
+        const cJSON *ty = field(tc, "type"), *fn = field(tc, "function"), *id = field(tc, "id");
+        const cJSON *name = fn ? field(fn, "name") : NULL, *args = fn ? field(fn, "arguments") : NULL;
+        if (!cJSON_IsObject(tc) || (ty && !(cJSON_IsString(ty) && !strcmp(ty->valuestring, "function"))) ||
+            (id && !cJSON_IsString(id)) || !cJSON_IsObject(fn) || !cJSON_IsString(name) ||
+            !(cJSON_IsString(args) || cJSON_IsObject(args)))
+            return bad(c, 400, "messages", "messages[%d].tool_calls[%d] must be {\"id\", \"type\": \"function\", \"function\": "
+                       "{\"name\": string, \"arguments\": string of JSON}}", k, j), -1;
+        struct chat_tool_call *t = &(*out)[(*n_out)++];
+        t->name = xstrdup(name->valuestring);
+        t->arguments_json = 1;
+        if (cJSON_IsString(args)) {
+            struct sbuf tmp = {0};
+            char e[160];
+            int rc = pyjson_dump(&tmp, args->valuestring, strlen(args->valuestring), e, sizeof e);
+            free(tmp.p);
+            if (rc) return bad(c, 400, "messages", "messages[%d].tool_calls[%d].function.arguments is not valid JSON: %s", k, j, e), -1;
+            t->arguments = xstrdup(args->valuestring);
+        } else {
+            size_t eo, el, fo, fl, ao, al;
+            const char *craw = mraw + co;
+            pyjson_elem(craw, cl, j, &eo, &el);
+            pyjson_member(craw + eo, el, "function", 0, &fo, &fl);
+            const char *f = craw + eo + fo;
+            pyjson_member(f, fl, "arguments", 0, &ao, &al);
+            char *a = xmalloc(al + 1);
+            memcpy(a, f + ao, al);
+            a[al] = 0;
+            t->arguments = a;
+        }
+    }
+    return 0;
+}
+
+static void free_calls(struct chat_tool_call *t, int n) {
+    for (int i = 0; i < n; i++) free((char *)t[i].name), free((char *)t[i].arguments);
+    free(t);
+}
+
+/* 1 if the prompt's last assistant turn opened <think> without closing it (a generation prompt
+ * that starts the model in reasoning): the reasoning parser then starts there. */
+static int prompt_opens_think(const struct pxq_tokenizer *tok, const int32_t *ids, int n) {
+    int32_t start = tokenizer_token_id(tok, "<|im_start|>");
+    int i = n;
+    while (i > 0 && ids[i - 1] != start && n - i < 64) i--;
+    char *t = tokenizer_decode(tok, ids + i, n - i, 0);
+    const char *o = NULL, *cl = NULL;
+    for (const char *q = strstr(t, "<think>"); q; q = strstr(q + 1, "<think>")) o = q;
+    for (const char *q = strstr(t, "</think>"); q; q = strstr(q + 1, "</think>")) cl = q;
+    int open = o && (!cl || cl < o);
+    free(t);
+    return open;
+}
+
 static int parse_messages(struct pctx *c, const cJSON *root, const struct srv_limits *lim, struct srv_req *r) {
     const cJSON *ms = field(root, "messages");
     if (!ms) return bad(c, 400, "messages", "'messages' is required"), -1;
     if (!cJSON_IsArray(ms) || !cJSON_GetArraySize(ms)) return bad(c, 400, "messages", "'messages' must be a non-empty array"), -1;
-    int n = cJSON_GetArraySize(ms), k = 0, rc = -1;
+    int n = cJSON_GetArraySize(ms), k = 0, rc = -1, n_calls = 0;
     struct chat_msg *msgs = xcalloc((size_t)n, sizeof *msgs);
-    char **contents = xcalloc((size_t)n, sizeof *contents);
+    char **contents = xcalloc((size_t)n, sizeof *contents), *tools = NULL;
+    size_t mo = 0, ml = 0;
+    pyjson_member(c->body, c->len, "messages", 0, &mo, &ml);
+    const int caps = chat_template_caps(tokenizer_chat_template(lim->tok));
     for (const cJSON *m = ms->child; m; m = m->next, k++) {
         const cJSON *role = field(m, "role");
         if (!cJSON_IsObject(m) || !cJSON_IsString(role)) {
@@ -305,28 +458,66 @@ static int parse_messages(struct pctx *c, const cJSON *root, const struct srv_li
                 k, role->valuestring);
             goto out;
         }
-        const cJSON *calls = field(m, "tool_calls");
-        if (calls && !(cJSON_IsArray(calls) && !cJSON_GetArraySize(calls))) {
-            bad(c, 400, "messages", "messages[%d] has 'tool_calls': tool calling is not supported", k);
+        const cJSON *calls = field(m, "tool_calls"), *rc_ = field(m, "reasoning_content"), *tid = field(m, "tool_call_id");
+        int has_calls = cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0;
+        if (calls && (!cJSON_IsArray(calls) || (has_calls && strcmp(rrole, "assistant")))) {
+            bad(c, 400, "messages", "messages[%d].tool_calls must be an array, on an assistant message", k);
             goto out;
         }
-        if (!(contents[k] = message_content(c, m, k, role->valuestring))) goto out;
-        msgs[k] = (struct chat_msg){rrole, contents[k]};
+        if (rc_ && (!cJSON_IsString(rc_) || strcmp(rrole, "assistant"))) {
+            bad(c, 400, "messages", "messages[%d].reasoning_content must be a string, on an assistant message", k);
+            goto out;
+        }
+        if (tid && !cJSON_IsString(tid)) {
+            bad(c, 400, "messages", "messages[%d].tool_call_id must be a string", k);
+            goto out;
+        }
+        if (!(contents[k] = message_content(c, m, k, role->valuestring, has_calls))) goto out;
+        msgs[k] = (struct chat_msg){.role = rrole, .content = contents[k], .reasoning_content = rc_ ? rc_->valuestring : NULL};
+        if (has_calls) {
+            size_t eo = 0, el = 0;
+            pyjson_elem(c->body + mo, ml, k, &eo, &el);
+            struct chat_tool_call *tc = NULL;
+            int ntc = 0;
+            int bad_calls = message_tool_calls(c, calls, k, c->body + mo + eo, el, &tc, &ntc);
+            msgs[k].tool_calls = tc, msgs[k].n_tool_calls = ntc;
+            n_calls += ntc;
+            if (bad_calls) goto out;
+        }
+    }
+    if (parse_tools(c, root, &tools)) goto out;
+    if ((tools || n_calls) && !(caps & CHAT_TOOLS)) {
+        bad(c, 400, tools ? "tools" : "messages", "this model's chat template does not render %s (PXQ renders them with "
+            "Qwen3's template; pxq serve --chat-template can name one)", tools ? "tools" : "tool calls");
+        goto out;
+    }
+    const cJSON *choice = field(root, "tool_choice");
+    int auto_tools = tools && !(cJSON_IsString(choice) && !strcmp(choice->valuestring, "none"));
+    if (auto_tools && !lim->tool_parser) {
+        bad(c, 400, "tool_choice", "\"auto\" tool choice needs pxq serve --tool-call-parser (e.g. hermes); send "
+            "\"tool_choice\": \"none\" to only show the tools to the model");
+        goto out;
     }
     int add_gen = 1, thinking = 1;
     if (get_bool(c, root, "add_generation_prompt", &add_gen)) goto out;
     if (template_kwargs(c, root, &thinking)) goto out;
     char err[256] = "";
     /* Control tokens come from the template alone: a message holding "<|im_end|>" stays text. */
-    if (tokenizer_encode_chat(lim->tok, msgs, n, add_gen, thinking, &r->prompt, &r->n_prompt, err, sizeof err) != 0) {
-        bad(c, 400, "messages", "%s", err);
+    if (tokenizer_encode_chat(lim->tok, msgs, n, tools, add_gen, thinking, &r->prompt, &r->n_prompt, err, sizeof err) != 0) {
+        bad(c, 400, tools ? "tools" : "messages", "%s", err);
         goto out;
     }
+    r->parse_flags = (lim->reasoning_parser ? PARSE_REASONING : 0) | (auto_tools ? PARSE_TOOLS : 0);
+    if (lim->reasoning_parser) r->think_open = prompt_opens_think(lim->tok, r->prompt, r->n_prompt);
     rc = 0;
 out:
-    for (int i = 0; i < n; i++) free(contents[i]);
+    for (int i = 0; i < n; i++) {
+        free(contents[i]);
+        free_calls((struct chat_tool_call *)msgs[i].tool_calls, msgs[i].n_tool_calls);
+    }
     free(contents);
     free(msgs);
+    free(tools);
     return rc;
 }
 
@@ -382,7 +573,7 @@ static int escapes_check(const char *s, size_t n) {
 
 struct srv_req *srv_req_parse(enum srv_kind kind, const char *body, size_t len, const struct srv_limits *lim,
                               int *status, char *msg, size_t msglen, char *param, size_t paramlen) {
-    struct pctx c = {status, msg, param, msglen, paramlen};
+    struct pctx c = {status, msg, param, msglen, paramlen, body, len};
     if (!srv_utf8_valid(body, len)) return bad(&c, 400, NULL, "the request body is not valid UTF-8");
     if (memchr(body, 0, len)) return bad(&c, 400, NULL, "the request body contains a NUL byte");
     const int esc = escapes_check(body, len);
@@ -507,6 +698,10 @@ struct srv_req *srv_req_parse(enum srv_kind kind, const char *body, size_t len, 
         r->top_logprobs = (int)d;
     }
     if (refuse_unsupported(&c, root)) goto out;
+    if (kind == SRV_COMPLETION && (v = field(root, "tools")) && !(cJSON_IsArray(v) && !cJSON_GetArraySize(v))) {
+        bad(&c, 400, "tools", "'tools' is a /v1/chat/completions field");
+        goto out;
+    }
     /* prompt */
     if (kind == SRV_COMPLETION ? parse_prompt(&c, root, lim, r) : parse_messages(&c, root, lim, r)) goto out;
     const char *pname = kind == SRV_CHAT ? "messages" : "prompt";
@@ -654,10 +849,54 @@ static cJSON *logprobs_obj(const struct srv_req *r, const struct pxq_tokenizer *
     return o;
 }
 
+/* tool_calls entries (OpenAI's): {"index"?, "id": "call_...", "type": "function", "function": {"name",
+ * "arguments": JSON text}}; index for stream deltas, -1 for none. */
+static void add_calls(cJSON *into, const struct parse_out *po, int first_index) {
+    cJSON *arr = cJSON_AddArrayToObject(into, "tool_calls");
+    for (int i = 0; i < po->n_calls; i++) {
+        cJSON *t = cJSON_CreateObject(), *f;
+        char id[48];
+        snprintf(id, sizeof id, "call_%016llx%08llx", (unsigned long long)id_rng(), (unsigned long long)(id_rng() & 0xffffffffu));
+        if (first_index >= 0) cJSON_AddNumberToObject(t, "index", first_index + i);
+        cJSON_AddStringToObject(t, "id", id);
+        cJSON_AddStringToObject(t, "type", "function");
+        f = cJSON_AddObjectToObject(t, "function");
+        cJSON_AddStringToObject(f, "name", po->calls[i].name);
+        cJSON_AddStringToObject(f, "arguments", po->calls[i].arguments);
+        cJSON_AddItemToArray(arr, t);
+    }
+}
+
+/* The chat message of a parsed output: content (null when only reasoning or calls came), the
+ * reasoning_content with the reasoning parser (null when none), tool_calls when any. */
+static void add_parsed_message(cJSON *m, const struct srv_req *r, const struct parse_out *po) {
+    if (po->content.n) cJSON_AddStringToObject(m, "content", po->content.p);
+    else if (po->n_calls || po->reasoning.n) cJSON_AddNullToObject(m, "content");
+    else cJSON_AddStringToObject(m, "content", "");
+    if (r->parse_flags & PARSE_REASONING) {
+        if (po->reasoning.n) cJSON_AddStringToObject(m, "reasoning_content", po->reasoning.p);
+        else cJSON_AddNullToObject(m, "reasoning_content");
+    }
+    if (po->n_calls) add_calls(m, po, -1);
+}
+
 char *srv_json_response(struct srv_req *r) {
     cJSON *o = envelope(r, 0), *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
+    const char *finish = r->finish_reason ? r->finish_reason : "stop";
     cJSON_AddNumberToObject(c, "index", 0);
-    if (r->kind == SRV_CHAT) {
+    if (r->kind == SRV_CHAT && r->parse_flags) {
+        struct chat_parser p;
+        struct parse_out po = {0};
+        parser_init(&p, r->parse_flags, r->think_open);
+        parser_push(&p, r->text ? r->text : "", r->n_text, &po);
+        parser_finish(&p, &po);
+        cJSON *m = cJSON_AddObjectToObject(c, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        add_parsed_message(m, r, &po);
+        if (po.n_calls) finish = "tool_calls";
+        parser_free(&p);
+        parse_out_free(&po);
+    } else if (r->kind == SRV_CHAT) {
         cJSON *m = cJSON_AddObjectToObject(c, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
         cJSON_AddStringToObject(m, "content", r->text ? r->text : "");
@@ -666,7 +905,7 @@ char *srv_json_response(struct srv_req *r) {
     }
     if (r->logprobs) cJSON_AddItemToObject(c, "logprobs", logprobs_obj(r, r->tok, 0, r->n_toks));
     else cJSON_AddNullToObject(c, "logprobs");
-    cJSON_AddStringToObject(c, "finish_reason", r->finish_reason ? r->finish_reason : "stop");
+    cJSON_AddStringToObject(c, "finish_reason", finish);
     cJSON_AddItemToArray(choices, c);
     cJSON_AddItemToObject(o, "usage", usage_obj(r));
     char *s = cJSON_PrintUnformatted(o);
@@ -715,12 +954,55 @@ static void stage_chunk(struct srv_req *r, const char *text, size_t n, int t0, i
     stage_obj(r, o);
 }
 
+/* A chunk of parsed deltas (delta.reasoning_content, delta.content, delta.tool_calls with their
+ * stream-wide index) and the logprobs of tokens [t0, t1). */
+static void stage_parsed(struct srv_req *r, const struct parse_out *po, int t0, int t1) {
+    cJSON *o = envelope(r, 1), *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON *d = cJSON_AddObjectToObject(c, "delta");
+    if (po->reasoning.n) cJSON_AddStringToObject(d, "reasoning_content", po->reasoning.p);
+    if (po->content.n) cJSON_AddStringToObject(d, "content", po->content.p);
+    if (po->n_calls) add_calls(d, po, r->n_calls_sent);
+    r->n_calls_sent += po->n_calls;
+    if (r->logprobs && t1 > t0) cJSON_AddItemToObject(c, "logprobs", logprobs_obj(r, r->tok, t0, t1));
+    else cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddNullToObject(c, "finish_reason");
+    cJSON_AddItemToArray(choices, c);
+    stage_obj(r, o);
+}
+
+static int parsed_any(const struct parse_out *po) { return po->reasoning.n || po->content.n || po->n_calls; }
+
+/* Streaming with parsers: each token's new text goes through the request's parser; what it gives
+ * out (never a partial tag) is one chunk. The end flushes what the parser held. */
+static void stream_parsed(struct srv_req *r) {
+    if (!r->cp_started) {
+        parser_init(&r->cp, r->parse_flags, r->think_open);
+        r->cp_started = 1;
+    }
+    while (r->n_sent_toks < r->n_toks) {
+        const struct srv_tok *t = &r->toks[r->n_sent_toks];
+        parse_out_reset(&r->po);
+        parser_push(&r->cp, r->text + r->n_sent_text, t->text_end - r->n_sent_text, &r->po);
+        if (parsed_any(&r->po) || r->logprobs) stage_parsed(r, &r->po, r->n_sent_toks, r->n_sent_toks + 1);
+        r->n_sent_text = t->text_end;
+        r->n_sent_toks++;
+    }
+    if (!r->finished || r->error_status) return;
+    parse_out_reset(&r->po);
+    parser_push(&r->cp, r->text + r->n_sent_text, r->n_text - r->n_sent_text, &r->po);
+    r->n_sent_text = r->n_text;
+    parser_finish(&r->cp, &r->po);
+    if (parsed_any(&r->po)) stage_parsed(r, &r->po, 0, 0);
+}
+
 void srv_stream_stage(struct srv_req *r) {
     if (r->sent_final) return;
     if (!r->sent_role) {
         if (r->kind == SRV_CHAT) stage_chunk(r, "", 0, 0, 0, NULL, 1);
         r->sent_role = 1;
     }
+    if (r->kind == SRV_CHAT && r->parse_flags) stream_parsed(r);
     while (r->n_sent_toks < r->n_toks) {
         const struct srv_tok *t = &r->toks[r->n_sent_toks];
         size_t n = t->text_end - r->n_sent_text;
@@ -739,7 +1021,8 @@ void srv_stream_stage(struct srv_req *r) {
     } else {
         if (r->n_text > r->n_sent_text) stage_chunk(r, r->text + r->n_sent_text, r->n_text - r->n_sent_text, 0, 0, NULL, 0);
         r->n_sent_text = r->n_text;
-        stage_chunk(r, r->kind == SRV_CHAT ? NULL : "", 0, 0, 0, r->finish_reason ? r->finish_reason : "stop", 0);
+        const char *finish = r->n_calls_sent ? "tool_calls" : r->finish_reason ? r->finish_reason : "stop";
+        stage_chunk(r, r->kind == SRV_CHAT ? NULL : "", 0, 0, 0, finish, 0);
         if (r->include_usage) {
             cJSON *o = envelope(r, 1);
             cJSON_AddArrayToObject(o, "choices");

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "generate.h"
+#include "parsers.h"
 #include "sampler.h"
 #include "tokenizer.h"
 
@@ -32,6 +33,8 @@ struct srv_limits {
     int n_vocab;
     int max_model_len;      /* prompt + max_tokens may not exceed it */
     int kv_positions;       /* positions the whole KV pool holds (a prompt beyond it can never run) */
+    int reasoning_parser;   /* --reasoning-parser qwen3: split <think>...</think> into reasoning_content */
+    int tool_parser;        /* --tool-call-parser hermes: tool_choice "auto" parses <tool_call> blocks */
 };
 
 /* One generated token as the client sees it. */
@@ -61,6 +64,8 @@ struct srv_req {
     int logprobs;                   /* 1: return the chosen tokens' logprobs */
     int top_logprobs;               /* 0..SRV_MAX_TOP_LOGPROBS alternatives per token */
     double t_arrival;               /* now_sec() at parse */
+    int parse_flags;                /* chat: PARSE_REASONING / PARSE_TOOLS (parsers.h) for the output */
+    int think_open;                 /* the prompt opened <think>: the reasoning parser starts inside it */
 
     /* ---- shared between the scheduler and the HTTP thread, under mu ---- */
     pthread_mutex_t mu;
@@ -72,7 +77,8 @@ struct srv_req {
     struct srv_top *top;            /* [n_top] top logprobs of all tokens */
     int n_top, cap_top;
     int finished;                   /* 1 once the scheduler let go of the request */
-    const char *finish_reason;      /* "stop" or "length" (NULL if an error ended it) */
+    const char *finish_reason;      /* "stop" or "length" (NULL if an error ended it); answered as
+                                       "tool_calls" when the tool parser found a call */
     int error_status;               /* non-zero: the request failed in the scheduler (HTTP status) */
     char error_msg[256];
     int refs;
@@ -82,6 +88,9 @@ struct srv_req {
     int n_sent_toks;                /* streaming: tokens already sent */
     size_t n_sent_text;
     int sent_role, sent_final;
+    struct chat_parser cp;          /* streaming with parse_flags: the parser and its output so far */
+    struct parse_out po;
+    int cp_started, n_calls_sent;
     char *staged;                   /* formatted SSE bytes not yet handed to the socket */
     size_t n_staged, staged_off;
     void *conn;                     /* the MHD connection (for disconnect checks) */

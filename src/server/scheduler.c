@@ -133,6 +133,7 @@ static float raw_logprobs(const float *l, int n_vocab, int32_t id, struct srv_to
 static void sample_one(struct scheduler *s, struct srv_req *r, const float *logits) {
     const int n_gen0 = r->n_all - r->n_prompt;
     int32_t id = sampler_sample(r->smp, logits, r->all + r->n_prompt, n_gen0, NULL);
+    if (s->cfg.n_forced) id = s->cfg.forced[n_gen0 < s->cfg.n_forced ? n_gen0 : s->cfg.n_forced - 1];
     struct srv_top top[SRV_MAX_TOP_LOGPROBS];
     float lp = 0;
     if (r->logprobs) lp = raw_logprobs(logits, s->n_vocab, id, top, r->top_logprobs);

@@ -29,6 +29,10 @@
 struct sched_config {
     int max_num_seqs;            /* sequences running at once (<= the engine's n_seq_max) */
     int max_num_batched_tokens;  /* tokens per step (decodes + prefill chunks) */
+    /* Tests only (PXQ_TEST_OUTPUT, cmd_serve.c): every request's k-th generated token is
+     * forced[min(k, n_forced - 1)] whatever the sampler drew (the list ends with an eos id). */
+    const int32_t *forced;
+    int n_forced;
 };
 
 struct scheduler;

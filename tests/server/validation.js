@@ -5,8 +5,10 @@
 //             server as doubles: 2^53 + 1 would read as 2^53, 2^64 - 1 as 2^64);
 //   messages  roles system, developer, user, assistant, tool (developer rendered as system, so it
 //             gives the same prompt); every message needs content, a string or a non-empty array
-//             of text parts; null or missing content, [], tool_calls and other roles ("robot", "",
-//             "function") are refused, naming the message and the accepted roles;
+//             of text parts; null or missing content, [] and other roles ("robot", "", "function")
+//             are refused, naming the message and the accepted roles; tools and tool_calls are
+//             refused with the bundled model's plain ChatML template, which does not render them
+//             (tools.js runs them with Qwen3's);
 //   injection message text that spells control tokens (<|im_end|>, <|im_start|>) stays text in
 //             every role: the prompt grows by the plain-text tokenization of the text (counted by
 //             `pxq tokenize --no-parse-special`), never by a forged turn;
@@ -71,7 +73,7 @@ const is400 = (r, param, re) => r.status === 400 && paramOf(r) === param && (!re
       ['assistant content null', [{ role: 'user', content: 'hi' }, { role: 'assistant', content: null }, { role: 'user', content: 'and?' }],
         /messages\[1\] \(role 'assistant'\) has no 'content'/],
       ['assistant tool_calls', [{ role: 'user', content: 'hi' }, { role: 'assistant', content: 'x', tool_calls: [{ id: 'c1', type: 'function',
-        function: { name: 'f', arguments: '{}' } }] }], /messages\[1\] has 'tool_calls': tool calling is not supported/],
+        function: { name: 'f', arguments: '{}' } }] }], /chat template does not render tool calls/],
       ['tool content missing', [{ role: 'user', content: 'hi' }, { role: 'tool', tool_call_id: 'c1' }], /messages\[1\] \(role 'tool'\)/],
       ['image part', [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }], /type 'text'/],
       ['content a number', [{ role: 'user', content: 5 }], /messages\[0\]\.content must be a string or an array of text parts/],
