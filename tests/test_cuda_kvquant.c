@@ -10,7 +10,7 @@
  *              normalised error <= 1e-5 (fp32 on both sides; the order of the sums differs).
  *   engine     tiny-qwen3 (HF dir), greedy 24 tokens on CPU and CUDA with --kv-cache-type q8_0 and
  *              pxq (defaults, and every position quantized), and with window + sink attention
- *              (window 16, 4 sinks; f16 and pxq): the same tokens.
+ *              (window 16, 4 sinks; f16 and pxq), and with YaRN x4 (f16): the same tokens.
  */
 #define TEST_RNG_SEED 0x51ed2701a3c2f8e5ull
 #include "test_cuda_common.h"
@@ -198,6 +198,17 @@ static void test_engine(void) {
         while (same < 24 && a[same] == b[same]) same++;
         printf("engine %s: CPU and CUDA agree on %d of 24 greedy tokens\n", cases[i].name, same);
         CHECK(same == 24, "engine %s: greedy tokens differ at %d", cases[i].name, same);
+    }
+    /* YaRN x4 from a 16-position original context (so the prompt runs past it): the CUDA rope kernels
+     * read the same table (frequencies and attention factor) as the CPU */
+    struct rope_scaling y = {.type = ROPE_SCALING_YARN, .factor = 4, .orig_ctx = 16};
+    CHECK(model_set_rope_scaling(m, &y, err, sizeof err) == 0, "yarn: %s", err);
+    int32_t a[24], b[24];
+    if (!greedy(m, PXQ_DEVICE_CPU, KV_CACHE_F16, 128, 0, a, 24) && !greedy(m, PXQ_DEVICE_CUDA, KV_CACHE_F16, 128, 0, b, 24)) {
+        int same = 0;
+        while (same < 24 && a[same] == b[same]) same++;
+        printf("engine yarn x4: CPU and CUDA agree on %d of 24 greedy tokens\n", same);
+        CHECK(same == 24, "engine yarn x4: greedy tokens differ at %d", same);
     }
     model_free(m);
 }
