@@ -46,6 +46,7 @@ struct kv_spec pxq_kv_spec(const struct pxq_model *m, const struct pxq_engine_pa
     spec.n_batch = p->n_batch > 0 ? p->n_batch : 512;
     spec.attn_window = p->attn_window;
     spec.attn_sinks = p->attn_sinks;
+    spec.topk_blocks = p->kv_topk_blocks;
     return spec;
 }
 
@@ -71,6 +72,17 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
         (e->p.attn_sinks && !e->p.attn_window)) {
         set_err(err, errlen, "--attention-window %d, --attention-sinks %d: the window must be in [1, the context %d) and "
                 "sinks need a window", e->p.attn_window, e->p.attn_sinks, e->p.n_ctx);
+        free(e);
+        return NULL;
+    }
+    if (e->p.kv_topk_blocks < 0 || (e->p.kv_topk_blocks && !e->p.attn_window)) {
+        set_err(err, errlen, "--kv-topk-blocks %d needs --attention-window W (the recent positions every query sees)",
+                e->p.kv_topk_blocks);
+        free(e);
+        return NULL;
+    }
+    if (e->p.kv_topk_blocks && e->p.device != PXQ_DEVICE_CPU) {
+        set_err(err, errlen, "--kv-topk-blocks: block selection runs on the CPU backend so far (--device cpu)");
         free(e);
         return NULL;
     }

@@ -37,6 +37,61 @@ static float *scores_get(size_t n) {
  * V row is read once for the
  * whole group (GQA), dequantized from the cache's type (kv_load). The arithmetic per query head is
  * the same as head by head. */
+/* The positions a query at q_pos of sequence s sees, as ranges [r[2i], r[2i + 1]) in ascending
+ * order (at most topk_blocks + 2; returns their count): every position; or the sinks and the window
+ * (kv_visible); or with block selection also the topk_blocks blocks of the middle whose key bounds
+ * give the largest upper bound of q.k over the group's query heads (Quest: sum over channels of
+ * max(q_d min_d, q_d max_d); a block's part inside the sinks or the window is not counted twice). */
+static int visible_ranges(const struct pxq_engine *e, const struct kv_seq *s, int l, int kvh, const float *q, int group,
+                          int q_pos, int *r) {
+    const struct kv_layout *lay = &e->kv.lay;
+    const int n_kv = q_pos + 1, bs = lay->block_size, hd = lay->head_dim;
+    if (!lay->attn_window || n_kv <= lay->attn_sinks + lay->attn_window) {
+        r[0] = 0, r[1] = n_kv;
+        return 1;
+    }
+    const int a = lay->attn_sinks, b = n_kv - lay->attn_window; /* the middle: [a, b) */
+    int n = 0;
+    if (a > 0) r[n++] = 0, r[n++] = a;
+    if (lay->topk_blocks && e->kv.kmin) {
+        const int b0 = a / bs, b1 = (b - 1) / bs, nb = b1 - b0 + 1; /* blocks touching the middle */
+        float *score = scores_get((size_t)nb * 2) + nb;              /* after the ids: see below */
+        int *id = (int *)(void *)(score - nb);
+        for (int i = 0; i < nb; i++) {
+            const size_t o = ((size_t)s->blocks[b0 + i] * (size_t)lay->n_layer_kv + (size_t)l) * (size_t)lay->kv_dim +
+                             (size_t)kvh * hd;
+            const float *mn = e->kv.kmin + o, *mx = e->kv.kmax + o;
+            float best = -INFINITY;
+            for (int g = 0; g < group; g++) {
+                const float *qg = q + (size_t)g * hd;
+                float u = 0;
+                for (int d = 0; d < hd; d++) u += fmaxf(qg[d] * mn[d], qg[d] * mx[d]);
+                best = fmaxf(best, u);
+            }
+            score[i] = best, id[i] = i;
+        }
+        const int k = lay->topk_blocks < nb ? lay->topk_blocks : nb;
+        for (int i = 0; i < k; i++) { /* partial selection sort: the k best, ties to the earlier block */
+            int m = i;
+            for (int j = i + 1; j < nb; j++)
+                if (score[j] > score[m]) m = j;
+            const float ts = score[i];
+            const int ti = id[i];
+            score[i] = score[m], id[i] = id[m], score[m] = ts, id[m] = ti;
+        }
+        for (int i = 1; i < k; i++) /* ascending block order (insertion sort of k ids) */
+            for (int j = i; j > 0 && id[j - 1] > id[j]; j--) { const int t = id[j]; id[j] = id[j - 1]; id[j - 1] = t; }
+        for (int i = 0; i < k; i++) {
+            const int lo = (b0 + id[i]) * bs > a ? (b0 + id[i]) * bs : a, hi = (b0 + id[i] + 1) * bs < b ? (b0 + id[i] + 1) * bs : b;
+            if (n > 0 && r[n - 1] == lo) r[n - 1] = hi; /* adjacent: one range */
+            else r[n++] = lo, r[n++] = hi;
+        }
+    }
+    if (n > 0 && r[n - 1] == b) r[n - 1] = n_kv;
+    else r[n++] = b, r[n++] = n_kv;
+    return n / 2;
+}
+
 static void attn_range(void *arg, int64_t j0, int64_t j1, int ith) {
     const struct attn_args *a = arg;
     const struct pxq_engine *e = a->e;
@@ -45,32 +100,31 @@ static void attn_range(void *arg, int64_t j0, int64_t j1, int ith) {
     const int hd = hp->head_dim, q_dim = hp->n_head * hd, group = hp->n_head / hp->n_head_kv;
     const float scale = lay->attn_scale;
     float tmp[KV_MAX_HEAD_DIM];
+    static __thread float *rg; /* the ranges: ints in a thread's float buffer (same size) */
+    static __thread size_t rg_cap;
+    int *r = (int *)(void *)tls_grow(&rg, &rg_cap, 2 * (size_t)lay->topk_blocks + 4);
     for (int64_t j = j0; j < j1; j++) {
         const int t = (int)(j / hp->n_head_kv), kvh = (int)(j % hp->n_head_kv);
         const struct kv_seq *s = &e->seqs[a->ub->seq_id[t]].kv;
-        const int q_pos = a->ub->pos[t], n_kv = q_pos + 1;
-        /* the positions it sees (kv_visible): [0, n_a) and [b0, n_kv); all of them without a window */
-        int n_a = n_kv, b0 = n_kv;
-        if (lay->attn_window && n_kv > lay->attn_sinks + lay->attn_window) {
-            n_a = lay->attn_sinks;
-            b0 = n_kv - lay->attn_window;
-        }
-        const int n_vis = n_a + (n_kv - b0);
+        const int q_pos = a->ub->pos[t];
         const float *q = e->q + (size_t)t * q_dim + (size_t)kvh * group * hd; /* the group's heads, contiguous */
+        const int n_r = visible_ranges(e, s, a->l, kvh, q, group, q_pos, r);
+        int n_vis = 0;
+        for (int i = 0; i < n_r; i++) n_vis += r[2 * i + 1] - r[2 * i];
         float *sc = scores_get((size_t)n_vis * group);                      /* [group][n_vis] */
-        for (int i = 0; i < n_vis; i++) {
-            const int p = i < n_a ? i : b0 + (i - n_a);
-            const float *k = kv_load(&e->kv, s, KV_K, a->l, kvh, p, q_pos, tmp);
-            for (int g = 0; g < group; g++) sc[(size_t)g * n_vis + i] = vec_dot_f32(q + (size_t)g * hd, k, hd) * scale;
-        }
+        for (int i = 0, x = 0; i < n_r; i++)
+            for (int p = r[2 * i]; p < r[2 * i + 1]; p++, x++) {
+                const float *k = kv_load(&e->kv, s, KV_K, a->l, kvh, p, q_pos, tmp);
+                for (int g = 0; g < group; g++) sc[(size_t)g * n_vis + x] = vec_dot_f32(q + (size_t)g * hd, k, hd) * scale;
+            }
         for (int g = 0; g < group; g++) softmax_cpu(sc + (size_t)g * n_vis, n_vis);
         float *o = e->att + (size_t)t * q_dim + (size_t)kvh * group * hd;
         memset(o, 0, (size_t)group * hd * sizeof(float));
-        for (int i = 0; i < n_vis; i++) {
-            const int p = i < n_a ? i : b0 + (i - n_a);
-            const float *v = kv_load(&e->kv, s, KV_V, a->l, kvh, p, q_pos, tmp);
-            for (int g = 0; g < group; g++) vec_axpy_f32(o + (size_t)g * hd, sc[(size_t)g * n_vis + i], v, hd);
-        }
+        for (int i = 0, x = 0; i < n_r; i++)
+            for (int p = r[2 * i]; p < r[2 * i + 1]; p++, x++) {
+                const float *v = kv_load(&e->kv, s, KV_V, a->l, kvh, p, q_pos, tmp);
+                for (int g = 0; g < group; g++) vec_axpy_f32(o + (size_t)g * hd, sc[(size_t)g * n_vis + x], v, hd);
+            }
     }
 }
 

@@ -58,6 +58,7 @@ int kv_layout_init(struct kv_layout *lay, int n_layer_kv, int n_head_kv, int hea
     lay->quantized = spec->type != KV_CACHE_F16;
     lay->attn_window = spec->attn_window > 0 ? spec->attn_window : 0;
     lay->attn_sinks = lay->attn_window && spec->attn_sinks > 0 ? spec->attn_sinks : 0;
+    lay->topk_blocks = lay->attn_window && spec->topk_blocks > 0 ? spec->topk_blocks : 0;
     if (lay->quantized) {
         lay->n_sink = spec->n_sink > 0 ? spec->n_sink : 0;
         lay->n_window = spec->n_window > 0 ? spec->n_window : 0;
@@ -174,6 +175,15 @@ int kv_cache_init(struct kv_cache *c, const struct kv_layout *lay, int n_blocks,
         return set_err(err, errlen, "KV cache: the block count must be positive");
     }
     c->n_blocks = n_blocks;
+    if (lay->n_layer_kv > 0 && storage && lay->topk_blocks) {
+        const size_t n = (size_t)n_blocks * (size_t)lay->n_layer_kv * (size_t)lay->kv_dim;
+        c->kmin = malloc(n * sizeof(float));
+        c->kmax = malloc(n * sizeof(float));
+        if (!c->kmin || !c->kmax) {
+            kv_cache_free(c);
+            return set_err(err, errlen, "KV cache: cannot allocate the block key bounds (%.1f MiB)", 2.0 * n * 4 / (1 << 20));
+        }
+    }
     if (lay->n_layer_kv > 0 && storage) {
         for (int pool = 0; pool < 2; pool++) {
             const size_t per_block = lay->block_bytes[pool];
@@ -196,6 +206,8 @@ int kv_cache_init(struct kv_cache *c, const struct kv_layout *lay, int n_blocks,
 void kv_cache_free(struct kv_cache *c) {
     free(c->pool[0]);
     free(c->pool[1]);
+    free(c->kmin);
+    free(c->kmax);
     free(c->free_list);
     kv_layout_free(&c->lay);
     memset(c, 0, sizeof *c);
@@ -255,6 +267,16 @@ void kv_store(struct kv_cache *c, struct kv_seq *s, int l, int p, const float *k
                             lay->head_dim, (enum kv_type)d->type[h], d->levels[h]);
         float *r = lay->quantized ? residual_row(c, s, pool, l, p) : NULL;
         if (r) memcpy(r, x, (size_t)lay->kv_dim * sizeof(float));
+    }
+    if (c->kmin) { /* the block's key bounds per channel */
+        const size_t o = ((size_t)s->blocks[p / lay->block_size] * (size_t)lay->n_layer_kv + (size_t)l) * (size_t)lay->kv_dim;
+        float *mn = c->kmin + o, *mx = c->kmax + o;
+        if (p % lay->block_size == 0) {
+            memcpy(mn, k, (size_t)lay->kv_dim * sizeof(float));
+            memcpy(mx, k, (size_t)lay->kv_dim * sizeof(float));
+        } else {
+            for (int i = 0; i < lay->kv_dim; i++) mn[i] = fminf(mn[i], k[i]), mx[i] = fmaxf(mx[i], k[i]);
+        }
     }
 }
 

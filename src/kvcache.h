@@ -66,6 +66,10 @@ struct kv_layout {
     int attn_window, attn_sinks;    /* window + sink attention (StreamingLLM, Xiao et al. 2023, arXiv
                                        2309.17453): a query at q sees positions p < attn_sinks and
                                        q - p < attn_window only; attn_window 0: every position */
+    int topk_blocks;                /* query-aware block selection (Quest, Tang et al. 2024, arXiv
+                                       2406.10774): besides the sinks and the window, a query sees the
+                                       topk_blocks blocks of the middle whose key bounds give the largest
+                                       upper bound of q.k (0: off; needs attn_window) */
     int quantized;                  /* any head of any layer in a quantized type */
     size_t block_bytes[2];          /* K, V pool bytes per block */
     struct kv_layer_desc *layer[2]; /* [n_layer_kv] per pool */
@@ -93,6 +97,7 @@ struct kv_spec {
     const float *levels;            /* pxq: [n_layer_kv][n_head_kv][4] or NULL */
     float attn_scale;               /* 0: 1 / sqrt(head_dim) */
     int attn_window, attn_sinks;    /* window + sink attention (0: full attention) */
+    int topk_blocks;                /* block selection: blocks of the middle a query also sees (0: off) */
 };
 
 /* Fill a layout for n_layer_kv layers of n_head_kv heads of head_dim. Returns 0, or -1 with a message
@@ -129,6 +134,8 @@ struct kv_cache {
     struct kv_layout lay;
     int n_blocks;                   /* pool size */
     uint8_t *pool[2];               /* K, V: [n_blocks][block_bytes] (host storage; NULL when a device backend keeps it) */
+    float *kmin, *kmax;             /* block selection: per block, layer and key channel, the min and max of the
+                                       keys written there [n_blocks][n_layer_kv][kv_dim] (NULL when off) */
     int *free_list;                 /* stack of free block ids */
     int n_free;
 };
@@ -154,7 +161,8 @@ void kv_seq_shrink(struct kv_cache *c, struct kv_seq *s, int n_pos);
 int  kv_seq_blocks_needed(const struct kv_cache *c, const struct kv_seq *s, int n_pos);
 
 /* CPU: store position p's K and V (kv_dim floats each, all heads) of layer l: quantized into the
- * pool per head's type, and into the residual when the cache is quantized. */
+ * pool per head's type, into the residual when the cache is quantized, and into the block's key
+ * bounds when block selection is on (the first slot of a block starts them). */
 void kv_store(struct kv_cache *c, struct kv_seq *s, int l, int p, const float *k, const float *v);
 /* CPU: head h's row (head_dim floats) of pool (KV_K or KV_V) at position p as a query at position q
  * sees it: a pointer into the float32 pool or the residual, or the row dequantized into tmp. */

@@ -160,5 +160,16 @@ check "a window as large as the context is refused" 'printf "%s" "$bad" | grep -
 bad=$($PXQ run -p hi -n 1 --attention-sinks 4 2>&1; echo "rc=$?")
 check "sinks without a window are refused" 'printf "%s" "$bad" | grep -q "sinks need a window" && printf "%s" "$bad" | grep -q "rc=1"'
 
+# query-aware block selection (Quest): every block selected is full attention, bit for bit; 4 of the
+# 32 blocks (1/8) win back most of what the window alone loses; it needs a window
+pq() { $PXQ perplexity -m $D/tiny-qwen3 -f $D/frankenstein.txt -c 512 --chunks 4 "$@" 2>/dev/null | tail -n 1 | sed 's/ppl = //'; }
+f512=$(pq); win=$(pq --attention-window 64 --attention-sinks 4); sel=$(pq --attention-window 64 --attention-sinks 4 --kv-topk-blocks 4)
+all=$(pq --attention-window 64 --attention-sinks 4 --kv-topk-blocks 32)
+check "block selection of every block = full attention ($f512)" '[ -n "$f512" ] && [ "$f512" = "$all" ]'
+check "4 of 32 blocks: nearer full ($f512) than the window alone ($win): $sel" \
+    'awk -v f="$f512" -v w="$win" -v s="$sel" "BEGIN { d1 = s - f; d2 = w - f; if (d1 < 0) d1 = -d1; exit !(d1 < d2 / 2) }"'
+bad=$($PXQ run -p hi -n 1 --kv-topk-blocks 4 2>&1; echo "rc=$?")
+check "--kv-topk-blocks without a window is refused" 'printf "%s" "$bad" | grep -q "needs --attention-window" && printf "%s" "$bad" | grep -q "rc=1"'
+
 exit $fail
 

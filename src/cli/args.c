@@ -114,6 +114,7 @@ void common_help(int width, int with_ctx) {
         {"--kv-window W", "quantized cache: last W positions before each query kept exact (default 128)"},
         {"--attention-window W", "window + sink attention: each query sees its last W positions (0: all)"},
         {"--attention-sinks N", "... and the first N positions (StreamingLLM; default 0)"},
+        {"--kv-topk-blocks K", "with a window: also the K blocks of the middle with the largest Quest bound"},
         {"--rope-scaling T", "none, linear, yarn or llama3, over the model file's (also llama.cpp's spelling)"},
         {"--rope-factor F", "the scaling factor (alias --rope-scale)"},
         {"--original-max-position-embeddings N", "the trained context the scaling starts from (alias --yarn-orig-ctx)"},
@@ -188,6 +189,8 @@ int device_parse(struct args *a, struct pxq_engine_params *ep) {
         ep->kv_type = t;
     } else if (!strcmp(f, "--attention-window")) {
         ep->attn_window = (int)arg_int(a, 0, 1 << 30);
+    } else if (!strcmp(f, "--kv-topk-blocks")) {
+        ep->kv_topk_blocks = (int)arg_int(a, 0, 1 << 24);
     } else if (!strcmp(f, "--attention-sinks")) {
         ep->attn_sinks = (int)arg_int(a, 0, 1 << 30);
     } else if (!strcmp(f, "--kv-sink")) {
