@@ -106,6 +106,7 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
         free(e);
         return NULL;
     }
+    e->kv.prefix = e->p.prefix_caching && !e->kv.lay.quantized && pxq_engine_can_share_kv(e);
     e->tp = threadpool_new(e->p.n_threads);
     e->seqs = xcalloc((size_t)e->p.n_seq_max, sizeof *e->seqs);
     e->lw = xcalloc((size_t)hp->n_layer, sizeof *e->lw);
@@ -183,6 +184,7 @@ void pxq_engine_free(struct pxq_engine *e) {
 #endif
     for (int s = 0; s < e->p.n_seq_max; s++) {
         free(e->seqs[s].kv.blocks);
+        free(e->seqs[s].kv.bh);
         free(e->seqs[s].kv.res[0]), free(e->seqs[s].kv.res[1]); /* a quantized cache's residual */
         free(e->seqs[s].rstate);
     }
@@ -244,9 +246,39 @@ int pxq_seq_truncate(struct pxq_engine *e, int seq, int n_pos) {
         s->rstate = NULL;
         s->rstate_live = 0;
     }
+    if (kv_seq_shrink(&e->kv, &s->kv, n_pos) != 0) return -1; /* a shared block without host storage to copy it */
     s->n_pos = n_pos;
-    kv_seq_shrink(&e->kv, &s->kv, n_pos);
     return 0;
+}
+
+int pxq_engine_can_share_kv(const struct pxq_engine *e) {
+    for (int il = 0; il < e->hp->n_layer; il++)
+        if (e->hp->layer_kind[il] != LAYER_ATTN) return 0;
+    return 1;
+}
+
+int pxq_seq_fork(struct pxq_engine *e, int dst, int src) {
+    if (src < 0 || src >= e->p.n_seq_max || dst < 0 || dst >= e->p.n_seq_max || src == dst) return -1;
+    if (!e->seqs[src].in_use || !e->seqs[dst].in_use || e->seqs[dst].n_pos || !pxq_engine_can_share_kv(e)) return -1;
+    if (e->backend) return -1; /* the partial block and the residual live on the device: no copy there yet */
+    if (kv_seq_fork(&e->kv, &e->seqs[dst].kv, &e->seqs[src].kv, e->seqs[src].n_pos) != 0) return -1;
+    e->seqs[dst].n_pos = e->seqs[src].n_pos;
+    return 0;
+}
+
+int pxq_prefix_caching(const struct pxq_engine *e) { return e->kv.prefix; }
+
+void pxq_prefix_commit(struct pxq_engine *e, int seq, const int32_t *tokens, int n) {
+    if (seq < 0 || seq >= e->p.n_seq_max || !e->seqs[seq].in_use) return;
+    struct pxq_seq *s = &e->seqs[seq];
+    kv_prefix_commit(&e->kv, &s->kv, tokens, n < s->n_pos ? n : s->n_pos);
+}
+
+int pxq_prefix_match(struct pxq_engine *e, int seq, const int32_t *tokens, int n) {
+    if (seq < 0 || seq >= e->p.n_seq_max || !e->seqs[seq].in_use || e->seqs[seq].n_pos || n < 2) return 0;
+    struct pxq_seq *s = &e->seqs[seq];
+    s->n_pos = kv_prefix_match(&e->kv, &s->kv, tokens, n, (n - 1) / e->kv.lay.block_size) * e->kv.lay.block_size;
+    return s->n_pos;
 }
 
 int pxq_kv_blocks_total(const struct pxq_engine *e) { return e->kv.n_blocks; }

@@ -33,6 +33,8 @@ struct pxq_engine_params {
      * keys, kv_calib.h), else none (no 8-bit heads, uniform levels). Calibration sets them. */
     const uint8_t *kv_v8;
     const float *kv_levels;
+    int prefix_caching; /* automatic prefix caching (kvcache.h): reuse cached full blocks of earlier sequences
+                           (default 0; only for f16 caches of models whose layers are all attention) */
     enum pxq_device device;
     size_t gpu_mem;   /* CUDA: arena bytes (0: backend default) */
 };
@@ -74,6 +76,22 @@ int  pxq_seq_len(const struct pxq_engine *e, int seq);
 /* Drop positions >= n_pos (rollback). Returns -1 if n_pos is beyond the sequence or the model's
  * recurrent layers cannot roll back. */
 int  pxq_seq_truncate(struct pxq_engine *e, int seq, int n_pos);
+
+/* Sharing KV between sequences (kvcache.h: refcounted blocks). 1 if this engine can: every layer is
+ * attention (a recurrent state, Qwen3.5's DeltaNet, can be neither shared nor rewound by block). */
+int  pxq_engine_can_share_kv(const struct pxq_engine *e);
+/* dst (new, empty) becomes a copy of src's cache: src's full blocks shared by reference, its partly
+ * filled last block copied (copy on write). Returns -1 if the engine cannot share KV, the pool
+ * has no block for the copy, or the backend keeps KV on a device (CUDA: not yet). */
+int  pxq_seq_fork(struct pxq_engine *e, int dst, int src);
+/* Prefix caching: 1 if on (params.prefix_caching, an f16 cache, every layer attention). */
+int  pxq_prefix_caching(const struct pxq_engine *e);
+/* Enter the full blocks of seq that hold tokens[0, n) (its first n positions) in the prefix cache. */
+void pxq_prefix_commit(struct pxq_engine *e, int seq, const int32_t *tokens, int n);
+/* seq new and empty, about to prefill tokens[0, n): take the cached blocks its tokens start with
+ * (never the last token's: its logits must be computed). Returns the positions now in seq's cache
+ * (a multiple of the block size; 0 when prefix caching is off or nothing matched). */
+int  pxq_prefix_match(struct pxq_engine *e, int seq, const int32_t *tokens, int n);
 
 /* Evaluate a batch. Each token's pos must equal its sequence's length plus the number of earlier
  * tokens of that sequence in this batch (tokens append in order). Returns 0, or -1 with a message

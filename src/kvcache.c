@@ -197,9 +197,19 @@ int kv_cache_init(struct kv_cache *c, const struct kv_layout *lay, int n_blocks,
             }
         }
     }
-    c->free_list = xmalloc((size_t)n_blocks * sizeof *c->free_list);
+    const size_t nb = (size_t)n_blocks;
+    c->free_list = xmalloc(nb * sizeof *c->free_list);
     for (int i = 0; i < n_blocks; i++) c->free_list[i] = n_blocks - 1 - i; /* pop gives 0, 1, 2, ... */
-    c->n_free = n_blocks;
+    c->n_empty = c->n_free = n_blocks;
+    c->ref = xcalloc(nb, sizeof *c->ref);
+    c->hash = xcalloc(nb, sizeof *c->hash);
+    c->hnext = xmalloc(nb * sizeof *c->hnext);
+    c->lru_prev = xmalloc(nb * sizeof *c->lru_prev);
+    c->lru_next = xmalloc(nb * sizeof *c->lru_next);
+    for (c->n_bucket = 16; c->n_bucket < n_blocks && c->n_bucket < (1 << 24);) c->n_bucket *= 2;
+    c->bucket = xmalloc((size_t)c->n_bucket * sizeof *c->bucket);
+    for (int i = 0; i < c->n_bucket; i++) c->bucket[i] = -1;
+    c->lru_head = c->lru_tail = -1;
     return 0;
 }
 
@@ -209,8 +219,99 @@ void kv_cache_free(struct kv_cache *c) {
     free(c->kmin);
     free(c->kmax);
     free(c->free_list);
+    free(c->ref), free(c->hash), free(c->hnext), free(c->bucket), free(c->lru_prev), free(c->lru_next);
     kv_layout_free(&c->lay);
     memset(c, 0, sizeof *c);
+}
+
+/* The hash table and the LRU list of cached blocks. */
+static int table_find(const struct kv_cache *c, uint64_t h) {
+    for (int b = c->bucket[h & (uint64_t)(c->n_bucket - 1)]; b >= 0; b = c->hnext[b])
+        if (c->hash[b] == h) return b;
+    return -1;
+}
+
+static void table_insert(struct kv_cache *c, int b, uint64_t h) {
+    int *head = &c->bucket[h & (uint64_t)(c->n_bucket - 1)];
+    c->hash[b] = h;
+    c->hnext[b] = *head;
+    *head = b;
+}
+
+static void table_remove(struct kv_cache *c, int b) {
+    int *p = &c->bucket[c->hash[b] & (uint64_t)(c->n_bucket - 1)];
+    while (*p != b) p = &c->hnext[*p];
+    *p = c->hnext[b];
+    c->hash[b] = 0;
+}
+
+static void lru_push(struct kv_cache *c, int b) {
+    c->lru_prev[b] = c->lru_tail;
+    c->lru_next[b] = -1;
+    if (c->lru_tail >= 0) c->lru_next[c->lru_tail] = b;
+    else c->lru_head = b;
+    c->lru_tail = b;
+    c->n_cached++;
+}
+
+static void lru_unlink(struct kv_cache *c, int b) {
+    if (c->lru_prev[b] >= 0) c->lru_next[c->lru_prev[b]] = c->lru_next[b];
+    else c->lru_head = c->lru_next[b];
+    if (c->lru_next[b] >= 0) c->lru_prev[c->lru_next[b]] = c->lru_prev[b];
+    else c->lru_tail = c->lru_prev[b];
+    c->n_cached--;
+}
+
+/* A block for one holder: an empty one, else the least recently released cached one. n_free > 0. */
+static int block_alloc(struct kv_cache *c) {
+    int b;
+    if (c->n_empty) {
+        b = c->free_list[--c->n_empty];
+    } else {
+        b = c->lru_head;
+        lru_unlink(c, b);
+        table_remove(c, b);
+        c->n_evicted++;
+    }
+    c->n_free--;
+    c->ref[b] = 1;
+    return b;
+}
+
+static void block_retain(struct kv_cache *c, int b) {
+    if (c->ref[b]++ == 0) { /* a cached block comes back into use */
+        lru_unlink(c, b);
+        c->n_free--;
+    }
+}
+
+static void block_release(struct kv_cache *c, int b) {
+    if (--c->ref[b] > 0) return;
+    if (c->hash[b]) lru_push(c, b); /* its content stays findable until evicted */
+    else c->free_list[c->n_empty++] = b;
+    c->n_free++;
+}
+
+static void block_copy(struct kv_cache *c, int dst, int src) {
+    for (int pool = 0; pool < 2; pool++)
+        memcpy(c->pool[pool] + (size_t)dst * c->lay.block_bytes[pool], c->pool[pool] + (size_t)src * c->lay.block_bytes[pool],
+               c->lay.block_bytes[pool]);
+    if (c->kmin) { /* block selection's key bounds are the block's too */
+        const size_t n = (size_t)c->lay.n_layer_kv * (size_t)c->lay.kv_dim;
+        memcpy(c->kmin + (size_t)dst * n, c->kmin + (size_t)src * n, n * sizeof(float));
+        memcpy(c->kmax + (size_t)dst * n, c->kmax + (size_t)src * n, n * sizeof(float));
+    }
+}
+
+static void seq_grow(struct kv_seq *s, int n) {
+    if (n <= s->cap) return;
+    s->cap = n * 2;
+    s->blocks = xrealloc(s->blocks, (size_t)s->cap * sizeof *s->blocks);
+    s->bh = xrealloc(s->bh, (size_t)s->cap * sizeof *s->bh);
+}
+
+static size_t residual_floats(const struct kv_cache *c) {
+    return (size_t)c->lay.n_layer_kv * (size_t)(c->lay.n_sink + c->lay.n_ring) * (size_t)c->lay.kv_dim;
 }
 
 int kv_seq_blocks_needed(const struct kv_cache *c, const struct kv_seq *s, int n_pos) {
@@ -221,30 +322,122 @@ int kv_seq_blocks_needed(const struct kv_cache *c, const struct kv_seq *s, int n
 int kv_seq_reserve(struct kv_cache *c, struct kv_seq *s, int n_pos) {
     int need = kv_seq_blocks_needed(c, s, n_pos);
     if (need > c->n_free) return -1;
-    if (s->n_blocks + need > s->cap) {
-        s->cap = (s->n_blocks + need) * 2;
-        s->blocks = xrealloc(s->blocks, (size_t)s->cap * sizeof *s->blocks);
-    }
-    for (int i = 0; i < need; i++) s->blocks[s->n_blocks++] = c->free_list[--c->n_free];
+    seq_grow(s, s->n_blocks + need);
+    for (int i = 0; i < need; i++) s->blocks[s->n_blocks++] = block_alloc(c);
     if (c->pool[0] && c->lay.quantized && !s->res[0]) {
-        const size_t n = (size_t)c->lay.n_layer_kv * (size_t)(c->lay.n_sink + c->lay.n_ring) * (size_t)c->lay.kv_dim;
+        const size_t n = residual_floats(c);
         s->res[0] = xcalloc(n ? n : 1, sizeof(float));
         s->res[1] = xcalloc(n ? n : 1, sizeof(float));
     }
     return 0;
 }
 
-void kv_seq_shrink(struct kv_cache *c, struct kv_seq *s, int n_pos) {
-    int keep = (int)kv_blocks_for(n_pos, c->lay.block_size);
-    while (s->n_blocks > keep) c->free_list[c->n_free++] = s->blocks[--s->n_blocks];
+int kv_seq_shrink(struct kv_cache *c, struct kv_seq *s, int n_pos) {
+    const int bs = c->lay.block_size, keep = (int)kv_blocks_for(n_pos, bs);
+    int last = n_pos % bs && keep <= s->n_blocks ? s->blocks[keep - 1] : -1; /* kept, and written again */
+    if (last >= 0 && c->ref[last] > 1) {
+        int freed = 0;
+        for (int j = keep; j < s->n_blocks; j++) freed += c->ref[s->blocks[j]] == 1;
+        if (!c->pool[0] || c->n_free + freed < 1) return -1;
+    }
+    while (s->n_blocks > keep) block_release(c, s->blocks[--s->n_blocks]);
+    if (last >= 0 && c->ref[last] > 1) { /* copy on write */
+        int b = block_alloc(c);
+        block_copy(c, b, last);
+        block_release(c, last);
+        s->blocks[keep - 1] = b;
+    } else if (last >= 0 && c->hash[last]) {
+        table_remove(c, last);
+    }
+    if (s->n_hashed > n_pos / bs) s->n_hashed = n_pos / bs;
     if (n_pos == 0) {
         free(s->blocks);
+        free(s->bh);
         free(s->res[0]);
         free(s->res[1]);
         s->blocks = NULL;
+        s->bh = NULL;
         s->res[0] = s->res[1] = NULL;
-        s->cap = 0;
+        s->cap = s->n_hashed = 0;
     }
+    return 0;
+}
+
+int kv_seq_fork(struct kv_cache *c, struct kv_seq *dst, const struct kv_seq *src, int n_pos) {
+    const int bs = c->lay.block_size, full = n_pos / bs, part = n_pos % bs != 0;
+    if (dst->n_blocks || (int)kv_blocks_for(n_pos, bs) > src->n_blocks) return -1;
+    if (part && (!c->pool[0] || c->n_free < 1)) return -1;
+    if (c->lay.quantized && (!c->pool[0] || !src->res[0])) return -1;
+    seq_grow(dst, full + part);
+    for (int j = 0; j < full; j++) {
+        block_retain(c, src->blocks[j]);
+        dst->blocks[j] = src->blocks[j];
+        dst->bh[j] = src->bh[j];
+    }
+    dst->n_blocks = full;
+    dst->n_hashed = src->n_hashed < full ? src->n_hashed : full;
+    if (part) {
+        int b = block_alloc(c);
+        block_copy(c, b, src->blocks[full]);
+        dst->blocks[dst->n_blocks++] = b;
+    }
+    if (c->lay.quantized) {
+        const size_t n = residual_floats(c);
+        for (int pool = 0; pool < 2; pool++) {
+            dst->res[pool] = xmalloc((n ? n : 1) * sizeof(float));
+            memcpy(dst->res[pool], src->res[pool], n * sizeof(float));
+        }
+    }
+    return 0;
+}
+
+/* ---- prefix caching ---- */
+
+static uint64_t mix64(uint64_t x) { /* splitmix64's finaliser */
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+uint64_t kv_block_hash(uint64_t prev, const int32_t *tok, int n) {
+    uint64_t h = mix64(prev + 0x9e3779b97f4a7c15ull);
+    for (int i = 0; i < n; i++) h = mix64(h ^ ((uint64_t)(uint32_t)tok[i] << 1 | 1));
+    return h ? h : 1; /* 0 means "no hash" */
+}
+
+void kv_prefix_commit(struct kv_cache *c, struct kv_seq *s, const int32_t *tok, int n_tok) {
+    if (!c->prefix) return;
+    const int bs = c->lay.block_size;
+    int full = n_tok / bs;
+    if (full > s->n_blocks) full = s->n_blocks;
+    for (int j = s->n_hashed; j < full; j++) {
+        uint64_t h = kv_block_hash(j ? s->bh[j - 1] : 0, tok + (size_t)j * bs, bs);
+        s->bh[j] = h;
+        int b = s->blocks[j];
+        if (!c->hash[b] && table_find(c, h) < 0) table_insert(c, b, h); /* else the same content is cached already */
+    }
+    if (full > s->n_hashed) s->n_hashed = full;
+}
+
+int kv_prefix_match(struct kv_cache *c, struct kv_seq *s, const int32_t *tok, int n_tok, int max_blocks) {
+    if (!c->prefix || s->n_blocks) return 0;
+    const int bs = c->lay.block_size;
+    if (max_blocks > n_tok / bs) max_blocks = n_tok / bs;
+    seq_grow(s, max_blocks > 0 ? max_blocks : 1);
+    uint64_t h = 0;
+    int j = 0;
+    for (; j < max_blocks; j++) {
+        h = kv_block_hash(h, tok + (size_t)j * bs, bs);
+        int b = table_find(c, h);
+        if (b < 0) break;
+        block_retain(c, b);
+        s->blocks[j] = b;
+        s->bh[j] = h;
+    }
+    s->n_blocks = s->n_hashed = j;
+    return j;
 }
 
 /* The residual row of position p (all heads), or NULL if p has no residual slot. */

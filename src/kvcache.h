@@ -130,19 +130,44 @@ void kv_dequantize_row(float *y, const void *src, int n, enum kv_type t, const f
 
 /* ---- the pool ---- */
 
+/* Blocks are reference-counted: several sequences may hold the same block (n > 1 choices share
+ * their prompt's full blocks; prefix caching shares cached blocks). A sequence only writes
+ * positions at or beyond its length, so a full block is never written again; a partly filled
+ * block is copied before it is shared (kv_seq_fork) and made private before it is rewritten
+ * (kv_seq_shrink).
+ *
+ * Prefix caching (vLLM's automatic prefix caching): a full block j of a sequence is keyed by a
+ * hash chain of its tokens, h_j = H(h_{j-1}, tokens[j*bs .. (j+1)*bs)), h_{-1} = 0, so h_j covers
+ * every token of blocks 0..j, and with it the block's K and V (causal attention: position p's
+ * rows depend on tokens 0..p only). kv_prefix_commit enters a sequence's full blocks in the table;
+ * a block whose last holder lets go stays cached (refcount 0, on an LRU list, its content intact)
+ * and counts as free; kv_prefix_match gives a new sequence the longest run of cached blocks its
+ * tokens start with. A block is evicted (unhashed, reused) least recently released first, only
+ * when no never-hashed block is left. H is 64-bit (splitmix64 over the chain and the ids). */
 struct kv_cache {
     struct kv_layout lay;
     int n_blocks;                   /* pool size */
     uint8_t *pool[2];               /* K, V: [n_blocks][block_bytes] (host storage; NULL when a device backend keeps it) */
     float *kmin, *kmax;             /* block selection: per block, layer and key channel, the min and max of the
                                        keys written there [n_blocks][n_layer_kv][kv_dim] (NULL when off) */
-    int *free_list;                 /* stack of free block ids */
-    int n_free;
+    int *free_list;                 /* stack of empty (never hashed or evicted) block ids */
+    int n_empty;                    /* blocks on free_list */
+    int n_free;                     /* blocks a sequence may take: empty + cached (refcount 0) */
+    int *ref;                       /* [n_blocks] holders of each block */
+    int prefix;                     /* prefix caching on (kv_cache_init leaves it off) */
+    uint64_t *hash;                 /* [n_blocks] chain hash of a cached / committed block, 0 if none */
+    int *hnext, *bucket;            /* hash table: bucket[h & (n_bucket - 1)] -> block -> hnext -> ..., -1 ends */
+    int n_bucket;
+    int *lru_prev, *lru_next;       /* [n_blocks] cached blocks of refcount 0, oldest at lru_head */
+    int lru_head, lru_tail, n_cached;
+    uint64_t n_evicted;             /* cached blocks reused for other content */
 };
 
 struct kv_seq {
     int *blocks;      /* block table: position p lives in blocks[p / block_size], slot p % block_size */
     int n_blocks, cap;
+    uint64_t *bh;     /* [cap] chain hash of block j, for j < n_hashed */
+    int n_hashed;     /* leading full blocks whose hash is known */
     float *res[2];    /* quantized host caches: K, V residual [n_layer_kv][n_sink + n_ring][kv_dim], or NULL */
 };
 
@@ -153,12 +178,28 @@ int  kv_cache_init(struct kv_cache *c, const struct kv_layout *lay, int n_blocks
 void kv_cache_free(struct kv_cache *c);
 
 /* Make sure seq has blocks for positions [0, n_pos). Returns 0, or -1 (seq unchanged) if the pool
- * has too few free blocks. */
+ * has too few free blocks (cached blocks are evicted, oldest first, when no empty one is left). */
 int  kv_seq_reserve(struct kv_cache *c, struct kv_seq *s, int n_pos);
-/* Give back the blocks beyond those needed for n_pos positions (n_pos 0 frees all, residual too). */
-void kv_seq_shrink(struct kv_cache *c, struct kv_seq *s, int n_pos);
+/* Give back the blocks beyond those needed for n_pos positions (n_pos 0 frees all, residual too).
+ * The block holding position n_pos, if kept, is made private (unhashed; copied when shared, host
+ * storage only). Returns 0, or -1 (seq unchanged) if that block is shared and cannot be copied
+ * (no free block, or no host storage). */
+int  kv_seq_shrink(struct kv_cache *c, struct kv_seq *s, int n_pos);
 /* Blocks still needed to hold n_pos positions for s. */
 int  kv_seq_blocks_needed(const struct kv_cache *c, const struct kv_seq *s, int n_pos);
+/* dst (empty) becomes a copy of src's first n_pos positions: the full blocks by reference, the
+ * partly filled last block copied into a new block (host storage), and a quantized cache's residual
+ * copied. Returns 0, or -1 (dst unchanged) with no free block for the copy, or when a partial block
+ * or a residual would have to be copied without host storage (the device backend's). */
+int  kv_seq_fork(struct kv_cache *c, struct kv_seq *dst, const struct kv_seq *src, int n_pos);
+
+/* Prefix caching (see above; no-ops when c->prefix is 0). The chain hash of one block's tokens. */
+uint64_t kv_block_hash(uint64_t prev, const int32_t *tok, int n);
+/* Enter s's full blocks covering tokens[0, n_tok) (the tokens at its positions) in the table. */
+void kv_prefix_commit(struct kv_cache *c, struct kv_seq *s, const int32_t *tok, int n_tok);
+/* s empty: take by reference the longest run of cached blocks that tok[0, n_tok) starts with, at
+ * most max_blocks. Returns the blocks taken. */
+int  kv_prefix_match(struct kv_cache *c, struct kv_seq *s, const int32_t *tok, int n_tok, int max_blocks);
 
 /* CPU: store position p's K and V (kv_dim floats each, all heads) of layer l: quantized into the
  * pool per head's type, into the residual when the cache is quantized, and into the block's key

@@ -15,7 +15,7 @@ if ! command -v node >/dev/null 2>&1; then
     exit 0
 fi
 fail=0
-for t in sdk tools validation equivalence load abuse sigterm; do
+for t in sdk tools validation equivalence prefix load abuse sigterm; do
     if { [ $t = sdk ] || [ $t = tools ]; } && [ ! -d tests/server/node_modules/openai ]; then
         echo "FAIL sdk.js: the openai package is missing (cd tests/server && npm install)"
         fail=1

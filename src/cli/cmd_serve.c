@@ -32,6 +32,9 @@ static const char *usage =
     "  --max-num-batched-tokens N       tokens per scheduler step, decodes + prefill chunks (default 512)\n"
     "  --block-size N                   positions per KV block (default 16)\n"
     "  --num-gpu-blocks-override N      KV pool size in blocks (default: max-num-seqs full contexts)\n"
+    "  --enable-prefix-caching          reuse the KV blocks of earlier prompts (default: on; f16 KV cache and\n"
+    "                                   all-attention models only)\n"
+    "  --no-enable-prefix-caching       prefill every prompt in full\n"
     "  --gpu-memory-utilization F       CUDA: fraction of the device's memory to use (instead of --gpu-mem)\n"
     "  --api-key KEY                    require 'Authorization: Bearer KEY' on /v1 (default: $PXQ_API_KEY)\n"
     "  --served-model-name NAME         model id in the API (default: the -m argument)\n"
@@ -53,7 +56,7 @@ int cmd_serve(int argc, char **argv) {
     const char *name = NULL, *tmpl_path = NULL;
     int reasoning_parser = 0, tool_parser = 0;
     double gpu_util = 0, grace = 30;
-    int kv_blocks = 0, batched_set = 0;
+    int kv_blocks = 0, batched_set = 0, prefix_caching = 1;
     for (a.i = 1; a.i < argc; a.i++) {
         const char *f = argv[a.i];
         if (common_parse(&a, &co)) continue;
@@ -71,6 +74,8 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(f, "--max-body-bytes")) hc.max_body = (size_t)arg_int(&a, 1024, 1L << 30);
         else if (!strcmp(f, "--chat-template")) tmpl_path = arg_str(&a);
         else if (!strcmp(f, "--enable-auto-tool-choice")) continue;
+        else if (!strcmp(f, "--enable-prefix-caching")) prefix_caching = 1;
+        else if (!strcmp(f, "--no-enable-prefix-caching")) prefix_caching = 0;
         else if (!strcmp(f, "--reasoning-parser")) {
             const char *v = arg_str(&a);
             if (strcmp(v, "qwen3")) fail(&a, 2, "--reasoning-parser '%s' is not available (PXQ has: qwen3)", v);
@@ -154,6 +159,7 @@ int cmd_serve(int argc, char **argv) {
     }
     co.ep.n_seq_max = sc.max_num_seqs;
     co.ep.kv_blocks = kv_blocks;
+    co.ep.prefix_caching = prefix_caching;
     /* signals: handled by sigwait below, blocked in every thread, so before the engine starts its
      * thread pool: a worker that left SIGTERM unblocked took it with the default action (the process
      * died mid-request, without the graceful drain) */
@@ -173,15 +179,20 @@ int cmd_serve(int argc, char **argv) {
     struct scheduler *sched = sched_new(e, tok, &sc, met, err, sizeof err);
     if (!sched) fail(&a, 1, "%s", err);
     struct srv_limits lim = {served, tok, model_hparams(m)->n_vocab, ep->n_ctx,
-                             pxq_kv_blocks_total(e) * pxq_kv_block_size(e), reasoning_parser, tool_parser};
+                             pxq_kv_blocks_total(e) * pxq_kv_block_size(e), reasoning_parser, tool_parser,
+                             pxq_engine_can_share_kv(e) ? SRV_MAX_N : 1};
+    const char *prefix_why = pxq_prefix_caching(e) ? "on"
+                             : !prefix_caching ? "off"
+                             : !pxq_engine_can_share_kv(e) ? "off (recurrent layers)"
+                                                           : "off (quantized KV cache)";
     hc.max_model_len = ep->n_ctx;
     struct http_server *h = http_start(&hc, &lim, sched, met, err, sizeof err);
     if (!h) fail(&a, 1, "%s", err);
     fprintf(stderr,
             "pxq serve: %s (%s) as '%s': max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d, "
-            "KV %d blocks of %d, %d threads%s\n",
+            "KV %d blocks of %d, prefix caching %s, n up to %d, %d threads%s\n",
             model_path(m), model_hparams(m)->arch_name, served, ep->n_ctx, sc.max_num_seqs, sc.max_num_batched_tokens,
-            pxq_kv_blocks_total(e), pxq_kv_block_size(e), ep->n_threads, hc.api_key ? ", API key required" : "");
+            pxq_kv_blocks_total(e), pxq_kv_block_size(e), prefix_why, lim.max_n, ep->n_threads, hc.api_key ? ", API key required" : "");
     int v6 = strchr(hc.host, ':') != NULL;
     fprintf(stderr, "pxq serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", hc.host, v6 ? "]" : "", http_port(h));
     fflush(stderr);

@@ -113,7 +113,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             return MHD_CONTENT_READER_END_OF_STREAM;
         }
         wait_step(r);
-        if (r->staged_off == r->n_staged && r->n_sent_toks == r->n_toks && !r->finished && client_gone(r->conn)) {
+        if (r->staged_off == r->n_staged && !srv_req_finished(r) && client_gone(r->conn)) {
             atomic_store(&r->cancelled, 1);
             pthread_mutex_unlock(&r->mu);
             return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -165,9 +165,9 @@ static enum MHD_Result handle_generate(struct http_server *h, struct MHD_Connect
     }
     /* non-streaming: wait here (this connection's own thread), watching for a disconnect */
     pthread_mutex_lock(&r->mu);
-    while (!r->finished) {
+    while (!srv_req_finished(r)) {
         wait_step(r);
-        if (!r->finished && client_gone(c)) {
+        if (!srv_req_finished(r) && client_gone(c)) {
             atomic_store(&r->cancelled, 1);
             pthread_mutex_unlock(&r->mu);
             srv_req_release(r);
@@ -175,9 +175,10 @@ static enum MHD_Result handle_generate(struct http_server *h, struct MHD_Connect
             return MHD_NO; /* closes the connection */
         }
     }
-    int err_status = r->error_status;
+    const char *first_err = "";
+    int err_status = srv_req_error(r, &first_err);
     char emsg[256];
-    snprintf(emsg, sizeof emsg, "%s", r->error_msg);
+    snprintf(emsg, sizeof emsg, "%s", first_err);
     char *body = err_status ? NULL : srv_json_response(r);
     pthread_mutex_unlock(&r->mu);
     srv_req_release(r);

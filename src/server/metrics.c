@@ -13,7 +13,8 @@ struct srv_metrics {
     pthread_mutex_t mu;
     unsigned long long http_2xx, http_4xx, http_5xx;
     unsigned long long done_stop, done_length, done_abort, done_error;
-    unsigned long long prompt_tokens, generation_tokens, preemptions, steps, step_tokens;
+    unsigned long long prompt_tokens, generation_tokens, preemptions, steps, step_tokens, prefill_tokens;
+    unsigned long long prefix_queries, prefix_hits, prefix_query_blocks, prefix_hit_blocks;
     int running, waiting, kv_used, kv_free;
     struct histogram ttft, itl, e2e;
 };
@@ -84,8 +85,9 @@ void metrics_itl(struct srv_metrics *m, double s) {
 }
 
 void metrics_sched(struct srv_metrics *m, int running, int waiting, int kv_used, int kv_free, int n_preempt_add,
-                   int n_step_tokens) {
+                   int n_step_tokens, int n_prefill_tokens) {
     pthread_mutex_lock(&m->mu);
+    m->prefill_tokens += (unsigned long long)n_prefill_tokens;
     m->running = running, m->waiting = waiting, m->kv_used = kv_used, m->kv_free = kv_free;
     m->preemptions += (unsigned long long)n_preempt_add;
     if (n_step_tokens) m->steps++, m->step_tokens += (unsigned long long)n_step_tokens;
@@ -123,6 +125,15 @@ static void emit_hist(struct sbuf *b, const char *name, const char *help, const 
     sb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, cum, name, h->sum, name, h->n);
 }
 
+void metrics_prefix(struct srv_metrics *m, int n_query, int n_hit, int block_size) {
+    pthread_mutex_lock(&m->mu);
+    m->prefix_queries += (unsigned long long)n_query;
+    m->prefix_hits += (unsigned long long)n_hit;
+    m->prefix_query_blocks += (unsigned long long)(n_query / block_size);
+    m->prefix_hit_blocks += (unsigned long long)(n_hit / block_size);
+    pthread_mutex_unlock(&m->mu);
+}
+
 char *metrics_render(struct srv_metrics *m) {
     struct sbuf b = {xmalloc(4096), 0, 4096};
     pthread_mutex_lock(&m->mu);
@@ -139,6 +150,17 @@ char *metrics_render(struct srv_metrics *m) {
                   "pxq_request_success_total{finished_reason=\"error\"} %llu\n",
               m->done_stop, m->done_length, m->done_abort, m->done_error);
     emit_one(&b, "pxq_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", m->prompt_tokens);
+    emit_one(&b, "pxq_prefill_tokens_total", "counter",
+             "Prompt positions run through the model (what prefix-cache hits and n > 1 sharing did not spare).",
+             m->prefill_tokens);
+    emit_one(&b, "pxq_prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache at admission.",
+             m->prefix_queries);
+    emit_one(&b, "pxq_prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache (not prefilled).",
+             m->prefix_hits);
+    emit_one(&b, "pxq_prefix_cache_query_blocks_total", "counter", "Full prompt blocks looked up in the prefix cache.",
+             m->prefix_query_blocks);
+    emit_one(&b, "pxq_prefix_cache_hit_blocks_total", "counter", "Full prompt blocks found in the prefix cache.",
+             m->prefix_hit_blocks);
     emit_one(&b, "pxq_generation_tokens_total", "counter", "Generated tokens.", m->generation_tokens);
     emit_one(&b, "pxq_num_preemptions_total", "counter", "Sequences preempted (KV freed, recomputed later) for lack of KV blocks.",
              m->preemptions);

@@ -33,7 +33,10 @@ void metrics_ttft(struct srv_metrics *m, double s);
 void metrics_itl(struct srv_metrics *m, double s);
 /* Scheduler state after a step. */
 void metrics_sched(struct srv_metrics *m, int running, int waiting, int kv_used, int kv_free, int n_preempt_add,
-                   int n_step_tokens);
+                   int n_step_tokens, int n_prefill_tokens);
+/* Prefix caching: a sequence admitted with n_query tokens found the first n_hit cached (blocks of
+ * block_size positions). */
+void metrics_prefix(struct srv_metrics *m, int n_query, int n_hit, int block_size);
 
 /* Prometheus text (malloc'd). */
 char *metrics_render(struct srv_metrics *m);

@@ -72,12 +72,9 @@ void srv_req_retain(struct srv_req *r) {
     pthread_mutex_unlock(&r->mu);
 }
 
-void srv_req_release(struct srv_req *r) {
-    if (!r) return;
-    pthread_mutex_lock(&r->mu);
-    int left = --r->refs;
-    pthread_mutex_unlock(&r->mu);
-    if (left > 0) return;
+static void req_free(struct srv_req *r) {
+    for (int i = 1; r->choices && i < r->n; i++) req_free(r->choices[i]);
+    free(r->choices);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r->model);
@@ -93,6 +90,64 @@ void srv_req_release(struct srv_req *r) {
     parser_free(&r->cp);
     parse_out_free(&r->po);
     free(r);
+}
+
+void srv_req_release(struct srv_req *r) {
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    int left = --r->refs;
+    pthread_mutex_unlock(&r->mu);
+    if (left <= 0) req_free(r);
+}
+
+int srv_req_finished(const struct srv_req *r) {
+    for (int i = 0; i < r->n; i++)
+        if (!r->choices[i]->finished) return 0;
+    return 1;
+}
+
+int srv_req_error(const struct srv_req *r, const char **msg) {
+    for (int i = 0; i < r->n; i++)
+        if (r->choices[i]->error_status) {
+            *msg = r->choices[i]->error_msg;
+            return r->choices[i]->error_status;
+        }
+    return 0;
+}
+
+/* Choices 1..n-1 of r: its parameters, choice i's seed derived from r's (distinct per choice, and
+ * the same for a request sent again with the same seed). */
+static void make_choices(struct srv_req *r) {
+    r->owner = r;
+    r->choices = xcalloc((size_t)r->n, sizeof *r->choices);
+    r->choices[0] = r;
+    for (int i = 1; i < r->n; i++) {
+        struct srv_req *c = xcalloc(1, sizeof *c);
+        pthread_mutex_init(&c->mu, NULL);
+        pthread_cond_init(&c->cv, NULL);
+        c->kind = r->kind;
+        memcpy(c->id, r->id, sizeof c->id);
+        c->created = r->created;
+        c->model = xstrdup(r->model);
+        c->tok = r->tok;
+        c->prompt = xmalloc((size_t)r->n_prompt * sizeof *c->prompt);
+        memcpy(c->prompt, r->prompt, (size_t)r->n_prompt * sizeof *c->prompt);
+        c->n_prompt = r->n_prompt;
+        c->max_tokens = r->max_tokens;
+        c->sp = r->sp;
+        c->sp.seed = r->sp.seed + 0x9E3779B97F4A7C15ull * (uint64_t)i;
+        for (int k = 0; k < r->n_stop; k++) c->stop[k] = xstrdup(r->stop[k]);
+        c->n_stop = r->n_stop;
+        c->stream = r->stream, c->include_usage = r->include_usage, c->ignore_eos = r->ignore_eos;
+        c->logprobs = r->logprobs, c->top_logprobs = r->top_logprobs;
+        c->t_arrival = r->t_arrival;
+        c->parse_flags = r->parse_flags, c->think_open = r->think_open;
+        c->n = 1;
+        c->index = i;
+        c->owner = r;
+        c->seq = -1;
+        r->choices[i] = c;
+    }
 }
 
 void srv_req_append_text(struct srv_req *r, const char *s, size_t n) {
@@ -619,11 +674,23 @@ struct srv_req *srv_req_parse(enum srv_kind kind, const char *body, size_t len, 
     }
     d = 1;
     if (get_num(&c, root, "n", 1, 1, 1e18, &d)) goto out;
-    if (d != 1) {
-        bad(&c, 400, "n", "only n = 1 is supported");
+    if (d > 1 && lim->max_n <= 1) {
+        bad(&c, 400, "n", "n > 1 is not supported for this model: its recurrent (DeltaNet) layers cannot share the "
+            "prompt's state between choices; send n = 1");
         goto out;
     }
-    if (get_num(&c, root, "best_of", 1, 1, 1, &d)) goto out;
+    if (d > SRV_MAX_N) {
+        bad(&c, 400, "n", "'n' must be at most %d, got %.0f", SRV_MAX_N, d);
+        goto out;
+    }
+    r->n = (int)d;
+    if (field(root, "best_of")) { /* vLLM: best_of >= n; PXQ returns every candidate, so only best_of = n */
+        if (get_num(&c, root, "best_of", 1, 1, 1e18, &d)) goto out;
+        if (d != r->n) {
+            bad(&c, 400, "best_of", "'best_of' is only supported equal to n (%d), got %.0f", r->n, d);
+            goto out;
+        }
+    }
     if ((v = field(root, "echo")) && (!cJSON_IsBool(v) || cJSON_IsTrue(v))) {
         bad(&c, 400, "echo", "'echo' is not supported");
         goto out;
@@ -733,6 +800,7 @@ struct srv_req *srv_req_parse(enum srv_kind kind, const char *body, size_t len, 
             r->n_prompt + r->max_tokens, lim->kv_positions);
         goto out;
     }
+    make_choices(r);
     ok = 1;
 out:
     cJSON_Delete(root);
@@ -769,11 +837,14 @@ char *srv_json_error(int status, const char *msg, const char *param, const char 
     return s;
 }
 
+/* The prompt counts once, every choice's tokens count (OpenAI's usage for n > 1). */
 static cJSON *usage_obj(const struct srv_req *r) {
     cJSON *u = cJSON_CreateObject();
+    int n_gen = 0;
+    for (int i = 0; i < r->n; i++) n_gen += r->choices[i]->n_toks;
     cJSON_AddNumberToObject(u, "prompt_tokens", r->n_prompt);
-    cJSON_AddNumberToObject(u, "completion_tokens", r->n_toks);
-    cJSON_AddNumberToObject(u, "total_tokens", r->n_prompt + r->n_toks);
+    cJSON_AddNumberToObject(u, "completion_tokens", n_gen);
+    cJSON_AddNumberToObject(u, "total_tokens", r->n_prompt + n_gen);
     return u;
 }
 
@@ -880,10 +951,11 @@ static void add_parsed_message(cJSON *m, const struct srv_req *r, const struct p
     if (po->n_calls) add_calls(m, po, -1);
 }
 
-char *srv_json_response(struct srv_req *r) {
-    cJSON *o = envelope(r, 0), *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
+/* One entry of "choices" for choice r. */
+static cJSON *choice_obj(struct srv_req *r) {
+    cJSON *c = cJSON_CreateObject();
     const char *finish = r->finish_reason ? r->finish_reason : "stop";
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", r->index);
     if (r->kind == SRV_CHAT && r->parse_flags) {
         struct chat_parser p;
         struct parse_out po = {0};
@@ -906,14 +978,21 @@ char *srv_json_response(struct srv_req *r) {
     if (r->logprobs) cJSON_AddItemToObject(c, "logprobs", logprobs_obj(r, r->tok, 0, r->n_toks));
     else cJSON_AddNullToObject(c, "logprobs");
     cJSON_AddStringToObject(c, "finish_reason", finish);
-    cJSON_AddItemToArray(choices, c);
+    return c;
+}
+
+char *srv_json_response(struct srv_req *r) {
+    cJSON *o = envelope(r, 0), *choices = cJSON_AddArrayToObject(o, "choices");
+    for (int i = 0; i < r->n; i++) cJSON_AddItemToArray(choices, choice_obj(r->choices[i]));
     cJSON_AddItemToObject(o, "usage", usage_obj(r));
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return s;
 }
 
+/* Append to the stream of r's request (its owner's buffer). */
 static void stage(struct srv_req *r, const char *s) {
+    r = r->owner;
     size_t n = strlen(s);
     if (r->staged_off && r->staged_off == r->n_staged) r->staged_off = r->n_staged = 0;
     char *p = xrealloc(r->staged, r->n_staged + n + 1);
@@ -934,7 +1013,7 @@ static void stage_obj(struct srv_req *r, cJSON *o) {
 /* One chunk: delta text (may be NULL for none), logprobs of tokens [t0, t1), finish reason. */
 static void stage_chunk(struct srv_req *r, const char *text, size_t n, int t0, int t1, const char *finish, int role) {
     cJSON *o = envelope(r, 1), *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", r->index);
     char *t = xmalloc(n + 1);
     if (n) memcpy(t, text, n);
     t[n] = 0;
@@ -958,7 +1037,7 @@ static void stage_chunk(struct srv_req *r, const char *text, size_t n, int t0, i
  * stream-wide index) and the logprobs of tokens [t0, t1). */
 static void stage_parsed(struct srv_req *r, const struct parse_out *po, int t0, int t1) {
     cJSON *o = envelope(r, 1), *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", r->index);
     cJSON *d = cJSON_AddObjectToObject(c, "delta");
     if (po->reasoning.n) cJSON_AddStringToObject(d, "reasoning_content", po->reasoning.p);
     if (po->content.n) cJSON_AddStringToObject(d, "content", po->content.p);
@@ -996,8 +1075,9 @@ static void stream_parsed(struct srv_req *r) {
     if (parsed_any(&r->po)) stage_parsed(r, &r->po, 0, 0);
 }
 
-void srv_stream_stage(struct srv_req *r) {
-    if (r->sent_final) return;
+/* Choice r's new chunks; its finish chunk once it finished without error. */
+static void stage_choice(struct srv_req *r) {
+    if (r->sent_finish) return;
     if (!r->sent_role) {
         if (r->kind == SRV_CHAT) stage_chunk(r, "", 0, 0, 0, NULL, 1);
         r->sent_role = 1;
@@ -1010,25 +1090,32 @@ void srv_stream_stage(struct srv_req *r) {
         r->n_sent_text = t->text_end;
         r->n_sent_toks++;
     }
-    if (!r->finished) return;
-    if (r->error_status) {
+    if (!r->finished || r->error_status) return;
+    if (r->n_text > r->n_sent_text) stage_chunk(r, r->text + r->n_sent_text, r->n_text - r->n_sent_text, 0, 0, NULL, 0);
+    r->n_sent_text = r->n_text;
+    const char *finish = r->n_calls_sent ? "tool_calls" : r->finish_reason ? r->finish_reason : "stop";
+    stage_chunk(r, r->kind == SRV_CHAT ? NULL : "", 0, 0, 0, finish, 0);
+    r->sent_finish = 1;
+}
+
+void srv_stream_stage(struct srv_req *r) {
+    if (r->sent_final) return;
+    for (int i = 0; i < r->n; i++) stage_choice(r->choices[i]);
+    if (!srv_req_finished(r)) return;
+    const char *emsg = NULL;
+    int status = srv_req_error(r, &emsg);
+    if (status) {
         cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
-        cJSON_AddStringToObject(e, "message", r->error_msg);
-        cJSON_AddStringToObject(e, "type", status_type(r->error_status));
+        cJSON_AddStringToObject(e, "message", emsg);
+        cJSON_AddStringToObject(e, "type", status_type(status));
         cJSON_AddNullToObject(e, "param");
-        cJSON_AddNumberToObject(e, "code", r->error_status);
+        cJSON_AddNumberToObject(e, "code", status);
         stage_obj(r, o);
-    } else {
-        if (r->n_text > r->n_sent_text) stage_chunk(r, r->text + r->n_sent_text, r->n_text - r->n_sent_text, 0, 0, NULL, 0);
-        r->n_sent_text = r->n_text;
-        const char *finish = r->n_calls_sent ? "tool_calls" : r->finish_reason ? r->finish_reason : "stop";
-        stage_chunk(r, r->kind == SRV_CHAT ? NULL : "", 0, 0, 0, finish, 0);
-        if (r->include_usage) {
-            cJSON *o = envelope(r, 1);
-            cJSON_AddArrayToObject(o, "choices");
-            cJSON_AddItemToObject(o, "usage", usage_obj(r));
-            stage_obj(r, o);
-        }
+    } else if (r->include_usage) {
+        cJSON *o = envelope(r, 1);
+        cJSON_AddArrayToObject(o, "choices");
+        cJSON_AddItemToObject(o, "usage", usage_obj(r));
+        stage_obj(r, o);
     }
     stage(r, "data: [DONE]\n\n");
     r->sent_final = 1;

@@ -1,6 +1,11 @@
 /* request.h - one OpenAI API request inside `pxq serve`: the parsed and validated parameters, the
  * output the scheduler produces for it, and the JSON it is answered with.
  *
+ * Choices (n > 1): the parsed request is choice 0 and owns choices 1..n-1, srv_reqs with the same
+ * parameters (a derived seed each) and their own output. Every choice locks and signals its
+ * owner's mu / cv, and is cancelled with it; the owner frees them. The scheduler holds one
+ * reference on the owner per choice in flight.
+ *
  * Ownership: the HTTP thread parses the body into a srv_req (srv_req_parse), hands it to the
  * scheduler (sched_submit) and keeps reading its output. Both sides hold a reference (refs = 2);
  * srv_req_release frees it when the last one lets go. Fields under "shared" are guarded by mu; the
@@ -23,6 +28,7 @@
 #include "tokenizer.h"
 
 #define SRV_MAX_TOP_LOGPROBS 20
+#define SRV_MAX_N 16            /* choices per request ("n") at most */
 
 enum srv_kind { SRV_COMPLETION, SRV_CHAT };
 
@@ -35,6 +41,7 @@ struct srv_limits {
     int kv_positions;       /* positions the whole KV pool holds (a prompt beyond it can never run) */
     int reasoning_parser;   /* --reasoning-parser qwen3: split <think>...</think> into reasoning_content */
     int tool_parser;        /* --tool-call-parser hermes: tool_choice "auto" parses <tool_call> blocks */
+    int max_n;              /* largest "n": SRV_MAX_N, or 1 where sequences cannot share KV (hybrid models) */
 };
 
 /* One generated token as the client sees it. */
@@ -66,6 +73,10 @@ struct srv_req {
     double t_arrival;               /* now_sec() at parse */
     int parse_flags;                /* chat: PARSE_REASONING / PARSE_TOOLS (parsers.h) for the output */
     int think_open;                 /* the prompt opened <think>: the reasoning parser starts inside it */
+    int n;                          /* choices of the request (owner; 1 on the others) */
+    int index;                      /* this choice's index, 0..n-1 */
+    struct srv_req *owner;          /* choice 0, which holds mu / cv / refs / cancelled for all (itself there) */
+    struct srv_req **choices;       /* owner: [n], choices[0] == the owner */
 
     /* ---- shared between the scheduler and the HTTP thread, under mu ---- */
     pthread_mutex_t mu;
@@ -87,7 +98,8 @@ struct srv_req {
     /* ---- HTTP thread only ---- */
     int n_sent_toks;                /* streaming: tokens already sent */
     size_t n_sent_text;
-    int sent_role, sent_final;
+    int sent_role, sent_final;      /* sent_final (owner): the stream ended with [DONE] */
+    int sent_finish;                /* this choice's finish_reason chunk went out */
     struct chat_parser cp;          /* streaming with parse_flags: the parser and its output so far */
     struct parse_out po;
     int cp_started, n_calls_sent;
@@ -103,6 +115,7 @@ struct srv_req {
     int n_all, n_done;              /* n_done: positions of `all` in the sequence's KV cache */
     int seq;                        /* engine sequence, -1 while waiting */
     int done;                       /* finished in the scheduler (no longer in its lists) */
+    int fork_pending;               /* choice 0 of n > 1: choices 1.. take its prompt's KV once it is in */
     double t_last_tok;
     struct srv_req *next;           /* inbox link */
 };
@@ -118,6 +131,11 @@ void srv_req_release(struct srv_req *r);
 /* Scheduler side, under r->mu: append emitted text / one generated token. */
 void srv_req_append_text(struct srv_req *r, const char *s, size_t n);
 void srv_req_append_tok(struct srv_req *r, int32_t id, float logprob, const struct srv_top *top, int n_top);
+
+/* 1 when every choice of the request finished (under r->mu). */
+int srv_req_finished(const struct srv_req *r);
+/* The first error status of its choices, 0 if none (under r->mu), with its message. */
+int srv_req_error(const struct srv_req *r, const char **msg);
 
 /* JSON bodies (malloc'd, NUL-terminated). The request must be finished (under r->mu or after). */
 char *srv_json_response(struct srv_req *r);

@@ -42,6 +42,7 @@ struct scheduler {
     int8_t *b_logits;
     struct batch_entry *ent;            /* [max_num_seqs] */
     int b_cap;
+    int n_prefill;                      /* prompt tokens in this step's batch */
 };
 
 /* ---- lists ---- */
@@ -76,33 +77,41 @@ static void flush_text(struct scheduler *s, struct srv_req *r) {
     char piece[16];
     size_t n = tok_stream_flush(&r->ts, piece, sizeof piece), emit = 0;
     int hit = stop_push(&r->sm, piece, n, &emit);
-    pthread_mutex_lock(&r->mu);
+    pthread_mutex_lock(&r->owner->mu);
     srv_req_append_text(r, r->sm.pending, hit ? emit : r->sm.n_pending);
-    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_unlock(&r->owner->mu);
     stop_consume(&r->sm, r->sm.n_pending);
 }
 
 /* Take r out of the scheduler: free its sequence, publish the end, drop the scheduler's reference.
  * reason: "stop" / "length", or "abort" (client gone) / NULL with err_status (failure). */
 static void finish(struct scheduler *s, struct srv_req *r, const char *reason, int err_status, const char *err_msg) {
-    if (r->seq >= 0) pxq_seq_free(s->e, r->seq);
+    if (r->fork_pending) { /* choices that were to share r's prompt end with it */
+        r->fork_pending = 0;
+        for (int i = 1; i < r->n; i++) finish(s, r->choices[i], reason, err_status, err_msg);
+    }
+    if (r->seq >= 0) {
+        pxq_prefix_commit(s->e, r->seq, r->all, r->n_done); /* its full blocks stay cached */
+        pxq_seq_free(s->e, r->seq);
+    }
     r->seq = -1;
     r->done = 1;
     list_remove(s->running, &s->n_running, r);
     list_remove(s->waiting, &s->n_waiting, r);
     int n_prompt = r->n_prompt, n_gen = r->n_all - r->n_prompt;
     double e2e = now_sec() - r->t_arrival;
-    pthread_mutex_lock(&r->mu);
+    pthread_mutex_lock(&r->owner->mu);
     r->finish_reason = reason && strcmp(reason, "abort") ? reason : NULL;
     if (err_status) {
         r->error_status = err_status;
         snprintf(r->error_msg, sizeof r->error_msg, "%s", err_msg ? err_msg : "internal error");
     }
     r->finished = 1;
-    pthread_cond_broadcast(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-    metrics_request_done(s->met, err_status ? "error" : reason ? reason : "abort", n_prompt, n_gen, e2e);
-    srv_req_release(r);
+    pthread_cond_broadcast(&r->owner->cv);
+    pthread_mutex_unlock(&r->owner->mu);
+    /* the prompt of a request counts once, whatever its n */
+    metrics_request_done(s->met, err_status ? "error" : reason ? reason : "abort", r->index ? 0 : n_prompt, n_gen, e2e);
+    srv_req_release(r->owner);
     pthread_mutex_lock(&s->mu);
     s->n_inflight--;
     pthread_mutex_unlock(&s->mu);
@@ -150,11 +159,11 @@ static void sample_one(struct scheduler *s, struct srv_req *r, const float *logi
         size_t n = tok_stream_push(s->tok, &r->ts, id, 1, piece, sizeof piece);
         hit = stop_push(&r->sm, piece, n, &emit);
     }
-    pthread_mutex_lock(&r->mu);
+    pthread_mutex_lock(&r->owner->mu);
     if (emit) srv_req_append_text(r, r->sm.pending, emit);
     srv_req_append_tok(r, id, lp, top, r->logprobs ? r->top_logprobs : 0);
-    pthread_cond_broadcast(&r->cv);
-    pthread_mutex_unlock(&r->mu);
+    pthread_cond_broadcast(&r->owner->cv);
+    pthread_mutex_unlock(&r->owner->mu);
     stop_consume(&r->sm, emit);
     if (eos) {
         flush_text(s, r);
@@ -170,6 +179,7 @@ static void sample_one(struct scheduler *s, struct srv_req *r, const float *logi
 /* ---- one step ---- */
 
 static void preempt(struct scheduler *s, struct srv_req *r) {
+    pxq_prefix_commit(s->e, r->seq, r->all, r->n_done); /* its recompute may find them */
     pxq_seq_free(s->e, r->seq);
     r->seq = -1;
     r->n_done = 0;
@@ -192,6 +202,7 @@ static int blocks_promised(struct scheduler *s) {
 
 static void add_tokens(struct scheduler *s, int *nb, int *n_ent, struct srv_req *r, int take) {
     for (int j = 0; j < take; j++) {
+        s->n_prefill += r->n_done + j < r->n_prompt;
         s->b_tok[*nb] = r->all[r->n_done + j];
         s->b_pos[*nb] = r->n_done + j;
         s->b_seq[*nb] = r->seq;
@@ -203,12 +214,35 @@ static void add_tokens(struct scheduler *s, int *nb, int *n_ent, struct srv_req 
     s->ent[(*n_ent)++] = (struct batch_entry){r, take, output};
 }
 
+/* The prompt of lead r (choice 0 of n) is in its cache and `logits` are its last token's: give
+ * choices 1..n-1 sequences that share its blocks (pxq_seq_fork) and sample their first tokens.
+ * A choice that finds no free slot or block, or an engine that cannot fork, goes to the head of
+ * the queue and prefills on its own (sharing the prefix cache's blocks where it is on). */
+static void fork_choices(struct scheduler *s, struct srv_req *r, const float *logits) {
+    r->fork_pending = 0;
+    pxq_prefix_commit(s->e, r->seq, r->all, r->n_done);
+    for (int i = r->n - 1; i >= 1; i--) {
+        struct srv_req *c = r->choices[i];
+        int seq = s->n_running < s->cfg.max_num_seqs ? pxq_seq_new(s->e) : -1;
+        if (seq >= 0 && pxq_seq_fork(s->e, seq, r->seq) == 0) {
+            c->seq = seq;
+            c->n_done = r->n_done;
+            s->running[s->n_running++] = c;
+            continue;
+        }
+        if (seq >= 0) pxq_seq_free(s->e, seq);
+        waiting_insert(s, c, 1);
+    }
+    for (int i = 1; i < r->n; i++)
+        if (r->choices[i]->seq >= 0) sample_one(s, r->choices[i], logits);
+}
+
 static void step(struct scheduler *s) {
     /* drop requests whose clients went away */
     for (int i = s->n_running - 1; i >= 0; i--)
-        if (atomic_load(&s->running[i]->cancelled)) finish(s, s->running[i], "abort", 0, NULL);
+        if (atomic_load(&s->running[i]->owner->cancelled)) finish(s, s->running[i], "abort", 0, NULL);
     for (int i = s->n_waiting - 1; i >= 0; i--)
-        if (atomic_load(&s->waiting[i]->cancelled)) finish(s, s->waiting[i], "abort", 0, NULL);
+        if (atomic_load(&s->waiting[i]->owner->cancelled)) finish(s, s->waiting[i], "abort", 0, NULL);
 
     /* KV growth: preempt the youngest until the running sequences fit */
     int n_preempt = 0, free_blocks = pxq_kv_blocks_free(s->e), promised;
@@ -246,13 +280,22 @@ static void step(struct scheduler *s) {
         if (need > avail) break;
         int seq = pxq_seq_new(s->e);
         if (seq < 0) break;
+        /* prefix caching: cached blocks the tokens start with are taken, not computed */
+        int free0 = pxq_kv_blocks_free(s->e), hit = pxq_prefix_match(s->e, seq, r->all, r->n_all);
+        int taken = free0 - pxq_kv_blocks_free(s->e); /* cached blocks that left the free count */
+        need = pxq_kv_blocks_needed(s->e, seq, upto);
+        if (need + taken > avail) {
+            pxq_seq_free(s->e, seq);
+            break;
+        }
+        if (pxq_prefix_caching(s->e)) metrics_prefix(s->met, r->n_all, hit, s->block_size);
         r->seq = seq;
-        r->n_done = 0;
+        r->n_done = hit;
         memmove(s->waiting, s->waiting + 1, (size_t)(s->n_waiting - 1) * sizeof *s->waiting);
         s->n_waiting--;
         s->running[s->n_running++] = r;
-        avail -= need;
-        int take = r->n_all < budget ? r->n_all : budget;
+        avail -= need + taken;
+        int take = r->n_all - r->n_done < budget ? r->n_all - r->n_done : budget;
         add_tokens(s, &nb, &n_ent, r, take);
         budget -= take;
     }
@@ -267,7 +310,10 @@ static void step(struct scheduler *s) {
             for (int i = 0; i < n_ent; i++) {
                 struct srv_req *r = s->ent[i].r;
                 r->n_done += s->ent[i].take;
-                if (s->ent[i].output) sample_one(s, r, pxq_logits(s->e, oi++));
+                if (!s->ent[i].output) continue;
+                const float *logits = pxq_logits(s->e, oi++);
+                if (r->fork_pending) fork_choices(s, r, logits);
+                sample_one(s, r, logits);
             }
         }
     }
@@ -275,7 +321,8 @@ static void step(struct scheduler *s) {
     pthread_mutex_lock(&s->mu);
     int waiting = s->n_waiting + s->n_inbox;
     pthread_mutex_unlock(&s->mu);
-    metrics_sched(s->met, s->n_running, waiting, total - fr, fr, n_preempt, nb);
+    metrics_sched(s->met, s->n_running, waiting, total - fr, fr, n_preempt, nb, s->n_prefill);
+    s->n_prefill = 0;
 }
 
 static void end_all(struct scheduler *s) {
@@ -351,26 +398,33 @@ struct scheduler *sched_new(struct pxq_engine *e, const struct pxq_tokenizer *to
 
 int sched_submit(struct scheduler *s, struct srv_req *r) {
     char err[256];
-    if (!r->smp && !(r->smp = sampler_new(&r->sp, s->n_vocab, err, sizeof err))) return -1;
-    stop_init(&r->sm, (const char *const *)r->stop, r->n_stop);
-    memset(&r->ts, 0, sizeof r->ts);
-    r->all = xmalloc(((size_t)r->n_prompt + (size_t)r->max_tokens + 1) * sizeof *r->all);
-    memcpy(r->all, r->prompt, (size_t)r->n_prompt * sizeof *r->all);
-    r->n_all = r->n_prompt;
-    r->n_done = 0;
-    r->seq = -1;
+    for (int i = 0; i < r->n; i++) {
+        struct srv_req *c = r->choices[i];
+        if (!c->smp && !(c->smp = sampler_new(&c->sp, s->n_vocab, err, sizeof err))) return -1;
+    }
+    for (int i = 0; i < r->n; i++) {
+        struct srv_req *c = r->choices[i];
+        stop_init(&c->sm, (const char *const *)c->stop, c->n_stop);
+        memset(&c->ts, 0, sizeof c->ts);
+        c->all = xmalloc(((size_t)c->n_prompt + (size_t)c->max_tokens + 1) * sizeof *c->all);
+        memcpy(c->all, c->prompt, (size_t)c->n_prompt * sizeof *c->all);
+        c->n_all = c->n_prompt;
+        c->n_done = 0;
+        c->seq = -1;
+    }
+    r->fork_pending = r->n > 1; /* choices 1.. wait for choice 0's prompt (fork_choices) */
     pthread_mutex_lock(&s->mu);
     if (s->stopping) {
         pthread_mutex_unlock(&s->mu);
         return -1;
     }
-    srv_req_retain(r);
+    for (int i = 0; i < r->n; i++) srv_req_retain(r); /* one reference per choice */
     r->next = NULL;
     if (s->inbox_tail) s->inbox_tail->next = r;
     else s->inbox = r;
     s->inbox_tail = r;
     s->n_inbox++;
-    s->n_inflight++;
+    s->n_inflight += r->n;
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
     return 0;

@@ -109,7 +109,7 @@ function buildCases() {
     ['presence_penalty', ['3', '-2.5', '1e308']],
     ['frequency_penalty', ['2.01', '-1e308']],
     ['repetition_penalty', ['0', '-1', '5']],
-    ['n', ['2', '0', '1e9', '-1']],
+    ['n', ['17', '0', '1e9', '-1']],
     ['logprobs', ['21', '-1', '1e9', '0.5']],
   ];
   for (let rep = 0; rep < 3; rep++)
