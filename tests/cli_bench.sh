@@ -70,7 +70,7 @@ json_rows() { # file, expected rows, expected tests (space-separated)
     if command -v node >/dev/null 2>&1; then
         node -e '
 const [f, n, tests] = process.argv.slice(1); const r = JSON.parse(require("fs").readFileSync(f, "utf8"));
-const keys = ["model", "quant", "weights_resident", "backend", "kernel_path", "batch", "test", "depth", "avg_ts", "stddev_ts",
+const keys = ["model", "quant", "weights_resident", "backend", "kernel_path", "kv_cache", "batch", "test", "depth", "avg_ts", "stddev_ts",
               "samples_ts", "metric", "value", "roofline", "roofline_pct", "peak_mem_bytes"];
 let ok = Array.isArray(r) && r.length == +n && r.map(x => x.test).join(" ") == tests;
 for (const x of r) ok = ok && keys.every(k => k in x) && x.avg_ts > 0 && x.value > 0 && x.roofline > 0 && x.peak_mem_bytes > 0 &&

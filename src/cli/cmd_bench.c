@@ -363,8 +363,8 @@ int cmd_bench(int argc, char **argv) {
         printf("decode GB/s = (weights read + KV read + state read/written) per step / step time; "
                "prefill TFLOP/s = (2 x matmul params x tokens + lm_head + attention) / time; "
                "t/s counts the tokens of all b sequences\n\n");
-        printf("| model | quant | resident | backend | b | test | depth | t/s | GB/s or TFLOP/s | %% roofline | peak mem |\n");
-        printf("| ----- | ----- | -------- | ------- | -: | ---- | ----: | --: | --------------: | ---------: | -------: |\n");
+        printf("| model | quant | resident | backend | kv cache | b | test | depth | t/s | GB/s or TFLOP/s | %% roofline | peak mem |\n");
+        printf("| ----- | ----- | -------- | ------- | -------- | -: | ---- | ----: | --: | --------------: | ---------: | -------: |\n");
     } else {
         printf("[\n");
     }
@@ -421,8 +421,13 @@ int cmd_bench(int argc, char **argv) {
                                      ? "f32 dots"
                                      : "int8 activations x quantized weights, f32 dots for float weights",
                                  pxq_engine_params(e)->n_threads);
-                    char test[64];
+                    char test[64], kvdesc[96]; /* the KV cache type and the attention mode of the row */
                     snprintf(test, sizeof test, "%s%d", r.kind, r.len);
+                    const struct pxq_engine_params *pp = pxq_engine_params(e);
+                    int kl = snprintf(kvdesc, sizeof kvdesc, "%s", kv_cache_type_name((enum kv_cache_type)pp->kv_type));
+                    if (pp->attn_window)
+                        kl += snprintf(kvdesc + kl, sizeof kvdesc - (size_t)kl, ", window %d + %d sinks", pp->attn_window, pp->attn_sinks);
+                    if (pp->kv_topk_blocks) snprintf(kvdesc + kl, sizeof kvdesc - (size_t)kl, " + top %d blocks", pp->kv_topk_blocks);
                     if (o.json) {
                         printf("%s  {\"model\": ", n_rows ? ",\n" : "");
                         json_str(stdout, model_name);
@@ -431,6 +436,8 @@ int cmd_bench(int argc, char **argv) {
                         json_str(stdout, backend);
                         printf(", \"device\": ");
                         json_str(stdout, dev_name);
+                        printf(", \"kv_cache\": ");
+                        json_str(stdout, kvdesc);
                         printf(", \"n_threads\": %d, \"batch\": %d, \"test\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, \"depth\": %d, \"reps\": %d",
                                pxq_engine_params(e)->n_threads, r.b, test, kind == 0 ? r.len : 0, kind == 1 ? r.len : 0, r.depth, r.n_ts);
                         printf(", \"samples_ts\": [");
@@ -446,8 +453,8 @@ int cmd_bench(int argc, char **argv) {
                         char peak[32];
                         if (r.peak) snprintf(peak, sizeof peak, "%.2f GiB%s", r.peak / 1073741824.0, dev == PXQ_DEVICE_CUDA ? "" : " RSS");
                         else snprintf(peak, sizeof peak, "n/a");
-                        printf("| %s | %s | yes | %s | %d | %s | %d | %.2f ± %.2f | %.3f %s | %.1f%% | %s |\n", model_name, quant,
-                               backend, r.b, test, r.depth, r.mean, r.sd, r.value, kind ? "GB/s" : "TFLOP/s", r.pct, peak);
+                        printf("| %s | %s | yes | %s | %s | %d | %s | %d | %.2f ± %.2f | %.3f %s | %.1f%% | %s |\n", model_name, quant,
+                               backend, kvdesc, r.b, test, r.depth, r.mean, r.sd, r.value, kind ? "GB/s" : "TFLOP/s", r.pct, peak);
                     }
                     fflush(stdout);
                     n_rows++;
