@@ -10,7 +10,7 @@
 #include "util.h"
 
 int cmd_kv_calibrate(int argc, char **argv) {
-    struct args a = {argc, argv, 0, "kv-calibrate"};
+    struct args a = {argc, argv, 0, "kv-calibrate", cmd_kv_calibrate};
     struct kv_calib_params p = kv_calib_default_params();
     const char *model = NULL, *output = NULL;
     for (a.i = 1; a.i < argc; a.i++) {
@@ -41,7 +41,7 @@ int cmd_kv_calibrate(int argc, char **argv) {
             help_print(rows, (int)(sizeof rows / sizeof *rows), 24);
             return 0;
         } else
-            fail(&a, 2, "unknown option '%s'", f);
+            fail_unknown(&a);
     }
     if (!model) fail(&a, 2, "no model: give -m IN.gguf");
     if (!output) fail(&a, 2, "no output: give --output OUT.gguf");

@@ -45,7 +45,7 @@ static const char *usage =
     "Tests only: PXQ_TEST_OUTPUT=TEXT makes every request generate TEXT's tokens, then end (eos).\n";
 
 int cmd_serve(int argc, char **argv) {
-    struct args a = {argc, argv, 0, "serve"};
+    struct args a = {argc, argv, 0, "serve", cmd_serve};
     struct common_opts co;
     common_init(&co);
     struct http_config hc = {"127.0.0.1", 8000, NULL, 4u << 20, 512, 60, 0};
@@ -85,7 +85,7 @@ int cmd_serve(int argc, char **argv) {
             common_help(33, 0); /* -c is --max-model-len, above */
             return 0;
         } else
-            fail(&a, 2, "unknown option '%s' (see pxq serve --help)", f);
+            fail_unknown(&a);
     }
     if (gpu_util > 0 && co.ep.gpu_mem) fail(&a, 2, "give --gpu-mem or --gpu-memory-utilization, not both");
     if (gpu_util > 0 && co.ep.device == PXQ_DEVICE_CUDA) {
@@ -167,7 +167,7 @@ int cmd_serve(int argc, char **argv) {
     struct pxq_engine *e = pxq_engine_new(m, &co.ep, err, sizeof err);
     if (!e) fail(&a, 1, "%s", err);
     const struct pxq_engine_params *ep = pxq_engine_params(e);
-
+    warn_ctx_beyond_trained(&a, m, ep->n_ctx);
 
     struct srv_metrics *met = metrics_new();
     struct scheduler *sched = sched_new(e, tok, &sc, met, err, sizeof err);
