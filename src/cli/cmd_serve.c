@@ -1,7 +1,8 @@
 /* cmd_serve.c - `pxq serve`: an OpenAI-compatible HTTP server with continuous batching
  * (src/server/). Flags are vLLM's where vLLM has one. SIGTERM / SIGINT: stop accepting, let the
  * requests in flight finish (up to --shutdown-timeout seconds, then end them with
- * finish_reason "length"), close, exit 0. */
+ * finish_reason "length"), close, say how many finished and how many were cut short, exit 0.
+ * One access-log line per HTTP request goes to stderr (http.c, access_log). */
 #include <libgen.h>
 #include <pthread.h>
 #include <signal.h>
@@ -191,7 +192,8 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "pxq serve: %s: finishing %d request(s) in flight (up to %g s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
             sched_in_flight(sched), grace);
     http_quiesce(h);
-    sched_drain(sched, grace);
+    int n_cut = 0;
+    const int n_done = sched_drain(sched, grace, &n_cut);
     for (int i = 0; i < 500 && http_active(h) > 0; i++) usleep(10000); /* let the last bytes go out */
     http_stop(h);
     sched_free(sched);
@@ -199,6 +201,7 @@ int cmd_serve(int argc, char **argv) {
     pxq_engine_free(e);
     model_free(m);
     free(forced);
-    fprintf(stderr, "pxq serve: stopped\n");
+    fprintf(stderr, "pxq serve: stopped: %d request(s) finished while draining, %d cut short at the %g s grace period\n",
+            n_done, n_cut, grace);
     return 0;
 }
