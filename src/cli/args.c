@@ -209,7 +209,7 @@ void help_print(const struct help_row *rows, int n, int width) {
 void common_help(int width, int with_ctx) {
     static const struct help_row rows[] = {
         {"-m, --model PATH", "GGUF file or HF model directory (default: the bundled tiny model)"},
-        {"-t, --threads N", "CPU threads (default: all cores)"},
+        {"-t, --threads N", "CPU threads (default: the cores it may use)"},
         {"-c, --ctx-size N", "context length per sequence (default: model's, at most 4096); alias --max-model-len"},
         {"-b, --batch-size N", "tokens per forward step (default 512)"},
         {"--device cpu|cuda", "backend (default cpu)"},

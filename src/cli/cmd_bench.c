@@ -45,7 +45,7 @@ static const char *usage =
     "  -b, --batch LIST       concurrent sequences (default 1), e.g. 1,4,16\n"
     "  -d, --depth LIST       tokens already in context before timing, filled by prefill (default 0)\n"
     "  -r, --repetitions N    timed repetitions (default 5)\n"
-    "  -t, --threads N        CPU threads (default: all cores)\n"
+    "  -t, --threads N        CPU threads (default: the cores it may use)\n"
     "  -ub, --ubatch-size N   max tokens per forward step (default 512)\n"
     "  --device cpu|cuda      backend (default cpu)\n"
     "  -ngl, --n-gpu-layers N llama.cpp's: N > 0 (or all) is --device cuda, 0 is cpu (all layers or none)\n"

@@ -34,7 +34,7 @@ int cmd_kv_calibrate(int argc, char **argv) {
                 {"--sens-chunks N", "of those, chunks for the sensitivity passes (default 4)"},
                 {"-c, --ctx-size N", "tokens per chunk (default 256)"},
                 {"--uniform-levels", "keep the uniform levels; only pick the 8-bit heads (a baseline)"},
-                {"-t, --threads N", "CPU threads (default: all cores)"},
+                {"-t, --threads N", "CPU threads (default: the cores it may use)"},
             };
             printf("usage: pxq kv-calibrate -m IN.gguf --calib-file TEXT --output OUT.gguf [--kv-sensitive-ratio R] [--chunks N] [-c CTX]\n"
                    "Calibrates the --kv-cache-type pxq cache (docs/KVCACHE.md) on the CPU.\n");
