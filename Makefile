@@ -71,7 +71,13 @@ $(BUILD)/tests/%: tests/%.c $(BUILD)/libpxq.a tests/testutil.h
 tests: $(TESTS) $(BENCHES) $(BUILD)/pxq
 
 # The whole CPU suite: unit tests, model tests against the HF reference, the CLI and bad-input tests.
-test: tests
+# `make test` alone builds with one job per core (a -j given on the command line wins) and
+# run_tests.sh runs the suites in parallel, nproc at a time (PXQ_TEST_JOBS=N to change).
+# (-j shows in MAKEFLAGS only inside recipes, hence the shell test.)
+NPROC   := $(shell nproc 2>/dev/null || echo 2)
+BUILD_TESTS = case " $$MAKEFLAGS " in *" -j"*) j= ;; *) j=-j$(NPROC) ;; esac; $(MAKE) --no-print-directory $$j tests
+test:
+	@$(BUILD_TESTS)
 	@BUILD=$(BUILD) tests/run_tests.sh
 
 # Bad-input tests (and the pxq.kv.* keys' refusals) under AddressSanitizer + UBSan, in their own build directory.
@@ -80,7 +86,8 @@ test-asan:
 	BUILD=build-asan ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_bad_input
 	ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_kv_calib
 
-test-cuda: tests
+test-cuda:
+	@$(BUILD_TESTS)
 	@BUILD=$(BUILD) PXQ_TEST_CUDA=1 tests/run_tests.sh cuda
 
 bench: $(BUILD)/pxq

@@ -91,7 +91,8 @@ void sbuf_put(struct sbuf *b, const void *s, size_t n);
 /* Monotonic wall clock in seconds. */
 double now_sec(void);
 
-/* Number of online CPUs (at least 1). */
+/* Number of CPUs this process may run on (its affinity mask: taskset, cpusets; as nproc counts),
+ * else of online CPUs; at least 1. The default thread count. */
 int n_cpus(void);
 
 #endif

@@ -3,6 +3,7 @@
 
 #include "kvcache.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <libgen.h>
 #include <math.h>
@@ -91,6 +92,111 @@ int parse_size(const char *s, size_t *out) {
     return -1;
 }
 
+/* ---- flags PXQ does not take ---- */
+
+/* llama.cpp's and vLLM's flags for things PXQ does not have, and what it offers instead. */
+static const struct {
+    const char *flags; /* space-separated spellings */
+    const char *say;
+} foreign[] = {
+    {"-fa --flash-attn --flash-attention", "PXQ always uses flash attention on CUDA (fused, tiled attention kernels); leave it out"},
+    {"--mlock --no-mmap --mmap",
+     "PXQ memory-maps GGUF files and reads the weights it needs when the model is opened (into the CUDA arena with"
+     " --device cuda); it has no switch for mmap or mlock"},
+    {"-tp --tensor-parallel-size -pp --pipeline-parallel-size -sm --split-mode -ts --tensor-split -mg --main-gpu",
+     "PXQ runs a model on one GPU (--device cuda: the first CUDA_VISIBLE_DEVICES shows); pxq plan says whether it fits"},
+    {"-tb --threads-batch", "-t N sets the CPU threads of prefill and decode alike"},
+    {"-cb --cont-batching", "pxq serve always batches continuously (--max-num-seqs: sequences at once); leave it out"},
+    {"-np --parallel", "pxq serve --max-num-seqs N runs N sequences at once (each with the whole -c context)"},
+    {"--trust-remote-code", "PXQ runs no code from the checkpoint; leave it out"},
+    {"-q --quantization --dtype",
+     "PXQ takes the weight types from the model file (GGUF Q4_0 ... Q8_0, K-quants; pxq quantize writes one);"
+     " --dtype is pxq quantize's and, with --load-format dummy, bench's and plan's"},
+    {"--gpu-memory-utilization", "that is pxq serve's; elsewhere --gpu-mem SIZE sizes the CUDA arena"},
+    {"--numa", "PXQ does not place memory by NUMA node; run it under numactl"},
+};
+
+/* 1 if f is one of the space-separated words of list */
+static int in_list(const char *f, const char *list) {
+    const size_t n = strlen(f);
+    for (const char *p = list; *p;) {
+        const size_t w = strcspn(p, " ");
+        if (w == n && !strncmp(p, f, n)) return 1;
+        p += w;
+        p += *p == ' ';
+    }
+    return 0;
+}
+
+/* Levenshtein distance of a[na] and b[nb] (flags are short: at most 63 bytes compared) */
+static int edit_distance(const char *a, size_t na, const char *b, size_t nb) {
+    int row[64];
+    if (na > 63) na = 63;
+    if (nb > 63) nb = 63;
+    for (size_t j = 0; j <= nb; j++) row[j] = (int)j;
+    for (size_t i = 1; i <= na; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= nb; j++) {
+            const int up = row[j], sub = diag + (a[i - 1] != b[j - 1]);
+            int best = up + 1 < row[j - 1] + 1 ? up + 1 : row[j - 1] + 1;
+            row[j] = sub < best ? sub : best;
+            diag = up;
+        }
+    }
+    return row[nb];
+}
+
+const char *nearest_flag(const char *f, const char *text) {
+    static char best[64];
+    const size_t nf = strlen(f);
+    const int limit = nf / 3 < 3 ? (int)(nf / 3) : 3; /* "-x" gets no guess, "--kv-cache-typ" up to 3 edits */
+    int best_score = limit + 2;                        /* limit + 1: a longer flag f is a prefix of */
+    if (nf < 2 || f[0] != '-') return NULL;
+    for (const char *p = text; *p; p++) {
+        const int starts = *p == '-' && (p == text || strchr(" \t\n,|[(", p[-1])) &&
+                           isalpha((unsigned char)(p[1] == '-' ? p[2] : p[1]));
+        if (!starts) continue;
+        size_t n = 1;
+        while (isalnum((unsigned char)p[n]) || p[n] == '-' || p[n] == '_') n++;
+        if (n < sizeof best && !(n == nf && !strncmp(p, f, n))) {
+            const int d = edit_distance(f, nf, p, n);
+            const int score = d <= limit ? d : nf >= 4 && n > nf && !strncmp(p, f, nf) ? limit + 1 : limit + 2;
+            if (score < best_score) best_score = score, memcpy(best, p, n), best[n] = 0;
+        }
+        p += n - 1;
+    }
+    return best_score <= limit + 1 ? best : NULL;
+}
+
+void fail_unknown(const struct args *a) {
+    const char *f = a->argv[a->i];
+    for (size_t i = 0; i < sizeof foreign / sizeof *foreign; i++)
+        if (in_list(f, foreign[i].flags)) fail(a, 2, "%s: %s", f, foreign[i].say);
+    const char *eq = strchr(f, '=');
+    if (f[0] == '-' && f[1] == '-' && eq)
+        fail(a, 2, "unknown option '%s': PXQ takes a flag's value as the next argument ('%.*s %s')", f, (int)(eq - f), f, eq + 1);
+    /* the command's --help, captured: the flags it documents are the candidates */
+    char *help = NULL;
+    size_t n = 0;
+    FILE *mem = a->fn ? open_memstream(&help, &n) : NULL;
+    if (mem) {
+        FILE *out = stdout;
+        char h[] = "--help", *argv[] = {(char *)a->cmd, h, NULL};
+        fflush(stdout);
+        stdout = mem; /* glibc: stdout is an ordinary variable (the commands print help with printf) */
+        a->fn(2, argv);
+        stdout = out;
+        fclose(mem);
+    }
+    const char *near = help ? nearest_flag(f, help) : NULL;
+    char did[96] = "";
+    if (near) snprintf(did, sizeof did, "; did you mean %s?", near);
+    fprintf(stderr, "pxq %s: unknown option '%s'%s (see pxq %s --help)\n", a->cmd, f, did, a->cmd);
+    free(help);
+    exit(2);
+}
+
 void common_init(struct common_opts *o) {
     memset(o, 0, sizeof *o);
     o->ep = pxq_engine_default_params();
@@ -103,10 +209,11 @@ void help_print(const struct help_row *rows, int n, int width) {
 void common_help(int width, int with_ctx) {
     static const struct help_row rows[] = {
         {"-m, --model PATH", "GGUF file or HF model directory (default: the bundled tiny model)"},
-        {"-t, --threads N", "CPU threads (default: all cores)"},
-        {"-c, --ctx-size N", "context length per sequence (default: model's, at most 4096)"},
+        {"-t, --threads N", "CPU threads (default: the cores it may use)"},
+        {"-c, --ctx-size N", "context length per sequence (default: model's, at most 4096); alias --max-model-len"},
         {"-b, --batch-size N", "tokens per forward step (default 512)"},
         {"--device cpu|cuda", "backend (default cpu)"},
+        {"-ngl, --n-gpu-layers N", "llama.cpp's: N > 0 (or all) is --device cuda, 0 is cpu; PXQ offloads all layers or none"},
         {"--gpu-mem SIZE", "CUDA memory arena, e.g. 16GiB"},
         {"--kv-cache-type T", "KV cache: f16 (default), q8_0, pxq (K int8, V 2-bit; docs/KVCACHE.md);"
                               " also --kv-cache-dtype, -ctk/-ctv"},
@@ -137,8 +244,12 @@ static struct {
     float factor, attn_factor, beta_fast, beta_slow;
     int orig_ctx;             /* -1: the file's */
 } rope_cli = {-1, 0, 0, 0, 0, -1};
+static long ngl_cli = -1; /* llama.cpp's -ngl N as given (-1: not given), for the warning once the model is open */
 
 void cli_model_overrides(const struct args *a, struct pxq_model *m) {
+    const int n_layer = model_hparams(m)->n_layer;
+    if (ngl_cli > 0 && ngl_cli < n_layer)
+        warn_user(a, "-ngl %ld: PXQ offloads all %d layers or none; running all %d on CUDA", ngl_cli, n_layer, n_layer);
     const int tuned = rope_cli.factor || rope_cli.orig_ctx >= 0 || rope_cli.attn_factor || rope_cli.beta_fast || rope_cli.beta_slow;
     if (rope_cli.type < 0 && !tuned) return;
     struct rope_scaling rs = model_hparams(m)->rope_scaling;
@@ -156,6 +267,14 @@ void cli_model_overrides(const struct args *a, struct pxq_model *m) {
     if (rope_cli.beta_slow) rs.beta_slow = rope_cli.beta_slow;
     char err[256];
     if (model_set_rope_scaling(m, &rs, err, sizeof err)) fail(a, 2, "%s", err);
+}
+
+void warn_ctx_beyond_trained(const struct args *a, const struct pxq_model *m, int n_ctx) {
+    const struct pxq_hparams *hp = model_hparams(m);
+    if (n_ctx > hp->n_ctx_train && hp->rope_scaling.type == ROPE_SCALING_NONE)
+        warn_user(a, "the context (%d) passes the model's trained %d and the model has no RoPE scaling: quality past %d"
+                     " positions is not guaranteed (--rope-scaling yarn --rope-factor F extends it)",
+                  n_ctx, hp->n_ctx_train, hp->n_ctx_train);
 }
 
 int device_parse(struct args *a, struct pxq_engine_params *ep) {
@@ -202,6 +321,11 @@ int device_parse(struct args *a, struct pxq_engine_params *ep) {
         if (!strcmp(d, "cpu")) ep->device = PXQ_DEVICE_CPU;
         else if (!strcmp(d, "cuda")) ep->device = PXQ_DEVICE_CUDA;
         else fail(a, 2, "--device expects cpu or cuda, got '%s'", d);
+    } else if (!strcmp(f, "-ngl") || !strcmp(f, "--n-gpu-layers") || !strcmp(f, "--gpu-layers")) {
+        /* llama.cpp's layers to offload; PXQ puts the whole model on one backend: N > 0 is CUDA */
+        if (a->i + 1 < a->argc && !strcmp(a->argv[a->i + 1], "all")) a->i++, ngl_cli = 1 << 30;
+        else ngl_cli = arg_int(a, 0, 1 << 30);
+        ep->device = ngl_cli > 0 ? PXQ_DEVICE_CUDA : PXQ_DEVICE_CPU;
     } else if (!strcmp(f, "--gpu-mem")) {
         ep->gpu_mem = arg_size(a, 1);
     } else

@@ -12,6 +12,7 @@ struct args {
     char **argv;
     int i;            /* index of the current flag */
     const char *cmd;  /* subcommand name, for messages */
+    int (*fn)(int, char **); /* the subcommand itself: its --help lists the flags fail_unknown suggests */
 };
 
 /* The value following flag argv[i] (advances i); exits with "pxq CMD: FLAG needs a value". */
@@ -25,8 +26,19 @@ void fail(const struct args *a, int status, const char *fmt, ...) __attribute__(
 /* Print "pxq CMD: warning: ..." (one line on stderr) and go on. */
 void warn_user(const struct args *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Engine flags common to run/perplexity/serve: -m, -t, -c, -b, --device, --gpu-mem, and the KV
- * cache's --kv-cache-type (aliases --kv-cache-dtype, --cache-type-k/-v), --kv-sink, --kv-window.
+/* Exit 2 on argv[i], a flag the command does not take. A flag of llama.cpp or vLLM that PXQ has no
+ * equivalent of gets what PXQ offers instead ("--flash-attn: PXQ always uses flash attention on
+ * CUDA ..."); any other gets the nearest flag of the command's --help (a->fn) by edit distance:
+ * "unknown option '--kv-cache-typ'; did you mean --kv-cache-type? (see pxq run --help)". */
+void fail_unknown(const struct args *a) __attribute__((noreturn));
+/* The nearest of the flags in text (words starting with '-') to f, by Levenshtein distance, within
+ * a third of f's length (at most 3 edits) or with f as a prefix; NULL if none. The result points into
+ * a static buffer. Exposed for the tests. */
+const char *nearest_flag(const char *f, const char *text);
+
+/* Engine flags common to run/perplexity/serve: -m, -t, -c (alias --max-model-len), -b, --device (and
+ * llama.cpp's -ngl/--n-gpu-layers: N > 0 is cuda, 0 cpu), --gpu-mem, and the KV cache's
+ * --kv-cache-type (aliases --kv-cache-dtype, --cache-type-k/-v), --kv-sink, --kv-window.
  * Returns 1 if argv[i] was one of them (consumed), 0 otherwise. device_parse: --device and --gpu-mem
  * and the KV flags alone (bench, whose -b is a list), into ep; exit 2 with a message on a bad value. */
 struct common_opts {
@@ -61,6 +73,10 @@ struct pxq_model *open_model_or_fail(const struct args *a, const char *path);
  * and llama.cpp's --rope-scale, --yarn-orig-ctx, --yarn-attn-factor, --yarn-beta-fast/-slow, parsed by
  * device_parse) over the file's; exit 2 with a message on a bad combination. */
 void cli_model_overrides(const struct args *a, struct pxq_model *m);
+
+/* One warning line when n_ctx passes the model's trained context and it has no RoPE scaling (llama.cpp
+ * allows it too; the output past the trained length is not guaranteed). */
+void warn_ctx_beyond_trained(const struct args *a, const struct pxq_model *m, int n_ctx);
 
 /* Parse sizes with a unit, in any case: "16GiB", "512MiB", "24GB", "1e9B" (B, K/KiB, KB, M/MiB, MB,
  * G/GiB, GB, T/TiB, TB). Returns 0; -1 for a bare number, a negative or non-finite value, or an

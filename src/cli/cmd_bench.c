@@ -45,9 +45,10 @@ static const char *usage =
     "  -b, --batch LIST       concurrent sequences (default 1), e.g. 1,4,16\n"
     "  -d, --depth LIST       tokens already in context before timing, filled by prefill (default 0)\n"
     "  -r, --repetitions N    timed repetitions (default 5)\n"
-    "  -t, --threads N        CPU threads (default: all cores)\n"
+    "  -t, --threads N        CPU threads (default: the cores it may use)\n"
     "  -ub, --ubatch-size N   max tokens per forward step (default 512)\n"
     "  --device cpu|cuda      backend (default cpu)\n"
+    "  -ngl, --n-gpu-layers N llama.cpp's: N > 0 (or all) is --device cuda, 0 is cpu (all layers or none)\n"
     "  --gpu-mem SIZE         CUDA arena, e.g. 16GiB\n"
     "  --no-warmup            skip the untimed run before each test\n"
     "  --json                 JSON array of rows instead of markdown\n";
@@ -266,7 +267,7 @@ static void json_str(FILE *f, const char *s) {
 }
 
 int cmd_bench(int argc, char **argv) {
-    struct args a = {argc, argv, 0, "bench"};
+    struct args a = {argc, argv, 0, "bench", cmd_bench};
     struct opts o;
     memset(&o, 0, sizeof o);
     load_opts_init(&o.lo);
@@ -292,7 +293,7 @@ int cmd_bench(int argc, char **argv) {
             load_opts_help(23);
             return 0;
         } else
-            fail(&a, 2, "unknown option '%s' (see pxq bench --help)", f);
+            fail_unknown(&a);
     }
     load_opts_check(&a, &o.lo, o.model);
     int any = 0;

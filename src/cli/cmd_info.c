@@ -9,7 +9,7 @@
 #include "util.h"
 
 int cmd_info(int argc, char **argv) {
-    struct args a = {argc, argv, 0, "info"};
+    struct args a = {argc, argv, 0, "info", cmd_info};
     const char *path = NULL;
     int verbose = 0;
     for (a.i = 1; a.i < argc; a.i++) {
@@ -20,7 +20,7 @@ int cmd_info(int argc, char **argv) {
             printf("usage: pxq info [-v] [PATH]   (GGUF file or HF model directory, default the bundled model;\n"
                    "                               -v lists metadata and tensors)\n");
             return 0;
-        } else if (f[0] == '-') fail(&a, 2, "unknown option '%s'", f);
+        } else if (f[0] == '-') fail_unknown(&a);
         else if (path) fail(&a, 2, "one model at a time: got '%s' and '%s'", path, f);
         else path = f;
     }

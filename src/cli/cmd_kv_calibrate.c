@@ -10,7 +10,7 @@
 #include "util.h"
 
 int cmd_kv_calibrate(int argc, char **argv) {
-    struct args a = {argc, argv, 0, "kv-calibrate"};
+    struct args a = {argc, argv, 0, "kv-calibrate", cmd_kv_calibrate};
     struct kv_calib_params p = kv_calib_default_params();
     const char *model = NULL, *output = NULL;
     for (a.i = 1; a.i < argc; a.i++) {
@@ -34,14 +34,14 @@ int cmd_kv_calibrate(int argc, char **argv) {
                 {"--sens-chunks N", "of those, chunks for the sensitivity passes (default 4)"},
                 {"-c, --ctx-size N", "tokens per chunk (default 256)"},
                 {"--uniform-levels", "keep the uniform levels; only pick the 8-bit heads (a baseline)"},
-                {"-t, --threads N", "CPU threads (default: all cores)"},
+                {"-t, --threads N", "CPU threads (default: the cores it may use)"},
             };
             printf("usage: pxq kv-calibrate -m IN.gguf --calib-file TEXT --output OUT.gguf [--kv-sensitive-ratio R] [--chunks N] [-c CTX]\n"
                    "Calibrates the --kv-cache-type pxq cache (docs/KVCACHE.md) on the CPU.\n");
             help_print(rows, (int)(sizeof rows / sizeof *rows), 24);
             return 0;
         } else
-            fail(&a, 2, "unknown option '%s'", f);
+            fail_unknown(&a);
     }
     if (!model) fail(&a, 2, "no model: give -m IN.gguf");
     if (!output) fail(&a, 2, "no output: give --output OUT.gguf");

@@ -58,7 +58,7 @@ static double nll_of(const float *logits, int n, int target) {
 }
 
 int cmd_perplexity(int argc, char **argv) {
-    struct args a = {argc, argv, 0, "perplexity"};
+    struct args a = {argc, argv, 0, "perplexity", cmd_perplexity};
     struct common_opts co;
     common_init(&co);
     const char *file = NULL, *kl_base = NULL;
@@ -86,7 +86,7 @@ int cmd_perplexity(int argc, char **argv) {
             common_help(28, 0);
             return 0;
         } else
-            fail(&a, 2, "unknown option '%s'", f);
+            fail_unknown(&a);
     }
     if (!file) fail(&a, 2, "no text file: give -f FILE");
     common_warn_unused(&a, &co.ep);

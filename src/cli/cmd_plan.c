@@ -33,7 +33,7 @@ static const char *usage =
 
 
 int cmd_plan(int argc, char **argv) {
-    struct args a = {argc, argv, 0, "plan"};
+    struct args a = {argc, argv, 0, "plan", cmd_plan};
     const char *model = NULL;
     struct load_opts lo;
     load_opts_init(&lo);
@@ -64,7 +64,7 @@ int cmd_plan(int argc, char **argv) {
             load_opts_help(24);
             return 0;
         } else
-            fail(&a, 2, "unknown option '%s' (see pxq plan --help)", f);
+            fail_unknown(&a);
     }
     load_opts_check(&a, &lo, model);
     char err[512] = "", title[1400];

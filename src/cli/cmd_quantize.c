@@ -42,7 +42,7 @@ static enum pxq_type parse_type(struct args *a) {
 }
 
 int cmd_quantize(int argc, char **argv) {
-    struct args a = {argc, argv, 0, "quantize"};
+    struct args a = {argc, argv, 0, "quantize", cmd_quantize};
     struct quantize_params p = quantize_default_params();
     const char *dtype = "int4", *method = "rtn";
     int sym = 1, sym_given = 0, progress = isatty(2), kv_quant = 0, kv_ratio_given = 0;
@@ -84,7 +84,7 @@ int cmd_quantize(int argc, char **argv) {
             fputs(usage_text, stdout);
             return 0;
         } else
-            fail(&a, 2, "unknown option '%s'", f);
+            fail_unknown(&a);
     }
     /* the GGUF type names that bench and plan take: the integer type and the symmetry in one word */
     static const struct { const char *name, *dtype; int sym; } gguf[] = {{"q4_0", "int4", 1}, {"q4_1", "int4", 0},

@@ -15,7 +15,7 @@ static const char *usage =
     "  -n, --n-predict N      tokens to generate (default 128; -1: until the context is full)\n"
     "  --chat                 render the prompt as a user turn with the model's chat template\n"
     "  --system TEXT          system message for --chat\n"
-    "  --temp T               temperature (default 0.8; 0 = greedy)\n"
+    "  --temp T               temperature (default 0.8; 0 = greedy; alias --temperature)\n"
     "  --top-k K              (default 40; 0 = off)\n"
     "  --top-p P              (default 0.95; 1 = off)\n"
     "  --min-p P              (default 0.05; 0 = off)\n"
@@ -36,7 +36,7 @@ static int write_out(void *ctx, const char *text, size_t len) {
 }
 
 int cmd_run(int argc, char **argv) {
-    struct args a = {argc, argv, 0, "run"};
+    struct args a = {argc, argv, 0, "run", cmd_run};
     struct common_opts co;
     common_init(&co);
     const char *prompt = NULL, *file = NULL, *system = NULL;
@@ -76,7 +76,7 @@ int cmd_run(int argc, char **argv) {
             common_help(23, 1);
             return 0;
         } else
-            fail(&a, 2, "unknown option '%s' (see pxq run --help)", f);
+            fail_unknown(&a);
     }
     if (prompt && file) fail(&a, 2, "give either -p or -f, not both");
     char err[512] = "";
@@ -116,6 +116,7 @@ int cmd_run(int argc, char **argv) {
     struct pxq_engine *e = pxq_engine_new(m, &co.ep, err, sizeof err);
     if (!e) fail(&a, 1, "%s", err);
     const struct pxq_engine_params *ep = pxq_engine_params(e);
+    warn_ctx_beyond_trained(&a, m, ep->n_ctx);
     if (n_ids >= ep->n_ctx) fail(&a, 1, "the prompt has %d tokens, more than the context allows (%d; see -c)", n_ids, ep->n_ctx - 1);
     const int n_ctx_train = model_hparams(m)->n_ctx_train;
     char beyond[64] = ""; /* allowed, as llama.cpp does, but said: quality past the trained length is not guaranteed */

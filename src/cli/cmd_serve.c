@@ -1,7 +1,8 @@
 /* cmd_serve.c - `pxq serve`: an OpenAI-compatible HTTP server with continuous batching
  * (src/server/). Flags are vLLM's where vLLM has one. SIGTERM / SIGINT: stop accepting, let the
  * requests in flight finish (up to --shutdown-timeout seconds, then end them with
- * finish_reason "length"), close, exit 0. */
+ * finish_reason "length"), close, say how many finished and how many were cut short, exit 0.
+ * One access-log line per HTTP request goes to stderr (http.c, access_log). */
 #include <libgen.h>
 #include <pthread.h>
 #include <signal.h>
@@ -48,7 +49,7 @@ static const char *usage =
     "Tests only: PXQ_TEST_OUTPUT=TEXT makes every request generate TEXT's tokens, then end (eos).\n";
 
 int cmd_serve(int argc, char **argv) {
-    struct args a = {argc, argv, 0, "serve"};
+    struct args a = {argc, argv, 0, "serve", cmd_serve};
     struct common_opts co;
     common_init(&co);
     struct http_config hc = {"127.0.0.1", 8000, NULL, 4u << 20, 512, 60, 0};
@@ -90,7 +91,7 @@ int cmd_serve(int argc, char **argv) {
             common_help(33, 0); /* -c is --max-model-len, above */
             return 0;
         } else
-            fail(&a, 2, "unknown option '%s' (see pxq serve --help)", f);
+            fail_unknown(&a);
     }
     if (gpu_util > 0 && co.ep.gpu_mem) fail(&a, 2, "give --gpu-mem or --gpu-memory-utilization, not both");
     if (gpu_util > 0 && co.ep.device == PXQ_DEVICE_CUDA) {
@@ -173,7 +174,7 @@ int cmd_serve(int argc, char **argv) {
     struct pxq_engine *e = pxq_engine_new(m, &co.ep, err, sizeof err);
     if (!e) fail(&a, 1, "%s", err);
     const struct pxq_engine_params *ep = pxq_engine_params(e);
-
+    warn_ctx_beyond_trained(&a, m, ep->n_ctx);
 
     struct srv_metrics *met = metrics_new();
     struct scheduler *sched = sched_new(e, tok, &sc, met, err, sizeof err);
@@ -202,7 +203,8 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "pxq serve: %s: finishing %d request(s) in flight (up to %g s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
             sched_in_flight(sched), grace);
     http_quiesce(h);
-    sched_drain(sched, grace);
+    int n_cut = 0;
+    const int n_done = sched_drain(sched, grace, &n_cut);
     for (int i = 0; i < 500 && http_active(h) > 0; i++) usleep(10000); /* let the last bytes go out */
     http_stop(h);
     sched_free(sched);
@@ -210,6 +212,7 @@ int cmd_serve(int argc, char **argv) {
     pxq_engine_free(e);
     model_free(m);
     free(forced);
-    fprintf(stderr, "pxq serve: stopped\n");
+    fprintf(stderr, "pxq serve: stopped: %d request(s) finished while draining, %d cut short at the %g s grace period\n",
+            n_done, n_cut, grace);
     return 0;
 }

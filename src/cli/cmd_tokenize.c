@@ -9,7 +9,7 @@
 #include "util.h"
 
 int cmd_tokenize(int argc, char **argv) {
-    struct args a = {argc, argv, 0, "tokenize"};
+    struct args a = {argc, argv, 0, "tokenize", cmd_tokenize};
     const char *path = NULL, *text = NULL, *file = NULL;
     int no_special = 0;
     for (a.i = 1; a.i < argc; a.i++) {
@@ -28,7 +28,7 @@ int cmd_tokenize(int argc, char **argv) {
                    "  --no-parse-special      special-token strings such as <|im_start|> are tokenized as\n"
                    "                          plain text\n");
             return 0;
-        } else if (f[0] == '-' && f[1]) fail(&a, 2, "unknown option '%s'", f);
+        } else if (f[0] == '-' && f[1]) fail_unknown(&a);
         else if (!text) text = f;
         else fail(&a, 2, "more than one text argument");
     }

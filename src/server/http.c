@@ -32,27 +32,34 @@ struct conn_ctx {
     char *body;
     size_t n, cap;
     int too_big;
+    /* for the access log */
+    double t0;             /* now_sec() when the request's headers arrived */
+    char method[8];
+    char path[96];         /* the URL path, cut short; bytes outside '!'..'~', '"', '=' and '\\' as '?' */
+    int status;            /* the HTTP status queued; 0: none (the client left first) */
+    struct srv_req *r;     /* a generation request: the log's own reference */
 };
 
 /* ---- responses ---- */
 
-static enum MHD_Result send_bytes(struct MHD_Connection *c, int status, const char *type, char *body) {
+static enum MHD_Result send_bytes(struct MHD_Connection *c, struct conn_ctx *cc, int status, const char *type, char *body) {
     struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
     if (!resp) {
         free(body);
         return MHD_NO;
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    cc->status = status;
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, resp);
     MHD_destroy_response(resp);
     return ret;
 }
 
-static enum MHD_Result send_json(struct MHD_Connection *c, int status, char *body) {
-    return send_bytes(c, status, "application/json", body);
+static enum MHD_Result send_json(struct MHD_Connection *c, struct conn_ctx *cc, int status, char *body) {
+    return send_bytes(c, cc, status, "application/json", body);
 }
 
-static enum MHD_Result send_error(struct http_server *h, struct MHD_Connection *c, int status, const char *msg,
+static enum MHD_Result send_error(struct http_server *h, struct MHD_Connection *c, struct conn_ctx *cc, int status, const char *msg,
                                   const char *param, const char *code) {
     metrics_http_status(h->met, status);
     char *body = srv_json_error(status, msg, param, code);
@@ -63,6 +70,7 @@ static enum MHD_Result send_error(struct http_server *h, struct MHD_Connection *
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
     if (status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    cc->status = status;
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, resp);
     MHD_destroy_response(resp);
     return ret;
@@ -133,18 +141,20 @@ static void stream_free(void *cls) {
 
 static enum MHD_Result handle_generate(struct http_server *h, struct MHD_Connection *c, enum srv_kind kind,
                                        struct conn_ctx *cc) {
-    if (atomic_load(&h->draining)) return send_error(h, c, 503, "the server is shutting down", NULL, NULL);
+    if (atomic_load(&h->draining)) return send_error(h, c, cc, 503, "the server is shutting down", NULL, NULL);
     int status = 400;
     char msg[512] = "", param[64] = "";
     struct srv_req *r = srv_req_parse(kind, cc->body ? cc->body : "", cc->n, h->lim, &status, msg, sizeof msg, param,
                                       sizeof param);
-    if (!r) return send_error(h, c, status, msg, param, status == 404 ? "model_not_found" : NULL);
+    if (!r) return send_error(h, c, cc, status, msg, param, status == 404 ? "model_not_found" : NULL);
     r->conn = c;
+    srv_req_retain(r); /* the access log's */
+    cc->r = r;
     if (sched_submit(h->sched, r) != 0) {
         int bad_params = r->smp == NULL; /* the sampler refused the parameters (parse checks them first) */
         srv_req_release(r);
-        if (bad_params) return send_error(h, c, 400, "invalid sampling parameters", NULL, NULL);
-        return send_error(h, c, 503, "the server is shutting down", NULL, NULL);
+        if (bad_params) return send_error(h, c, cc, 400, "invalid sampling parameters", NULL, NULL);
+        return send_error(h, c, cc, 503, "the server is shutting down", NULL, NULL);
     }
     atomic_fetch_add(&h->active, 1);
     if (r->stream) {
@@ -159,6 +169,7 @@ static enum MHD_Result handle_generate(struct http_server *h, struct MHD_Connect
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
         metrics_http_status(h->met, 200);
+        cc->status = 200;
         enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, resp);
         MHD_destroy_response(resp); /* stream_free runs when MHD is done with it */
         return ret;
@@ -184,10 +195,10 @@ static enum MHD_Result handle_generate(struct http_server *h, struct MHD_Connect
     srv_req_release(r);
     enum MHD_Result ret;
     if (err_status) {
-        ret = send_error(h, c, err_status, emsg, NULL, NULL);
+        ret = send_error(h, c, cc, err_status, emsg, NULL, NULL);
     } else {
         metrics_http_status(h->met, 200);
-        ret = send_json(c, 200, body);
+        ret = send_json(c, cc, 200, body);
     }
     atomic_fetch_sub(&h->active, 1);
     return ret;
@@ -229,37 +240,37 @@ static enum MHD_Result route(struct http_server *h, struct MHD_Connection *c, co
                              struct conn_ctx *cc) {
     int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     if (!strcmp(url, "/health")) {
-        if (!get) return send_error(h, c, 405, "use GET /health", NULL, NULL);
-        return send_json(c, 200, xstrdup("{}"));
+        if (!get) return send_error(h, c, cc, 405, "use GET /health", NULL, NULL);
+        return send_json(c, cc, 200, xstrdup("{}"));
     }
     if (!strcmp(url, "/metrics")) {
-        if (!get) return send_error(h, c, 405, "use GET /metrics", NULL, NULL);
-        return send_bytes(c, 200, "text/plain; version=0.0.4; charset=utf-8", metrics_render(h->met));
+        if (!get) return send_error(h, c, cc, 405, "use GET /metrics", NULL, NULL);
+        return send_bytes(c, cc, 200, "text/plain; version=0.0.4; charset=utf-8", metrics_render(h->met));
     }
-    if (strncmp(url, "/v1/", 4)) return send_error(h, c, 404, "not found", NULL, NULL);
-    if (!authorized(h, c)) return send_error(h, c, 401, "Incorrect or missing API key", NULL, "invalid_api_key");
+    if (strncmp(url, "/v1/", 4)) return send_error(h, c, cc, 404, "not found", NULL, NULL);
+    if (!authorized(h, c)) return send_error(h, c, cc, 401, "Incorrect or missing API key", NULL, "invalid_api_key");
     if (cc->too_big) {
         char msg[128];
         snprintf(msg, sizeof msg, "the request body exceeds %zu bytes", h->cfg.max_body);
-        return send_error(h, c, 413, msg, NULL, NULL);
+        return send_error(h, c, cc, 413, msg, NULL, NULL);
     }
     if (!strcmp(url, "/v1/models")) {
-        if (!get) return send_error(h, c, 405, "use GET /v1/models", NULL, NULL);
+        if (!get) return send_error(h, c, cc, 405, "use GET /v1/models", NULL, NULL);
         metrics_http_status(h->met, 200);
-        return send_json(c, 200, model_obj_json(h, 1));
+        return send_json(c, cc, 200, model_obj_json(h, 1));
     }
     if (!strncmp(url, "/v1/models/", 11)) {
-        if (!get) return send_error(h, c, 405, "use GET /v1/models/{model}", NULL, NULL);
+        if (!get) return send_error(h, c, cc, 405, "use GET /v1/models/{model}", NULL, NULL);
         if (strcmp(url + 11, h->lim->served_model_name))
-            return send_error(h, c, 404, "The model does not exist", "model", "model_not_found");
+            return send_error(h, c, cc, 404, "The model does not exist", "model", "model_not_found");
         metrics_http_status(h->met, 200);
-        return send_json(c, 200, model_obj_json(h, 0));
+        return send_json(c, cc, 200, model_obj_json(h, 0));
     }
     enum srv_kind kind;
     if (!strcmp(url, "/v1/completions")) kind = SRV_COMPLETION;
     else if (!strcmp(url, "/v1/chat/completions")) kind = SRV_CHAT;
-    else return send_error(h, c, 404, "not found", NULL, NULL);
-    if (!post) return send_error(h, c, 405, "use POST", NULL, NULL);
+    else return send_error(h, c, cc, 404, "not found", NULL, NULL);
+    if (!post) return send_error(h, c, cc, 405, "use POST", NULL, NULL);
     return handle_generate(h, c, kind, cc);
 }
 
@@ -271,6 +282,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!cc) {
         cc = xcalloc(1, sizeof *cc);
         *con_cls = cc;
+        cc->t0 = now_sec();
+        snprintf(cc->method, sizeof cc->method, "%s", method);
+        snprintf(cc->path, sizeof cc->path, "%s", url);
+        for (char *p = cc->method; *p; p++) *p = *p > ' ' && *p < 127 && !strchr("\"=\\", *p) ? *p : '?';
+        for (char *p = cc->path; *p; p++) *p = *p > ' ' && *p < 127 && !strchr("\"=\\", *p) ? *p : '?';
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         const char *expect = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
         int absurd = 0;
@@ -313,10 +329,44 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     return route(h, c, url, method, cc);
 }
 
+/* The access log: one line per HTTP request on stderr, written when the response has ended (a
+ * stream: after its last byte), in this fixed form (docs/SERVER.md, "Access log"; tests/server/accesslog.js):
+ *   pxq serve: access id=ID method=M route=PATH status=S prompt_tokens=N completion_tokens=N ttft_ms=X tok_s=X e2e_ms=X finish=R
+ * id: the response id (cmpl-..., chatcmpl-...); route: the URL path; status: the HTTP status, 499 if
+ * the client left before one was sent; ttft_ms: arrival to the first generated token; tok_s: decode
+ * rate, (completion_tokens - 1) / (last token - first token) s, as pxq run reports it; e2e_ms: arrival
+ * to the end of the response; finish: stop, length, error or abort (client gone). Fields that do not
+ * apply (no generation, no token, fewer than two tokens) are '-'. Values never hold spaces. */
+static void access_log(const struct conn_ctx *cc) {
+    char id[48] = "-", np[16] = "-", ng[16] = "-", ttft[24] = "-", tps[24] = "-";
+    const char *finish = "-";
+    struct srv_req *r = cc->r;
+    if (r) {
+        pthread_mutex_lock(&r->mu);
+        snprintf(id, sizeof id, "%s", r->id);
+        snprintf(np, sizeof np, "%d", r->n_prompt);
+        snprintf(ng, sizeof ng, "%d", r->n_toks);
+        if (r->n_toks > 0) snprintf(ttft, sizeof ttft, "%.1f", (r->t_first_tok - r->t_arrival) * 1e3);
+        if (r->n_toks > 1 && r->t_last_tok > r->t_first_tok)
+            snprintf(tps, sizeof tps, "%.1f", (r->n_toks - 1) / (r->t_last_tok - r->t_first_tok));
+        finish = !r->finished              ? (cc->status == 200 || !cc->status ? "abort" : "-")
+                 : r->error_status         ? "error"
+                 : r->finish_reason        ? r->finish_reason
+                                           : "abort";
+        pthread_mutex_unlock(&r->mu);
+    }
+    fprintf(stderr,
+            "pxq serve: access id=%s method=%s route=%s status=%d prompt_tokens=%s completion_tokens=%s ttft_ms=%s "
+            "tok_s=%s e2e_ms=%.1f finish=%s\n",
+            id, cc->method, cc->path, cc->status ? cc->status : 499, np, ng, ttft, tps, (now_sec() - cc->t0) * 1e3, finish);
+}
+
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     (void)cls, (void)c, (void)toe;
     struct conn_ctx *cc = *con_cls;
     if (!cc) return;
+    access_log(cc);
+    if (cc->r) srv_req_release(cc->r);
     free(cc->body);
     free(cc);
     *con_cls = NULL;

@@ -91,6 +91,7 @@ struct srv_req {
     const char *finish_reason;      /* "stop" or "length" (NULL if an error ended it); answered as
                                        "tool_calls" when the tool parser found a call */
     int error_status;               /* non-zero: the request failed in the scheduler (HTTP status) */
+    double t_first_tok, t_last_tok; /* now_sec() when the first / the latest token was sampled */
     char error_msg[256];
     int refs;
     atomic_int cancelled;           /* the client went away: the scheduler drops the sequence */
@@ -116,7 +117,6 @@ struct srv_req {
     int seq;                        /* engine sequence, -1 while waiting */
     int done;                       /* finished in the scheduler (no longer in its lists) */
     int fork_pending;               /* choice 0 of n > 1: choices 1.. take its prompt's KV once it is in */
-    double t_last_tok;
     struct srv_req *next;           /* inbox link */
 };
 

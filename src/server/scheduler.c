@@ -149,7 +149,6 @@ static void sample_one(struct scheduler *s, struct srv_req *r, const float *logi
     double t = now_sec();
     if (n_gen0 == 0) metrics_ttft(s->met, t - r->t_arrival);
     else metrics_itl(s->met, t - r->t_last_tok);
-    r->t_last_tok = t;
     r->all[r->n_all++] = id;
     const int eos = !r->ignore_eos && is_eos(s->hp, id);
     int hit = 0;
@@ -162,6 +161,8 @@ static void sample_one(struct scheduler *s, struct srv_req *r, const float *logi
     pthread_mutex_lock(&r->owner->mu);
     if (emit) srv_req_append_text(r, r->sm.pending, emit);
     srv_req_append_tok(r, id, lp, top, r->logprobs ? r->top_logprobs : 0);
+    if (n_gen0 == 0) r->t_first_tok = t;
+    r->t_last_tok = t;
     pthread_cond_broadcast(&r->owner->cv);
     pthread_mutex_unlock(&r->owner->mu);
     stop_consume(&r->sm, emit);
@@ -437,17 +438,20 @@ int sched_in_flight(struct scheduler *s) {
     return n;
 }
 
-void sched_drain(struct scheduler *s, double grace_s) {
+int sched_drain(struct scheduler *s, double grace_s, int *n_cut) {
     pthread_mutex_lock(&s->mu);
-    s->stopping = 1;
+    s->stopping = 1; /* from here sched_submit refuses: n0 is every request the drain will see */
+    const int n0 = s->n_inflight;
     pthread_mutex_unlock(&s->mu);
     double deadline = now_sec() + grace_s;
     while (sched_in_flight(s) > 0 && now_sec() < deadline) usleep(10000);
     pthread_mutex_lock(&s->mu);
+    *n_cut = s->n_inflight;
     if (s->n_inflight > 0) s->force_end = 1;
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
     while (sched_in_flight(s) > 0) usleep(10000);
+    return n0 - *n_cut;
 }
 
 void sched_free(struct scheduler *s) {

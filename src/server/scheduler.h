@@ -47,8 +47,9 @@ int sched_submit(struct scheduler *s, struct srv_req *r);
 int sched_in_flight(struct scheduler *s);
 /* Shutdown, step 1: refuse new requests and let those in flight run for up to grace_s seconds;
  * then end the rest with finish_reason "length" (their streams get a final chunk and [DONE]).
- * Returns when no request is left in the scheduler. */
-void sched_drain(struct scheduler *s, double grace_s);
+ * Returns when no request is left in the scheduler: the number of requests that ended within the
+ * grace period (done, or dropped as their clients left), and in *n_cut those ended at its close. */
+int sched_drain(struct scheduler *s, double grace_s, int *n_cut);
 /* Stop the thread; free the scheduler (not the engine). */
 void sched_free(struct scheduler *s);
 
