@@ -163,6 +163,12 @@ int kv_calibrate(struct kv_calib *out, struct pxq_model *m, const struct kv_cali
     int n_chunks = 0, ctx = 0;
     char sha[65] = "";
     if (calib_load(p->calib_file, model_tokenizer(m), want_chunks, want_ctx, &tok, &n_chunks, &ctx, sha, err, errlen) != 0) return -1;
+    if ((int64_t)n_chunks * ctx < KV_CALIB_MIN_TOKENS) { /* levels and sensitivities from a handful of values are noise */
+        free(tok);
+        return set_err(err, errlen, "KV calibration: %s gives %d token%s (%d chunk%s of %d), fewer than the %d it needs: give a longer text%s",
+                       p->calib_file, n_chunks * ctx, n_chunks * ctx == 1 ? "" : "s", n_chunks, n_chunks == 1 ? "" : "s", ctx,
+                       KV_CALIB_MIN_TOKENS, ctx < want_ctx ? "" : " or more --chunks");
+    }
     kv_calib_alloc(out, n_lkv, n_hkv);
     out->ratio = p->ratio;
     out->chunks = n_chunks;

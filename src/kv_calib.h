@@ -30,6 +30,7 @@
  * n_layer_kv counts attention layers only (Qwen3.5's DeltaNet layers have no KV).
  */
 #ifndef PXQ_KV_CALIB_H
+#define KV_CALIB_MIN_TOKENS 256 /* calibration text below this many tokens is refused */
 #define PXQ_KV_CALIB_H
 
 #include <stddef.h>

@@ -171,5 +171,33 @@ check "4 of 32 blocks: nearer full ($f512) than the window alone ($win): $sel" \
 bad=$($PXQ run -p hi -n 1 --kv-topk-blocks 4 2>&1; echo "rc=$?")
 check "--kv-topk-blocks without a window is refused" 'printf "%s" "$bad" | grep -q "needs --attention-window" && printf "%s" "$bad" | grep -q "rc=1"'
 
+# the new flags' bad input: kv-calibrate's output may only replace a regular file, and needs enough text;
+# quantize --kv-quant leaves an existing output alone when the calibration fails; YaRN-only flags on
+# another scaling and the residual flags on an f16 cache are said, not ignored; a window past the
+# context costs no more than the context
+t=$(mktemp -d /tmp/pxq-new.XXXXXX)
+mkfifo $t/fifo
+printf 'hi' > $t/tiny.txt
+bad=$($PXQ kv-calibrate -m $D/gguf/tiny-qwen3-Q8_0.gguf --calib-file $D/calib-shakespeare.txt -o $t/fifo 2>&1; echo "rc=$?")
+check "kv-calibrate -o a FIFO: refused, exit 2, the FIFO kept" \
+    'printf "%s" "$bad" | grep -q "is not a regular file" && printf "%s" "$bad" | grep -q "rc=2" && [ -p $t/fifo ]'
+bad=$($PXQ kv-calibrate -m $D/gguf/tiny-qwen3-Q8_0.gguf --calib-file $t/tiny.txt -o $t/out.gguf 2>&1; echo "rc=$?")
+check "kv-calibrate on a 2-character text: refused, naming the minimum, no file" \
+    'printf "%s" "$bad" | grep -q "fewer than the 256 it needs" && printf "%s" "$bad" | grep -q "rc=1" && [ ! -e $t/out.gguf ]'
+printf 'an earlier file' > $t/q.gguf
+bad=$($PXQ quantize --model $D/tiny-qwen3 --output $t/q.gguf --kv-quant int2 --calib-file $t/tiny.txt 2>&1; echo "rc=$?")
+check "quantize --kv-quant with too little text: exit 1, the existing output unchanged, no temp file" \
+    'printf "%s" "$bad" | grep -q "was not written" && printf "%s" "$bad" | grep -q "rc=1" &&
+     [ "$(cat $t/q.gguf)" = "an earlier file" ] && [ -z "$(ls $t | grep tmp)" ]'
+bad=$($PXQ run -p hi -n 1 --rope-scaling linear --rope-factor 2 --yarn-beta-fast 8 2>&1; echo "rc=$?")
+check "--yarn-beta-fast with linear scaling: refused, exit 2" 'printf "%s" "$bad" | grep -q "apply to --rope-scaling yarn" && printf "%s" "$bad" | grep -q "rc=2"'
+warn=$($PXQ run -p hi -n 1 --kv-window 5 2>&1 >/dev/null)
+check "--kv-window with the f16 cache: a warning" 'printf "%s" "$warn" | grep -q "no effect with the f16 KV cache"'
+P35=presets/qwen3.5-27b.json
+a=$($PXQ plan --load-format dummy --config $P35 -c 4096 --kv-cache-type q8_0 --kv-window 4096 | grep "KV cache")
+b=$($PXQ plan --load-format dummy --config $P35 -c 4096 --kv-cache-type q8_0 --kv-window 1048576 | grep "KV cache")
+check "a --kv-window past the context costs what the context does" '[ -n "$a" ] && [ "$a" = "$b" ]'
+rm -rf $t
+
 exit $fail
 

@@ -260,6 +260,11 @@ void cli_model_overrides(const struct args *a, struct pxq_model *m) {
     if (rs.type == ROPE_SCALING_NONE && tuned)
         fail(a, 2, "--rope-factor and the YaRN flags need --rope-scaling linear|yarn|llama3 (%s)",
              rope_cli.type < 0 ? "the model has no RoPE scaling" : "--rope-scaling none was given");
+    if (rs.type != ROPE_SCALING_YARN && (rope_cli.attn_factor || rope_cli.beta_fast || rope_cli.beta_slow))
+        fail(a, 2, "--yarn-attn-factor, --yarn-beta-fast and --yarn-beta-slow apply to --rope-scaling yarn (this is %s)",
+             rope_scaling_name(rs.type));
+    if (rs.type == ROPE_SCALING_LINEAR && rope_cli.orig_ctx >= 0)
+        fail(a, 2, "--original-max-position-embeddings: linear RoPE scaling does not use it (yarn and llama3 do)");
     if (rope_cli.factor) rs.factor = rope_cli.factor;
     if (rope_cli.orig_ctx >= 0) rs.orig_ctx = rope_cli.orig_ctx;
     if (rope_cli.attn_factor) rs.attn_factor = rope_cli.attn_factor;
@@ -276,6 +281,8 @@ void warn_ctx_beyond_trained(const struct args *a, const struct pxq_model *m, in
                      " positions is not guaranteed (--rope-scaling yarn --rope-factor F extends it)",
                   n_ctx, hp->n_ctx_train, hp->n_ctx_train);
 }
+
+static int kv_residual_given; /* --kv-sink or --kv-window was given (they act on quantized caches only) */
 
 int device_parse(struct args *a, struct pxq_engine_params *ep) {
     static const char *ct_flag, *ct_val; /* llama.cpp's --cache-type-k / -v: one PXQ type for both */
@@ -314,8 +321,10 @@ int device_parse(struct args *a, struct pxq_engine_params *ep) {
         ep->attn_sinks = (int)arg_int(a, 0, 1 << 30);
     } else if (!strcmp(f, "--kv-sink")) {
         ep->kv_sink = (int)arg_int(a, 0, 1 << 20);
+        kv_residual_given = 1;
     } else if (!strcmp(f, "--kv-window")) {
         ep->kv_window = (int)arg_int(a, 0, 1 << 20);
+        kv_residual_given = 1;
     } else if (!strcmp(f, "--device")) {
         const char *d = arg_str(a);
         if (!strcmp(d, "cpu")) ep->device = PXQ_DEVICE_CPU;
@@ -344,6 +353,9 @@ int common_parse(struct args *a, struct common_opts *o) {
 }
 
 void common_warn_unused(const struct args *a, const struct pxq_engine_params *ep) {
+    if (kv_residual_given && ep->kv_type == KV_CACHE_F16)
+        warn_user(a, "--kv-sink and --kv-window have no effect with the f16 KV cache (they keep positions exact in a "
+                     "quantized one: --kv-cache-type q8_0 or pxq)");
     if (ep->device == PXQ_DEVICE_CPU && ep->gpu_mem)
         warn_user(a, "--gpu-mem has no effect on the CPU backend (it sizes the CUDA arena; add --device cuda to use it)");
 }

@@ -5,6 +5,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <libgen.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include "args.h"
 #include "kv_calib.h"
 #include "util.h"
@@ -46,7 +49,18 @@ int cmd_kv_calibrate(int argc, char **argv) {
     if (!model) fail(&a, 2, "no model: give -m IN.gguf");
     if (!output) fail(&a, 2, "no output: give --output OUT.gguf");
     if (!p.calib_file) fail(&a, 2, "no calibration text: give --calib-file FILE");
+    if (!*output) fail(&a, 2, "--output is empty: give a file path");
     if (is_dir(output)) fail(&a, 2, "--output %s is a directory", output);
+    struct stat ost; /* the rename at the end replaces what is there: only ever a regular file */
+    if (lstat(output, &ost) == 0 && !S_ISREG(ost.st_mode))
+        fail(&a, 2, "--output %s exists and is not a regular file (a link, device, pipe or socket); give a new path", output);
+    {
+        char dirbuf[4096];
+        snprintf(dirbuf, sizeof dirbuf, "%s", output);
+        const char *odir = dirname(dirbuf);
+        if (!is_dir(odir)) fail(&a, 2, "--output %s: directory %s does not exist", output, odir);
+        if (access(odir, W_OK) != 0) fail(&a, 2, "--output %s: directory %s is not writable", output, odir);
+    }
     if (path_exists(output) && same_file(model, output))
         fail(&a, 2, "--output %s is the input model itself: give another path (the input is read while the output is written)", output);
     if (path_exists(output) && same_file(p.calib_file, output)) fail(&a, 2, "--output %s is the calibration file", output);

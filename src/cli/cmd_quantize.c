@@ -11,6 +11,7 @@
 #include "kv_calib.h"
 #include "quant.h"
 #include "quantize.h"
+#include "util.h"
 
 static const char *usage_text =
     "usage: pxq quantize --model HF_DIR --output OUT.gguf [options]\n"
@@ -45,7 +46,7 @@ int cmd_quantize(int argc, char **argv) {
     struct args a = {argc, argv, 0, "quantize", cmd_quantize};
     struct quantize_params p = quantize_default_params();
     const char *dtype = "int4", *method = "rtn";
-    int sym = 1, sym_given = 0, progress = isatty(2), kv_quant = 0, kv_ratio_given = 0;
+    int sym = 1, sym_given = 0, progress = isatty(2), kv_quant = 0, kv_ratio_given = 0, kv_chunks_given = 0;
     struct kv_calib_params kp = kv_calib_default_params();
     for (a.i = 1; a.i < argc; a.i++) {
         const char *f = argv[a.i];
@@ -79,7 +80,7 @@ int cmd_quantize(int argc, char **argv) {
             else if (!strcmp(v, "none")) kv_quant = 0;
             else fail(&a, 2, "--kv-quant: unknown KV quantization '%s' (int2: the pxq cache's 2-bit V; none)", v);
         } else if (!strcmp(f, "--kv-sensitive-ratio")) kp.ratio = (float)arg_num(&a, 0, 1), kv_ratio_given = 1;
-        else if (!strcmp(f, "--kv-chunks")) kp.chunks = (int)arg_int(&a, 1, 1 << 20);
+        else if (!strcmp(f, "--kv-chunks")) kp.chunks = (int)arg_int(&a, 1, 1 << 20), kv_chunks_given = 1;
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             fputs(usage_text, stdout);
             return 0;
@@ -102,15 +103,29 @@ int cmd_quantize(int argc, char **argv) {
     if (p.method != QUANT_RTN && !p.calib_file) fail(&a, 2, "--method %s needs --calib-file FILE", method);
     if (kv_quant && !p.calib_file) fail(&a, 2, "--kv-quant int2 needs --calib-file FILE");
     if (kv_ratio_given && !kv_quant) fail(&a, 2, "--kv-sensitive-ratio is for --kv-quant int2");
+    if (kv_chunks_given && !kv_quant) fail(&a, 2, "--kv-chunks is for --kv-quant int2");
     p.progress = progress;
+    /* with --kv-quant the weights go to a temporary file first, and OUT is written once, with the
+     * keys, only when the calibration succeeded: a failure leaves an existing OUT as it was */
+    const char *final_out = p.output;
+    char tmp_out[4096];
+    if (kv_quant) {
+        if (snprintf(tmp_out, sizeof tmp_out, "%s.kvq-tmp.gguf", final_out) >= (int)sizeof tmp_out) fail(&a, 2, "--output: path too long");
+        if (path_exists(tmp_out)) fail(&a, 1, "%s exists (a run that stopped?): remove it first", tmp_out);
+        p.output = tmp_out;
+    }
     if (quantize_model(&p, err, sizeof err) != 0) fail(&a, 1, "%s", err);
     if (kv_quant) { /* the freshly written model, calibrated as pxq kv-calibrate does, rewritten with the keys */
         kp.calib_file = p.calib_file;
         kp.n_threads = p.n_threads;
         struct pxq_model *m = open_model_or_fail(&a, p.output);
         struct kv_calib c;
-        if (kv_calibrate(&c, m, &kp, err, sizeof err) != 0 || kv_calib_write_gguf(p.output, p.output, &c, err, sizeof err) != 0)
-            fail(&a, 1, "KV calibration of %s: %s", p.output, err);
+        if (kv_calibrate(&c, m, &kp, err, sizeof err) != 0 || kv_calib_write_gguf(tmp_out, final_out, &c, err, sizeof err) != 0) {
+            unlink(tmp_out);
+            fail(&a, 1, "KV calibration of %s: %s (%s was not written)", final_out, err, final_out);
+        }
+        unlink(tmp_out);
+        p.output = final_out;
         int n8 = 0;
         for (int i = 0; i < c.n_layer_kv * c.n_head_kv; i++) n8 += c.v_bits[i] == 8;
         fprintf(stderr, "pxq quantize: KV cache calibrated: %d of %d KV heads keep V at 8 bits\n", n8, c.n_layer_kv * c.n_head_kv);
