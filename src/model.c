@@ -247,10 +247,12 @@ static int check_moe(const struct pxq_hparams *hp, int gguf, char *err, size_t e
  * high_freq_factor). Types PXQ does not compute (dynamic, longrope, ...) are refused by name. */
 static int rope_scaling_from_config(struct rope_scaling *rs, const cJSON *c, const cJSON *rp, char *err, size_t errlen) {
     memset(rs, 0, sizeof *rs);
-    const cJSON *objs[2] = {cJSON_GetObjectItemCaseSensitive(c, "rope_scaling"), rp};
+    const cJSON *objs[2] = {cJSON_GetObjectItemCaseSensitive(c, "rope_scaling"), cJSON_GetObjectItemCaseSensitive(c, "rope_parameters")};
+    (void)rp;
     for (int i = 0; i < 2; i++) {
         const cJSON *o = objs[i];
         const char *what = i ? "config.json rope_parameters" : "config.json rope_scaling";
+        if (o && !cJSON_IsNull(o) && !cJSON_IsObject(o)) return set_err(err, errlen, "%s must be an object", what);
         if (!cJSON_IsObject(o)) continue;
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "rope_type");
         if (!t || cJSON_IsNull(t)) t = cJSON_GetObjectItemCaseSensitive(o, "type"); /* the older key */
@@ -540,6 +542,18 @@ static int hparams_from_gguf(struct pxq_hparams *hp, const struct gguf_file *g, 
      * or {arch}.rope.scale_linear alone). Its rope_freqs.weight tensor (Llama 3.1's per-dim factors)
      * is not read yet, so it is refused. */
     char key[128];
+    /* a key of the wrong type is named, not read as absent */
+    static const struct { const char *suffix; int str; } rkeys[] = {
+        {"rope.scaling.type", 1}, {"rope.scaling.factor", 0}, {"rope.scale_linear", 0}, {"rope.scaling.original_context_length", 0},
+        {"rope.scaling.attn_factor", 0}, {"rope.scaling.yarn_beta_fast", 0}, {"rope.scaling.yarn_beta_slow", 0}};
+    for (size_t i = 0; i < sizeof rkeys / sizeof *rkeys; i++) {
+        snprintf(key, sizeof key, "%s.%s", a, rkeys[i].suffix);
+        const int ki = gguf_find_key(g, key);
+        float fv;
+        if (ki >= 0 && (rkeys[i].str ? !gguf_get_str(g, key) : gguf_get_f32(g, key, &fv) != 0))
+            return set_err(err, errlen, "GGUF: %s is a %s, not a %s", key, gguf_vtype_name(gguf_kv_type(g, ki)),
+                           rkeys[i].str ? "string" : "number");
+    }
     snprintf(key, sizeof key, "%s.rope.scaling.type", a);
     const char *rst = gguf_get_str(g, key);
     struct rope_scaling *rs = &hp->rope_scaling;

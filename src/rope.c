@@ -26,6 +26,7 @@ int rope_scaling_check(const struct rope_scaling *s, const char *what, char *err
     const char *n = rope_scaling_name(s->type);
     if (!(s->factor > 0) || !isfinite(s->factor))
         return set_err(err, errlen, "%s: rope type %s needs a factor > 0 (got %g)", what, n, s->factor);
+    if (s->factor > 1e6) return set_err(err, errlen, "%s: rope factor %g is beyond 1e6", what, s->factor);
     if (s->orig_ctx < 0) return set_err(err, errlen, "%s: original_max_position_embeddings %d is negative", what, s->orig_ctx);
     if (s->type == ROPE_SCALING_YARN) {
         const float bf = s->beta_fast ? s->beta_fast : 32, bs = s->beta_slow ? s->beta_slow : 1;

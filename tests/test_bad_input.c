@@ -229,7 +229,8 @@ static void hostile_models_and_prompts(const uint8_t *img, size_t len) {
     static const struct { const char *key; uint32_t t; float f; const char *s, *needle; } rope[] = {
         {"qwen3.rope.scaling.type", 8, 0, "longrope", "qwen3.rope.scaling.type 'longrope' is not supported"},
         {"qwen3.rope.scaling.type", 8, 0, "yarn", "rope type yarn needs a factor > 0"},
-        {"qwen3.rope.scaling.factor", 6, -4.0f, NULL, "rope type linear needs a factor > 0 (got -4)"}};
+        {"qwen3.rope.scaling.factor", 6, -4.0f, NULL, "rope type linear needs a factor > 0 (got -4)"},
+        {"qwen3.rope.scaling.type", 4, 4.0f, NULL, "qwen3.rope.scaling.type is a uint32, not a string"}};
     for (size_t i = 0; i < sizeof rope / sizeof rope[0]; i++) {
         uint8_t v[64];
         size_t vl = 4;
@@ -302,6 +303,8 @@ static void hostile_models_and_prompts(const uint8_t *img, size_t len) {
         {"rope_scaling llama3 without a factor", "\"sliding_window\": null", "\"rope_scaling\": {\"type\": \"llama3\"}, \"sliding_window\": null",
          "rope_scaling: rope type llama3 needs a numeric 'factor'"},
         {"use_sliding_window true", "\"use_sliding_window\": false", "\"use_sliding_window\": true", "use_sliding_window"},
+        {"rope_parameters a string", "\"rope_parameters\": {", "\"rope_parameters\": \"yarn\", \"x\": {",
+         "config.json rope_parameters must be an object"},
         {"rope_type null, type yarn", "\"rope_type\": \"default\"", "\"rope_type\": null, \"type\": \"yarn\"", "yarn needs a numeric 'factor'"},
         {"hidden_act gelu", "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", "hidden_act 'gelu'"},
     };
