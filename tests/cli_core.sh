@@ -199,5 +199,15 @@ b=$($PXQ plan --load-format dummy --config $P35 -c 4096 --kv-cache-type q8_0 --k
 check "a --kv-window past the context costs what the context does" '[ -n "$a" ] && [ "$a" = "$b" ]'
 rm -rf $t
 
+# serve: --enable-prefix-caching asked for by name where it cannot work says so
+log=$(mktemp /tmp/pxq-serve.XXXXXX)
+$PXQ serve --port 0 --kv-cache-type q8_0 --enable-prefix-caching 2>$log &
+spid=$!
+for i in $(seq 50); do grep -q listening $log && break; sleep 0.1; done
+kill $spid 2>/dev/null; wait $spid 2>/dev/null
+check "serve --enable-prefix-caching with a quantized cache: a warning naming why it is off" \
+    'grep -q "enable-prefix-caching has no effect here: prefix caching is off (quantized KV cache)" $log'
+rm -f $log
+
 exit $fail
 

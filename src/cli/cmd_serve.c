@@ -57,7 +57,7 @@ int cmd_serve(int argc, char **argv) {
     const char *name = NULL, *tmpl_path = NULL;
     int reasoning_parser = 0, tool_parser = 0;
     double gpu_util = 0, grace = 30;
-    int kv_blocks = 0, batched_set = 0, prefix_caching = 1;
+    int kv_blocks = 0, batched_set = 0, prefix_caching = 1, prefix_asked = 0;
     for (a.i = 1; a.i < argc; a.i++) {
         const char *f = argv[a.i];
         if (common_parse(&a, &co)) continue;
@@ -75,7 +75,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(f, "--max-body-bytes")) hc.max_body = (size_t)arg_int(&a, 1024, 1L << 30);
         else if (!strcmp(f, "--chat-template")) tmpl_path = arg_str(&a);
         else if (!strcmp(f, "--enable-auto-tool-choice")) continue;
-        else if (!strcmp(f, "--enable-prefix-caching")) prefix_caching = 1;
+        else if (!strcmp(f, "--enable-prefix-caching")) prefix_caching = 1, prefix_asked = 1;
         else if (!strcmp(f, "--no-enable-prefix-caching")) prefix_caching = 0;
         else if (!strcmp(f, "--reasoning-parser")) {
             const char *v = arg_str(&a);
@@ -186,6 +186,8 @@ int cmd_serve(int argc, char **argv) {
                              : !prefix_caching ? "off"
                              : !pxq_engine_can_share_kv(e) ? "off (recurrent layers)"
                                                            : "off (quantized KV cache)";
+    if (prefix_asked && !pxq_prefix_caching(e)) /* asked for by name: say why it is off, not just on the start line */
+        warn_user(&a, "--enable-prefix-caching has no effect here: prefix caching is %s", prefix_why);
     hc.max_model_len = ep->n_ctx;
     struct http_server *h = http_start(&hc, &lim, sched, met, err, sizeof err);
     if (!h) fail(&a, 1, "%s", err);
