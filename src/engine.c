@@ -52,6 +52,14 @@ struct kv_spec pxq_kv_spec(const struct pxq_model *m, const struct pxq_engine_pa
     return spec;
 }
 
+int pxq_kv_layout(struct kv_layout *lay, const struct pxq_model *m, const struct pxq_engine_params *p, char *err,
+                  size_t errlen) {
+    const struct pxq_hparams *hp = model_hparams(m);
+    const struct kv_spec spec = pxq_kv_spec(m, p);
+    return kv_layout_init(lay, hparams_n_attn_layers(hp), hp->n_head_kv, hp->head_dim,
+                          p->kv_block_size > 0 ? p->kv_block_size : KV_BLOCK_SIZE_DEFAULT, &spec, err, errlen);
+}
+
 struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_params *p, char *err, size_t errlen) {
     struct pxq_engine *e = xcalloc(1, sizeof *e);
     e->m = m;
@@ -92,14 +100,14 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
     int n_kv = 0;
     for (int il = 0; il < hp->n_layer; il++) e->kv_layer[il] = hp->layer_kind[il] == LAYER_ATTN ? n_kv++ : -1;
     struct kv_layout lay;
-    struct kv_spec spec = pxq_kv_spec(e->m, &e->p);
+    const struct kv_spec spec = pxq_kv_spec(e->m, &e->p);
     static int warned_uncalibrated;
     if (spec.type == KV_CACHE_PXQ && !spec.v8 && !spec.levels && !warned_uncalibrated) {
         warned_uncalibrated = 1; /* once per process: perplexity's second engine, serve's restarts */
         fprintf(stderr, "pxq: warning: %s has no KV calibration (pxq.kv.* keys; pxq kv-calibrate writes them): "
                 "--kv-cache-type pxq uses the uniform 2-bit levels and keeps no V head at 8 bits\n", model_path(m));
     }
-    if (kv_layout_init(&lay, n_kv, hp->n_head_kv, hp->head_dim, e->p.kv_block_size, &spec, err, errlen) != 0) {
+    if (pxq_kv_layout(&lay, m, &e->p, err, errlen) != 0) {
         free(e);
         return NULL;
     }

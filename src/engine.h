@@ -60,6 +60,10 @@ int pxq_default_n_ctx(const struct pxq_hparams *hp);
  * with these parameters builds its layout from (kvcache.h kv_layout_init): for accounts (bench, plan)
  * that need the engine's own bytes per position without creating one. */
 struct kv_spec pxq_kv_spec(const struct pxq_model *m, const struct pxq_engine_params *p);
+/* The layout itself (kv_layout_init over pxq_kv_spec, the model's attention layers and KV heads):
+ * 0, or -1 with a message. kv_layout_free it. */
+int pxq_kv_layout(struct kv_layout *lay, const struct pxq_model *m, const struct pxq_engine_params *p, char *err,
+                  size_t errlen);
 
 /* Create an engine over an opened model (the model must outlive it). NULL + message on failure
  * (e.g. the KV pool cannot be allocated). */

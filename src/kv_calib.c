@@ -91,12 +91,6 @@ double kv_lloyd_max(float levels[4], const float *x, const double *w, int64_t n,
 
 /* ---- calibration ---- */
 
-static int count_attn_layers(const struct pxq_hparams *hp) {
-    int n = 0;
-    for (int il = 0; il < hp->n_layer; il++) n += hp->layer_kind[il] == LAYER_ATTN;
-    return n;
-}
-
 /* Histograms of one head: weight and weighted sum of u per bin. */
 struct hist {
     double w[HIST_BINS], wx[HIST_BINS];
@@ -153,7 +147,7 @@ static int run_chunk(struct pxq_engine *e, const int32_t *tok, int ctx, int32_t 
 int kv_calibrate(struct kv_calib *out, struct pxq_model *m, const struct kv_calib_params *p, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
     const struct pxq_hparams *hp = model_hparams(m);
-    const int n_lkv = count_attn_layers(hp), n_hkv = hp->n_head_kv, n_heads = n_lkv * n_hkv, n_vocab = hp->n_vocab;
+    const int n_lkv = hparams_n_attn_layers(hp), n_hkv = hp->n_head_kv, n_heads = n_lkv * n_hkv, n_vocab = hp->n_vocab;
     if (n_lkv == 0) return set_err(err, errlen, "KV calibration: the model has no attention layers");
     if (hp->head_dim % KV_GROUP) return set_err(err, errlen, "KV calibration: head_dim %d is not a multiple of %d", hp->head_dim, KV_GROUP);
     if (!(p->ratio >= 0 && p->ratio <= 1)) return set_err(err, errlen, "KV calibration: sensitive ratio %g outside [0, 1]", p->ratio);

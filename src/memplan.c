@@ -73,12 +73,6 @@ int memplan_weights_from_hparams(struct memplan *mp, const struct pxq_hparams *h
     return 0;
 }
 
-static int n_attn_layers(const struct pxq_hparams *hp) {
-    int n = 0;
-    for (int il = 0; il < hp->n_layer && il < PXQ_MAX_LAYERS; il++) n += hp->layer_kind[il] == LAYER_ATTN;
-    return n;
-}
-
 int memplan_kv_layout(struct kv_layout *lay, const struct pxq_hparams *hp, const struct memplan_params *p, char *err,
                       size_t errlen) {
     struct kv_spec spec = {0};
@@ -87,7 +81,7 @@ int memplan_kv_layout(struct kv_layout *lay, const struct pxq_hparams *hp, const
     spec.n_sink = p->kv_sink > p->n_ctx ? p->n_ctx : p->kv_sink; /* as the engine: no more than the context */
     spec.n_window = p->kv_window > p->n_ctx ? p->n_ctx : p->kv_window;
     spec.n_batch = p->n_batch;
-    return kv_layout_init(lay, n_attn_layers(hp), hp->n_head_kv, hp->head_dim, p->kv_block_size, &spec, err, errlen);
+    return kv_layout_init(lay, hparams_n_attn_layers(hp), hp->n_head_kv, hp->head_dim, p->kv_block_size, &spec, err, errlen);
 }
 
 size_t memplan_state_bytes_per_seq(const struct pxq_hparams *hp) {
@@ -95,7 +89,7 @@ size_t memplan_state_bytes_per_seq(const struct pxq_hparams *hp) {
     size_t conv_dim = 2 * (size_t)hp->ssm_n_k_head * hp->ssm_head_k_dim + (size_t)hp->ssm_n_v_head * hp->ssm_head_v_dim;
     size_t conv = (size_t)(hp->ssm_conv_kernel > 0 ? hp->ssm_conv_kernel - 1 : 0) * conv_dim;
     size_t rec = (size_t)hp->ssm_n_v_head * hp->ssm_head_k_dim * hp->ssm_head_v_dim;
-    return (size_t)(hp->n_layer - n_attn_layers(hp)) * (conv + rec) * sizeof(float);
+    return (size_t)(hp->n_layer - hparams_n_attn_layers(hp)) * (conv + rec) * sizeof(float);
 }
 
 /* Float32 activations per token, as the engine's buffers (engine.c): x [n_embd]; xb, xb2
@@ -109,7 +103,7 @@ static size_t act_floats(const struct pxq_hparams *hp) {
     size_t wide = (size_t)hp->n_embd > q_total ? (size_t)hp->n_embd : q_total;
     size_t ff = (size_t)(hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp);
     size_t n = (size_t)hp->n_embd + 2 * wide + 2 * q_total + 2 * kv_dim + 2 * ff + (size_t)hp->n_expert + 1;
-    if (hp->arch == ARCH_QWEN35 && hp->n_layer > n_attn_layers(hp)) {
+    if (hp->arch == ARCH_QWEN35 && hp->n_layer > hparams_n_attn_layers(hp)) {
         size_t val_dim = (size_t)hp->ssm_n_v_head * hp->ssm_head_v_dim;
         size_t conv_dim = 2 * (size_t)hp->ssm_n_k_head * hp->ssm_head_k_dim + val_dim;
         n += 2 * conv_dim + 2 * val_dim + 2 * (size_t)hp->ssm_n_v_head;
@@ -160,7 +154,7 @@ int memplan_compute(struct memplan *mp, const struct pxq_hparams *hp, const stru
     struct kv_layout lay;
     char lerr[200];
     if (memplan_kv_layout(&lay, hp, p, lerr, sizeof lerr) != 0) return set_err(err, errlen, "memory plan: %s", lerr);
-    mp->n_layer_kv = n_attn_layers(hp);
+    mp->n_layer_kv = hparams_n_attn_layers(hp);
     mp->n_layer_ssm = hp->arch == ARCH_QWEN35 ? hp->n_layer - mp->n_layer_kv : 0;
     mp->kv_bytes_per_token = kv_layout_bytes_per_pos(&lay);
     mp->kv_residual_per_seq = kv_layout_residual_bytes(&lay);

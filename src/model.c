@@ -862,9 +862,7 @@ struct pxq_model *model_open(const char *path, char *err, size_t errlen) {
     }
     if (bind_weights(m, err, errlen) != 0) goto fail;
     if (m->gguf) { /* the pxq KV cache's calibration, checked against the attention layers and KV heads */
-        int n_lkv = 0;
-        for (int il = 0; il < m->hp.n_layer; il++) n_lkv += m->hp.layer_kind[il] == LAYER_ATTN;
-        int r = kv_calib_read_gguf(&m->kvc, m->gguf, n_lkv, m->hp.n_head_kv, err, errlen);
+        int r = kv_calib_read_gguf(&m->kvc, m->gguf, hparams_n_attn_layers(&m->hp), m->hp.n_head_kv, err, errlen);
         if (r < 0) {
             char why[512];
             snprintf(why, sizeof why, "%s", err);
@@ -923,6 +921,12 @@ void model_free(struct pxq_model *m) {
 }
 
 const struct pxq_hparams *model_hparams(const struct pxq_model *m) { return &m->hp; }
+
+int hparams_n_attn_layers(const struct pxq_hparams *hp) {
+    int n = 0;
+    for (int il = 0; il < hp->n_layer && il < PXQ_MAX_LAYERS; il++) n += hp->layer_kind[il] == LAYER_ATTN;
+    return n;
+}
 
 int model_set_rope_scaling(struct pxq_model *m, const struct rope_scaling *rs, char *err, size_t errlen) {
     if (rope_scaling_check(rs, "RoPE scaling", err, errlen)) return -1;

@@ -127,6 +127,8 @@ struct pxq_model *model_open_dummy(const char *config_json_path, enum pxq_type d
                                    char *err, size_t errlen);
 
 const struct pxq_hparams *model_hparams(const struct pxq_model *m);
+/* Attention layers (those with KV; Qwen3.5's DeltaNet layers have none), at most PXQ_MAX_LAYERS. */
+int hparams_n_attn_layers(const struct pxq_hparams *hp);
 /* Replace the model's RoPE scaling (a command line's --rope-scaling over the file's), before any
  * engine is created on it. Returns 0, or -1 with rope_scaling_check's message. */
 int model_set_rope_scaling(struct pxq_model *m, const struct rope_scaling *rs, char *err, size_t errlen);

@@ -56,10 +56,7 @@ static void test_plan(void) {
         ep.kv_blocks = 16;
         struct cuda_plan plan;
         struct kv_layout lay; /* the f16 cache this engine would have */
-        struct kv_spec spec = pxq_kv_spec(ms[i], &ep);
-        int n_kv = 0;
-        for (int il = 0; il < hp->n_layer; il++) n_kv += hp->layer_kind[il] == LAYER_ATTN;
-        CHECK(kv_layout_init(&lay, n_kv, hp->n_head_kv, hp->head_dim, ep.kv_block_size, &spec, err, sizeof err) == 0, "%s", err);
+        CHECK(pxq_kv_layout(&lay, ms[i], &ep, err, sizeof err) == 0, "%s", err);
         int rc = cuda_mem_plan(ms[i], &ep, &lay, &plan, err, sizeof err);
         CHECK(rc == 0, "cuda_mem_plan %s: %s", model_path(ms[i]), err);
         if (rc) { kv_layout_free(&lay); continue; }

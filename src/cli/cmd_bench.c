@@ -120,13 +120,10 @@ static void account(struct model_account *ma, const struct pxq_model *m, const s
     }
     ma->head_params = (double)hp->n_vocab * hp->n_embd;
     struct kv_layout lay; /* the engine's own layout: the bytes a position's K and V take in the cache */
-    struct kv_spec spec = pxq_kv_spec(m, ep);
-    int n_kv = 0;
-    for (int il = 0; il < hp->n_layer; il++) n_kv += hp->layer_kind[il] == LAYER_ATTN;
-    ma->kv_per_token = kv_layout_init(&lay, n_kv, hp->n_head_kv, hp->head_dim, KV_BLOCK_SIZE_DEFAULT, &spec, NULL, 0) == 0 ? (double)kv_layout_bytes_per_pos(&lay) : 0;
+    ma->kv_per_token = pxq_kv_layout(&lay, m, ep, NULL, 0) == 0 ? (double)kv_layout_bytes_per_pos(&lay) : 0;
     kv_layout_free(&lay);
     ma->state_per_seq = (double)memplan_state_bytes_per_seq(hp);
-    for (int il = 0; il < hp->n_layer; il++) ma->n_attn += hp->layer_kind[il] == LAYER_ATTN;
+    ma->n_attn = hparams_n_attn_layers(hp);
 }
 
 /* Expected weight bytes read by one decode step of b tokens. */
