@@ -349,12 +349,11 @@ int kv_calib_read_gguf(struct kv_calib *c, const struct gguf_file *g, int n_laye
         c->v_bits[i] = (uint8_t)bits[i];
         c->v8[i] = bits[i] == 8;
         const float *lv = c->levels + 4 * i;
-        for (int k = 0; k < 4; k++)
-            if (!(lv[k] >= -1.0f && lv[k] <= 1.0f) || (k && !(lv[k] > lv[k - 1]))) {
-                set_err(err, errlen, "GGUF key %s: the levels of layer %lld head %lld (%g %g %g %g) are not ascending in [-1, 1]",
-                        KV_CALIB_KEY_V_LEVELS, (long long)(i / n_head_kv), (long long)(i % n_head_kv), lv[0], lv[1], lv[2], lv[3]);
-                goto bad;
-            }
+        if (!kv_levels_valid(lv)) {
+            set_err(err, errlen, "GGUF key %s: the levels of layer %lld head %lld (%g %g %g %g) are not ascending in [-1, 1]",
+                    KV_CALIB_KEY_V_LEVELS, (long long)(i / n_head_kv), (long long)(i % n_head_kv), lv[0], lv[1], lv[2], lv[3]);
+            goto bad;
+        }
     }
     if (gguf_find_key(g, KV_CALIB_KEY_RATIO) >= 0) {
         if (gguf_get_f32(g, KV_CALIB_KEY_RATIO, &c->ratio) != 0 || !(c->ratio >= 0 && c->ratio <= 1)) {

@@ -77,13 +77,11 @@ int kv_layout_init(struct kv_layout *lay, int n_layer_kv, int n_head_kv, int hea
                 d->head_off[h] = slot;
                 slot += (uint32_t)kv_row_bytes(t, head_dim);
                 const float *lv = spec->levels ? spec->levels + ((size_t)l * n_head_kv + h) * 4 : uniform_levels;
-                for (int i = 0; i < 4; i++) {
-                    if (!(lv[i] >= -1.0f && lv[i] <= 1.0f) || (i && !(lv[i] > lv[i - 1]))) {
-                        kv_layout_free(lay);
-                        return set_err(err, errlen, "KV cache: the 2-bit levels of layer %d head %d are not ascending in [-1, 1]", l, h);
-                    }
-                    d->levels[h][i] = lv[i];
+                if (!kv_levels_valid(lv)) {
+                    kv_layout_free(lay);
+                    return set_err(err, errlen, "KV cache: the 2-bit levels of layer %d head %d are not ascending in [-1, 1]", l, h);
                 }
+                memcpy(d->levels[h], lv, sizeof d->levels[h]);
             }
             d->slot_bytes = slot;
             d->layer_off = off;
@@ -107,6 +105,12 @@ size_t kv_layout_bytes_per_pos(const struct kv_layout *lay) {
 size_t kv_layout_residual_bytes(const struct kv_layout *lay) {
     if (!lay->quantized) return 0;
     return 2 * (size_t)lay->n_layer_kv * (size_t)(lay->n_sink + lay->n_ring) * (size_t)lay->kv_dim * sizeof(float);
+}
+
+int kv_levels_valid(const float lv[4]) {
+    for (int i = 0; i < 4; i++)
+        if (!(lv[i] >= -1.0f && lv[i] <= 1.0f) || (i && !(lv[i] > lv[i - 1]))) return 0;
+    return 1;
 }
 
 /* ---- row codecs ---- */

@@ -124,6 +124,9 @@ static inline int kv_exact(const struct kv_layout *lay, int p, int q) {
     return !lay->quantized || p < lay->n_sink || q - p < lay->n_window;
 }
 
+/* 1 if the 4 levels of a q2nu head are ascending in [-1, 1] (NaN fails), else 0. */
+int kv_levels_valid(const float levels[4]);
+
 /* Row codecs, shared by the CPU backend, the tests and calibration. */
 void kv_quantize_row(void *dst, const float *x, int n, enum kv_type t, const float levels[4]);
 void kv_dequantize_row(float *y, const void *src, int n, enum kv_type t, const float levels[4]);
