@@ -41,10 +41,9 @@ struct kv_spec pxq_kv_spec(const struct pxq_model *m, const struct pxq_engine_pa
     spec.levels = p->kv_levels ? p->kv_levels : c ? c->levels : NULL;
     spec.type = (enum kv_cache_type)p->kv_type;
     spec.exact_f32 = p->device == PXQ_DEVICE_CPU; /* the CPU reference keeps its f16-type cache in float32 */
-    /* past the context, a sink or window keeps every position exact already: the residual needs no more */
-    const int n_ctx = p->n_ctx > 0 ? p->n_ctx : (m ? pxq_default_n_ctx(model_hparams(m)) : 0);
-    spec.n_sink = n_ctx > 0 && p->kv_sink > n_ctx ? n_ctx : p->kv_sink;
-    spec.n_window = n_ctx > 0 && p->kv_window > n_ctx ? n_ctx : p->kv_window;
+    spec.n_ctx = p->n_ctx > 0 ? p->n_ctx : (m ? pxq_default_n_ctx(model_hparams(m)) : 0);
+    spec.n_sink = p->kv_sink;
+    spec.n_window = p->kv_window;
     spec.n_batch = p->n_batch > 0 ? p->n_batch : 512;
     spec.attn_window = p->attn_window;
     spec.attn_sinks = p->attn_sinks;

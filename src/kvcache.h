@@ -93,6 +93,7 @@ struct kv_spec {
     enum kv_cache_type type;
     int exact_f32;                  /* f16 cache type stored as float32 (the CPU backend, CUDA's exact mode) */
     int n_sink, n_window, n_batch;  /* residual (quantized types); n_batch: most positions a step writes per sequence */
+    int n_ctx;                      /* positions per sequence: a sink or window past it keeps no more (0: no bound) */
     const uint8_t *v8;              /* pxq: [n_layer_kv][n_head_kv] 1 = keep this head's V at 8 bits, or NULL */
     const float *levels;            /* pxq: [n_layer_kv][n_head_kv][4] or NULL */
     float attn_scale;               /* 0: 1 / sqrt(head_dim) */

@@ -78,8 +78,9 @@ int memplan_kv_layout(struct kv_layout *lay, const struct pxq_hparams *hp, const
     struct kv_spec spec = {0};
     spec.type = (enum kv_cache_type)p->kv_type;
     spec.exact_f32 = p->kv_f32;
-    spec.n_sink = p->kv_sink > p->n_ctx ? p->n_ctx : p->kv_sink; /* as the engine: no more than the context */
-    spec.n_window = p->kv_window > p->n_ctx ? p->n_ctx : p->kv_window;
+    spec.n_ctx = p->n_ctx;
+    spec.n_sink = p->kv_sink;
+    spec.n_window = p->kv_window;
     spec.n_batch = p->n_batch;
     return kv_layout_init(lay, hparams_n_attn_layers(hp), hp->n_head_kv, hp->head_dim, p->kv_block_size, &spec, err, errlen);
 }
@@ -158,6 +159,7 @@ int memplan_compute(struct memplan *mp, const struct pxq_hparams *hp, const stru
     mp->n_layer_ssm = hp->arch == ARCH_QWEN35 ? hp->n_layer - mp->n_layer_kv : 0;
     mp->kv_bytes_per_token = kv_layout_bytes_per_pos(&lay);
     mp->kv_residual_per_seq = kv_layout_residual_bytes(&lay);
+    mp->kv_sink = lay.n_sink, mp->kv_window = lay.n_window, mp->kv_ring = lay.n_ring;
     kv_layout_free(&lay);
     mp->kv_positions = kv_blocks_for(p->n_ctx, p->kv_block_size) * p->kv_block_size * p->n_seq;
     /* the same account in double first: -c 2^30 x 2^15 sequences of a 32B model is 2^64 bytes of KV,
@@ -236,8 +238,7 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
             (long long)mp->kv_positions, p->n_ctx, p->kv_block_size, p->n_seq);
     if (mp->kv_residual_per_seq)
         fprintf(f, " + %s/seq exact residual (%d sink + %d window + %d batch positions, float32)", hsize(c, sizeof c, (double)mp->kv_residual_per_seq),
-                p->kv_sink < p->n_ctx ? p->kv_sink : p->n_ctx, p->kv_window < p->n_ctx ? p->kv_window : p->n_ctx,
-                p->kv_window ? p->n_batch : 0);
+                mp->kv_sink, mp->kv_window, mp->kv_ring - mp->kv_window);
     fprintf(f, "\n");
     if (mp->n_layer_ssm) {
         size_t conv_dim = 2 * (size_t)hp->ssm_n_k_head * hp->ssm_head_k_dim + (size_t)hp->ssm_n_v_head * hp->ssm_head_v_dim;

@@ -67,6 +67,7 @@ struct memplan {
     int n_layer_kv, n_layer_ssm;
     size_t kv_bytes_per_token, kv_bytes;
     size_t kv_residual_per_seq;   /* quantized caches: the exact residual of a sequence */
+    int kv_sink, kv_window, kv_ring; /* its positions, as the layout bounds them (kvcache.h n_sink, n_window, n_ring) */
     int64_t kv_positions;         /* n_ctx rounded up to blocks, x n_seq */
     size_t state_bytes_per_seq, state_bytes;
     size_t act_floats_per_token, act_bytes, logits_bytes;
