@@ -54,9 +54,23 @@ struct kv_spec pxq_kv_spec(const struct pxq_model *m, const struct pxq_engine_pa
 int pxq_kv_layout(struct kv_layout *lay, const struct pxq_model *m, const struct pxq_engine_params *p, char *err,
                   size_t errlen) {
     const struct pxq_hparams *hp = model_hparams(m);
-    const struct kv_spec spec = pxq_kv_spec(m, p);
-    return kv_layout_init(lay, hparams_n_attn_layers(hp), hp->n_head_kv, hp->head_dim,
-                          p->kv_block_size > 0 ? p->kv_block_size : KV_BLOCK_SIZE_DEFAULT, &spec, err, errlen);
+    struct kv_spec spec = pxq_kv_spec(m, p);
+    const int n_attn = hparams_n_attn_layers(hp), n_mtp = p->spec_mtp ? hp->n_mtp_layer : 0, nh = hp->n_head_kv;
+    uint8_t *v8 = NULL;
+    float *lv = NULL;
+    if (n_mtp && (spec.v8 || spec.levels)) { /* the calibration covers the model's layers: the MTP layers keep V at 8 bits */
+        v8 = xcalloc((size_t)(n_attn + n_mtp) * nh, 1);
+        lv = xmalloc((size_t)(n_attn + n_mtp) * nh * 4 * sizeof *lv);
+        if (spec.v8) memcpy(v8, spec.v8, (size_t)n_attn * nh);
+        memset(v8 + (size_t)n_attn * nh, 1, (size_t)n_mtp * nh);
+        for (int i = 0; i < (n_attn + n_mtp) * nh; i++)
+            for (int j = 0; j < 4; j++) lv[i * 4 + j] = spec.levels && i < n_attn * nh ? spec.levels[i * 4 + j] : -1.0f + 2.0f * j / 3.0f;
+        spec.v8 = v8, spec.levels = lv;
+    }
+    int rc = kv_layout_init(lay, n_attn + n_mtp, nh, hp->head_dim, p->kv_block_size > 0 ? p->kv_block_size : KV_BLOCK_SIZE_DEFAULT,
+                            &spec, err, errlen);
+    free(v8), free(lv);
+    return rc;
 }
 
 struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_params *p, char *err, size_t errlen) {
@@ -95,9 +109,21 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
         free(e);
         return NULL;
     }
+    if (e->p.spec_mtp && e->p.device != PXQ_DEVICE_CPU) {
+        set_err(err, errlen, "--spec mtp runs on the CPU backend so far (--device cpu); --spec ngram and --spec draft run on both");
+        free(e);
+        return NULL;
+    }
+    if (e->p.spec_mtp && !hp->n_mtp_layer) {
+        set_err(err, errlen, "--spec mtp: %s has no MTP layer (Qwen3.5's mtp.* / GGUF nextn tensors)", model_path(m));
+        free(e);
+        return NULL;
+    }
     if (e->p.kv_blocks <= 0) e->p.kv_blocks = (int)kv_blocks_for(e->p.n_ctx, e->p.kv_block_size) * e->p.n_seq_max;
     int n_kv = 0;
     for (int il = 0; il < hp->n_layer; il++) e->kv_layer[il] = hp->layer_kind[il] == LAYER_ATTN ? n_kv++ : -1;
+    e->n_lw = hp->n_layer + (e->p.spec_mtp ? hp->n_mtp_layer : 0);
+    for (int il = hp->n_layer; il < e->n_lw; il++) e->kv_layer[il] = n_kv++; /* the MTP layers' KV follows */
     struct kv_layout lay;
     const struct kv_spec spec = pxq_kv_spec(e->m, &e->p);
     static int warned_uncalibrated;
@@ -118,8 +144,8 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
     e->kv.prefix = e->p.prefix_caching && !e->kv.lay.quantized && pxq_engine_can_share_kv(e);
     e->tp = threadpool_new(e->p.n_threads);
     e->seqs = xcalloc((size_t)e->p.n_seq_max, sizeof *e->seqs);
-    e->lw = xcalloc((size_t)hp->n_layer, sizeof *e->lw);
-    for (int il = 0; il < hp->n_layer; il++) {
+    e->lw = xcalloc((size_t)e->n_lw, sizeof *e->lw);
+    for (int il = 0; il < e->n_lw; il++) {
         const struct pxq_layer *L = model_layer(m, il);
         struct layer_f32 *w = &e->lw[il];
         w->attn_norm = vec_f32(L->attn_norm);
@@ -131,6 +157,12 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
         w->bv = vec_f32(L->attn_v_b);
     }
     e->output_norm = vec_f32(model_output_norm(m));
+    if (e->p.spec_mtp) {
+        const struct pxq_layer *M = model_layer(m, hp->n_layer);
+        e->mtp_enorm = vec_f32(M->nextn_enorm);
+        e->mtp_hnorm = vec_f32(M->nextn_hnorm);
+        e->mtp_head_norm = vec_f32(M->nextn_shared_head_norm);
+    }
     e->inv_freq = xmalloc((size_t)(hp->n_rot / 2 + 1) * sizeof(float));
     rope_table(e->inv_freq, hp->n_rot, hp->rope_theta, &hp->rope_scaling, hp->n_ctx_train, NULL);
     size_t nb = (size_t)e->p.n_batch;
@@ -195,16 +227,17 @@ void pxq_engine_free(struct pxq_engine *e) {
         free(e->seqs[s].kv.blocks);
         free(e->seqs[s].kv.bh);
         free(e->seqs[s].kv.res[0]), free(e->seqs[s].kv.res[1]); /* a quantized cache's residual */
-        free(e->seqs[s].rstate);
+        free(e->seqs[s].rstate), free(e->seqs[s].ck_state);
     }
     qwen35_engine_free(e);
-    for (int il = 0; il < e->hp->n_layer; il++) {
+    for (int il = 0; il < e->n_lw; il++) {
         struct layer_f32 *w = &e->lw[il];
         free(w->attn_norm), free(w->ffn_norm), free(w->q_norm), free(w->k_norm), free(w->bq), free(w->bk), free(w->bv);
     }
     free(e->lw);
     free(e->seqs);
     free(e->output_norm);
+    free(e->mtp_enorm), free(e->mtp_hnorm), free(e->mtp_head_norm), free(e->hidden);
     free(e->inv_freq);
     free(e->x), free(e->xb), free(e->xb2), free(e->q), free(e->k), free(e->v), free(e->att);
     free(e->hb), free(e->hb2), free(e->router);
@@ -222,6 +255,8 @@ int pxq_seq_new(struct pxq_engine *e) {
         if (!e->seqs[s].in_use) {
             e->seqs[s].in_use = 1;
             e->seqs[s].n_pos = 0;
+            e->seqs[s].n_mtp = 0;
+            e->seqs[s].ck_valid = 0;
             return s;
         }
     return -1;
@@ -257,7 +292,51 @@ int pxq_seq_truncate(struct pxq_engine *e, int seq, int n_pos) {
     }
     if (kv_seq_shrink(&e->kv, &s->kv, n_pos) != 0) return -1; /* a shared block without host storage to copy it */
     s->n_pos = n_pos;
+    if (s->n_mtp > n_pos) s->n_mtp = n_pos;
     return 0;
+}
+
+int pxq_seq_checkpoint(struct pxq_engine *e, int seq) {
+    if (seq < 0 || seq >= e->p.n_seq_max || !e->seqs[seq].in_use) return -1;
+    struct pxq_seq *s = &e->seqs[seq];
+    s->ck_pos = s->n_pos;
+    s->ck_live = s->rstate_live;
+    s->ck_valid = 1;
+    if (!s->rstate_live) return 0; /* the state at the checkpoint is zero */
+#ifdef PXQ_CUDA
+    if (e->backend) return cuda_seq_checkpoint(e, seq, 0);
+#endif
+    if (!s->ck_state) s->ck_state = xmalloc(e->rstate_floats * sizeof(float));
+    memcpy(s->ck_state, s->rstate, e->rstate_floats * sizeof(float));
+    return 0;
+}
+
+int pxq_seq_rollback(struct pxq_engine *e, int seq, int n_pos) {
+    if (seq < 0 || seq >= e->p.n_seq_max || !e->seqs[seq].in_use) return -1;
+    struct pxq_seq *s = &e->seqs[seq];
+    if (n_pos < 0 || n_pos > s->n_pos) return -1;
+    if (n_pos == s->n_pos) return n_pos;
+    if (!s->rstate_live) return pxq_seq_truncate(e, seq, n_pos) == 0 ? n_pos : -1; /* attention only */
+    if (!s->ck_valid || s->ck_pos > n_pos) return -1;
+    const int to = s->ck_pos;
+    s->rstate_live = 0; /* pxq_seq_truncate's check of a state it cannot rewind */
+    if (pxq_seq_truncate(e, seq, to) != 0) {
+        s->rstate_live = 1;
+        return -1;
+    }
+    if (s->ck_live) {
+#ifdef PXQ_CUDA
+        if (e->backend) {
+            if (cuda_seq_checkpoint(e, seq, 1) != 0) return -1;
+        } else
+#endif
+            memcpy(s->rstate, s->ck_state, e->rstate_floats * sizeof(float));
+        s->rstate_live = 1;
+    } else if (!e->backend) { /* zero at the checkpoint: the next forward starts a fresh state */
+        free(s->rstate);
+        s->rstate = NULL;
+    }
+    return to;
 }
 
 int pxq_engine_can_share_kv(const struct pxq_engine *e) {
@@ -299,9 +378,35 @@ int pxq_kv_blocks_needed(const struct pxq_engine *e, int seq, int n_pos) {
 }
 
 int pxq_n_outputs(const struct pxq_engine *e) { return e->n_outputs; }
+const float *pxq_hidden(const struct pxq_engine *e, int i) {
+    if (!e->hidden || i < 0 || i >= e->n_hidden) return NULL;
+    return e->hidden + (size_t)i * (size_t)e->hp->n_embd;
+}
 const float *pxq_logits(const struct pxq_engine *e, int i) {
     if (i < 0 || i >= e->n_outputs) return NULL;
     return e->logits + (size_t)i * (size_t)e->hp->n_vocab;
+}
+
+int *engine_outputs(struct pxq_engine *e, const struct pxq_batch *b) {
+    const int n = b->n_tokens;
+    int *out_idx = xmalloc((size_t)n * sizeof *out_idx);
+    int n_out = 0;
+    for (int i = 0; i < n; i++) out_idx[i] = (b->logits ? b->logits[i] != 0 : i == n - 1) ? n_out++ : -1;
+    if (n_out > e->logits_cap) {
+        logits_free(e);
+        logits_alloc(e, (size_t)n_out * (size_t)e->hp->n_vocab);
+        e->logits_cap = n_out;
+    }
+    e->n_outputs = n_out;
+    if (e->p.spec_mtp) { /* every token's final hidden state, for the MTP head */
+        if (n > e->hidden_cap) {
+            free(e->hidden);
+            e->hidden = xmalloc((size_t)n * e->hp->n_embd * sizeof(float));
+            e->hidden_cap = n;
+        }
+        e->n_hidden = n;
+    }
+    return out_idx;
 }
 
 int pxq_decode(struct pxq_engine *e, const struct pxq_batch *b, char *err, size_t errlen) {
@@ -340,19 +445,10 @@ int pxq_decode(struct pxq_engine *e, const struct pxq_batch *b, char *err, size_
     }
     for (int s = 0; s < e->p.n_seq_max; s++)
         if (added[s] && kv_seq_reserve(&e->kv, &e->seqs[s].kv, e->seqs[s].n_pos + added[s]) != 0) die("KV reserve after check");
-    /* outputs */
-    int *out_idx = xmalloc((size_t)n * sizeof *out_idx);
-    int n_out = 0;
-    for (int i = 0; i < n; i++) out_idx[i] = (b->logits ? b->logits[i] != 0 : i == n - 1) ? n_out++ : -1;
-    if (n_out > e->logits_cap) {
-        logits_free(e);
-        logits_alloc(e, (size_t)n_out * (size_t)e->hp->n_vocab);
-        e->logits_cap = n_out;
-    }
-    e->n_outputs = n_out;
+    int *out_idx = engine_outputs(e, b);
     for (int i0 = 0; i0 < n; i0 += e->p.n_batch) {
         struct ubatch ub = {n - i0 < e->p.n_batch ? n - i0 : e->p.n_batch, b->token + i0, b->pos + i0, b->seq_id + i0,
-                            out_idx + i0};
+                            out_idx + i0, e->p.spec_mtp ? e->hidden + (size_t)i0 * e->hp->n_embd : NULL, NULL};
 #ifdef PXQ_CUDA
         if (e->backend) forward_cuda(e, &ub);
         else

@@ -33,6 +33,9 @@ struct pxq_engine_params {
      * keys, kv_calib.h), else none (no 8-bit heads, uniform levels). Calibration sets them. */
     const uint8_t *kv_v8;
     const float *kv_levels;
+    int spec_mtp;       /* speculative decoding with Qwen3.5's MTP head (spec.h): the engine keeps the MTP layer's
+                           KV as one more cache layer and the final hidden state of every token (pxq_hidden),
+                           and pxq_mtp_decode runs the head. Refused for a model without MTP weights. */
     int prefix_caching; /* automatic prefix caching (kvcache.h): reuse cached full blocks of earlier sequences
                            (default 0; only for f16 caches of models whose layers are all attention) */
     enum pxq_device device;
@@ -80,6 +83,29 @@ int  pxq_seq_len(const struct pxq_engine *e, int seq);
 /* Drop positions >= n_pos (rollback). Returns -1 if n_pos is beyond the sequence or the model's
  * recurrent layers cannot roll back. */
 int  pxq_seq_truncate(struct pxq_engine *e, int seq, int n_pos);
+
+/* Speculative decoding's rollback (spec.h). pxq_seq_checkpoint remembers the sequence's position and,
+ * for models with recurrent layers (Qwen3.5's Gated DeltaNet), copies their conv and delta-rule state
+ * (float32, rstate bytes per sequence). pxq_seq_rollback(seq, n_pos) drops positions >= n_pos and
+ * returns the positions now in the cache: n_pos when every layer is attention, else the checkpoint's
+ * position (<= n_pos), its state restored, and the caller evaluates the tokens of [returned, n_pos)
+ * again (in its next batch). -1: n_pos beyond the sequence, or below the checkpoint of a recurrent
+ * model, or no checkpoint. The checkpoint stays valid until the next pxq_seq_checkpoint. */
+int  pxq_seq_checkpoint(struct pxq_engine *e, int seq);
+int  pxq_seq_rollback(struct pxq_engine *e, int seq, int n_pos);
+
+/* MTP drafting (params.spec_mtp; HF Qwen3.5 mtp.*, vLLM qwen3_5_mtp.py). After pxq_decode, pxq_hidden(i)
+ * is the final hidden state (after the output norm) of the batch's token i, [n_embd] float32. The MTP
+ * head's row for position p of a sequence takes h_p and the token at p + 1:
+ *   x = fc([enorm(embd(token)) | hnorm(h_p)]);  x = decoder_layer(x) (gated attention over the MTP
+ *   layer's own KV of rows 0..p, RoPE at p);  m = shared_head_norm(x);  logits = lm_head(m)
+ * predicting the token at p + 2; chaining feeds a draft back with m as its h. pxq_mtp_decode runs b
+ * (token[i]: the token after pos[i]; pos[i]: h's position) with hidden [n_tokens][n_embd]; a sequence's
+ * rows are consecutive positions starting at most at its MTP length (rows may be written again) and
+ * below n_ctx. Then pxq_logits are the requested rows' logits and pxq_hidden(i) is row i's m.
+ * Returns 0, or -1 with a message (no MTP head, bad ids or positions, KV pool exhausted). */
+const float *pxq_hidden(const struct pxq_engine *e, int i);
+int pxq_mtp_decode(struct pxq_engine *e, const struct pxq_batch *b, const float *hidden, char *err, size_t errlen);
 
 /* Sharing KV between sequences (kvcache.h: refcounted blocks). 1 if this engine can: every layer is
  * attention (a recurrent state, Qwen3.5's DeltaNet, can be neither shared nor rewound by block). */

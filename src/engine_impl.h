@@ -13,6 +13,10 @@ struct pxq_seq {
     struct kv_seq kv;       /* block table */
     float *rstate;          /* recurrent state of DeltaNet layers (qwen35, CPU), NULL otherwise */
     int rstate_live;        /* the backend holds a state for this sequence (it starts at zero when 0) */
+    /* pxq_seq_checkpoint: position, whether a state existed then, and its copy (CPU; CUDA keeps it on the device) */
+    int ck_pos, ck_valid, ck_live;
+    float *ck_state;
+    int n_mtp;              /* MTP rows in the cache (positions 0..n_mtp-1 of the MTP layer) */
 };
 
 /* Small per-layer vectors, converted to float32 once at engine creation. NULL where absent. */
@@ -28,6 +32,8 @@ struct ubatch {
     int n;
     const int32_t *token, *pos, *seq_id;
     const int *out_idx;     /* [n] row in e->logits, or -1 */
+    float *hidden;          /* [n][n_embd] the final hidden states out (params.spec_mtp), or NULL */
+    const float *hidden_in; /* MTP steps: [n][n_embd] the h of each row (mtp.c), else NULL */
 };
 
 struct pxq_engine {
@@ -38,7 +44,11 @@ struct pxq_engine {
     struct kv_cache kv;
     int kv_layer[PXQ_MAX_LAYERS];   /* layer -> index among attention layers, or -1 */
     struct pxq_seq *seqs;           /* [n_seq_max] */
-    struct layer_f32 *lw;           /* [n_layer] */
+    struct layer_f32 *lw;           /* [n_lw]: n_layer, plus the MTP layers when params.spec_mtp */
+    int n_lw;
+    float *mtp_enorm, *mtp_hnorm, *mtp_head_norm; /* [n_embd] the MTP head's norms (spec_mtp) */
+    float *hidden;                  /* [hidden_cap][n_embd] pxq_hidden's rows */
+    int n_hidden, hidden_cap;
     float *output_norm;             /* [n_embd] */
     float *inv_freq;                /* [n_rot/2] */
     /* activations for up to n_batch tokens */
@@ -54,7 +64,16 @@ struct pxq_engine {
     float *ssm_qkv, *ssm_conv, *ssm_z, *ssm_ba, *ssm_o; /* [n_batch][conv_dim], same, [..][value_dim], [..][2*n_v_head], [..][value_dim] */
 };
 
+/* A validated batch's output rows: out_idx[i] (row of token i in e->logits, or -1; the caller frees it),
+ * with e->logits and e->hidden (spec_mtp) grown to fit and n_outputs / n_hidden set. */
+int *engine_outputs(struct pxq_engine *e, const struct pxq_batch *b);
+
 /* Run the model over one ubatch on the CPU: positions were validated and KV blocks reserved. */
 void forward_cpu(struct pxq_engine *e, const struct ubatch *ub);
+/* forward_cpu's parts, for the MTP head (mtp.c): decoder layer il over e->x ([n][n_embd], in place);
+ * the output: rows of e->x normed by norm into ub->hidden (if set), lm_head into e->logits for the
+ * rows that asked. */
+void decoder_layer_cpu(struct pxq_engine *e, const struct ubatch *ub, int il);
+void output_cpu(struct pxq_engine *e, const struct ubatch *ub, const float *norm);
 /* Qwen3.5's DeltaNet layers and engine set-up: forward_qwen35.h. */
 #endif

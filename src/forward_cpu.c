@@ -276,34 +276,45 @@ static void add_residual(float *x, const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] += y[i];
 }
 
-void forward_cpu(struct pxq_engine *e, const struct ubatch *ub) {
+void decoder_layer_cpu(struct pxq_engine *e, const struct ubatch *ub, int il) {
+    const struct pxq_hparams *hp = e->hp;
+    const struct pxq_layer *L = model_layer(e->m, il);
+    const int n = ub->n, d = hp->n_embd;
+    rmsnorm_cpu(e->xb, e->x, e->lw[il].attn_norm, d, n, hp->rms_eps);
+    if (il < hp->n_layer && hp->layer_kind[il] == LAYER_DELTANET)
+        deltanet_layer_cpu(e, ub, il); /* forward_qwen35.c */
+    else if (hp->attn_output_gate)
+        gated_attention_layer(e, ub, il);
+    else
+        attention_layer(e, ub, il);
+    add_residual(e->x, e->xb2, (size_t)n * d);
+    rmsnorm_cpu(e->xb, e->x, e->lw[il].ffn_norm, d, n, hp->rms_eps);
+    if (hp->n_expert)
+        ffn_moe(e, L, n);
+    else
+        ffn_dense(e, L, n);
+    add_residual(e->x, e->xb2, (size_t)n * d);
+}
+
+void output_cpu(struct pxq_engine *e, const struct ubatch *ub, const float *norm) {
     const struct pxq_hparams *hp = e->hp;
     const int n = ub->n, d = hp->n_embd;
-    for (int t = 0; t < n; t++) tensor_row_f32(e->x + (size_t)t * d, model_token_embd(e->m), ub->token[t]);
-    for (int il = 0; il < hp->n_layer; il++) {
-        const struct pxq_layer *L = model_layer(e->m, il);
-        rmsnorm_cpu(e->xb, e->x, e->lw[il].attn_norm, d, n, hp->rms_eps);
-        if (hp->layer_kind[il] == LAYER_DELTANET)
-            deltanet_layer_cpu(e, ub, il); /* forward_qwen35.c */
-        else if (hp->attn_output_gate)
-            gated_attention_layer(e, ub, il);
-        else
-            attention_layer(e, ub, il);
-        add_residual(e->x, e->xb2, (size_t)n * d);
-        rmsnorm_cpu(e->xb, e->x, e->lw[il].ffn_norm, d, n, hp->rms_eps);
-        if (hp->n_expert)
-            ffn_moe(e, L, n);
-        else
-            ffn_dense(e, L, n);
-        add_residual(e->x, e->xb2, (size_t)n * d);
-    }
+    if (ub->hidden) rmsnorm_cpu(ub->hidden, e->x, norm, d, n, hp->rms_eps);
     /* final norm and lm_head, only for the rows that asked for logits (compacted into xb) */
     int n_out = 0, first = -1;
     for (int t = 0; t < n; t++)
         if (ub->out_idx[t] >= 0) {
             if (first < 0) first = ub->out_idx[t];
-            rmsnorm_cpu(e->xb + (size_t)n_out * d, e->x + (size_t)t * d, e->output_norm, d, 1, hp->rms_eps);
+            rmsnorm_cpu(e->xb + (size_t)n_out * d, e->x + (size_t)t * d, norm, d, 1, hp->rms_eps);
             n_out++;
         }
     if (n_out) matmul_cpu(e->tp, e->logits + (size_t)first * hp->n_vocab, model_output(e->m), e->xb, n_out);
+}
+
+void forward_cpu(struct pxq_engine *e, const struct ubatch *ub) {
+    const struct pxq_hparams *hp = e->hp;
+    const int n = ub->n, d = hp->n_embd;
+    for (int t = 0; t < n; t++) tensor_row_f32(e->x + (size_t)t * d, model_token_embd(e->m), ub->token[t]);
+    for (int il = 0; il < hp->n_layer; il++) decoder_layer_cpu(e, ub, il);
+    output_cpu(e, ub, e->output_norm);
 }

@@ -161,7 +161,7 @@ int qwen35_engine_init(struct pxq_engine *e, char *err, size_t errlen) {
     const struct dn_dims d = dn_dims(hp);
     const float off = hp->norm_w_offset;
     int n_dn = 0;
-    for (int il = 0; il < hp->n_layer; il++) {
+    for (int il = 0; il < e->n_lw; il++) { /* the model's layers, then the MTP layers (spec_mtp) */
         const struct pxq_layer *L = model_layer(e->m, il);
         struct layer_f32 *w = &e->lw[il];
         add_offset(w->attn_norm, hp->n_embd, off);
@@ -169,7 +169,7 @@ int qwen35_engine_init(struct pxq_engine *e, char *err, size_t errlen) {
         add_offset(w->q_norm, hp->head_dim, off);
         add_offset(w->k_norm, hp->head_dim, off);
         e->dn_layer[il] = -1;
-        if (hp->layer_kind[il] != LAYER_DELTANET) continue;
+        if (il >= hp->n_layer || hp->layer_kind[il] != LAYER_DELTANET) continue;
         e->dn_layer[il] = n_dn++;
         w->ssm_a = all_f32(L->ssm_a);
         if (hp->ssm_a_is_log)
@@ -179,6 +179,9 @@ int qwen35_engine_init(struct pxq_engine *e, char *err, size_t errlen) {
         w->ssm_conv1d = all_f32(L->ssm_conv1d);
     }
     add_offset(e->output_norm, hp->n_embd, off);
+    add_offset(e->mtp_enorm, hp->n_embd, off);
+    add_offset(e->mtp_hnorm, hp->n_embd, off);
+    add_offset(e->mtp_head_norm, hp->n_embd, off);
     if (n_dn && (d.dv > 1024 || d.dk > 1024 || d.nk <= 0 || d.nv % d.nk))
         return set_err(err, errlen, "qwen35: unsupported DeltaNet heads (k %d x %d, v %d x %d)", d.nk, d.dk, d.nv, d.dv);
     e->rstate_floats = (size_t)n_dn * d.layer_floats;
@@ -195,7 +198,7 @@ int qwen35_engine_init(struct pxq_engine *e, char *err, size_t errlen) {
 
 void qwen35_engine_free(struct pxq_engine *e) {
     if (e->lw)
-        for (int il = 0; il < e->hp->n_layer; il++) {
+        for (int il = 0; il < e->n_lw; il++) {
             struct layer_f32 *w = &e->lw[il];
             free(w->ssm_a), free(w->ssm_dt), free(w->ssm_norm), free(w->ssm_conv1d);
             w->ssm_a = w->ssm_dt = w->ssm_norm = w->ssm_conv1d = NULL;

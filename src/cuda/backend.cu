@@ -645,12 +645,30 @@ extern "C" void cuda_backend_free(struct pxq_engine *e) {
     cudaStreamDestroy(b->st_deq);
     cudaStreamDestroy(b->st);
     cudaFree(b->arena);
+    if (b->rstate_ck) cudaFree(b->rstate_ck);
     if (b->embd_host) cudaFreeHost(b->embd_host);
     cudaFreeHost(b->in_h);
     free(b->seq_map);
     free(b->L);
     free(b);
     e->backend = NULL;
+}
+
+extern "C" int cuda_seq_checkpoint(struct pxq_engine *e, int seq, int restore) {
+    cuda_backend *b = B(e);
+    if (!b->rstate) return 0;
+    const size_t n = b->rstate_floats * sizeof(float);
+    if (!b->rstate_ck) {
+        if (restore) return -1;
+        if (cudaMalloc((void **)&b->rstate_ck, n * (size_t)e->p.n_seq_max) != cudaSuccess) {
+            (void)cudaGetLastError();
+            b->rstate_ck = NULL;
+            return -1;
+        }
+    }
+    float *live = b->rstate + (size_t)seq * b->rstate_floats, *ck = b->rstate_ck + (size_t)seq * b->rstate_floats;
+    CK(cudaMemcpyAsync(restore ? live : ck, restore ? ck : live, n, cudaMemcpyDeviceToDevice, b->st));
+    return 0;
 }
 
 extern "C" float *cuda_host_floats(size_t n) {

@@ -166,6 +166,10 @@ void cuda_backend_free(struct pxq_engine *e);
  * buffer. */
 float *cuda_host_floats(size_t n);
 void cuda_host_free(void *p);
+/* pxq_seq_checkpoint / pxq_seq_rollback's device half: copy sequence seq's DeltaNet state into its
+ * checkpoint slot (restore 0), or back (restore 1). The slots ([n_seq_max][rstate floats]) are
+ * allocated outside the arena at the first checkpoint. Returns 0, or -1 if the device refuses them. */
+int cuda_seq_checkpoint(struct pxq_engine *e, int seq, int restore);
 /* forward_cpu's twin: runs ub on the device and writes the requested rows of e->logits. */
 void forward_cuda(struct pxq_engine *e, const struct ubatch *ub);
 size_t cuda_backend_peak(const struct pxq_engine *e);
