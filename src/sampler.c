@@ -149,3 +149,58 @@ int32_t sampler_sample(struct sampler *s, const float *logits, const int32_t *hi
     if (logprob) *logprob = (float)log(w[s->idx[pick]] / tot);
     return s->idx[pick];
 }
+
+int32_t sampler_dist(struct sampler *s, const float *logits, const int32_t *history, int n_hist, float *probs) {
+    const int n = s->n_vocab;
+    float *w = s->work;
+    memcpy(w, logits, (size_t)n * sizeof(float));
+    apply_penalties(s, w, history, n_hist);
+    const int32_t best = argmax_f32(w, n);
+    memset(probs, 0, (size_t)n * sizeof(float));
+    if (s->p.temperature < SAMPLER_TEMP_EPS) {
+        probs[best] = 1.0f;
+        return best;
+    }
+    for (int i = 0; i < n; i++) {
+        w[i] /= s->p.temperature;
+        s->idx[i] = i;
+    }
+    qsort_r(s->idx, (size_t)n, sizeof(int32_t), cmp_desc, w);
+    int m = s->p.top_k > 0 && s->p.top_k < n ? s->p.top_k : n;
+    const float mx = w[s->idx[0]];
+    double z = 0;
+    for (int i = 0; i < m; i++) z += exp((double)w[s->idx[i]] - mx);
+    for (int i = 0; i < m; i++) w[s->idx[i]] = (float)(exp((double)w[s->idx[i]] - mx) / z);
+    if (s->p.top_p < 1.0f) { /* the same cut as sampler_sample's */
+        double c = 0;
+        for (int i = 0; i < m; i++)
+            if ((c += w[s->idx[i]]) >= s->p.top_p) {
+                m = i + 1;
+                break;
+            }
+    }
+    if (s->p.min_p > 0) {
+        const float th = s->p.min_p * w[s->idx[0]];
+        int keep = 1;
+        while (keep < m && w[s->idx[keep]] >= th) keep++;
+        m = keep;
+    }
+    double tot = 0;
+    for (int i = 0; i < m; i++) tot += w[s->idx[i]];
+    for (int i = 0; i < m; i++) probs[s->idx[i]] = (float)(w[s->idx[i]] / tot);
+    return best;
+}
+
+double sampler_uniform(struct sampler *s) { return rng_uniform(s); }
+
+int32_t sampler_draw(struct sampler *s, const float *probs) {
+    double tot = 0;
+    int32_t last = 0;
+    for (int i = 0; i < s->n_vocab; i++)
+        if (probs[i] > 0) tot += probs[i], last = i;
+    const double r = rng_uniform(s) * tot;
+    double c = 0;
+    for (int i = 0; i < s->n_vocab; i++)
+        if (probs[i] > 0 && r < (c += probs[i])) return i;
+    return last;
+}

@@ -41,6 +41,15 @@ void sampler_free(struct sampler *s);
  * distribution (greedy: the softmax of the penalised logits at temperature 1). */
 int32_t sampler_sample(struct sampler *s, const float *logits, const int32_t *history, int n_hist, float *logprob);
 
+/* The distribution sampler_sample draws from, as probs[n_vocab] (zero outside the kept candidates;
+ * greedy: 1 at the argmax). For speculative decoding's verification (spec.h), which needs p(x) of
+ * a drafted x and a draw from an altered p. Returns the argmax of the penalised logits. */
+int32_t sampler_dist(struct sampler *s, const float *logits, const int32_t *history, int n_hist, float *probs);
+/* One draw from probs[n_vocab] (non-negative, summing to > 0, unnormalised), in id order, with the
+ * sampler's RNG; sampler_uniform is a draw of the same RNG in [0, 1). */
+int32_t sampler_draw(struct sampler *s, const float *probs);
+double  sampler_uniform(struct sampler *s);
+
 /* Argmax of logits[n] (lowest index on ties). */
 int32_t argmax_f32(const float *logits, int n);
 
