@@ -63,10 +63,49 @@ int is_eos(const struct pxq_hparams *hp, int32_t id) {
     return 0;
 }
 
+/* Output of one generated token: EOS, stop strings, the callback. */
+struct gen_out {
+    const struct pxq_hparams *hp;
+    const struct pxq_tokenizer *tok;
+    const struct gen_params *gp;
+    gen_text_cb cb;
+    void *cb_ctx;
+    struct stop_matcher sm;
+    struct tok_stream ts;
+};
+
+/* Emit id; 1 if generation ends with it (st->finish set), else 0. */
+static int emit(struct gen_out *o, int32_t id, struct gen_stats *st) {
+    char piece[512];
+    st->n_gen++;
+    if (!o->gp->ignore_eos && is_eos(o->hp, id)) {
+        st->finish = FINISH_STOP;
+        return 1;
+    }
+    size_t n = o->tok ? tok_stream_push(o->tok, &o->ts, id, o->gp->skip_special, piece, sizeof piece) : 0;
+    size_t emit_n;
+    int hit = stop_push(&o->sm, piece, n, &emit_n);
+    if (emit_n && o->cb && o->cb(o->cb_ctx, o->sm.pending, emit_n)) { /* the client wants no more */
+        st->finish = FINISH_STOP;
+        stop_consume(&o->sm, o->sm.n_pending);
+        o->ts.n_pend = 0;
+        return 1;
+    }
+    stop_consume(&o->sm, emit_n);
+    if (hit) {
+        st->finish = FINISH_STOP;
+        stop_consume(&o->sm, o->sm.n_pending); /* the stop string and what followed it are dropped */
+        o->ts.n_pend = 0;
+        return 1;
+    }
+    return 0;
+}
+
 int generate(struct pxq_engine *e, const struct pxq_tokenizer *tok, const int32_t *prompt, int n_prompt,
              const struct gen_params *gp, gen_text_cb cb, void *cb_ctx, struct gen_stats *st, char *err, size_t errlen) {
     const struct pxq_hparams *hp = model_hparams(pxq_engine_model(e));
     const int n_ctx = pxq_engine_params(e)->n_ctx;
+    const int spec = gp->spec && gp->spec->kind != SPEC_NONE;
     memset(st, 0, sizeof *st);
     st->n_prompt = n_prompt;
     if (n_prompt <= 0) return set_err(err, errlen, "the prompt is empty");
@@ -79,62 +118,64 @@ int generate(struct pxq_engine *e, const struct pxq_tokenizer *tok, const int32_
         return set_err(err, errlen, "no free sequence");
     }
     int rc = -1;
+    struct spec_seq *ss = NULL;
     int32_t *hist = xmalloc((size_t)n_ctx * sizeof *hist);
     memcpy(hist, prompt, (size_t)n_prompt * sizeof *hist);
     int n_hist = n_prompt;
     int32_t *pos = xmalloc((size_t)n_prompt * sizeof *pos), *sid = xmalloc((size_t)n_prompt * sizeof *sid);
     for (int i = 0; i < n_prompt; i++) pos[i] = i, sid[i] = seq;
     struct pxq_batch b = {n_prompt, prompt, pos, sid, NULL};
-    struct stop_matcher sm;
-    stop_init(&sm, gp->stop, gp->n_stop);
-    struct tok_stream ts = {0};
+    struct gen_out o;
+    memset(&o, 0, sizeof o);
+    o.hp = hp, o.tok = tok, o.gp = gp, o.cb = cb, o.cb_ctx = cb_ctx;
+    stop_init(&o.sm, gp->stop, gp->n_stop);
     char piece[512];
     double t0 = now_sec();
-    if (pxq_decode(e, &b, err, errlen) != 0) goto out;
+    if (spec) {
+        if (!(ss = spec_seq_new(gp->spec, e, seq, err, errlen)) || spec_prefill(ss, prompt, n_prompt, err, errlen)) goto out;
+    } else if (pxq_decode(e, &b, err, errlen) != 0) {
+        goto out;
+    }
     st->t_prefill = now_sec() - t0;
     t0 = now_sec();
     int limit = gp->n_predict < 0 ? n_ctx - n_prompt : gp->n_predict;
     st->finish = FINISH_LENGTH;
-    for (;;) {
-        if (st->n_gen >= limit) break;
+    if (limit > 0) { /* the first token, from the prompt's logits */
         int32_t id = sampler_sample(smp, pxq_logits(e, 0), hist, n_hist, NULL);
         hist[n_hist++] = id;
-        st->n_gen++;
-        if (!gp->ignore_eos && is_eos(hp, id)) {
-            st->finish = FINISH_STOP;
-            break;
+        int done = emit(&o, id, st);
+        while (!done && n_hist < n_ctx && st->n_gen < limit) {
+            if (spec) {
+                int32_t outv[SPEC_K_MAX + 1];
+                int max_new = limit - st->n_gen < n_ctx - n_hist ? limit - st->n_gen : n_ctx - n_hist;
+                int n = spec_step(ss, smp, hist, n_hist, max_new, outv, err, errlen);
+                if (n < 0) goto out;
+                for (int i = 0; i < n && !done; i++) {
+                    hist[n_hist++] = outv[i];
+                    done = emit(&o, outv[i], st);
+                }
+                continue;
+            }
+            int32_t p = n_hist - 1;
+            struct pxq_batch nb = {1, &hist[n_hist - 1], &p, &seq, NULL};
+            if (pxq_decode(e, &nb, err, errlen) != 0) goto out;
+            id = sampler_sample(smp, pxq_logits(e, 0), hist, n_hist, NULL);
+            hist[n_hist++] = id;
+            done = emit(&o, id, st);
         }
-        size_t n = tok ? tok_stream_push(tok, &ts, id, gp->skip_special, piece, sizeof piece) : 0;
-        size_t emit;
-        int hit = stop_push(&sm, piece, n, &emit);
-        if (emit && cb && cb(cb_ctx, sm.pending, emit)) { /* the client wants no more */
-            st->finish = FINISH_STOP;
-            stop_consume(&sm, sm.n_pending);
-            ts.n_pend = 0;
-            break;
-        }
-        stop_consume(&sm, emit);
-        if (hit) {
-            st->finish = FINISH_STOP;
-            stop_consume(&sm, sm.n_pending); /* the stop string and what followed it are dropped */
-            ts.n_pend = 0;
-            break;
-        }
-        if (n_hist >= n_ctx || st->n_gen >= limit) break;
-        int32_t p = n_hist - 1;
-        struct pxq_batch nb = {1, &id, &p, &seq, NULL};
-        if (pxq_decode(e, &nb, err, errlen) != 0) goto out;
     }
     if (tok) {
-        size_t n = tok_stream_flush(&ts, piece, sizeof piece);
-        size_t emit;
-        stop_push(&sm, piece, n, &emit);
-        if (sm.n_pending && cb) cb(cb_ctx, sm.pending, sm.n_pending);
+        size_t n = tok_stream_flush(&o.ts, piece, sizeof piece);
+        size_t emit_n;
+        stop_push(&o.sm, piece, n, &emit_n);
+        if (o.sm.n_pending && cb) cb(cb_ctx, o.sm.pending, o.sm.n_pending);
     }
     st->t_decode = now_sec() - t0;
+    if (ss) st->spec = *spec_seq_stats(ss);
     rc = 0;
 out:
-    stop_free(&sm);
+    stop_free(&o.sm);
+    spec_seq_free(ss);
     pxq_seq_free(e, seq);
     sampler_free(smp);
     free(hist), free(pos), free(sid);

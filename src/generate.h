@@ -13,6 +13,7 @@
 
 #include "engine.h"
 #include "sampler.h"
+#include "spec.h"
 #include "tokenizer.h"
 
 #define PXQ_MAX_STOP 8
@@ -41,12 +42,14 @@ struct gen_params {
     int n_stop;
     int ignore_eos;
     int skip_special;               /* do not print special tokens */
+    const struct spec_params *spec; /* speculative decoding (spec.h), or NULL */
 };
 
 struct gen_stats {
     int n_prompt, n_gen;
     double t_prefill, t_decode;     /* seconds */
     enum finish_reason finish;
+    struct spec_stats spec;         /* speculation's counters (zero without it) */
 };
 
 /* Called with each piece of output text; return non-zero to stop early. */

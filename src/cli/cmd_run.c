@@ -6,6 +6,7 @@
 
 #include "args.h"
 #include "generate.h"
+#include "spec_opts.h"
 #include "util.h"
 
 static const char *usage =
@@ -43,6 +44,8 @@ int cmd_run(int argc, char **argv) {
     const char *stops[PXQ_MAX_STOP];
     int n_stop = 0, chat = 0, seed_set = 0;
     struct gen_params gp = {0};
+    struct spec_opts so;
+    spec_opts_init(&so);
     gp.n_predict = 128;
     gp.sp = sampler_default_params();
     gp.sp.temperature = 0.8f;
@@ -51,7 +54,7 @@ int cmd_run(int argc, char **argv) {
     gp.sp.min_p = 0.05f;
     for (a.i = 1; a.i < argc; a.i++) {
         const char *f = argv[a.i];
-        if (common_parse(&a, &co)) continue;
+        if (common_parse(&a, &co) || spec_opts_parse(&a, &so)) continue;
         if (!strcmp(f, "-p") || !strcmp(f, "--prompt")) prompt = arg_str(&a);
         else if (!strcmp(f, "-f") || !strcmp(f, "--file")) file = arg_str(&a);
         else if (!strcmp(f, "-n") || !strcmp(f, "--n-predict")) gp.n_predict = (int)arg_int(&a, -1, 1 << 22);
@@ -74,6 +77,7 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             printf("%s", usage);
             common_help(23, 1);
+            spec_help(23);
             return 0;
         } else
             fail_unknown(&a);
@@ -113,6 +117,11 @@ int cmd_run(int argc, char **argv) {
         fail(&a, 1, "could not tokenize the prompt: %s", TOKENIZER_ENCODE_FAILED);
     }
     if (n_ids == 0) fail(&a, 1, "the prompt is empty (0 tokens)");
+    struct spec_params sp;
+    struct pxq_model *dm;
+    struct pxq_engine *de;
+    spec_opts_setup(&a, &so, m, &co.ep, &sp, &dm, &de);
+    gp.spec = &sp;
     struct pxq_engine *e = pxq_engine_new(m, &co.ep, err, sizeof err);
     if (!e) fail(&a, 1, "%s", err);
     const struct pxq_engine_params *ep = pxq_engine_params(e);
@@ -135,8 +144,11 @@ int cmd_run(int argc, char **argv) {
                 st.n_prompt, st.t_prefill, st.n_prompt / (st.t_prefill > 0 ? st.t_prefill : 1e-9), st.n_gen, st.t_decode,
                 st.n_gen > 1 ? (st.n_gen - 1) / (st.t_decode > 0 ? st.t_decode : 1e-9) : 0.0,
                 st.finish == FINISH_STOP ? "stop" : "length");
+        spec_report("pxq run", &sp, &st.spec);
     }
     pxq_engine_free(e);
+    pxq_engine_free(de);
+    if (dm) model_free(dm);
     free(ids);
     free(text);
     model_free(m);
