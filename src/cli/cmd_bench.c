@@ -6,6 +6,12 @@
  *        b x P tokens (logits for each sequence's last token) is timed. tok/s = b*P / t.
  *   tgN: b sequences filled with d tokens (not timed), then N steps of b tokens (one per sequence,
  *        logits for all) are timed. tok/s = b*N / t. Tokens are random ids, not sampled (as llama-bench).
+ *   verifyK (--spec-verify K,...): speculative decoding's verification pass: b sequences filled with d
+ *        tokens, then VERIFY_PASSES passes of K tokens per sequence (the last accepted token and K - 1
+ *        drafts, logits for all), each after pxq_seq_checkpoint, all kept (every draft accepted).
+ *        tok/s = b*K*passes / t; a table below gives each pass's time, its ratio to verify1's, and with
+ *        --spec-acceptance A the projected decode tok/s = b * (1 - A^K) / (1 - A) / pass time (the
+ *        expected tokens per pass for drafts accepted independently with probability A).
  * Each test runs once untimed (warm-up, unless --no-warmup), then -r times; mean and sample sd.
  *
  * Figures (formulas also printed in the header):
@@ -33,6 +39,7 @@
 #include "memplan.h"
 #include "quant.h"
 #include "roofline.h"
+#include "spec.h"
 #include "util.h"
 
 #define MAX_LIST 16
@@ -50,6 +57,8 @@ static const char *usage =
     "  --device cpu|cuda      backend (default cpu)\n"
     "  -ngl, --n-gpu-layers N llama.cpp's: N > 0 (or all) is --device cuda, 0 is cpu (all layers or none)\n"
     "  --gpu-mem SIZE         CUDA arena, e.g. 16GiB\n"
+    "  --spec-verify LIST     speculative verification passes of K tokens per sequence, e.g. 1,2,3,4\n"
+    "  --spec-acceptance A    project decode tok/s from the verify passes at draft acceptance A (0..1)\n"
     "  --no-warmup            skip the untimed run before each test\n"
     "  --json                 JSON array of rows instead of markdown\n";
 
@@ -58,8 +67,12 @@ struct opts {
     struct load_opts lo;
     int p[MAX_LIST], np, n[MAX_LIST], nn, b[MAX_LIST], nb, d[MAX_LIST], nd;
     int reps, warmup, json;
+    int v[MAX_LIST], nv;   /* --spec-verify: tokens per pass */
+    double accept;         /* --spec-acceptance, or -1 */
     struct pxq_engine_params ep;
 };
+
+#define VERIFY_PASSES 32
 
 static int parse_list(struct args *a, int *out, int lo, int hi) {
     const char *flag = a->argv[a->i], *s = arg_str(a);
@@ -201,9 +214,19 @@ static double run_once(struct pxq_engine *e, struct batchbuf *bb, const char *ki
     double t0 = now_sec();
     if (!strcmp(kind, "pp")) {
         if (feed(e, bb, seqs, b, len, 0, err, errlen) != 0) goto out;
-    } else {
+    } else if (!strcmp(kind, "tg")) {
         for (int i = 0; i < len; i++)
             if (feed(e, bb, seqs, b, 1, 1, err, errlen) != 0) goto out;
+    }
+    else if (!strcmp(kind, "verify")) {
+        for (int i = 0; i < VERIFY_PASSES; i++) {
+            for (int s = 0; s < b; s++)
+                if (pxq_seq_checkpoint(e, seqs[s]) != 0) {
+                    set_err(err, errlen, "no checkpoint of sequence %d", s);
+                    goto out;
+                }
+            if (feed(e, bb, seqs, b, len, 1, err, errlen) != 0) goto out;
+        }
     }
     (void)pxq_logits(e, 0); /* the step is complete when pxq_decode returns (logits are on the host) */
     t = now_sec() - t0;
@@ -270,7 +293,7 @@ int cmd_bench(int argc, char **argv) {
     load_opts_init(&o.lo);
     o.ep = pxq_engine_default_params();
     o.p[0] = 512, o.np = 1, o.n[0] = 128, o.nn = 1, o.b[0] = 1, o.nb = 1, o.d[0] = 0, o.nd = 1;
-    o.reps = 5, o.warmup = 1;
+    o.reps = 5, o.warmup = 1, o.accept = -1;
     for (a.i = 1; a.i < argc; a.i++) {
         const char *f = argv[a.i];
         if (load_opts_parse(&a, &o.lo)) continue;
@@ -283,6 +306,8 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) o.ep.n_threads = (int)arg_int(&a, 1, 1024);
         else if (!strcmp(f, "-ub") || !strcmp(f, "--ubatch-size")) o.ep.n_batch = (int)arg_int(&a, 1, 1 << 16);
         else if (device_parse(&a, &o.ep)) continue;
+        else if (!strcmp(f, "--spec-verify")) o.nv = parse_list(&a, o.v, 1, SPEC_K_MAX + 1);
+        else if (!strcmp(f, "--spec-acceptance")) o.accept = arg_num(&a, 0, 0.999);
         else if (!strcmp(f, "--no-warmup")) o.warmup = 0;
         else if (!strcmp(f, "--json")) o.json = 1;
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
@@ -296,7 +321,8 @@ int cmd_bench(int argc, char **argv) {
     int any = 0;
     for (int i = 0; i < o.np; i++) any |= o.p[i] > 0;
     for (int i = 0; i < o.nn; i++) any |= o.n[i] > 0;
-    if (!any) fail(&a, 2, "nothing to measure: -p and -n are all 0");
+    if (!any && !o.nv) fail(&a, 2, "nothing to measure: -p and -n are all 0");
+    if (o.accept >= 0 && !o.nv) fail(&a, 2, "--spec-acceptance projects the --spec-verify passes: give --spec-verify 1,2,...");
     common_warn_unused(&a, &o.ep);
     if (o.ep.n_threads <= 0) o.ep.n_threads = n_cpus();
     const enum pxq_device dev = o.ep.device;
@@ -321,6 +347,7 @@ int cmd_bench(int argc, char **argv) {
     const int bs = o.ep.kv_block_size > 0 ? o.ep.kv_block_size : KV_BLOCK_SIZE_DEFAULT;
     for (int i = 0; i < o.np; i++) max_len = o.p[i] > max_len ? o.p[i] : max_len;
     for (int i = 0; i < o.nn; i++) max_len = o.n[i] > max_len ? o.n[i] : max_len;
+    for (int i = 0; i < o.nv; i++) max_len = o.v[i] * VERIFY_PASSES > max_len ? o.v[i] * VERIFY_PASSES : max_len;
     for (int i = 0; i < o.nb; i++) {
         max_b = o.b[i] > max_b ? o.b[i] : max_b;
         for (int j = 0; j < o.nd; j++) {
@@ -369,13 +396,16 @@ int cmd_bench(int argc, char **argv) {
     fflush(stdout);
 
     struct batchbuf bb = {0};
-    int n_rows = 0, rc = 0;
+    int n_rows = 0, rc = 0, n_pass = 0;
+    struct { int b, k, d; double ms; } pass[MAX_LIST * MAX_LIST]; /* the verify rows, for the table below */
     for (int ib = 0; ib < o.nb; ib++)
         for (int id = 0; id < o.nd; id++)
-            for (int kind = 0; kind < 2; kind++) {
-                int *lens = kind == 0 ? o.p : o.n, nl = kind == 0 ? o.np : o.nn;
+            for (int kind = 0; kind < 3; kind++) { /* pp, tg, verify */
+                static const char *kinds[] = {"pp", "tg", "verify"};
+                int *lens = kind == 0 ? o.p : kind == 1 ? o.n : o.v, nl = kind == 0 ? o.np : kind == 1 ? o.nn : o.nv;
                 for (int il = 0; il < nl; il++) {
-                    struct result r = {kind == 0 ? "pp" : "tg", o.b[ib], lens[il], o.d[id], {0}, 0, 0, 0, 0, 0, 0};
+                    struct result r = {kinds[kind], o.b[ib], lens[il], o.d[id], {0}, 0, 0, 0, 0, 0, 0};
+                    const int steps = kind == 2 ? VERIFY_PASSES : 1; /* verify: the passes per repetition */
                     if (r.len == 0) continue;
                     if (o.warmup && run_once(e, &bb, r.kind, r.b, r.len, r.depth, err, sizeof err) < 0) {
                         fprintf(stderr, "pxq bench: %s%d b=%d d=%d: %s\n", r.kind, r.len, r.b, r.depth, err);
@@ -386,7 +416,7 @@ int cmd_bench(int argc, char **argv) {
                     for (int rep = 0; rep < o.reps && ok; rep++) {
                         double t = run_once(e, &bb, r.kind, r.b, r.len, r.depth, err, sizeof err);
                         if (t < 0) ok = 0;
-                        else r.ts[r.n_ts++] = (double)r.b * r.len / (t > 0 ? t : 1e-9);
+                        else r.ts[r.n_ts++] = (double)r.b * r.len * steps / (t > 0 ? t : 1e-9);
                     }
                     if (!ok) {
                         fprintf(stderr, "pxq bench: %s%d b=%d d=%d: %s\n", r.kind, r.len, r.b, r.depth, err);
@@ -401,6 +431,14 @@ int cmd_bench(int argc, char **argv) {
                                        2.0 * r.b * ma.state_per_seq;
                         r.value = bytes * (r.mean / r.b) / 1e9;
                         r.pct = 100.0 * r.value / rl.copy_gbs;
+                    } else if (kind == 2) { /* a pass: a decode step of K tokens per sequence, plus the checkpoint's copy */
+                        double bytes = step_weight_bytes(&ma, hp, r.b) +
+                                       r.b * ma.kv_per_token * r.len * (r.depth + r.len * (VERIFY_PASSES + 1) / 2.0) +
+                                       4.0 * r.b * ma.state_per_seq;
+                        r.value = bytes * (r.mean / (r.b * r.len)) / 1e9;
+                        r.pct = 100.0 * r.value / rl.copy_gbs;
+                        if (n_pass < MAX_LIST * MAX_LIST) pass[n_pass].b = r.b, pass[n_pass].k = r.len, pass[n_pass].d = r.depth,
+                                                          pass[n_pass++].ms = 1e3 * r.b * r.len / r.mean;
                     } else { /* prefill FLOPs per second */
                         double tokens = (double)r.b * r.len;
                         double active = ma.dense_params + (hp->n_expert ? ma.expert_params * hp->n_expert_used / hp->n_expert : 0);
@@ -459,6 +497,24 @@ int cmd_bench(int argc, char **argv) {
                 }
             }
     if (o.json) printf("\n]\n");
+    if (n_pass && !o.json) { /* each pass against the one-token pass of the same batch and depth */
+        printf("\nverification pass of K tokens per sequence (%d passes, each after a checkpoint):\n\n", VERIFY_PASSES);
+        printf("| b | depth | K | pass ms | x verify1 |%s\n", o.accept >= 0 ? " tokens/pass at A | projected t/s |" : "");
+        printf("| -: | ----: | -: | ------: | --------: |%s\n", o.accept >= 0 ? " ---------------: | ------------: |" : "");
+        for (int i = 0; i < n_pass; i++) {
+            double base = 0;
+            for (int j = 0; j < n_pass; j++)
+                if (pass[j].k == 1 && pass[j].b == pass[i].b && pass[j].d == pass[i].d) base = pass[j].ms;
+            char ratio[32] = "n/a";
+            if (base > 0) snprintf(ratio, sizeof ratio, "%.3f", pass[i].ms / base);
+            printf("| %d | %d | %d | %.3f | %s |", pass[i].b, pass[i].d, pass[i].k, pass[i].ms, ratio);
+            if (o.accept >= 0) {
+                const double tpp = (1.0 - pow(o.accept, pass[i].k)) / (1.0 - o.accept);
+                printf(" %.3f | %.2f |", tpp, pass[i].b * tpp / (pass[i].ms / 1e3));
+            }
+            printf("\n");
+        }
+    }
     free(bb.tok), free(bb.pos), free(bb.seq), free(bb.lg);
     pxq_engine_free(e);
     model_free(m);
