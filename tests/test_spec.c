@@ -12,6 +12,7 @@
  *    verified tokens with a drafter that proposes a likely token and then a wrong one is the plain
  *    sampler's: total variation distance below 0.08 (first) and 0.12 (second). A rule that accepted
  *    every draft would be at about 0.5 (the drafted token's share).
+ * PXQ_TEST_DEVICE=cuda runs it all on the CUDA backend (CUDA builds; the GPU machine).
  */
 #include <math.h>
 #include <string.h>
@@ -36,6 +37,8 @@ static struct pxq_engine *engine(struct pxq_model *m, int n_seq) {
     struct pxq_engine_params p = pxq_engine_default_params();
     p.n_ctx = 512;
     p.n_seq_max = n_seq;
+    const char *dev = getenv("PXQ_TEST_DEVICE"); /* cuda: the same checks on the CUDA backend */
+    if (dev && !strcmp(dev, "cuda")) p.device = PXQ_DEVICE_CUDA, p.gpu_mem = (size_t)1 << 30;
     char err[256];
     struct pxq_engine *e = pxq_engine_new(m, &p, err, sizeof err);
     CHECK(e != NULL, "engine: %s", err);
