@@ -23,6 +23,7 @@ struct spec_seq {
     int32_t *h2;          /* hist + drafts, for the penalties of each verified position */
     int h2_cap;
     long n_steps;
+    int pen_from;         /* penalties see hist[pen_from..] */
     struct spec_stats st;
 };
 
@@ -78,6 +79,11 @@ void spec_seq_free(struct spec_seq *ss) {
 }
 
 const struct spec_stats *spec_seq_stats(const struct spec_seq *ss) { return &ss->st; }
+
+void spec_seq_resume(struct spec_seq *ss, int n_cache, int pen_from) {
+    ss->n_cache = n_cache;
+    ss->pen_from = pen_from;
+}
 
 /* Keep the target's hidden rows of positions [c0, c0 + n) (the pass's first n rows) for the MTP head. */
 static void keep_hidden(struct spec_seq *ss, const float *h_first, int c0, int n) {
@@ -227,7 +233,7 @@ int spec_verify(struct spec_seq *ss, struct sampler *smp, const int32_t *hist, i
     memcpy(ss->h2 + n_hist, drafts, (size_t)n_drafts * sizeof *drafts);
     int n = 0, a = 0;
     for (int i = 0; i <= n_drafts && n < max_new; i++) {
-        sampler_dist(smp, rows[i], ss->h2, n_hist + i, ss->probs);
+        sampler_dist(smp, rows[i], ss->h2 + ss->pen_from, n_hist + i - ss->pen_from, ss->probs);
         if (i < n_drafts) {
             const int32_t x = drafts[i];
             if (sampler_uniform(smp) < (double)ss->probs[x]) { /* accepted with probability p(x) */

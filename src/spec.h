@@ -67,6 +67,12 @@ struct spec_seq *spec_seq_new(const struct spec_params *p, struct pxq_engine *e,
 void spec_seq_free(struct spec_seq *ss);
 const struct spec_stats *spec_seq_stats(const struct spec_seq *ss);
 
+/* For a caller that prefilled the target itself (the server's chunked prefill): its cache holds
+ * hist[0..n_cache); the penalties of verification see hist[pen_from..] (the server penalises the
+ * generated tokens only, as its plain sampling does). Not for SPEC_MTP, which needs the prompt's
+ * hidden states (spec_prefill keeps them). */
+void spec_seq_resume(struct spec_seq *ss, int n_cache, int pen_from);
+
 /* Prefill prompt[0..n) into the target (logits of the last token: pxq_logits(e, 0)). 0 or -1. */
 int spec_prefill(struct spec_seq *ss, const int32_t *prompt, int n, char *err, size_t errlen);
 
@@ -82,7 +88,8 @@ int spec_step(struct spec_seq *ss, struct sampler *smp, const int32_t *hist, int
  * tokens + the drafts); after pxq_decode, spec_verify takes the logits of the rows that asked
  * (rows[0..n_drafts]) and the hidden states of the step's rows (pxq_hidden, the first of them
  * h_first, NULL unless MTP), writes the accepted tokens and rolls the caches back; returns their
- * count or -1. */
+ * count or -1. Verify every sequence of a batch before the next spec_propose (the MTP drafter's
+ * proposals run the engine, replacing its logits). */
 int spec_propose(struct spec_seq *ss, const int32_t *hist, int n_hist, int max_drafts, int32_t *drafts, char *err,
                  size_t errlen);
 int spec_rows(const struct spec_seq *ss, const int32_t *hist, int n_hist, const int32_t *drafts, int n_drafts,

@@ -3,7 +3,7 @@
 # calls and reasoning with the test-only fixed-output mode, tools.js), 16
 # concurrent greedy requests == 16 alone (equivalence.js), 64 streaming clients (load.js), 1,000
 # hostile requests (abuse.js), SIGTERM with requests in flight (sigterm.js), the access log and the
-# drain count (accesslog.js) and the decided edges of
+# drain count (accesslog.js), speculative decoding == plain (spec.js) and the decided edges of
 # seed, chat messages and stop (validation.js). Each script starts
 # its own server on a free port and kills it at the end. Under AddressSanitizer:
 #   make test-asan && BUILD=build-asan sh tests/cli_server.sh
@@ -16,7 +16,7 @@ if ! command -v node >/dev/null 2>&1; then
     exit 0
 fi
 fail=0
-for t in sdk tools validation equivalence prefix load abuse sigterm accesslog; do
+for t in sdk tools validation equivalence prefix spec load abuse sigterm accesslog; do
     if { [ $t = sdk ] || [ $t = tools ]; } && [ ! -d tests/server/node_modules/openai ]; then
         echo "FAIL sdk.js: the openai package is missing (cd tests/server && npm install)"
         fail=1

@@ -18,6 +18,7 @@
 #endif
 
 #include "args.h"
+#include "spec_opts.h"
 #include "memplan.h"
 #include "server/http.h"
 #include "server/metrics.h"
@@ -53,14 +54,16 @@ int cmd_serve(int argc, char **argv) {
     struct common_opts co;
     common_init(&co);
     struct http_config hc = {"127.0.0.1", 8000, NULL, 4u << 20, 512, 60, 0};
-    struct sched_config sc = {16, 512, NULL, 0};
+    struct sched_config sc = {16, 512, NULL, 0, NULL};
+    struct spec_opts so;
+    spec_opts_init(&so);
     const char *name = NULL, *tmpl_path = NULL;
     int reasoning_parser = 0, tool_parser = 0;
     double gpu_util = 0, grace = 30;
     int kv_blocks = 0, batched_set = 0, prefix_caching = 1, prefix_asked = 0;
     for (a.i = 1; a.i < argc; a.i++) {
         const char *f = argv[a.i];
-        if (common_parse(&a, &co)) continue;
+        if (common_parse(&a, &co) || spec_opts_parse(&a, &so)) continue;
         if (!strcmp(f, "--host")) hc.host = arg_str(&a);
         else if (!strcmp(f, "--port")) hc.port = (int)arg_int(&a, 0, 65535);
         else if (!strcmp(f, "--max-num-seqs")) sc.max_num_seqs = (int)arg_int(&a, 1, 4096);
@@ -89,6 +92,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             printf("%s", usage);
             common_help(33, 0); /* -c is --max-model-len, above */
+            spec_help(33);
             return 0;
         } else
             fail_unknown(&a);
@@ -161,6 +165,13 @@ int cmd_serve(int argc, char **argv) {
     co.ep.n_seq_max = sc.max_num_seqs;
     co.ep.kv_blocks = kv_blocks;
     co.ep.prefix_caching = prefix_caching;
+    if (so.kind == SPEC_MTP)
+        fail(&a, 2, "--spec mtp: the server speculates with ngram or draft so far (the MTP head runs in pxq run and bench)");
+    struct spec_params sp;
+    struct pxq_model *dm;
+    struct pxq_engine *de;
+    spec_opts_setup(&a, &so, m, &co.ep, &sp, &dm, &de); /* the draft engine: a sequence per running request */
+    sc.spec = &sp;
     /* signals: handled by sigwait below, blocked in every thread, so before the engine starts its
      * thread pool: a worker that left SIGTERM unblocked took it with the default action (the process
      * died mid-request, without the graceful drain) */
@@ -212,6 +223,8 @@ int cmd_serve(int argc, char **argv) {
     sched_free(sched);
     metrics_free(met);
     pxq_engine_free(e);
+    pxq_engine_free(de);
+    if (dm) model_free(dm);
     model_free(m);
     free(forced);
     fprintf(stderr, "pxq serve: stopped: %d request(s) finished while draining, %d cut short at the %g s grace period\n",

@@ -15,6 +15,7 @@ struct srv_metrics {
     unsigned long long done_stop, done_length, done_abort, done_error;
     unsigned long long prompt_tokens, generation_tokens, preemptions, steps, step_tokens, prefill_tokens;
     unsigned long long prefix_queries, prefix_hits, prefix_query_blocks, prefix_hit_blocks;
+    unsigned long long spec_passes, spec_drafts, spec_accepted;
     int running, waiting, kv_used, kv_free;
     struct histogram ttft, itl, e2e;
 };
@@ -134,6 +135,14 @@ void metrics_prefix(struct srv_metrics *m, int n_query, int n_hit, int block_siz
     pthread_mutex_unlock(&m->mu);
 }
 
+void metrics_spec(struct srv_metrics *m, int n_drafts, int n_accepted) {
+    pthread_mutex_lock(&m->mu);
+    m->spec_passes++;
+    m->spec_drafts += (unsigned long long)n_drafts;
+    m->spec_accepted += (unsigned long long)n_accepted;
+    pthread_mutex_unlock(&m->mu);
+}
+
 char *metrics_render(struct srv_metrics *m) {
     struct sbuf b = {xmalloc(4096), 0, 4096};
     pthread_mutex_lock(&m->mu);
@@ -162,6 +171,11 @@ char *metrics_render(struct srv_metrics *m) {
     emit_one(&b, "pxq_prefix_cache_hit_blocks_total", "counter", "Full prompt blocks found in the prefix cache.",
              m->prefix_hit_blocks);
     emit_one(&b, "pxq_generation_tokens_total", "counter", "Generated tokens.", m->generation_tokens);
+    emit_one(&b, "pxq_spec_decode_num_passes_total", "counter",
+             "Speculative verification passes (one per sequence and step; each yields accepted drafts + 1 tokens).",
+             m->spec_passes);
+    emit_one(&b, "pxq_spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed for verification.", m->spec_drafts);
+    emit_one(&b, "pxq_spec_decode_num_accepted_tokens_total", "counter", "Draft tokens the target accepted.", m->spec_accepted);
     emit_one(&b, "pxq_num_preemptions_total", "counter", "Sequences preempted (KV freed, recomputed later) for lack of KV blocks.",
              m->preemptions);
     emit_one(&b, "pxq_scheduler_steps_total", "counter", "Batches evaluated.", m->steps);

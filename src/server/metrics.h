@@ -38,6 +38,10 @@ void metrics_sched(struct srv_metrics *m, int running, int waiting, int kv_used,
  * block_size positions). */
 void metrics_prefix(struct srv_metrics *m, int n_query, int n_hit, int block_size);
 
+/* Speculative decoding: one verification pass of a sequence with n_drafts drafts, n_accepted of them
+ * accepted (vLLM's spec_decode_num_drafts / num_draft_tokens / num_accepted_tokens). */
+void metrics_spec(struct srv_metrics *m, int n_drafts, int n_accepted);
+
 /* Prometheus text (malloc'd). */
 char *metrics_render(struct srv_metrics *m);
 

@@ -25,6 +25,7 @@
 #include "generate.h"
 #include "parsers.h"
 #include "sampler.h"
+#include "spec.h"
 #include "tokenizer.h"
 
 #define SRV_MAX_TOP_LOGPROBS 20
@@ -117,6 +118,7 @@ struct srv_req {
     int seq;                        /* engine sequence, -1 while waiting */
     int done;                       /* finished in the scheduler (no longer in its lists) */
     int fork_pending;               /* choice 0 of n > 1: choices 1.. take its prompt's KV once it is in */
+    struct spec_seq *ss;            /* speculative decoding (sched_config.spec), once its first token is out */
     struct srv_req *next;           /* inbox link */
 };
 

@@ -14,6 +14,8 @@ struct batch_entry {
     struct srv_req *r;
     int take;       /* tokens of r in this batch */
     int output;     /* 1: the batch asks for logits of r's last token here */
+    int n_drafts;   /* speculation: -1, else the drafts (logits of the last pending token and of each) */
+    int32_t drafts[SPEC_K_MAX];
 };
 
 struct scheduler {
@@ -94,6 +96,8 @@ static void finish(struct scheduler *s, struct srv_req *r, const char *reason, i
         pxq_prefix_commit(s->e, r->seq, r->all, r->n_done); /* its full blocks stay cached */
         pxq_seq_free(s->e, r->seq);
     }
+    spec_seq_free(r->ss);
+    r->ss = NULL;
     r->seq = -1;
     r->done = 1;
     list_remove(s->running, &s->n_running, r);
@@ -139,10 +143,19 @@ static float raw_logprobs(const float *l, int n_vocab, int32_t id, struct srv_to
 
 /* r's known tokens are all in its cache and `logits` are those of the last: sample, publish, and
  * finish r on eos / stop string / max_tokens. */
+static void publish(struct scheduler *s, struct srv_req *r, int32_t id, const float *logits);
+
 static void sample_one(struct scheduler *s, struct srv_req *r, const float *logits) {
     const int n_gen0 = r->n_all - r->n_prompt;
     int32_t id = sampler_sample(r->smp, logits, r->all + r->n_prompt, n_gen0, NULL);
     if (s->cfg.n_forced) id = s->cfg.forced[n_gen0 < s->cfg.n_forced ? n_gen0 : s->cfg.n_forced - 1];
+    publish(s, r, id, logits);
+}
+
+/* id is r's next token and `logits` the distribution it came from (for logprobs): append, publish,
+ * and finish r on eos / stop string / max_tokens. */
+static void publish(struct scheduler *s, struct srv_req *r, int32_t id, const float *logits) {
+    const int n_gen0 = r->n_all - r->n_prompt;
     struct srv_top top[SRV_MAX_TOP_LOGPROBS];
     float lp = 0;
     if (r->logprobs) lp = raw_logprobs(logits, s->n_vocab, id, top, r->top_logprobs);
@@ -182,6 +195,8 @@ static void sample_one(struct scheduler *s, struct srv_req *r, const float *logi
 static void preempt(struct scheduler *s, struct srv_req *r) {
     pxq_prefix_commit(s->e, r->seq, r->all, r->n_done); /* its recompute may find them */
     pxq_seq_free(s->e, r->seq);
+    spec_seq_free(r->ss); /* the recompute prefills it again; speculation resumes after */
+    r->ss = NULL;
     r->seq = -1;
     r->n_done = 0;
     list_remove(s->running, &s->n_running, r);
@@ -194,7 +209,8 @@ static int blocks_promised(struct scheduler *s) {
     int need = 0;
     for (int i = 0; i < s->n_running; i++) {
         struct srv_req *r = s->running[i];
-        int upto = r->n_all - r->n_done == 1 ? r->n_done + 1 : r->n_all + 1;
+        int upto = r->ss ? r->n_all + s->cfg.spec->k /* the pending tokens and the drafts */
+                   : r->n_all - r->n_done == 1 ? r->n_done + 1 : r->n_all + 1;
         if (upto > s->n_ctx) upto = s->n_ctx;
         need += pxq_kv_blocks_needed(s->e, r->seq, upto);
     }
@@ -212,7 +228,56 @@ static void add_tokens(struct scheduler *s, int *nb, int *n_ent, struct srv_req 
     }
     int output = r->n_done + take == r->n_all;
     if (output) s->b_logits[*nb - 1] = 1;
-    s->ent[(*n_ent)++] = (struct batch_entry){r, take, output};
+    struct batch_entry *en = &s->ent[(*n_ent)++];
+    en->r = r, en->take = take, en->output = output, en->n_drafts = -1;
+}
+
+/* ---- speculation ---- */
+
+/* r just sampled its first token (or its first after a recompute): it decodes with drafts from now. */
+static void spec_start(struct scheduler *s, struct srv_req *r) {
+    if (!s->cfg.spec || s->cfg.spec->kind == SPEC_NONE || s->cfg.n_forced || r->ss || r->done || r->seq < 0 ||
+        r->n_all - r->n_done != 1 || r->n_all <= r->n_prompt)
+        return;
+    char err[256];
+    if (!(r->ss = spec_seq_new(s->cfg.spec, s->e, r->seq, err, sizeof err))) return; /* plain decoding, then */
+    spec_seq_resume(r->ss, r->n_done, r->n_prompt);
+}
+
+/* r's step rows: its pending tokens and up to k drafts that the budget allows. Returns the rows. */
+static int spec_add(struct scheduler *s, int *nb, int *n_ent, struct srv_req *r, int budget) {
+    const int pending = r->n_all - r->n_done, left = r->max_tokens - (r->n_all - r->n_prompt);
+    int max = left - 1 < budget - pending ? left - 1 : budget - pending;
+    if (r->n_all + max > s->n_ctx) max = s->n_ctx - r->n_all;
+    struct batch_entry *en = &s->ent[*n_ent];
+    char err[256];
+    int nd = max > 0 ? spec_propose(r->ss, r->all, r->n_all, max, en->drafts, err, sizeof err) : 0;
+    if (nd < 0 || (nd && pxq_seq_checkpoint(s->e, r->seq) != 0)) nd = 0;
+    const int rows = spec_rows(r->ss, r->all, r->n_all, en->drafts, nd, s->b_tok + *nb, s->b_pos + *nb, s->b_seq + *nb,
+                               s->b_logits + *nb);
+    *nb += rows;
+    en->r = r, en->take = rows, en->output = 1, en->n_drafts = nd;
+    (*n_ent)++;
+    return rows;
+}
+
+/* After the batch: verify r's drafts (its logits rows start at output oi), publish what is
+ * accepted; returns the logits rows it used. */
+static int spec_finish(struct scheduler *s, struct srv_req *r, const struct batch_entry *en, int oi) {
+    const float *rows[SPEC_K_MAX + 1];
+    for (int i = 0; i <= en->n_drafts; i++) rows[i] = pxq_logits(s->e, oi + i);
+    int32_t out[SPEC_K_MAX + 1];
+    char err[256];
+    const int left = r->max_tokens - (r->n_all - r->n_prompt);
+    int n = spec_verify(r->ss, r->smp, r->all, r->n_all, en->drafts, en->n_drafts, rows, NULL, left, out, err, sizeof err);
+    if (n < 0) {
+        finish(s, r, NULL, 500, err);
+        return en->n_drafts + 1;
+    }
+    r->n_done = pxq_seq_len(s->e, r->seq);
+    metrics_spec(s->met, en->n_drafts, n - 1 < en->n_drafts ? n - 1 : en->n_drafts);
+    for (int i = 0; i < n && !r->done; i++) publish(s, r, out[i], rows[i]);
+    return en->n_drafts + 1;
 }
 
 /* The prompt of lead r (choice 0 of n) is in its cache and `logits` are its last token's: give
@@ -235,7 +300,7 @@ static void fork_choices(struct scheduler *s, struct srv_req *r, const float *lo
         waiting_insert(s, c, 1);
     }
     for (int i = 1; i < r->n; i++)
-        if (r->choices[i]->seq >= 0) sample_one(s, r->choices[i], logits);
+        if (r->choices[i]->seq >= 0) sample_one(s, r->choices[i], logits), spec_start(s, r->choices[i]);
 }
 
 static void step(struct scheduler *s) {
@@ -262,12 +327,14 @@ static void step(struct scheduler *s) {
     /* decodes, then prefill chunks of running sequences, oldest first */
     for (int i = 0; i < s->n_running; i++) {
         struct srv_req *r = s->running[i];
-        if (r->n_all - r->n_done == 1) add_tokens(s, &nb, &n_ent, r, 1), budget--;
+        if (!r->ss && r->n_all - r->n_done == 1) add_tokens(s, &nb, &n_ent, r, 1), budget--;
     }
+    for (int i = 0; i < s->n_running && budget > 0; i++) /* speculating decodes: pending tokens + drafts */
+        if (s->running[i]->ss) budget -= spec_add(s, &nb, &n_ent, s->running[i], budget);
     for (int i = 0; i < s->n_running && budget > 0; i++) {
         struct srv_req *r = s->running[i];
         int rem = r->n_all - r->n_done;
-        if (rem <= 1) continue;
+        if (rem <= 1 || r->ss) continue;
         int take = rem < budget ? rem : budget;
         add_tokens(s, &nb, &n_ent, r, take);
         budget -= take;
@@ -310,11 +377,16 @@ static void step(struct scheduler *s) {
             int oi = 0;
             for (int i = 0; i < n_ent; i++) {
                 struct srv_req *r = s->ent[i].r;
+                if (s->ent[i].n_drafts >= 0) {
+                    oi += spec_finish(s, r, &s->ent[i], oi);
+                    continue;
+                }
                 r->n_done += s->ent[i].take;
                 if (!s->ent[i].output) continue;
                 const float *logits = pxq_logits(s->e, oi++);
                 if (r->fork_pending) fork_choices(s, r, logits);
                 sample_one(s, r, logits);
+                spec_start(s, r);
             }
         }
     }

@@ -33,6 +33,11 @@ struct sched_config {
      * forced[min(k, n_forced - 1)] whatever the sampler drew (the list ends with an eos id). */
     const int32_t *forced;
     int n_forced;
+    /* Speculative decoding (spec.h), or NULL / kind SPEC_NONE: a request decodes with drafts once its
+     * first token is out; its step's rows (the pending tokens and up to k drafts, fewer when the
+     * token budget is short) join the batch beside the other sequences' decodes and prefill chunks,
+     * and the drafts count in the budget. Not SPEC_MTP (cmd_serve refuses it). */
+    const struct spec_params *spec;
 };
 
 struct scheduler;
