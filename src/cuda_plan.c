@@ -233,7 +233,8 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
         return set_err(err, errlen, "CUDA backend: n_head %d / n_head_kv %d (at most 32 query heads per KV head)",
                        hp->n_head, hp->n_head_kv);
     size_t w = 0, max_in = (size_t)hp->n_embd, max_mat = 0;
-    for (int il = 0; il < hp->n_layer; il++) {
+    const int n_mtp = p->spec_mtp ? hp->n_mtp_layer : 0; /* the MTP layers follow the model's (spec_mtp) */
+    for (int il = 0; il < hp->n_layer + n_mtp; il++) {
         const struct pxq_layer *L = model_layer(m, il);
         const struct pxq_tensor *mats[CM_COUNT];
         cuda_layer_mats(L, mats);
@@ -252,6 +253,13 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
         cuda_layer_vec_sizes(hp, L, il, vn);
         for (int i = 0; i < CV_COUNT; i++)
             if (vn[i]) w += al(vn[i] * 4);
+    }
+    if (n_mtp) { /* the MTP head's fc and its three norms */
+        const struct pxq_tensor *fc = model_layer(m, hp->n_layer)->nextn_eh_proj;
+        if (weight_plan(fc, &w, err, errlen)) return -1;
+        w += 3 * al((size_t)hp->n_embd * 4);
+        if ((size_t)fc->ne[0] > max_in) max_in = (size_t)fc->ne[0];
+        if ((size_t)fc->ne[0] * (size_t)fc->ne[1] > max_mat) max_mat = (size_t)fc->ne[0] * (size_t)fc->ne[1];
     }
     size_t embd = 0; /* untied: the embedding table lives in pinned host memory, not the arena */
     if (weight_plan(model_token_embd(m), model_output(m) != model_token_embd(m) ? &embd : &w, err, errlen)) return -1;

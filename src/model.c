@@ -776,7 +776,7 @@ static int bind_weights(struct pxq_model *m, char *err, size_t errlen) {
         if (hp->arch != ARCH_QWEN35 || hp->n_layer + hp->n_mtp_layer > PXQ_MAX_LAYERS || !find(m, name)) hp->n_mtp_layer = 0;
     }
     for (int il = hp->n_layer; il < hp->n_layer + hp->n_mtp_layer && !b.failed; il++)
-        if (model_bind_qwen35_mtp_layer(&m->layers[il], hp, il, bind_cb, &b) != 0 && !b.failed)
+        if ((hp->layer_kind[il] = LAYER_ATTN, model_bind_qwen35_mtp_layer(&m->layers[il], hp, il, bind_cb, &b)) != 0 && !b.failed)
             b.failed = set_err(err, errlen, "%s: MTP layer %d: weights could not be bound", m->path, il);
     /* a layer count below the file's layers would run a truncated model: every blk.N past the
      * layers (the optional MTP tensors, nextn, aside) is an error */

@@ -8,6 +8,7 @@
  */
 #include <stdlib.h>
 
+#include "cuda/backend.h"
 #include "engine_impl.h"
 #include "ops_cpu.h"
 #include "util.h"
@@ -30,7 +31,6 @@ static void mtp_input(struct pxq_engine *e, const struct ubatch *ub) {
 int pxq_mtp_decode(struct pxq_engine *e, const struct pxq_batch *b, const float *hidden, char *err, size_t errlen) {
     const int n = b->n_tokens;
     if (!e->p.spec_mtp) return set_err(err, errlen, "the engine was created without the MTP head (spec_mtp)");
-    if (e->backend) return set_err(err, errlen, "the MTP head runs on the CPU backend so far");
     if (n <= 0 || !b->token || !b->pos || !b->seq_id || !hidden) return set_err(err, errlen, "empty MTP batch");
     int *next = xmalloc((size_t)e->p.n_seq_max * sizeof *next), *end = xcalloc((size_t)e->p.n_seq_max, sizeof *end);
     int rc = -1;
@@ -73,6 +73,12 @@ int pxq_mtp_decode(struct pxq_engine *e, const struct pxq_batch *b, const float 
     for (int i0 = 0; i0 < n; i0 += e->p.n_batch) {
         struct ubatch ub = {n - i0 < e->p.n_batch ? n - i0 : e->p.n_batch, b->token + i0, b->pos + i0, b->seq_id + i0,
                             out_idx + i0, e->hidden + (size_t)i0 * d, h_in + (size_t)i0 * d};
+#ifdef PXQ_CUDA
+        if (e->backend) {
+            forward_mtp_cuda(e, &ub);
+            continue;
+        }
+#endif
         mtp_input(e, &ub);
         decoder_layer_cpu(e, &ub, e->hp->n_layer);
         output_cpu(e, &ub, e->mtp_head_norm);

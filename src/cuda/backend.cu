@@ -437,9 +437,18 @@ static void upload_step(struct pxq_engine *e, cuda_backend *b, size_t *max_in, s
         CK(cudaEventCreate(&u->done[i]));
         CK(cudaEventRecord(u->done[i], b->st));
     }
-    b->L = (cuda_layer *)xcalloc((size_t)hp->n_layer, sizeof *b->L);
+    b->L = (cuda_layer *)xcalloc((size_t)e->n_lw, sizeof *b->L);
     *max_in = d, *max_mat = 0;
-    for (int il = 0; il < hp->n_layer; il++) upload_layer(e, b, u, il, max_in, max_mat);
+    for (int il = 0; il < e->n_lw; il++) upload_layer(e, b, u, il, max_in, max_mat); /* the MTP layers too (spec_mtp) */
+    if (e->p.spec_mtp) {
+        upload_weight(e, b, u, model_layer(e->m, hp->n_layer)->nextn_eh_proj, &b->mtp_fc);
+        b->mtp_norm[0] = upload_f32(b, e->mtp_enorm, d);
+        b->mtp_norm[1] = upload_f32(b, e->mtp_hnorm, d);
+        b->mtp_norm[2] = upload_f32(b, e->mtp_head_norm, d);
+        if ((size_t)b->mtp_fc.n_in > *max_in) *max_in = (size_t)b->mtp_fc.n_in;
+        const size_t ne = (size_t)b->mtp_fc.n_in * (size_t)b->mtp_fc.n_out;
+        if (ne > *max_mat) *max_mat = ne;
+    }
     if (model_output(e->m) != model_token_embd(e->m)) {
         /* untied: the embedding table is only gathered (a few rows per step), so it stays in mapped
          * pinned host memory and the kernels read its rows over PCIe (Qwen3.5-27B: 682 MiB of Q4_0

@@ -170,8 +170,11 @@ void cuda_host_free(void *p);
  * checkpoint slot (restore 0), or back (restore 1). The slots ([n_seq_max][rstate floats]) are
  * allocated outside the arena at the first checkpoint. Returns 0, or -1 if the device refuses them. */
 int cuda_seq_checkpoint(struct pxq_engine *e, int seq, int restore);
-/* forward_cpu's twin: runs ub on the device and writes the requested rows of e->logits. */
+/* forward_cpu's twin: runs ub on the device and writes the requested rows of e->logits (and with
+ * spec_mtp every row's final hidden state into ub->hidden). */
 void forward_cuda(struct pxq_engine *e, const struct ubatch *ub);
+/* The MTP head's step (mtp.c's twin): ub->hidden_in in, logits and ub->hidden out. */
+void forward_mtp_cuda(struct pxq_engine *e, const struct ubatch *ub);
 size_t cuda_backend_peak(const struct pxq_engine *e);
 const char *cuda_backend_device(const struct pxq_engine *e);
 const char *cuda_backend_path(const struct pxq_engine *e);

@@ -66,6 +66,8 @@ struct cuda_backend {
     cuda_weight embd, output;
     uint8_t *embd_host;     /* untied models: the embedding table in mapped pinned host memory */
     float *output_norm, *inv_freq;
+    cuda_weight mtp_fc;     /* spec_mtp: the MTP head's eh_proj [2 n_embd -> n_embd] */
+    float *mtp_norm[3];     /* spec_mtp: its enorm, hnorm, shared_head_norm (1 + w folded, as the CPU's) */
     cuda_kv kv;
     int32_t *in_d, *in_h;
     step_inputs di, hi;     /* the arrays in in_d and in in_h */

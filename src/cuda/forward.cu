@@ -434,12 +434,13 @@ static void run_layers(struct pxq_engine *e, cuda_backend *b, const step &s) {
     }
 }
 
-/* Final norm of output rows r0.. (gathered through b->di.rows), then lm_head into b->logits. */
-static void lm_head(struct pxq_engine *e, cuda_backend *b, const step &s, int r0, int rc) {
+/* Final norm (norm: the output norm, or the MTP head's) of output rows r0.. (gathered through
+ * b->di.rows), then lm_head into b->logits. */
+static void lm_head(struct pxq_engine *e, cuda_backend *b, const step &s, int r0, int rc, const float *norm) {
     const struct pxq_hparams *hp = e->hp;
     /* a prefill step's few output rows take the decode mat-vec too (int8 where it has a kernel) */
     const int q8 = s.q8 || (!b->exact && rc <= CUDA_DECODE_MAX && hp->n_embd % 32 == 0);
-    rmsnorm_q8_cuda(b->xb, q8 ? b->xq : NULL, b->xds, b->x, b->output_norm, hp->n_embd, rc, hp->rms_eps,
+    rmsnorm_q8_cuda(b->xb, q8 ? b->xq : NULL, b->xds, b->x, norm, hp->n_embd, rc, hp->rms_eps,
                     b->di.rows + r0, b->st);
     b->x16_src = NULL;
     matmul_cuda(b, b->logits, &b->output, b->xb, rc, q8, 0, first_weight(e, b, 0, s.n), /* layer 0: the next step's */
@@ -454,7 +455,7 @@ static cudaGraphExec_t graph_get(struct pxq_engine *e, cuda_backend *b, const st
     cudaGraph_t graph;
     CK(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal));
     run_layers(e, b, s);
-    if (s.n_out) lm_head(e, b, s, 0, s.n_out);
+    if (s.n_out) lm_head(e, b, s, 0, s.n_out, b->output_norm);
     CK(cudaStreamEndCapture(b->st, &graph));
     cudaGraphExec_t exec;
     CK(cudaGraphInstantiateWithFlags(&exec, graph, 0)); /* CUDA 11.4+ and 12+: one signature */
@@ -522,6 +523,14 @@ static size_t stage_inputs(struct pxq_engine *e, cuda_backend *b, const struct u
     return (size_t)(h.tab - b->in_h) * sizeof(int32_t) + (size_t)n_tab * b->max_blocks * sizeof(int32_t);
 }
 
+/* Every row's final hidden state, x normed by norm, into ub->hidden (the MTP head's input, spec_mtp).
+ * Queued after the logits' copy: xb is free then. */
+static void hidden_out(struct pxq_engine *e, cuda_backend *b, const struct ubatch *ub, int n, const float *norm) {
+    const int d = e->hp->n_embd;
+    rmsnorm_q8_cuda(b->xb, NULL, b->xds, b->x, norm, d, n, e->hp->rms_eps, NULL, b->st);
+    CK(cudaMemcpyAsync(ub->hidden, b->xb, (size_t)n * d * sizeof(float), cudaMemcpyDeviceToHost, b->st));
+}
+
 extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
     cuda_backend *b = B(e);
     step s = {};
@@ -551,7 +560,7 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
             snprintf(b->path, sizeof b->path, "cuda %s %s graph%s", mv, fmt, cuda_pdl ? " pdl" : "");
         } else {
             run_layers(e, b, s);
-            if (s.n_out) lm_head(e, b, s, 0, s.n_out);
+            if (s.n_out) lm_head(e, b, s, 0, s.n_out, b->output_norm);
             snprintf(b->path, sizeof b->path, "cuda %s %s%s", mv, fmt, cuda_pdl ? " pdl" : "");
         }
         cuda_pdl = 0;
@@ -566,7 +575,7 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
         run_layers(e, b, s);
         for (int r0 = 0; r0 < s.n_out; r0 += CUDA_LOGITS_ROWS) { /* lm_head in chunks of the logits buffer */
             const int rc = s.n_out - r0 < CUDA_LOGITS_ROWS ? s.n_out - r0 : CUDA_LOGITS_ROWS;
-            lm_head(e, b, s, r0, rc);
+            lm_head(e, b, s, r0, rc, b->output_norm);
             CK(cudaMemcpyAsync(e->logits + ((size_t)first + r0) * hp->n_vocab, b->logits, (size_t)rc * row_bytes,
                                cudaMemcpyDeviceToHost, b->st));
         }
@@ -575,6 +584,53 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
                  : b->moe_tiles_mma                      ? " experts q8-mma"
                                                          : " experts fp32");
     }
+    if (ub->hidden) hidden_out(e, b, ub, s.n, b->output_norm);
     CK(cudaGetLastError());
     CK(cudaStreamSynchronize(b->st));
+}
+
+/* MTP head (mtp.c's CPU steps): x = eh_proj([enorm(embd(token)) | hnorm(h)]), the MTP decoder layer,
+ * then logits of the requested rows and every row's m = shared_head_norm(x) (ub->hidden). Eager
+ * launches, float32 activations into the mat-vecs (no int8 step), as exact as the main layers. */
+extern "C" void forward_mtp_cuda(struct pxq_engine *e, const struct ubatch *ub) {
+    cuda_backend *b = B(e);
+    const struct pxq_hparams *hp = e->hp;
+    step s = {};
+    int first = -1, max_pos = 0;
+    const size_t in_bytes = stage_inputs(e, b, ub, &s, &first, &max_pos);
+    CK(cudaMemcpyAsync(b->in_d, b->in_h, in_bytes, cudaMemcpyHostToDevice, b->st));
+    const int n = s.n, d = hp->n_embd, gemm = n > CUDA_DECODE_MAX && !b->exact;
+    cudaStream_t st = b->st;
+    if (n <= CUDA_DECODE_MAX) decode_splits(b, hp, n, max_pos + 1, &s);
+    else s.n_split = 1, s.split_len = e->p.n_ctx;
+    s.q8 = 0;
+    float *cat = b->hb; /* [n][2 d]: hb holds [nb][2 ff] */
+    CK(cudaMemcpyAsync(b->xb2, ub->hidden_in, (size_t)n * d * sizeof(float), cudaMemcpyHostToDevice, st));
+    dequant_rows_cuda(b->x, 0, &b->embd, b->di.tok, 0, n, st);
+    rmsnorm_q8_cuda(b->xb, NULL, b->xds, b->x, b->mtp_norm[0], d, n, hp->rms_eps, NULL, st);
+    rmsnorm_q8_cuda(b->att, NULL, b->xds, b->xb2, b->mtp_norm[1], d, n, hp->rms_eps, NULL, st);
+    CK(cudaMemcpy2DAsync(cat, 2 * d * sizeof(float), b->xb, d * sizeof(float), d * sizeof(float), n,
+                         cudaMemcpyDeviceToDevice, st));
+    CK(cudaMemcpy2DAsync(cat + d, 2 * d * sizeof(float), b->att, d * sizeof(float), d * sizeof(float), n,
+                         cudaMemcpyDeviceToDevice, st));
+    b->x16_src = NULL;
+    matmul_cuda(b, b->x, &b->mtp_fc, cat, n, 0, 0);
+    const int il = hp->n_layer;
+    const cuda_layer *L = &b->L[il];
+    b->x16_src = NULL;
+    gemm_in_norm(b, L->v[CV_ATTN_NORM], d, n, hp->rms_eps, 0, gemm);
+    attention_layer(e, b, L, il, s);
+    gemm_in_norm(b, L->v[CV_FFN_NORM], d, n, hp->rms_eps, 0, gemm);
+    ffn_dense(e, b, L, il, s, gemm);
+    const size_t row_bytes = (size_t)hp->n_vocab * sizeof(float);
+    for (int r0 = 0; r0 < s.n_out; r0 += CUDA_LOGITS_ROWS) {
+        const int rc = s.n_out - r0 < CUDA_LOGITS_ROWS ? s.n_out - r0 : CUDA_LOGITS_ROWS;
+        lm_head(e, b, s, r0, rc, b->mtp_norm[2]);
+        CK(cudaMemcpyAsync(e->logits + ((size_t)first + r0) * hp->n_vocab, b->logits, (size_t)rc * row_bytes,
+                           cudaMemcpyDeviceToHost, st));
+    }
+    hidden_out(e, b, ub, n, b->mtp_norm[2]);
+    snprintf(b->path, sizeof b->path, "cuda mtp gemv %s", cuda_wfmt_name(b->mtp_fc.fmt));
+    CK(cudaGetLastError());
+    CK(cudaStreamSynchronize(st));
 }
