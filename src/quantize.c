@@ -199,10 +199,26 @@ static void qwen35_fixup(struct qjob *j, const struct pxq_layer *L, const struct
     if (t == L->ssm_conv1d) q->role = R_CONV;
 }
 
+/* The MTP head's own tensors on its first layer (llama.cpp's nextn names; model_qwen35.c binds them). */
+static void add_nextn(struct qjob *j, int il, const struct pxq_layer *L) {
+    const struct { const char *name; const struct pxq_tensor *t; int role; } nx[] = {
+        {"nextn.eh_proj.weight", L->nextn_eh_proj, R_WEIGHT},
+        {"nextn.enorm.weight", L->nextn_enorm, R_VEC},
+        {"nextn.hnorm.weight", L->nextn_hnorm, R_VEC},
+        {"nextn.shared_head_norm.weight", L->nextn_shared_head_norm, R_VEC},
+    };
+    for (size_t i = 0; i < sizeof nx / sizeof nx[0]; i++) {
+        char n[PXQ_NAME_MAX];
+        snprintf(n, sizeof n, "blk.%d.%s", il, nx[i].name);
+        struct qentry *q = add_one(j, n, nx[i].role, nx[i].t);
+        if (q && nx[i].role == R_VEC) q->add = j->hp->norm_w_offset; /* RMSNorm weights: 1 + w, as the layers' */
+    }
+}
+
 static int build_entries(struct qjob *j, char *err, size_t errlen) {
     const struct pxq_hparams *hp = j->hp;
     add_one(j, "token_embd.weight", hp->tie_embd ? R_OUTPUT : R_EMBD, model_token_embd(j->m));
-    for (int il = 0; il < hp->n_layer; il++) {
+    for (int il = 0; il < hp->n_layer + hp->n_mtp_layer; il++) { /* the MTP layers (Qwen3.5) follow the model's */
         const struct pxq_layer *L = model_layer(j->m, il);
         for (size_t f = 0; f < sizeof layer_fields / sizeof layer_fields[0]; f++) {
             const struct pxq_tensor *t = *(const struct pxq_tensor *const *)((const char *)L + layer_fields[f].off);
@@ -217,6 +233,7 @@ static int build_entries(struct qjob *j, char *err, size_t errlen) {
             if (hp->arch == ARCH_QWEN35) qwen35_fixup(j, L, t, q);
         }
         if (L->experts) add_experts(j, il, L);
+        if (il == hp->n_layer) add_nextn(j, il, L);
     }
     struct qentry *on = add_one(j, "output_norm.weight", R_VEC, model_output_norm(j->m));
     if (hp->arch == ARCH_QWEN35) on->add = hp->norm_w_offset;

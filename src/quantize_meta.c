@@ -33,7 +33,8 @@ static void put_hparams(struct gguf_writer *w, const struct pxq_hparams *hp) {
     const char *a = hp->arch_name;
     char k[128];
 #define KEY(suffix) (snprintf(k, sizeof k, "%s.%s", a, suffix), k)
-    gguf_w_u32(w, KEY("block_count"), (uint32_t)hp->n_layer);
+    gguf_w_u32(w, KEY("block_count"), (uint32_t)(hp->n_layer + hp->n_mtp_layer)); /* llama.cpp counts the MTP layers */
+    if (hp->n_mtp_layer) gguf_w_u32(w, KEY("nextn_predict_layers"), (uint32_t)hp->n_mtp_layer);
     gguf_w_u32(w, KEY("context_length"), (uint32_t)hp->n_ctx_train);
     gguf_w_u32(w, KEY("embedding_length"), (uint32_t)hp->n_embd);
     if (hp->n_ff) gguf_w_u32(w, KEY("feed_forward_length"), (uint32_t)hp->n_ff);
