@@ -167,7 +167,7 @@ void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *
         bf->ssm_ba = nb * 2 * nv;
         bf->ssm_count = (size_t)n_dn * CUDA_DECODE_MAX * hp->ssm_n_k_head;
         bf->rstate = (size_t)n_dn * ((size_t)(hp->ssm_conv_kernel - 1) * conv_dim + nv * hp->ssm_head_k_dim * hp->ssm_head_v_dim);
-        bf->state = bf->rstate * (size_t)p->n_seq_max;
+        bf->state = bf->rstate * (size_t)p->n_seq_max * (p->spec_checkpoint ? 2 : 1); /* + the checkpoint slots */
     }
     const size_t max_blocks = (size_t)kv_blocks_for(p->n_ctx, p->kv_block_size);
     const size_t n_tab = nb < (size_t)p->n_seq_max ? nb : (size_t)p->n_seq_max;

@@ -36,6 +36,9 @@ struct pxq_engine_params {
     int spec_mtp;       /* speculative decoding with Qwen3.5's MTP head (spec.h): the engine keeps the MTP layer's
                            KV as one more cache layer and the final hidden state of every token (pxq_hidden),
                            and pxq_mtp_decode runs the head. Refused for a model without MTP weights. */
+    int spec_checkpoint;/* speculative decoding will checkpoint sequences (pxq_seq_checkpoint): the CUDA arena
+                           holds a copy slot of the recurrent state per sequence (0: allocated outside it at the
+                           first checkpoint) */
     int prefix_caching; /* automatic prefix caching (kvcache.h): reuse cached full blocks of earlier sequences
                            (default 0; only for f16 caches of models whose layers are all attention) */
     enum pxq_device device;

@@ -127,6 +127,7 @@ static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const s
     ep.n_seq_max = p->n_seq;
     ep.n_batch = p->n_batch;
     ep.kv_block_size = p->kv_block_size;
+    ep.spec_checkpoint = p->spec;
     size_t max_in, max_mat, state;
     cuda_widths_of(hp, &max_in, &max_mat);
     const int64_t positions = kv_blocks_for(n_ctx, p->kv_block_size) * p->kv_block_size * p->n_seq;
@@ -242,9 +243,10 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
     fprintf(f, "\n");
     if (mp->n_layer_ssm) {
         size_t conv_dim = 2 * (size_t)hp->ssm_n_k_head * hp->ssm_head_k_dim + (size_t)hp->ssm_n_v_head * hp->ssm_head_v_dim;
-        fprintf(f, "  %-18s %12s  %s/seq x %d seq = %d DeltaNet layers x ((%d-1) x %zu conv + %d x %d x %d state) x 4 B\n",
+        fprintf(f, "  %-18s %12s  %s/seq x %d seq%s = %d DeltaNet layers x ((%d-1) x %zu conv + %d x %d x %d state) x 4 B\n",
                 "recurrent state", hsize(a, sizeof a, (double)mp->state_bytes), hsize(b, sizeof b, (double)mp->state_bytes_per_seq),
-                p->n_seq, mp->n_layer_ssm, hp->ssm_conv_kernel, conv_dim, hp->ssm_n_v_head, hp->ssm_head_k_dim, hp->ssm_head_v_dim);
+                p->n_seq, p->spec ? " x 2 (speculation's checkpoint)" : "", mp->n_layer_ssm, hp->ssm_conv_kernel, conv_dim,
+                hp->ssm_n_v_head, hp->ssm_head_k_dim, hp->ssm_head_v_dim);
     } else {
         fprintf(f, "  %-18s %12s  (no DeltaNet layers)\n", "recurrent state", "0 B");
     }

@@ -51,6 +51,7 @@ struct memplan_params {
     size_t budget;          /* --gpu-mem in bytes; 0: no budget (fits is 1, max_ctx 0) */
     size_t workspace;       /* bytes */
     size_t cuda_context;    /* bytes, an estimate */
+    int spec;               /* speculative decoding: a checkpoint copy of each sequence's recurrent state */
 };
 
 struct memplan {

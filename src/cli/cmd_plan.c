@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "args.h"
+#include "spec.h"
 #include "engine.h"
 #include "load_opts.h"
 #include "memplan.h"
@@ -29,7 +30,8 @@ static const char *usage =
     "  --kv-window W           quantized caches: last W positions kept exact (default 128)\n"
     "  --kv-block-size N       positions per KV block (default 16)\n"
     "  --workspace SIZE        cuBLAS workspace (default 32MiB)\n"
-    "  --cuda-context SIZE     CUDA context estimate (default 500MiB)\n";
+    "  --cuda-context SIZE     CUDA context estimate (default 500MiB)\n"
+    "  --spec D                speculative decoding (ngram, draft, mtp): count the recurrent state's checkpoint\n";
 
 
 int cmd_plan(int argc, char **argv) {
@@ -59,6 +61,11 @@ int cmd_plan(int argc, char **argv) {
         else if (!strcmp(f, "--kv-block-size")) p.kv_block_size = (int)arg_int(&a, 1, 1 << 16);
         else if (!strcmp(f, "--workspace")) p.workspace = arg_size(&a, 0);
         else if (!strcmp(f, "--cuda-context")) p.cuda_context = arg_size(&a, 0);
+        else if (!strcmp(f, "--spec")) { /* counts the checkpoint of speculation's rollback (docs/SPEC.md) */
+            const char *v = arg_str(&a);
+            if (spec_kind_parse(v) < 0) fail(&a, 2, "--spec: unknown drafter '%s'; the drafters are ngram, draft, mtp", v);
+            p.spec = 1;
+        }
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             printf("%s", usage);
             load_opts_help(24);

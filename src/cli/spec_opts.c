@@ -50,9 +50,10 @@ void spec_opts_setup(const struct args *a, const struct spec_opts *o, struct pxq
     char err[512];
     if (spec_check(sp, model_hparams(m), *dm ? model_hparams(*dm) : NULL, err, sizeof err)) fail(a, 2, "%s", err);
     if (o->kind == SPEC_MTP) ep->spec_mtp = 1;
+    ep->spec_checkpoint = 1;
     if (*dm) {
         struct pxq_engine_params dp = *ep; /* the target's device, context and sequences */
-        dp.spec_mtp = 0, dp.prefix_caching = 0, dp.kv_v8 = NULL, dp.kv_levels = NULL;
+        dp.spec_mtp = 0, dp.prefix_caching = 0, dp.kv_v8 = NULL, dp.kv_levels = NULL; /* its checkpoints too */
         if (!(*de = pxq_engine_new(*dm, &dp, err, sizeof err))) fail(a, 1, "draft model: %s", err);
         sp->draft = *de;
     }

@@ -550,6 +550,7 @@ static void buffers_step(struct pxq_engine *e, cuda_backend *b, size_t max_in, s
     if (bf.state) {
         b->rstate = arena_f32(b, bf.state);
         b->rstate_floats = bf.rstate;
+        if (e->p.spec_checkpoint) b->rstate_ck = b->rstate + bf.rstate * (size_t)e->p.n_seq_max; /* in the arena */
     }
     b->x = arena_f32(b, bf.x);
     b->xb = arena_f32(b, bf.xb);
@@ -654,7 +655,7 @@ extern "C" void cuda_backend_free(struct pxq_engine *e) {
     cudaStreamDestroy(b->st_deq);
     cudaStreamDestroy(b->st);
     cudaFree(b->arena);
-    if (b->rstate_ck) cudaFree(b->rstate_ck);
+    if (b->rstate_ck && !e->p.spec_checkpoint) cudaFree(b->rstate_ck); /* allocated at the first checkpoint */
     if (b->embd_host) cudaFreeHost(b->embd_host);
     cudaFreeHost(b->in_h);
     free(b->seq_map);

@@ -78,7 +78,8 @@ struct cuda_backend {
     float *ssm_qkv, *ssm_conv, *ssm_z, *ssm_ba, *ssm_o; /* DeltaNet activations (forward_qwen35.c's) */
     int *ssm_count; /* deltanet_decode_cuda's counts, [DeltaNet layer][CUDA_DECODE_MAX][nk] */
     float *rstate;          /* [n_seq_max][rstate_floats] DeltaNet conv + delta-rule state */
-    float *rstate_ck;       /* the same, pxq_seq_checkpoint's copies (cudaMalloc'd at the first), or NULL */
+    float *rstate_ck;       /* the same, pxq_seq_checkpoint's copies: in the arena (params.spec_checkpoint), else
+                             * cudaMalloc'd at the first checkpoint, or NULL */
     float *moe_logits, *moe_w, *moe_hb, *moe_y; /* MoE: router [nb][n_expert], weights [nb][k], per pair gate|up
                                                  * [nb*k][2 ff_exp] then silu(gate)*up [nb*k][ff_exp], down [nb*k][n_embd] */
     int32_t *moe_ids;       /* MoE: the chosen experts [nb][k] */
