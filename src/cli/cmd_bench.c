@@ -361,6 +361,7 @@ int cmd_bench(int argc, char **argv) {
     ep.n_seq_max = max_b;
     ep.n_ctx = max_ctx;
     ep.kv_blocks = kv_blocks; /* the pool of the largest (batch, depth) combination */
+    ep.spec_checkpoint = o.nv > 0; /* the verify passes checkpoint: their slots in the arena */
     struct pxq_engine *e = pxq_engine_new(m, &ep, err, sizeof err);
     if (!e) fail(&a, 1, "%s", err);
 
