@@ -252,6 +252,7 @@ int pxq_seq_new(struct pxq_engine *e) {
             e->seqs[s].n_pos = 0;
             e->seqs[s].n_mtp = 0;
             e->seqs[s].ck_valid = 0;
+            e->seqs[s].ck_at = -1;
             return s;
         }
     return -1;
@@ -291,9 +292,18 @@ int pxq_seq_truncate(struct pxq_engine *e, int seq, int n_pos) {
     return 0;
 }
 
+int pxq_seq_checkpoint_at(struct pxq_engine *e, int seq, int pos) {
+    if (seq < 0 || seq >= e->p.n_seq_max || !e->seqs[seq].in_use || pos < e->seqs[seq].n_pos) return -1;
+    if (pos == e->seqs[seq].n_pos) return pxq_seq_checkpoint(e, seq);
+    e->seqs[seq].ck_at = pos; /* pxq_decode takes it when the sequence reaches pos */
+    e->seqs[seq].ck_valid = 0;
+    return 0;
+}
+
 int pxq_seq_checkpoint(struct pxq_engine *e, int seq) {
     if (seq < 0 || seq >= e->p.n_seq_max || !e->seqs[seq].in_use) return -1;
     struct pxq_seq *s = &e->seqs[seq];
+    s->ck_at = -1;
     s->ck_pos = s->n_pos;
     s->ck_live = s->rstate_live;
     s->ck_valid = 1;
@@ -404,6 +414,58 @@ int *engine_outputs(struct pxq_engine *e, const struct pxq_batch *b) {
     return out_idx;
 }
 
+/* Forward over the batch's tokens idx[0..m) (batch order, each sequence's in position order), in
+ * ubatches of n_batch; hidden states (spec_mtp) go to their batch rows of e->hidden. */
+static void run_tokens(struct pxq_engine *e, const struct pxq_batch *b, const int *out_idx, const int *idx, int m) {
+    const size_t d = (size_t)e->hp->n_embd;
+    int contiguous = 1;
+    for (int i = 0; i < m; i++) contiguous &= idx[i] == idx[0] + i;
+    int32_t *tok = NULL, *pos = NULL, *sid = NULL;
+    int *oi = NULL;
+    float *hid = NULL;
+    if (!contiguous) { /* gathered, and the hidden rows scattered back after */
+        tok = xmalloc((size_t)m * 3 * sizeof *tok), pos = tok + m, sid = pos + m;
+        oi = xmalloc((size_t)m * sizeof *oi);
+        for (int i = 0; i < m; i++) tok[i] = b->token[idx[i]], pos[i] = b->pos[idx[i]], sid[i] = b->seq_id[idx[i]], oi[i] = out_idx[idx[i]];
+        if (e->p.spec_mtp) hid = xmalloc((size_t)m * d * sizeof *hid);
+    }
+    for (int i0 = 0; i0 < m; i0 += e->p.n_batch) {
+        const int k = idx[0];
+        struct ubatch ub = {m - i0 < e->p.n_batch ? m - i0 : e->p.n_batch,
+                            contiguous ? b->token + k + i0 : tok + i0, contiguous ? b->pos + k + i0 : pos + i0,
+                            contiguous ? b->seq_id + k + i0 : sid + i0, contiguous ? out_idx + k + i0 : oi + i0,
+                            !e->p.spec_mtp ? NULL : contiguous ? e->hidden + (size_t)(k + i0) * d : hid + (size_t)i0 * d, NULL};
+#ifdef PXQ_CUDA
+        if (e->backend) forward_cuda(e, &ub);
+        else
+#endif
+            forward_cpu(e, &ub);
+        for (int i = 0; i < ub.n; i++) e->seqs[ub.seq_id[i]].n_pos++;
+    }
+    if (hid)
+        for (int i = 0; i < m; i++) memcpy(e->hidden + (size_t)idx[i] * d, hid + (size_t)i * d, d * sizeof *hid);
+    free(tok), free(oi), free(hid);
+}
+
+/* A batch with checkpoints due inside it: first the tokens before each due checkpoint, then the
+ * checkpoints, then the rest (two forward passes; the logits rows are all in the second). */
+static void decode_split(struct pxq_engine *e, const struct pxq_batch *b, const int *out_idx) {
+    const int n = b->n_tokens;
+    int *idx = xmalloc((size_t)n * sizeof *idx), m1 = 0, m2 = 0;
+    char *first = xcalloc((size_t)n, 1);
+    for (int i = 0; i < n; i++) {
+        const struct pxq_seq *sq = &e->seqs[b->seq_id[i]];
+        if (sq->ck_at > sq->n_pos && b->pos[i] < sq->ck_at) idx[m1++] = i, first[i] = 1;
+    }
+    run_tokens(e, b, out_idx, idx, m1);
+    for (int s = 0; s < e->p.n_seq_max; s++)
+        if (e->seqs[s].in_use && e->seqs[s].ck_at >= 0 && e->seqs[s].ck_at == e->seqs[s].n_pos) pxq_seq_checkpoint(e, s);
+    for (int i = 0; i < n; i++)
+        if (!first[i]) idx[m1 + m2++] = i;
+    run_tokens(e, b, out_idx, idx + m1, m2);
+    free(idx), free(first);
+}
+
 int pxq_decode(struct pxq_engine *e, const struct pxq_batch *b, char *err, size_t errlen) {
     const int n = b->n_tokens;
     if (n <= 0 || !b->token || !b->pos || !b->seq_id) return set_err(err, errlen, "empty batch");
@@ -431,6 +493,22 @@ int pxq_decode(struct pxq_engine *e, const struct pxq_batch *b, char *err, size_
         }
         added[s]++;
     }
+    int split = 0; /* a checkpoint due inside the batch (pxq_seq_checkpoint_at) */
+    for (int i = 0; i < n; i++) {
+        const struct pxq_seq *sq = &e->seqs[b->seq_id[i]];
+        if (sq->ck_at > sq->n_pos && b->pos[i] < sq->ck_at) {
+            split = 1;
+            if (b->logits && b->logits[i]) {
+                set_err(err, errlen, "token %d: logits asked before sequence %d's checkpoint at %d", i, b->seq_id[i], sq->ck_at);
+                goto out;
+            }
+        }
+    }
+    for (int s = 0; s < e->p.n_seq_max; s++)
+        if (e->seqs[s].in_use && e->seqs[s].ck_at > e->seqs[s].n_pos + added[s]) {
+            set_err(err, errlen, "sequence %d: its checkpoint at %d is past the batch's last position", s, e->seqs[s].ck_at);
+            goto out;
+        }
     int need = 0;
     for (int s = 0; s < e->p.n_seq_max; s++)
         if (added[s]) need += kv_seq_blocks_needed(&e->kv, &e->seqs[s].kv, e->seqs[s].n_pos + added[s]);
@@ -441,15 +519,13 @@ int pxq_decode(struct pxq_engine *e, const struct pxq_batch *b, char *err, size_
     for (int s = 0; s < e->p.n_seq_max; s++)
         if (added[s] && kv_seq_reserve(&e->kv, &e->seqs[s].kv, e->seqs[s].n_pos + added[s]) != 0) die("KV reserve after check");
     int *out_idx = engine_outputs(e, b);
-    for (int i0 = 0; i0 < n; i0 += e->p.n_batch) {
-        struct ubatch ub = {n - i0 < e->p.n_batch ? n - i0 : e->p.n_batch, b->token + i0, b->pos + i0, b->seq_id + i0,
-                            out_idx + i0, e->p.spec_mtp ? e->hidden + (size_t)i0 * e->hp->n_embd : NULL, NULL};
-#ifdef PXQ_CUDA
-        if (e->backend) forward_cuda(e, &ub);
-        else
-#endif
-            forward_cpu(e, &ub);
-        for (int i = 0; i < ub.n; i++) e->seqs[ub.seq_id[i]].n_pos++;
+    if (split) {
+        decode_split(e, b, out_idx);
+    } else {
+        int *all = xmalloc((size_t)n * sizeof *all);
+        for (int i = 0; i < n; i++) all[i] = i;
+        run_tokens(e, b, out_idx, all, n);
+        free(all);
     }
     free(out_idx);
     rc = 0;

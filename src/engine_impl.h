@@ -15,6 +15,7 @@ struct pxq_seq {
     int rstate_live;        /* the backend holds a state for this sequence (it starts at zero when 0) */
     /* pxq_seq_checkpoint: position, whether a state existed then, and its copy (CPU; CUDA keeps it on the device) */
     int ck_pos, ck_valid, ck_live;
+    int ck_at;              /* pxq_seq_checkpoint_at: a checkpoint due when the sequence reaches ck_at (-1: none) */
     float *ck_state;
     int n_mtp;              /* MTP rows in the cache (positions 0..n_mtp-1 of the MTP layer) */
 };

@@ -1,6 +1,7 @@
 /* spec.c - see spec.h. */
 #include "spec.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "util.h"
@@ -214,8 +215,11 @@ int spec_propose(struct spec_seq *ss, const int32_t *hist, int n_hist, int max_d
     }
 }
 
-int spec_rows(const struct spec_seq *ss, const int32_t *hist, int n_hist, const int32_t *drafts, int n_drafts,
+int spec_rows(struct spec_seq *ss, const int32_t *hist, int n_hist, const int32_t *drafts, int n_drafts,
               int32_t *tok, int32_t *pos, int32_t *sid, int8_t *want_logits) {
+    /* the state before the last accepted token: what a rejection returns to (the tokens before it that
+     * a rollback left out of the cache are evaluated first, then the checkpoint) */
+    if (n_drafts && pxq_seq_checkpoint_at(ss->e, ss->seq, n_hist - 1) != 0) return -1;
     int n = 0;
     for (int p = ss->n_cache; p < n_hist; p++, n++) tok[n] = hist[p], pos[n] = p, sid[n] = ss->seq, want_logits[n] = p == n_hist - 1;
     for (int i = 0; i < n_drafts; i++, n++) tok[n] = drafts[i], pos[n] = n_hist + i, sid[n] = ss->seq, want_logits[n] = 1;
@@ -270,7 +274,7 @@ int spec_step(struct spec_seq *ss, struct sampler *smp, const int32_t *hist, int
     const int n = spec_rows(ss, hist, n_hist, drafts, nd, tok, pos, sid, want);
     struct pxq_batch b = {n, tok, pos, sid, want};
     int rc = -1;
-    if (nd && pxq_seq_checkpoint(ss->e, ss->seq) != 0) {
+    if (n < 0) {
         set_err(err, errlen, "speculation: no checkpoint of the recurrent state");
         goto out;
     }

@@ -85,14 +85,16 @@ int spec_step(struct spec_seq *ss, struct sampler *smp, const int32_t *hist, int
 /* The step in its three phases, for a caller that evaluates several sequences in one batch (the
  * server): spec_propose fills drafts (returns their count, <= max_drafts); spec_rows writes the
  * step's batch rows at tok/pos/sid/want_logits (returns their count, at most the not-yet-cached
- * tokens + the drafts); after pxq_decode, spec_verify takes the logits of the rows that asked
+ * tokens + the drafts, or -1) and with drafts sets the sequence's checkpoint at the last accepted
+ * token (pxq_seq_checkpoint_at: a rollback returns there, so at most k + 1 tokens are evaluated
+ * again); after pxq_decode, spec_verify takes the logits of the rows that asked
  * (rows[0..n_drafts]) and the hidden states of the step's rows (pxq_hidden, the first of them
  * h_first, NULL unless MTP), writes the accepted tokens and rolls the caches back; returns their
  * count or -1. Verify every sequence of a batch before the next spec_propose (the MTP drafter's
  * proposals run the engine, replacing its logits). */
 int spec_propose(struct spec_seq *ss, const int32_t *hist, int n_hist, int max_drafts, int32_t *drafts, char *err,
                  size_t errlen);
-int spec_rows(const struct spec_seq *ss, const int32_t *hist, int n_hist, const int32_t *drafts, int n_drafts,
+int spec_rows(struct spec_seq *ss, const int32_t *hist, int n_hist, const int32_t *drafts, int n_drafts,
               int32_t *tok, int32_t *pos, int32_t *sid, int8_t *want_logits);
 int spec_verify(struct spec_seq *ss, struct sampler *smp, const int32_t *hist, int n_hist, const int32_t *drafts,
                 int n_drafts, const float *const *rows, const float *h_first, int max_new, int32_t *out, char *err,

@@ -12,6 +12,9 @@
  *        tok/s = b*K*passes / t; a table below gives each pass's time, its ratio to verify1's, and with
  *        --spec-acceptance A the projected decode tok/s = b * (1 - A^K) / (1 - A) / pass time (the
  *        expected tokens per pass for drafts accepted independently with probability A).
+ *   tgN with --spec D: speculative decoding: each of the b sequences is prefilled with max(d, 1) random
+ *        tokens (not timed), then generates N tokens greedily (argmax, on the host) with the drafter,
+ *        all b verified in one batch per step. tok/s = b*N / t; the row's acceptance follows it.
  * Each test runs once untimed (warm-up, unless --no-warmup), then -r times; mean and sample sd.
  *
  * Figures (formulas also printed in the header):
@@ -40,6 +43,7 @@
 #include "quant.h"
 #include "roofline.h"
 #include "spec.h"
+#include "spec_opts.h"
 #include "util.h"
 
 #define MAX_LIST 16
@@ -59,6 +63,7 @@ static const char *usage =
     "  --gpu-mem SIZE         CUDA arena, e.g. 16GiB\n"
     "  --spec-verify LIST     speculative verification passes of K tokens per sequence, e.g. 1,2,3,4\n"
     "  --spec-acceptance A    project decode tok/s from the verify passes at draft acceptance A (0..1)\n"
+    "  --spec D, --spec-k K   tg rows decode greedily with speculation (ngram, draft --model-draft M, mtp)\n"
     "  --no-warmup            skip the untimed run before each test\n"
     "  --json                 JSON array of rows instead of markdown\n";
 
@@ -68,6 +73,8 @@ struct opts {
     int p[MAX_LIST], np, n[MAX_LIST], nn, b[MAX_LIST], nb, d[MAX_LIST], nd;
     int reps, warmup, json;
     int v[MAX_LIST], nv;   /* --spec-verify: tokens per pass */
+    struct spec_opts so;   /* --spec: tg rows with speculative decoding */
+    struct spec_params sp;
     double accept;         /* --spec-acceptance, or -1 */
     struct pxq_engine_params ep;
 };
@@ -200,6 +207,83 @@ static int feed(struct pxq_engine *e, struct batchbuf *bb, const int *seqs, int 
     return pxq_decode(e, &batch, err, errlen);
 }
 
+/* A tg row with speculative decoding (the header's protocol): b sequences prefilled with max(depth, 1)
+ * random tokens, then len greedy tokens each, verified together one batch per step. Seconds of the
+ * decoding, or -1; the counters add into st. */
+static double spec_tg(struct pxq_engine *e, const struct spec_params *sp, int b, int len, int depth, struct spec_stats *st,
+                      char *err, size_t errlen) {
+    const int nv = model_hparams(pxq_engine_model(e))->n_vocab, n0 = depth > 0 ? depth : 1, cap = n0 + len + 1;
+    struct spec_seq **ss = xcalloc((size_t)b, sizeof *ss);
+    int32_t *hist = xmalloc((size_t)b * cap * sizeof *hist), *nh = xcalloc((size_t)b, sizeof *nh);
+    int32_t *drafts = xmalloc((size_t)b * SPEC_K_MAX * sizeof *drafts), *nd = xmalloc((size_t)b * sizeof *nd);
+    int *row0 = xmalloc((size_t)b * sizeof *row0), *rstart = xmalloc((size_t)b * sizeof *rstart);
+    int *seqid = xmalloc((size_t)b * sizeof *seqid), rows_cap = b * (SPEC_K_MAX + 2) + 16;
+    for (int s = 0; s < b; s++) seqid[s] = -1;
+    int32_t *tok = xmalloc((size_t)rows_cap * 3 * sizeof *tok), *pos = tok + rows_cap, *sid = pos + rows_cap;
+    int8_t *lg = xmalloc((size_t)rows_cap);
+    struct sampler_params spp = sampler_default_params();
+    struct sampler *smp = sampler_new(&spp, nv, err, errlen);
+    double t = -1;
+    for (int s = 0; s < b; s++) {
+        if ((seqid[s] = pxq_seq_new(e)) < 0) {
+            set_err(err, errlen, "no free sequence");
+            goto out;
+        }
+        if (!(ss[s] = spec_seq_new(sp, e, seqid[s], err, errlen))) goto out;
+        int32_t *h = hist + (size_t)s * cap;
+        for (int i = 0; i < n0; i++) h[i] = rand_tok(nv);
+        if (spec_prefill(ss[s], h, n0, err, errlen)) goto out;
+        h[n0] = argmax_f32(pxq_logits(e, 0), nv);
+        nh[s] = n0 + 1;
+    }
+    double t0 = now_sec();
+    for (;;) {
+        int n = 0, n_out = 0, live = 0;
+        for (int s = 0; s < b; s++) {
+            const int left = n0 + len - nh[s];
+            nd[s] = -1;
+            if (left <= 0) continue;
+            live = 1;
+            int32_t *h = hist + (size_t)s * cap, *d = drafts + (size_t)s * SPEC_K_MAX;
+            if ((nd[s] = spec_propose(ss[s], h, nh[s], left - 1, d, err, errlen)) < 0) goto out;
+            const int r = spec_rows(ss[s], h, nh[s], d, nd[s], tok + n, pos + n, sid + n, lg + n);
+            if (r < 0) {
+                set_err(err, errlen, "no checkpoint");
+                goto out;
+            }
+            row0[s] = n_out, rstart[s] = n;
+            for (int i = 0; i < r; i++) n_out += lg[n + i];
+            n += r;
+        }
+        if (!live) break;
+        struct pxq_batch bt = {n, tok, pos, sid, lg};
+        if (pxq_decode(e, &bt, err, errlen) != 0) goto out;
+        for (int s = 0; s < b; s++) {
+            if (nd[s] < 0) continue;
+            const float *rows[SPEC_K_MAX + 1];
+            for (int i = 0; i <= nd[s]; i++) rows[i] = pxq_logits(e, row0[s] + i);
+            int32_t *h = hist + (size_t)s * cap;
+            int k = spec_verify(ss[s], smp, h, nh[s], drafts + (size_t)s * SPEC_K_MAX, nd[s], rows,
+                                sp->kind == SPEC_MTP ? pxq_hidden(e, rstart[s]) : NULL, n0 + len - nh[s], h + nh[s], err, errlen);
+            if (k < 0) goto out;
+            nh[s] += k;
+        }
+    }
+    t = now_sec() - t0;
+out:
+    for (int s = 0; s < b; s++)
+        if (ss[s]) {
+            const struct spec_stats *x = spec_seq_stats(ss[s]);
+            st->passes += x->passes, st->drafted += x->drafted, st->accepted += x->accepted;
+            spec_seq_free(ss[s]);
+        }
+    for (int s = 0; s < b; s++)
+        if (seqid[s] >= 0) pxq_seq_free(e, seqid[s]);
+    sampler_free(smp);
+    free(ss), free(hist), free(nh), free(drafts), free(nd), free(row0), free(rstart), free(seqid), free(tok), free(lg);
+    return t;
+}
+
 /* One repetition; returns seconds of the timed part, or -1. */
 static double run_once(struct pxq_engine *e, struct batchbuf *bb, const char *kind, int b, int len, int depth, char *err, size_t errlen) {
     int seqs[1024];
@@ -294,6 +378,7 @@ int cmd_bench(int argc, char **argv) {
     o.ep = pxq_engine_default_params();
     o.p[0] = 512, o.np = 1, o.n[0] = 128, o.nn = 1, o.b[0] = 1, o.nb = 1, o.d[0] = 0, o.nd = 1;
     o.reps = 5, o.warmup = 1, o.accept = -1;
+    spec_opts_init(&o.so);
     for (a.i = 1; a.i < argc; a.i++) {
         const char *f = argv[a.i];
         if (load_opts_parse(&a, &o.lo)) continue;
@@ -306,6 +391,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) o.ep.n_threads = (int)arg_int(&a, 1, 1024);
         else if (!strcmp(f, "-ub") || !strcmp(f, "--ubatch-size")) o.ep.n_batch = (int)arg_int(&a, 1, 1 << 16);
         else if (device_parse(&a, &o.ep)) continue;
+        else if (spec_opts_parse(&a, &o.so)) continue;
         else if (!strcmp(f, "--spec-verify")) o.nv = parse_list(&a, o.v, 1, SPEC_K_MAX + 1);
         else if (!strcmp(f, "--spec-acceptance")) o.accept = arg_num(&a, 0, 0.999);
         else if (!strcmp(f, "--no-warmup")) o.warmup = 0;
@@ -341,6 +427,8 @@ int cmd_bench(int argc, char **argv) {
     if (dev == PXQ_DEVICE_CPU) reset_peak_rss();
     double t_load = now_sec();
     struct pxq_model *m = load_opts_open(&a, &o.lo, o.model, o.ep.n_threads);
+    struct pxq_model *dm = NULL;
+    struct pxq_engine *de = NULL;
     t_load = now_sec() - t_load;
     const struct pxq_hparams *hp = model_hparams(m);
     int max_b = 0, max_len = 0, kv_blocks = 0, max_ctx = 0;
@@ -351,7 +439,7 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < o.nb; i++) {
         max_b = o.b[i] > max_b ? o.b[i] : max_b;
         for (int j = 0; j < o.nd; j++) {
-            int ctx = o.d[j] + max_len + 1;
+            int ctx = (o.d[j] > 0 ? o.d[j] : 1) + max_len + 1 + (o.so.kind ? SPEC_K_MAX + 1 : 0); /* spec: drafts past N */
             int need = o.b[i] * (int)kv_blocks_for(ctx, bs);
             kv_blocks = need > kv_blocks ? need : kv_blocks;
             max_ctx = ctx > max_ctx ? ctx : max_ctx;
@@ -362,6 +450,7 @@ int cmd_bench(int argc, char **argv) {
     ep.n_ctx = max_ctx;
     ep.kv_blocks = kv_blocks; /* the pool of the largest (batch, depth) combination */
     ep.spec_checkpoint = o.nv > 0; /* the verify passes checkpoint: their slots in the arena */
+    spec_opts_setup(&a, &o.so, m, &ep, &o.sp, &dm, &de); /* --spec: the flags checked, the draft model opened */
     struct pxq_engine *e = pxq_engine_new(m, &ep, err, sizeof err);
     if (!e) fail(&a, 1, "%s", err);
 
@@ -408,14 +497,18 @@ int cmd_bench(int argc, char **argv) {
                     struct result r = {kinds[kind], o.b[ib], lens[il], o.d[id], {0}, 0, 0, 0, 0, 0, 0};
                     const int steps = kind == 2 ? VERIFY_PASSES : 1; /* verify: the passes per repetition */
                     if (r.len == 0) continue;
-                    if (o.warmup && run_once(e, &bb, r.kind, r.b, r.len, r.depth, err, sizeof err) < 0) {
+                    const int spec_row = kind == 1 && o.sp.kind != SPEC_NONE; /* tg with --spec */
+                    struct spec_stats sst = {0, 0, 0}, warm_st = {0, 0, 0};
+                    if (o.warmup && (spec_row ? spec_tg(e, &o.sp, r.b, r.len, r.depth, &warm_st, err, sizeof err)
+                                              : run_once(e, &bb, r.kind, r.b, r.len, r.depth, err, sizeof err)) < 0) {
                         fprintf(stderr, "pxq bench: %s%d b=%d d=%d: %s\n", r.kind, r.len, r.b, r.depth, err);
                         rc = 1;
                         continue;
                     }
                     int ok = 1;
                     for (int rep = 0; rep < o.reps && ok; rep++) {
-                        double t = run_once(e, &bb, r.kind, r.b, r.len, r.depth, err, sizeof err);
+                        double t = spec_row ? spec_tg(e, &o.sp, r.b, r.len, r.depth, &sst, err, sizeof err)
+                                            : run_once(e, &bb, r.kind, r.b, r.len, r.depth, err, sizeof err);
                         if (t < 0) ok = 0;
                         else r.ts[r.n_ts++] = (double)r.b * r.len * steps / (t > 0 ? t : 1e-9);
                     }
@@ -458,8 +551,12 @@ int cmd_bench(int argc, char **argv) {
                                      ? "f32 dots"
                                      : "int8 activations x quantized weights, f32 dots for float weights",
                                  pxq_engine_params(e)->n_threads);
-                    char test[64], kvdesc[96]; /* the KV cache type and the attention mode of the row */
+                    char test[128], kvdesc[96]; /* the KV cache type and the attention mode of the row */
                     snprintf(test, sizeof test, "%s%d", r.kind, r.len);
+                    if (spec_row) /* the acceptance of the timed repetitions */
+                        snprintf(test, sizeof test, "%s%d spec %s k%d: acceptance %.3f, %.2f tokens/pass", r.kind, r.len,
+                                 spec_kind_name(o.sp.kind), o.sp.k, sst.drafted ? (double)sst.accepted / sst.drafted : 0.0,
+                                 sst.passes ? (double)(sst.accepted + sst.passes) / sst.passes : 0.0);
                     const struct pxq_engine_params *pp = pxq_engine_params(e);
                     int kl = snprintf(kvdesc, sizeof kvdesc, "%s", kv_cache_type_name((enum kv_cache_type)pp->kv_type));
                     if (pp->attn_window)
@@ -484,8 +581,12 @@ int cmd_bench(int argc, char **argv) {
                         printf(", \"roofline\": %.6f, \"roofline_metric\": \"%s\", \"roofline_pct\": %.3f, \"roofline_method\": ",
                                kind ? rl.copy_gbs : rl.gemm_tflops, kind ? "copy GB/s" : "GEMM TFLOP/s", r.pct);
                         json_str(stdout, kind ? rl.copy_method : rl.gemm_method);
-                        printf(", \"weight_bytes\": %zu, \"peak_mem_bytes\": %zu, \"peak_mem_kind\": \"%s\"}", mp.weight_bytes, r.peak,
+                        printf(", \"weight_bytes\": %zu, \"peak_mem_bytes\": %zu, \"peak_mem_kind\": \"%s\"", mp.weight_bytes, r.peak,
                                dev == PXQ_DEVICE_CUDA ? "device arena" : "host RSS");
+                        if (spec_row)
+                            printf(", \"spec\": {\"drafter\": \"%s\", \"k\": %d, \"passes\": %ld, \"drafted\": %ld, \"accepted\": %ld}",
+                                   spec_kind_name(o.sp.kind), o.sp.k, sst.passes, sst.drafted, sst.accepted);
+                        printf("}");
                     } else {
                         char peak[32];
                         if (r.peak) snprintf(peak, sizeof peak, "%.2f GiB%s", r.peak / 1073741824.0, dev == PXQ_DEVICE_CUDA ? "" : " RSS");
@@ -518,6 +619,8 @@ int cmd_bench(int argc, char **argv) {
     }
     free(bb.tok), free(bb.pos), free(bb.seq), free(bb.lg);
     pxq_engine_free(e);
+    pxq_engine_free(de);
+    if (dm) model_free(dm);
     model_free(m);
     return rc;
 }

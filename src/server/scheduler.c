@@ -252,9 +252,12 @@ static int spec_add(struct scheduler *s, int *nb, int *n_ent, struct srv_req *r,
     struct batch_entry *en = &s->ent[*n_ent];
     char err[256];
     int nd = max > 0 ? spec_propose(r->ss, r->all, r->n_all, max, en->drafts, err, sizeof err) : 0;
-    if (nd < 0 || (nd && pxq_seq_checkpoint(s->e, r->seq) != 0)) nd = 0;
-    const int rows = spec_rows(r->ss, r->all, r->n_all, en->drafts, nd, s->b_tok + *nb, s->b_pos + *nb, s->b_seq + *nb,
-                               s->b_logits + *nb);
+    if (nd < 0) nd = 0;
+    int rows = spec_rows(r->ss, r->all, r->n_all, en->drafts, nd, s->b_tok + *nb, s->b_pos + *nb, s->b_seq + *nb,
+                         s->b_logits + *nb);
+    if (rows < 0) /* no checkpoint: this step without drafts */
+        rows = spec_rows(r->ss, r->all, r->n_all, en->drafts, nd = 0, s->b_tok + *nb, s->b_pos + *nb, s->b_seq + *nb,
+                         s->b_logits + *nb);
     *nb += rows;
     en->r = r, en->take = rows, en->output = 1, en->n_drafts = nd;
     (*n_ent)++;
