@@ -98,6 +98,37 @@ static void keep_hidden(struct spec_seq *ss, const float *h_first, int c0, int n
     ss->h0 = c0, ss->h_n = n;
 }
 
+void spec_mtp_add_hidden(struct spec_seq *ss, const float *h_first, int c0, int n) {
+    if (ss->p.kind != SPEC_MTP || !h_first || n <= 0) return;
+    const size_t d = (size_t)ss->n_embd;
+    const int keep = ss->h_n > 0 && ss->h0 + ss->h_n == c0; /* the row before the chunk: its next token is in it */
+    if (keep + n > ss->h_cap) {
+        ss->h_cap = 2 * (keep + n);
+        ss->hbuf = xrealloc(ss->hbuf, (size_t)ss->h_cap * d * sizeof(float));
+    }
+    if (keep) memmove(ss->hbuf, ss->hbuf + (size_t)(ss->h_n - 1) * d, d * sizeof(float));
+    memcpy(ss->hbuf + (size_t)keep * d, h_first, (size_t)n * d * sizeof(float));
+    ss->h0 = c0 - keep, ss->h_n = keep + n;
+}
+
+int spec_mtp_catch_up(struct spec_seq *ss, const int32_t *hist, int n_hist, char *err, size_t errlen) {
+    if (ss->p.kind != SPEC_MTP) return 0;
+    const int p0 = ss->mtp_valid, p1 = ss->h0 + ss->h_n < n_hist - 1 ? ss->h0 + ss->h_n : n_hist - 1; /* rows [p0, p1) */
+    if (p1 <= p0) return 0;
+    if (p0 < ss->h0) return set_err(err, errlen, "MTP: the hidden state of position %d is gone", p0);
+    const int m = p1 - p0;
+    int32_t *pos = xmalloc((size_t)m * sizeof *pos), *sid = xmalloc((size_t)m * sizeof *sid);
+    int8_t *lg = xcalloc((size_t)m, 1);
+    for (int i = 0; i < m; i++) pos[i] = p0 + i, sid[i] = ss->seq;
+    lg[m - 1] = 1; /* one row of logits: the batch asks for at least one */
+    struct pxq_batch b = {m, hist + p0 + 1, pos, sid, lg};
+    int rc = pxq_mtp_decode(ss->e, &b, ss->hbuf + (size_t)(p0 - ss->h0) * ss->n_embd, err, errlen);
+    free(pos), free(sid), free(lg);
+    if (rc) return -1;
+    ss->mtp_valid = p1;
+    return 0;
+}
+
 int spec_prefill(struct spec_seq *ss, const int32_t *prompt, int n, char *err, size_t errlen) {
     int32_t *pos = xmalloc((size_t)n * sizeof *pos), *sid = xmalloc((size_t)n * sizeof *sid);
     for (int i = 0; i < n; i++) pos[i] = i, sid[i] = ss->seq;

@@ -73,6 +73,15 @@ const struct spec_stats *spec_seq_stats(const struct spec_seq *ss);
  * hidden states (spec_prefill keeps them). */
 void spec_seq_resume(struct spec_seq *ss, int n_cache, int pen_from);
 
+/* SPEC_MTP with a prefill the caller runs in chunks (the server): after each chunk of n tokens at
+ * positions c0.. (h_first: their hidden states, pxq_hidden of the chunk's first batch row; NULL for a
+ * chunk that is not the sequence's next), keep them; spec_mtp_catch_up then runs the MTP head's rows
+ * for the positions whose next token is known (hist[0..n_hist)), so that only the last hidden state
+ * is kept across chunks. Call catch_up after every sequence of the batch is done with its outputs
+ * (it runs the engine). 0, or -1 with a message. */
+void spec_mtp_add_hidden(struct spec_seq *ss, const float *h_first, int c0, int n);
+int  spec_mtp_catch_up(struct spec_seq *ss, const int32_t *hist, int n_hist, char *err, size_t errlen);
+
 /* Prefill prompt[0..n) into the target (logits of the last token: pxq_logits(e, 0)). 0 or -1. */
 int spec_prefill(struct spec_seq *ss, const int32_t *prompt, int n, char *err, size_t errlen);
 

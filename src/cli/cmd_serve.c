@@ -165,8 +165,6 @@ int cmd_serve(int argc, char **argv) {
     co.ep.n_seq_max = sc.max_num_seqs;
     co.ep.kv_blocks = kv_blocks;
     co.ep.prefix_caching = prefix_caching;
-    if (so.kind == SPEC_MTP)
-        fail(&a, 2, "--spec mtp: the server speculates with ngram or draft so far (the MTP head runs in pxq run and bench)");
     struct spec_params sp;
     struct pxq_model *dm;
     struct pxq_engine *de;

@@ -118,7 +118,9 @@ struct srv_req {
     int seq;                        /* engine sequence, -1 while waiting */
     int done;                       /* finished in the scheduler (no longer in its lists) */
     int fork_pending;               /* choice 0 of n > 1: choices 1.. take its prompt's KV once it is in */
-    struct spec_seq *ss;            /* speculative decoding (sched_config.spec), once its first token is out */
+    struct spec_seq *ss;            /* speculative decoding (sched_config.spec): from admission for the MTP
+                                     * head (it follows the prefill), else once the first token is out */
+    int spec_live;                  /* decoding with drafts (the first token is out) */
     struct srv_req *next;           /* inbox link */
 };
 

@@ -13,6 +13,7 @@
 struct batch_entry {
     struct srv_req *r;
     int take;       /* tokens of r in this batch */
+    int row0;       /* the batch row of its first token */
     int output;     /* 1: the batch asks for logits of r's last token here */
     int n_drafts;   /* speculation: -1, else the drafts (logits of the last pending token and of each) */
     int32_t drafts[SPEC_K_MAX];
@@ -98,6 +99,7 @@ static void finish(struct scheduler *s, struct srv_req *r, const char *reason, i
     }
     spec_seq_free(r->ss);
     r->ss = NULL;
+    r->spec_live = 0;
     r->seq = -1;
     r->done = 1;
     list_remove(s->running, &s->n_running, r);
@@ -197,6 +199,7 @@ static void preempt(struct scheduler *s, struct srv_req *r) {
     pxq_seq_free(s->e, r->seq);
     spec_seq_free(r->ss); /* the recompute prefills it again; speculation resumes after */
     r->ss = NULL;
+    r->spec_live = 0;
     r->seq = -1;
     r->n_done = 0;
     list_remove(s->running, &s->n_running, r);
@@ -209,7 +212,7 @@ static int blocks_promised(struct scheduler *s) {
     int need = 0;
     for (int i = 0; i < s->n_running; i++) {
         struct srv_req *r = s->running[i];
-        int upto = r->ss ? r->n_all + s->cfg.spec->k /* the pending tokens and the drafts */
+        int upto = r->spec_live ? r->n_all + s->cfg.spec->k /* the pending tokens and the drafts */
                    : r->n_all - r->n_done == 1 ? r->n_done + 1 : r->n_all + 1;
         if (upto > s->n_ctx) upto = s->n_ctx;
         need += pxq_kv_blocks_needed(s->e, r->seq, upto);
@@ -218,6 +221,7 @@ static int blocks_promised(struct scheduler *s) {
 }
 
 static void add_tokens(struct scheduler *s, int *nb, int *n_ent, struct srv_req *r, int take) {
+    const int row0 = *nb;
     for (int j = 0; j < take; j++) {
         s->n_prefill += r->n_done + j < r->n_prompt;
         s->b_tok[*nb] = r->all[r->n_done + j];
@@ -229,19 +233,21 @@ static void add_tokens(struct scheduler *s, int *nb, int *n_ent, struct srv_req 
     int output = r->n_done + take == r->n_all;
     if (output) s->b_logits[*nb - 1] = 1;
     struct batch_entry *en = &s->ent[(*n_ent)++];
-    en->r = r, en->take = take, en->output = output, en->n_drafts = -1;
+    en->r = r, en->take = take, en->output = output, en->n_drafts = -1, en->row0 = row0;
 }
 
 /* ---- speculation ---- */
 
 /* r just sampled its first token (or its first after a recompute): it decodes with drafts from now. */
+static int spec_on(const struct scheduler *s) { return s->cfg.spec && s->cfg.spec->kind != SPEC_NONE && !s->cfg.n_forced; }
+
 static void spec_start(struct scheduler *s, struct srv_req *r) {
-    if (!s->cfg.spec || s->cfg.spec->kind == SPEC_NONE || s->cfg.n_forced || r->ss || r->done || r->seq < 0 ||
-        r->n_all - r->n_done != 1 || r->n_all <= r->n_prompt)
-        return;
+    if (!spec_on(s) || r->spec_live || r->done || r->seq < 0 || r->n_all - r->n_done != 1 || r->n_all <= r->n_prompt) return;
     char err[256];
-    if (!(r->ss = spec_seq_new(s->cfg.spec, s->e, r->seq, err, sizeof err))) return; /* plain decoding, then */
+    if (!r->ss && s->cfg.spec->kind == SPEC_MTP) return; /* its head did not follow the prefill */
+    if (!r->ss && !(r->ss = spec_seq_new(s->cfg.spec, s->e, r->seq, err, sizeof err))) return; /* plain decoding, then */
     spec_seq_resume(r->ss, r->n_done, r->n_prompt);
+    r->spec_live = 1;
 }
 
 /* r's step rows: its pending tokens and up to k drafts that the budget allows. Returns the rows. */
@@ -259,7 +265,7 @@ static int spec_add(struct scheduler *s, int *nb, int *n_ent, struct srv_req *r,
         rows = spec_rows(r->ss, r->all, r->n_all, en->drafts, nd = 0, s->b_tok + *nb, s->b_pos + *nb, s->b_seq + *nb,
                          s->b_logits + *nb);
     *nb += rows;
-    en->r = r, en->take = rows, en->output = 1, en->n_drafts = nd;
+    en->r = r, en->take = rows, en->output = 1, en->n_drafts = nd, en->row0 = *nb - rows;
     (*n_ent)++;
     return rows;
 }
@@ -272,7 +278,8 @@ static int spec_finish(struct scheduler *s, struct srv_req *r, const struct batc
     int32_t out[SPEC_K_MAX + 1];
     char err[256];
     const int left = r->max_tokens - (r->n_all - r->n_prompt);
-    int n = spec_verify(r->ss, r->smp, r->all, r->n_all, en->drafts, en->n_drafts, rows, NULL, left, out, err, sizeof err);
+    const float *h = s->cfg.spec->kind == SPEC_MTP ? pxq_hidden(s->e, en->row0) : NULL;
+    int n = spec_verify(r->ss, r->smp, r->all, r->n_all, en->drafts, en->n_drafts, rows, h, left, out, err, sizeof err);
     if (n < 0) {
         finish(s, r, NULL, 500, err);
         return en->n_drafts + 1;
@@ -330,14 +337,14 @@ static void step(struct scheduler *s) {
     /* decodes, then prefill chunks of running sequences, oldest first */
     for (int i = 0; i < s->n_running; i++) {
         struct srv_req *r = s->running[i];
-        if (!r->ss && r->n_all - r->n_done == 1) add_tokens(s, &nb, &n_ent, r, 1), budget--;
+        if (!r->spec_live && r->n_all - r->n_done == 1) add_tokens(s, &nb, &n_ent, r, 1), budget--;
     }
     for (int i = 0; i < s->n_running && budget > 0; i++) /* speculating decodes: pending tokens + drafts */
-        if (s->running[i]->ss) budget -= spec_add(s, &nb, &n_ent, s->running[i], budget);
+        if (s->running[i]->spec_live) budget -= spec_add(s, &nb, &n_ent, s->running[i], budget);
     for (int i = 0; i < s->n_running && budget > 0; i++) {
         struct srv_req *r = s->running[i];
         int rem = r->n_all - r->n_done;
-        if (rem <= 1 || r->ss) continue;
+        if (rem <= 1 || r->spec_live) continue;
         int take = rem < budget ? rem : budget;
         add_tokens(s, &nb, &n_ent, r, take);
         budget -= take;
@@ -362,6 +369,10 @@ static void step(struct scheduler *s) {
         if (pxq_prefix_caching(s->e)) metrics_prefix(s->met, r->n_all, hit, s->block_size);
         r->seq = seq;
         r->n_done = hit;
+        if (spec_on(s) && s->cfg.spec->kind == SPEC_MTP && !r->ss) { /* the head follows the prefill */
+            char err[256];
+            r->ss = spec_seq_new(s->cfg.spec, s->e, seq, err, sizeof err);
+        }
         memmove(s->waiting, s->waiting + 1, (size_t)(s->n_waiting - 1) * sizeof *s->waiting);
         s->n_waiting--;
         s->running[s->n_running++] = r;
@@ -384,12 +395,21 @@ static void step(struct scheduler *s) {
                     oi += spec_finish(s, r, &s->ent[i], oi);
                     continue;
                 }
+                if (r->ss) spec_mtp_add_hidden(r->ss, pxq_hidden(s->e, s->ent[i].row0), r->n_done, s->ent[i].take);
                 r->n_done += s->ent[i].take;
                 if (!s->ent[i].output) continue;
                 const float *logits = pxq_logits(s->e, oi++);
                 if (r->fork_pending) fork_choices(s, r, logits);
                 sample_one(s, r, logits);
                 spec_start(s, r);
+            }
+            for (int i = 0; i < n_ent; i++) { /* the MTP head's rows of the prefill chunks (it runs the engine) */
+                struct srv_req *r = s->ent[i].r;
+                if (r->done || !r->ss || s->ent[i].n_drafts >= 0) continue;
+                if (spec_mtp_catch_up(r->ss, r->all, r->n_all, err, sizeof err) != 0) { /* speculation off for r */
+                    spec_seq_free(r->ss);
+                    r->ss = NULL, r->spec_live = 0;
+                }
             }
         }
     }

@@ -36,7 +36,7 @@ struct sched_config {
     /* Speculative decoding (spec.h), or NULL / kind SPEC_NONE: a request decodes with drafts once its
      * first token is out; its step's rows (the pending tokens and up to k drafts, fewer when the
      * token budget is short) join the batch beside the other sequences' decodes and prefill chunks,
-     * and the drafts count in the budget. Not SPEC_MTP (cmd_serve refuses it). */
+     * and the drafts count in the budget. The MTP head follows each prefill chunk (spec_mtp_catch_up). */
     const struct spec_params *spec;
 };
 
