@@ -251,12 +251,26 @@ static int type_allows(const cJSON *type, const cJSON *v) {
     return 0;
 }
 
-/* enum / const: the values, written compactly, as alternatives. */
+/* 1 if a number in v (at any depth) is an integer cJSON may not have read exactly (beyond 2^53):
+ * written back it would be another number. */
+static int inexact_number(const cJSON *v) {
+    if (cJSON_IsNumber(v)) return fabs(v->valuedouble) > 9007199254740992.0 && v->valuedouble == floor(v->valuedouble);
+    for (const cJSON *x = cJSON_IsArray(v) || cJSON_IsObject(v) ? v->child : NULL; x; x = x->next)
+        if (inexact_number(x)) return 1;
+    return 0;
+}
+
+/* enum / const: the values, written compactly, as alternatives. Only "type" may come with them
+ * (it filters the values); another keyword would have to be checked against each value. */
 static uint32_t compile_enum(struct jsc *c, const cJSON *s, const cJSON *vals, const char *kw) {
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
+    for (const cJSON *k = s->child; k; k = k->next)
+        if (strcmp(k->string, kw) && strcmp(k->string, "type") && !IN(k->string, ANNOTATIONS))
+            return fail(c, "'%s' together with '%.64s' is not supported", kw, k->string), NONE;
     uint32_t r = gm_rule(c->b);
     int n = 0;
     for (const cJSON *v = vals; v; v = !strcmp(kw, "const") ? NULL : v->next) {
+        if (inexact_number(v)) return fail(c, "'%s' holds an integer beyond 2^53, which PXQ cannot write back exactly", kw), NONE;
         if (!type_allows(type, v)) continue;
         char *t = cJSON_PrintUnformatted(v);
         if (!t) return fail(c, "'%s' could not be written", kw), NONE;
@@ -357,9 +371,25 @@ static uint32_t compile_object(struct jsc *c, const cJSON *s) {
         path_pop(c, old);
         if (value[k] == NONE) goto out;
     }
-    for (const cJSON *x = req ? req->child : NULL; x; x = x->next)
-        if (!props || !cJSON_GetObjectItemCaseSensitive(props, x->valuestring))
-            name[k] = x->valuestring, required[k] = 1, value[k++] = any_value(c);
+    /* a required name that is not declared: its value follows additionalProperties */
+    for (const cJSON *x = req ? req->child : NULL; x && k < n; x = x->next) {
+        if (props && cJSON_GetObjectItemCaseSensitive(props, x->valuestring)) continue;
+        if (cJSON_IsFalse(addl)) {
+            fail(c, "'required' names '%.100s', which 'properties' lacks and additionalProperties false forbids: no object is valid",
+                 x->valuestring);
+            goto out;
+        }
+        name[k] = x->valuestring, required[k] = 1;
+        if (cJSON_IsObject(addl)) {
+            size_t old = path_push(c, ".additionalProperties");
+            value[k] = compile(c, addl);
+            path_pop(c, old);
+            if (value[k] == NONE) goto out;
+        } else {
+            value[k] = any_value(c);
+        }
+        k++;
+    }
     for (int i = 0; i < n; i++) n_opt += !required[i];
     if (n_opt > JSON_SCHEMA_MAX_OPTIONAL) {
         fail(c, "%d optional properties: at most %d are supported (list the others in 'required')", n_opt, JSON_SCHEMA_MAX_OPTIONAL);

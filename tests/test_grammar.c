@@ -81,6 +81,8 @@ static const struct kase cases[] = {
     {"{\"type\": \"object\"}", {"{}", "{\"any\":{\"thing\":[true,null,1.5]},\"b\":\"c\"}", NULL}, {"[]", "{\"a\"}", "{a:1}", NULL}},
     {"{\"type\": \"object\", \"additionalProperties\": false}", {"{}", NULL}, {"{\"a\":1}", NULL}},
     {"{\"type\": \"object\", \"additionalProperties\": {\"type\": \"integer\"}}", {"{\"x\":1,\"y\":2}", NULL}, {"{\"x\":\"1\"}", NULL}},
+    {"{\"type\": \"object\", \"required\": [\"k\"], \"additionalProperties\": {\"type\": \"boolean\"}}", {"{\"k\":true}", NULL},
+     {"{\"k\":1}", NULL}},
     /* arrays with bounds */
     {"{\"type\": \"array\", \"items\": {\"type\": \"integer\"}, \"minItems\": 2, \"maxItems\": 3}",
      {"[1,2]", "[1, 2, 3]", "[\n 1,\n 2\n]", NULL}, {"[]", "[1]", "[1,2,3,4]", "[1,2,]", "[1 2]", NULL}},
@@ -118,6 +120,10 @@ static const char *const refused[][2] = {
     {"{\"type\": \"integer\", \"enum\": [\"a\"]}", "no value of 'enum'"},
     {"{\"anyOf\": [{\"type\": \"string\"}], \"type\": \"string\"}", "'anyOf' together with 'type'"},
     {"false", "admits no value"},
+    {"{\"enum\": [\"a\", \"bbb\"], \"maxLength\": 2}", "'enum' together with 'maxLength'"},
+    {"{\"const\": 1, \"enum\": [1]}", "'const' together with 'enum'"},
+    {"{\"enum\": [12345678901234567890]}", "beyond 2^53"},
+    {"{\"type\": \"object\", \"required\": [\"x\"], \"additionalProperties\": false}", "no object is valid"},
     {"[1]", "must be an object or a boolean"},
 };
 
