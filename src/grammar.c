@@ -95,14 +95,48 @@ size_t gm_builder_size(const struct gm_builder *b) { return b->n; }
 
 static int str_nullable(const struct gm_elem *e) { return e->a == 0; }
 
-/* 1 if every element of the builder's alternative k derives a finite string, given the rules known to (prod_rule). */
-static int alt_elems_productive(const struct gm_builder *b, size_t k, const uint8_t *prod_rule) {
-    for (size_t i = b->alts[k].start;; i++) {
-        const struct gm_elem *e = &b->elems[i];
-        if (e->kind == GE_END) return 1;
-        if (e->kind == GE_REF && !prod_rule[e->a]) return 0;
-        if (e->kind == GE_STR && e->a > e->b) return 0;
+/* A terminal's part in the two fixpoints below: it derives some byte string (STR: when its bounds
+ * admit one), and it derives the empty one (STR: with no minimum). */
+static int term_productive(const struct gm_elem *e) { return e->kind != GE_STR || e->a <= e->b; }
+static int term_nullable(const struct gm_elem *e) { return e->kind == GE_STR && str_nullable(e); }
+
+/* The least fixpoint "rule r is marked once one of its alternatives has every terminal passing
+ * term and every referenced rule marked", in time linear in the grammar (a worklist: each
+ * alternative counts the references still unmarked, each rule lists where it is referenced).
+ * Alternative k (of n_alts) is rule alt_rule[k]'s and starts at elems[alt_start[k]]; rule_mark[nr]
+ * and alt_mark[n_alts] come zeroed and leave marked. */
+static void fixpoint(const struct gm_elem *elems, const uint32_t *alt_start, const uint32_t *alt_rule, uint32_t n_alts,
+                     uint32_t nr, int (*term)(const struct gm_elem *), uint8_t *rule_mark, uint8_t *alt_mark) {
+    uint32_t *need = xcalloc(n_alts ? n_alts : 1, sizeof *need), *off = xcalloc((size_t)nr + 1, sizeof *off);
+    uint8_t *blocked = xcalloc(n_alts ? n_alts : 1, 1);
+    for (uint32_t k = 0; k < n_alts; k++)
+        for (uint32_t i = alt_start[k]; elems[i].kind != GE_END; i++) {
+            if (elems[i].kind == GE_REF) need[k]++, off[elems[i].a + 1]++;
+            else if (!term(&elems[i])) blocked[k] = 1;
+        }
+    for (uint32_t r = 0; r < nr; r++) off[r + 1] += off[r];
+    uint32_t *user = xmalloc((off[nr] ? off[nr] : 1) * sizeof *user), *fill = xmalloc(((size_t)nr + 1) * sizeof *fill);
+    uint32_t *queue = xmalloc(((size_t)nr + 1) * sizeof *queue), qh = 0, qt = 0;
+    memcpy(fill, off, ((size_t)nr + 1) * sizeof *fill);
+    for (uint32_t k = 0; k < n_alts; k++)
+        for (uint32_t i = alt_start[k]; elems[i].kind != GE_END; i++)
+            if (elems[i].kind == GE_REF) user[fill[elems[i].a]++] = k;
+#define MARK_ALT(k)                                                              \
+    do {                                                                         \
+        alt_mark[k] = 1;                                                         \
+        if (!rule_mark[alt_rule[k]]) rule_mark[alt_rule[k]] = 1, queue[qt++] = alt_rule[k]; \
+    } while (0)
+    for (uint32_t k = 0; k < n_alts; k++)
+        if (!need[k] && !blocked[k]) MARK_ALT(k);
+    while (qh < qt) {
+        const uint32_t r = queue[qh++];
+        for (uint32_t u = off[r]; u < off[r + 1]; u++) {
+            const uint32_t k = user[u];
+            if (--need[k] == 0 && !blocked[k] && !alt_mark[k]) MARK_ALT(k);
+        }
     }
+#undef MARK_ALT
+    free(need), free(off), free(blocked), free(user), free(fill), free(queue);
 }
 
 /* 1 if element e can match the empty string (nullable[r]: rule r can). */
@@ -169,16 +203,12 @@ struct gm_grammar *gm_build(struct gm_builder *b, uint32_t root, char *err, size
             free(n_alt);
             return set_err(err, errlen, "rule %u is referenced but has no alternative", b->elems[i].a), NULL;
         }
-    /* productive rules (those that derive a finite byte string): a fixpoint */
+    /* productive rules (those that derive a finite byte string), and their alternatives that do */
     uint8_t *prod = xcalloc(nr, 1), *alt_ok = xcalloc(b->n_alts ? b->n_alts : 1, 1);
-    for (int changed = 1; changed;) {
-        changed = 0;
-        for (size_t k = 0; k < b->n_alts; k++)
-            if (!alt_ok[k] && alt_elems_productive(b, k, prod)) {
-                alt_ok[k] = 1;
-                if (!prod[b->alts[k].rule]) prod[b->alts[k].rule] = 1, changed = 1;
-            }
-    }
+    uint32_t *a_start = xmalloc((b->n_alts ? b->n_alts : 1) * sizeof *a_start), *a_rule = xmalloc((b->n_alts ? b->n_alts : 1) * sizeof *a_rule);
+    for (size_t k = 0; k < b->n_alts; k++) a_start[k] = b->alts[k].start, a_rule[k] = b->alts[k].rule;
+    fixpoint(b->elems, a_start, a_rule, (uint32_t)b->n_alts, nr, term_productive, prod, alt_ok);
+    free(a_start), free(a_rule);
     if (!prod[root]) {
         free(n_alt), free(prod), free(alt_ok);
         return set_err(err, errlen, "the grammar derives no finite output (every alternative needs itself)"), NULL;
@@ -204,19 +234,13 @@ struct gm_grammar *gm_build(struct gm_builder *b, uint32_t root, char *err, size
     for (size_t k = 0; k < b->n_alts; k++)
         if (alt_ok[k]) g->alt_start[fill[b->alts[k].rule]++] = b->alts[k].start;
     free(fill), free(n_alt), free(prod), free(alt_ok);
-    /* nullable rules (fixpoint), then no left recursion */
-    uint8_t *nullable = xcalloc(nr, 1);
-    for (int changed = 1; changed;) {
-        changed = 0;
-        for (uint32_t r = 0; r < nr; r++) {
-            if (nullable[r]) continue;
-            for (uint32_t k = g->rule_alt[r]; k < g->rule_alt[r + 1] && !nullable[r]; k++) {
-                int all = 1;
-                for (uint32_t i = g->alt_start[k]; all && g->elems[i].kind != GE_END; i++) all = elem_nullable(&g->elems[i], nullable);
-                if (all) nullable[r] = 1, changed = 1;
-            }
-        }
-    }
+    /* nullable rules (those that derive the empty string), then no left recursion */
+    uint8_t *nullable = xcalloc(nr ? nr : 1, 1), *alt_null = xcalloc(g->n_alts ? g->n_alts : 1, 1);
+    uint32_t *g_rule = xmalloc((g->n_alts ? g->n_alts : 1) * sizeof *g_rule);
+    for (uint32_t r = 0; r < nr; r++)
+        for (uint32_t k = g->rule_alt[r]; k < g->rule_alt[r + 1]; k++) g_rule[k] = r;
+    fixpoint(g->elems, g->alt_start, g_rule, g->n_alts, nr, term_nullable, nullable, alt_null);
+    free(g_rule), free(alt_null);
     int cycle = left_cycle(g, nullable);
     free(nullable);
     if (cycle) {
