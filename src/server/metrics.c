@@ -15,6 +15,8 @@ struct srv_metrics {
     unsigned long long done_stop, done_length, done_abort, done_error;
     unsigned long long prompt_tokens, generation_tokens, preemptions, steps, step_tokens, prefill_tokens;
     unsigned long long prefix_queries, prefix_hits, prefix_query_blocks, prefix_hit_blocks;
+    unsigned long long structured_tokens;
+    double structured_seconds;
     int running, waiting, kv_used, kv_free;
     struct histogram ttft, itl, e2e;
 };
@@ -48,6 +50,13 @@ void metrics_free(struct srv_metrics *m) {
     if (!m) return;
     pthread_mutex_destroy(&m->mu);
     free(m);
+}
+
+void metrics_structured(struct srv_metrics *m, int n, double seconds) {
+    pthread_mutex_lock(&m->mu);
+    m->structured_tokens += (unsigned long long)n;
+    m->structured_seconds += seconds;
+    pthread_mutex_unlock(&m->mu);
 }
 
 void metrics_http_status(struct srv_metrics *m, int status) {
@@ -162,6 +171,11 @@ char *metrics_render(struct srv_metrics *m) {
     emit_one(&b, "pxq_prefix_cache_hit_blocks_total", "counter", "Full prompt blocks found in the prefix cache.",
              m->prefix_hit_blocks);
     emit_one(&b, "pxq_generation_tokens_total", "counter", "Generated tokens.", m->generation_tokens);
+    emit_one(&b, "pxq_structured_output_tokens_total", "counter", "Tokens sampled under a grammar (response_format, forced tool calls).",
+             m->structured_tokens);
+    sb_printf(&b, "# HELP pxq_structured_output_mask_seconds_total Time spent on those tokens' masks: computing, applying, "
+                  "advancing the matcher.\n# TYPE pxq_structured_output_mask_seconds_total counter\n"
+                  "pxq_structured_output_mask_seconds_total %.6f\n", m->structured_seconds);
     emit_one(&b, "pxq_num_preemptions_total", "counter", "Sequences preempted (KV freed, recomputed later) for lack of KV blocks.",
              m->preemptions);
     emit_one(&b, "pxq_scheduler_steps_total", "counter", "Batches evaluated.", m->steps);

@@ -38,6 +38,10 @@ void metrics_sched(struct srv_metrics *m, int running, int waiting, int kv_used,
  * block_size positions). */
 void metrics_prefix(struct srv_metrics *m, int n_query, int n_hit, int block_size);
 
+/* Structured output: n tokens were sampled under a grammar, and computing their masks, applying them
+ * and advancing the matchers took `seconds`. */
+void metrics_structured(struct srv_metrics *m, int n, double seconds);
+
 /* Prometheus text (malloc'd). */
 char *metrics_render(struct srv_metrics *m);
 

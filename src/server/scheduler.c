@@ -149,6 +149,7 @@ static void sample_one(struct scheduler *s, struct srv_req *r, const float *logi
      * fixed output is not held to it) */
     const float *l = logits;
     const int constrained = r->gm && !s->cfg.n_forced;
+    const double t_mask = constrained ? now_sec() : 0;
     if (constrained) {
         if (gm_matcher_mask(r->gm, s->mask) == 0) { /* only a vocabulary without some single byte can get here */
             flush_text(s, r);
@@ -158,8 +159,13 @@ static void sample_one(struct scheduler *s, struct srv_req *r, const float *logi
         gm_apply_mask(s->mask, logits, s->masked, s->n_vocab);
         l = s->masked;
     }
+    const double t_sample = constrained ? now_sec() : 0;
     int32_t id = sampler_sample(r->smp, l, r->all + r->n_prompt, n_gen0, NULL);
-    if (constrained) gm_matcher_accept_token(r->gm, id); /* cannot fail: the mask allowed id */
+    if (constrained) {
+        const double t_accept = now_sec();
+        gm_matcher_accept_token(r->gm, id); /* cannot fail: the mask allowed id */
+        metrics_structured(s->met, 1, (t_sample - t_mask) + (now_sec() - t_accept));
+    }
     if (s->cfg.n_forced) id = s->cfg.forced[n_gen0 < s->cfg.n_forced ? n_gen0 : s->cfg.n_forced - 1];
     struct srv_top top[SRV_MAX_TOP_LOGPROBS];
     float lp = 0;
