@@ -16,6 +16,8 @@ struct srv_metrics {
     unsigned long long prompt_tokens, generation_tokens, preemptions, steps, step_tokens, prefill_tokens;
     unsigned long long prefix_queries, prefix_hits, prefix_query_blocks, prefix_hit_blocks;
     unsigned long long spec_passes, spec_drafts, spec_accepted;
+    unsigned long long structured_tokens;
+    double structured_seconds;
     int running, waiting, kv_used, kv_free;
     struct histogram ttft, itl, e2e;
 };
@@ -49,6 +51,13 @@ void metrics_free(struct srv_metrics *m) {
     if (!m) return;
     pthread_mutex_destroy(&m->mu);
     free(m);
+}
+
+void metrics_structured(struct srv_metrics *m, int n, double seconds) {
+    pthread_mutex_lock(&m->mu);
+    m->structured_tokens += (unsigned long long)n;
+    m->structured_seconds += seconds;
+    pthread_mutex_unlock(&m->mu);
 }
 
 void metrics_http_status(struct srv_metrics *m, int status) {
@@ -176,6 +185,11 @@ char *metrics_render(struct srv_metrics *m) {
              m->spec_passes);
     emit_one(&b, "pxq_spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed for verification.", m->spec_drafts);
     emit_one(&b, "pxq_spec_decode_num_accepted_tokens_total", "counter", "Draft tokens the target accepted.", m->spec_accepted);
+    emit_one(&b, "pxq_structured_output_tokens_total", "counter", "Tokens sampled under a grammar (response_format, forced tool calls).",
+             m->structured_tokens);
+    sb_printf(&b, "# HELP pxq_structured_output_mask_seconds_total Time spent on those tokens' masks: computing, applying, "
+                  "advancing the matcher.\n# TYPE pxq_structured_output_mask_seconds_total counter\n"
+                  "pxq_structured_output_mask_seconds_total %.6f\n", m->structured_seconds);
     emit_one(&b, "pxq_num_preemptions_total", "counter", "Sequences preempted (KV freed, recomputed later) for lack of KV blocks.",
              m->preemptions);
     emit_one(&b, "pxq_scheduler_steps_total", "counter", "Batches evaluated.", m->steps);

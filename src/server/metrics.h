@@ -41,6 +41,9 @@ void metrics_prefix(struct srv_metrics *m, int n_query, int n_hit, int block_siz
 /* Speculative decoding: one verification pass of a sequence with n_drafts drafts, n_accepted of them
  * accepted (vLLM's spec_decode_num_drafts / num_draft_tokens / num_accepted_tokens). */
 void metrics_spec(struct srv_metrics *m, int n_drafts, int n_accepted);
+/* Structured output: n tokens were sampled under a grammar, and computing their masks, applying them
+ * and advancing the matchers took `seconds`. */
+void metrics_structured(struct srv_metrics *m, int n, double seconds);
 
 /* Prometheus text (malloc'd). */
 char *metrics_render(struct srv_metrics *m);

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "json_schema.h"
 #include "pyjson.h"
 #include "util.h"
 
@@ -74,6 +75,8 @@ void srv_req_retain(struct srv_req *r) {
 
 static void req_free(struct srv_req *r) {
     for (int i = 1; r->choices && i < r->n; i++) req_free(r->choices[i]);
+    if (r->owner == r || !r->owner) gm_grammar_free(r->grammar); /* the choices share the owner's */
+    gm_matcher_free(r->gm);
     free(r->choices);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
@@ -142,6 +145,7 @@ static void make_choices(struct srv_req *r) {
         c->logprobs = r->logprobs, c->top_logprobs = r->top_logprobs;
         c->t_arrival = r->t_arrival;
         c->parse_flags = r->parse_flags, c->think_open = r->think_open;
+        c->grammar = r->grammar;
         c->n = 1;
         c->index = i;
         c->owner = r;
@@ -319,33 +323,100 @@ static int template_kwargs(struct pctx *c, const cJSON *root, int *thinking) {
     return 0;
 }
 
-/* Fields of OpenAI's API that PXQ does not implement yet: refused rather than ignored, since each
+/* Fields of OpenAI's API that PXQ does not implement: refused rather than ignored, since each
  * changes what the model is asked or what comes back. A field given with its neutral value (null,
- * "none", "auto", {"type": "text"}, [] or {}) asks for nothing and passes. tool_choice "required"
- * and a named function need the output constrained to a call (guided decoding), as does a JSON
- * response_format: structured output, separate work. */
+ * [] or {}) asks for nothing and passes. (response_format and tool_choice are structured_output's.) */
 static int refuse_unsupported(struct pctx *c, const cJSON *root) {
     const cJSON *v = field(root, "functions");
     if (v && !(cJSON_IsArray(v) && !cJSON_GetArraySize(v)))
         return bad(c, 400, "functions", "'functions' (deprecated by OpenAI) is not supported: send 'tools'"), -1;
-    static const char *const choices[] = {"tool_choice", "function_call"};
-    for (size_t i = 0; i < sizeof choices / sizeof *choices; i++) {
-        v = field(root, choices[i]);
-        if (v && !(cJSON_IsString(v) && (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto"))))
-            return bad(c, 400, choices[i], "'%s' other than \"auto\" or \"none\" (\"required\", a named function) is not "
-                       "supported yet: forcing a call needs structured output (guided decoding), which is not implemented",
-                       choices[i]), -1;
-    }
-    const cJSON *rf = field(root, "response_format");
-    if (rf) {
-        const cJSON *ty = cJSON_IsObject(rf) ? field(rf, "type") : NULL;
-        if (!(cJSON_IsString(ty) && !strcmp(ty->valuestring, "text")))
-            return bad(c, 400, "response_format", "'response_format' other than {\"type\": \"text\"} is not supported: "
-                       "structured output (JSON mode, json_schema) is not implemented yet"), -1;
-    }
+    v = field(root, "function_call");
+    if (v && !(cJSON_IsString(v) && (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto"))))
+        return bad(c, 400, "function_call", "'function_call' (deprecated by OpenAI) other than \"auto\" or \"none\" is not "
+                   "supported: send 'tools' with 'tool_choice'"), -1;
     const cJSON *lb = field(root, "logit_bias");
     if (lb && !(cJSON_IsObject(lb) && !lb->child))
         return bad(c, 400, "logit_bias", "'logit_bias' is not supported"), -1;
+    return 0;
+}
+
+/* response_format (OpenAI's): {"type": "text"} (nothing), {"type": "json_object"} (any JSON object)
+ * or {"type": "json_schema", "json_schema": {"name", "schema", "strict"?, "description"?}}: the
+ * grammar the output must follow (json_schema.h), or NULL. A schema PXQ cannot hold the output to is
+ * refused naming the keyword, never loosened. */
+static int parse_response_format(struct pctx *c, const cJSON *root, struct gm_grammar **out) {
+    *out = NULL;
+    const cJSON *rf = field(root, "response_format");
+    if (!rf) return 0;
+    const cJSON *ty = cJSON_IsObject(rf) ? field(rf, "type") : NULL;
+    if (!cJSON_IsString(ty))
+        return bad(c, 400, "response_format", "'response_format' must be an object with a string 'type' (text, json_object or json_schema)"), -1;
+    if (!strcmp(ty->valuestring, "text")) return 0;
+    if (!strcmp(ty->valuestring, "json_object")) {
+        *out = json_object_grammar();
+        return 0;
+    }
+    if (strcmp(ty->valuestring, "json_schema"))
+        return bad(c, 400, "response_format", "response_format.type '%.64s' is not supported: the types are text, json_object "
+                   "and json_schema", ty->valuestring), -1;
+    const cJSON *js = field(rf, "json_schema");
+    if (!cJSON_IsObject(js))
+        return bad(c, 400, "response_format", "response_format.json_schema must be an object {\"name\", \"schema\", \"strict\"}"), -1;
+    const cJSON *name = field(js, "name"), *strict = field(js, "strict"), *sch = field(js, "schema");
+    if (name && !cJSON_IsString(name)) return bad(c, 400, "response_format", "response_format.json_schema.name must be a string"), -1;
+    if (strict && !cJSON_IsBool(strict)) return bad(c, 400, "response_format", "response_format.json_schema.strict must be a boolean"), -1;
+    if (!sch) return bad(c, 400, "response_format", "response_format.json_schema.schema is required"), -1;
+    char err[512];
+    if (!(*out = json_schema_grammar(sch, "response_format.json_schema.schema", err, sizeof err)))
+        return bad(c, 400, "response_format", "%s", err), -1;
+    return 0;
+}
+
+/* tool_choice with tools (OpenAI's): "none", "auto" (the hermes parser reads what the model
+ * chooses to write), "required" (one or more calls of any of the tools; exactly one with
+ * parallel_tool_calls false) or {"type": "function", "function": {"name"}} (exactly one call of that
+ * tool). The last two constrain the output to Qwen3's <tool_call> blocks whose arguments follow the
+ * tool's parameters schema (*out, with *forced 1); 0 with *out NULL otherwise. */
+static int tool_choice_grammar(struct pctx *c, const cJSON *root, int *forced, struct gm_grammar **out) {
+    *out = NULL, *forced = 0;
+    const cJSON *choice = field(root, "tool_choice"), *tools = field(root, "tools"), *par = field(root, "parallel_tool_calls");
+    if (par && !cJSON_IsBool(par)) return bad(c, 400, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean"), -1;
+    const int is_auto = !choice || (cJSON_IsString(choice) && !strcmp(choice->valuestring, "auto"));
+    if (cJSON_IsFalse(par) && is_auto && cJSON_IsArray(tools) && cJSON_GetArraySize(tools))
+        return bad(c, 400, "parallel_tool_calls", "'parallel_tool_calls': false is supported with tool_choice \"required\" or a "
+                   "named function (which hold the output to one call), not with \"auto\""), -1;
+    if (is_auto || (cJSON_IsString(choice) && !strcmp(choice->valuestring, "none"))) return 0;
+    const char *want = NULL;
+    if (cJSON_IsObject(choice)) {
+        const cJSON *ty = field(choice, "type"), *fn = field(choice, "function"), *nm = fn ? field(fn, "name") : NULL;
+        if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "function") || !cJSON_IsString(nm))
+            return bad(c, 400, "tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                       "\"function\": {\"name\": string}}"), -1;
+        want = nm->valuestring;
+    } else if (!cJSON_IsString(choice) || strcmp(choice->valuestring, "required")) {
+        return bad(c, 400, "tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                   "\"function\": {\"name\": string}}"), -1;
+    }
+    const int n = cJSON_IsArray(tools) ? cJSON_GetArraySize(tools) : 0;
+    if (!n) return bad(c, 400, "tool_choice", "tool_choice %s needs 'tools'", want ? "naming a function" : "\"required\""), -1;
+    struct json_tool *jt = xcalloc((size_t)n, sizeof *jt);
+    int k = 0;
+    for (const cJSON *t = tools->child; t; t = t->next) { /* parse_tools checked their shape */
+        const cJSON *fn = field(t, "function");
+        const char *nm = field(fn, "name")->valuestring;
+        if (want && strcmp(nm, want)) continue;
+        jt[k++] = (struct json_tool){nm, field(fn, "parameters")};
+        if (want) break;
+    }
+    if (!k) {
+        free(jt);
+        return bad(c, 400, "tool_choice", "tool_choice names the function '%.100s', which is not in 'tools'", want), -1;
+    }
+    char err[512];
+    *out = json_tool_call_grammar(jt, k, !want && !cJSON_IsFalse(par), "tools", err, sizeof err);
+    free(jt);
+    if (!*out) return bad(c, 400, "tools", "%s", err), -1;
+    *forced = 1;
     return 0;
 }
 
@@ -547,7 +618,9 @@ static int parse_messages(struct pctx *c, const cJSON *root, const struct srv_li
         goto out;
     }
     const cJSON *choice = field(root, "tool_choice");
-    int auto_tools = tools && !(cJSON_IsString(choice) && !strcmp(choice->valuestring, "none"));
+    int forced = 0;
+    if (tool_choice_grammar(c, root, &forced, &r->grammar)) goto out;
+    int auto_tools = tools && !forced && !(cJSON_IsString(choice) && !strcmp(choice->valuestring, "none"));
     if (auto_tools && !lim->tool_parser) {
         bad(c, 400, "tool_choice", "\"auto\" tool choice needs pxq serve --tool-call-parser (e.g. hermes); send "
             "\"tool_choice\": \"none\" to only show the tools to the model");
@@ -562,7 +635,8 @@ static int parse_messages(struct pctx *c, const cJSON *root, const struct srv_li
         bad(c, 400, tools ? "tools" : "messages", "%s", err);
         goto out;
     }
-    r->parse_flags = (lim->reasoning_parser ? PARSE_REASONING : 0) | (auto_tools ? PARSE_TOOLS : 0);
+    /* a forced call is parsed whatever --tool-call-parser says: the grammar wrote it in that format */
+    r->parse_flags = (lim->reasoning_parser ? PARSE_REASONING : 0) | (auto_tools || forced ? PARSE_TOOLS : 0);
     if (lim->reasoning_parser) r->think_open = prompt_opens_think(lim->tok, r->prompt, r->n_prompt);
     rc = 0;
 out:
@@ -769,8 +843,29 @@ struct srv_req *srv_req_parse(enum srv_kind kind, const char *body, size_t len, 
         bad(&c, 400, "tools", "'tools' is a /v1/chat/completions field");
         goto out;
     }
-    /* prompt */
+    if ((v = field(root, "tool_choice")) && kind == SRV_COMPLETION &&
+        !(cJSON_IsString(v) && (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto")))) {
+        bad(&c, 400, "tool_choice", "'tool_choice' is a /v1/chat/completions field");
+        goto out;
+    }
+    /* prompt (and, for chat, a forced tool call's grammar) */
     if (kind == SRV_COMPLETION ? parse_prompt(&c, root, lim, r) : parse_messages(&c, root, lim, r)) goto out;
+    /* structured output: the output is held to a grammar from its first token */
+    struct gm_grammar *rf = NULL;
+    if (parse_response_format(&c, root, &rf)) goto out;
+    if (rf && r->grammar) {
+        gm_grammar_free(rf);
+        bad(&c, 400, "response_format", "'response_format' cannot be combined with tool_choice \"required\" or a named "
+            "function: both constrain the whole output");
+        goto out;
+    }
+    if (rf) r->grammar = rf;
+    if (r->grammar && r->ignore_eos) {
+        bad(&c, 400, "ignore_eos", "'ignore_eos' cannot be combined with structured output (response_format, or tool_choice "
+            "\"required\" / a named function): the output must end where the grammar does");
+        goto out;
+    }
+    if (r->grammar) r->think_open = 0; /* the output is the constrained text, not reasoning that the prompt opened */
     const char *pname = kind == SRV_CHAT ? "messages" : "prompt";
     if (r->n_prompt == 0) {
         bad(&c, 400, pname, "the prompt is empty");

@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "generate.h"
+#include "grammar.h"
 #include "parsers.h"
 #include "sampler.h"
 #include "spec.h"
@@ -74,6 +75,9 @@ struct srv_req {
     double t_arrival;               /* now_sec() at parse */
     int parse_flags;                /* chat: PARSE_REASONING / PARSE_TOOLS (parsers.h) for the output */
     int think_open;                 /* the prompt opened <think>: the reasoning parser starts inside it */
+    struct gm_grammar *grammar;     /* structured output (response_format, a forced tool call): the grammar
+                                       every sampled token must follow; NULL: none. The owner's, shared by
+                                       its choices */
     int n;                          /* choices of the request (owner; 1 on the others) */
     int index;                      /* this choice's index, 0..n-1 */
     struct srv_req *owner;          /* choice 0, which holds mu / cv / refs / cancelled for all (itself there) */
@@ -111,6 +115,7 @@ struct srv_req {
 
     /* ---- scheduler thread only ---- */
     struct sampler *smp;
+    struct gm_matcher *gm;          /* with a grammar: where the output is in it */
     struct stop_matcher sm;
     struct tok_stream ts;
     int32_t *all;                   /* [n_all] prompt + generated ids */

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "grammar.h"
 #include "util.h"
 
 struct batch_entry {
@@ -46,6 +47,9 @@ struct scheduler {
     struct batch_entry *ent;            /* [max_num_seqs] */
     int b_cap;
     int n_prefill;                      /* prompt tokens in this step's batch */
+    struct gm_vocab *vocab;             /* structured output: the vocabulary's trie (grammar.h) */
+    uint32_t *mask;                     /* [(n_vocab + 31) / 32] the allowed tokens of one sequence */
+    float *masked;                      /* [n_vocab] its logits with the others at -inf */
 };
 
 /* ---- lists ---- */
@@ -149,7 +153,27 @@ static void publish(struct scheduler *s, struct srv_req *r, int32_t id, const fl
 
 static void sample_one(struct scheduler *s, struct srv_req *r, const float *logits) {
     const int n_gen0 = r->n_all - r->n_prompt;
-    int32_t id = sampler_sample(r->smp, logits, r->all + r->n_prompt, n_gen0, NULL);
+    /* structured output: the tokens the grammar refuses here are out of the draw (the test mode's
+     * fixed output is not held to it) */
+    const float *l = logits;
+    const int constrained = r->gm && !s->cfg.n_forced;
+    const double t_mask = constrained ? now_sec() : 0;
+    if (constrained) {
+        if (gm_matcher_mask(r->gm, s->mask) == 0) { /* only a vocabulary without some single byte can get here */
+            flush_text(s, r);
+            finish(s, r, NULL, 500, "structured output: no token of the vocabulary can continue the output");
+            return;
+        }
+        gm_apply_mask(s->mask, logits, s->masked, s->n_vocab);
+        l = s->masked;
+    }
+    const double t_sample = constrained ? now_sec() : 0;
+    int32_t id = sampler_sample(r->smp, l, r->all + r->n_prompt, n_gen0, NULL);
+    if (constrained) {
+        const double t_accept = now_sec();
+        gm_matcher_accept_token(r->gm, id); /* cannot fail: the mask allowed id */
+        metrics_structured(s->met, 1, (t_sample - t_mask) + (now_sec() - t_accept));
+    }
     if (s->cfg.n_forced) id = s->cfg.forced[n_gen0 < s->cfg.n_forced ? n_gen0 : s->cfg.n_forced - 1];
     publish(s, r, id, logits);
 }
@@ -480,6 +504,9 @@ struct scheduler *sched_new(struct pxq_engine *e, const struct pxq_tokenizer *to
     s->b_seq = xmalloc((size_t)s->b_cap * sizeof *s->b_seq);
     s->b_logits = xmalloc((size_t)s->b_cap);
     s->ent = xmalloc((size_t)cfg->max_num_seqs * sizeof *s->ent);
+    s->vocab = gm_vocab_from_tokenizer(tok, s->n_vocab, s->hp->eos_ids, s->hp->n_eos);
+    s->mask = xmalloc((size_t)(s->n_vocab + 31) / 32 * sizeof *s->mask);
+    s->masked = xmalloc((size_t)s->n_vocab * sizeof *s->masked);
     s->running = xmalloc((size_t)cfg->max_num_seqs * sizeof *s->running);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
@@ -497,6 +524,7 @@ int sched_submit(struct scheduler *s, struct srv_req *r) {
     for (int i = 0; i < r->n; i++) {
         struct srv_req *c = r->choices[i];
         if (!c->smp && !(c->smp = sampler_new(&c->sp, s->n_vocab, err, sizeof err))) return -1;
+        if (c->grammar && !c->gm) c->gm = gm_matcher_new(c->grammar, s->vocab);
     }
     for (int i = 0; i < r->n; i++) {
         struct srv_req *c = r->choices[i];
@@ -562,5 +590,6 @@ void sched_free(struct scheduler *s) {
     pthread_cond_destroy(&s->cv);
     free(s->running), free(s->waiting), free(s->ent);
     free(s->b_tok), free(s->b_pos), free(s->b_seq), free(s->b_logits);
+    gm_vocab_free(s->vocab), free(s->mask), free(s->masked);
     free(s);
 }

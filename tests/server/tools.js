@@ -5,8 +5,9 @@
 // hermes). Checked: message.tool_calls / reasoning_content / content and finish_reason
 // "tool_calls", the same assembled from the streamed deltas (no partial tag ever sent as text),
 // a history with tool calls and results sent back, malformed and unfinished calls coming back as
-// content, and what stays refused (tool_choice "required", JSON response_format, tools without a
-// tool parser).
+// content, and what stays refused (a tool_choice naming no tool, an unknown response_format type,
+// tools without a tool parser). Forced calls (tool_choice "required" or a named function) are
+// structured output: structured.js.
 'use strict';
 const fs = require('fs');
 const os = require('os');
@@ -108,9 +109,10 @@ async function withServer(output, extraArgs, fn) {
       try { await client.chat.completions.create({ model: 'tiny', messages: MSGS, max_tokens: 4, ...body }); } catch (e) { err = e; }
       check(`${name}: BadRequestError naming ${param}`, err instanceof BadRequestError && err.param === param && re.test(err.message), String(err));
     };
-    await refused('tool_choice required', { tools: TOOLS, tool_choice: 'required' }, 'tool_choice', /structured output/);
-    await refused('a named tool_choice', { tools: TOOLS, tool_choice: { type: 'function', function: { name: 'get_weather' } } }, 'tool_choice', /structured output/);
-    await refused('response_format json_object', { response_format: { type: 'json_object' } }, 'response_format', /structured output/);
+    await refused('a tool_choice naming no tool', { tools: TOOLS, tool_choice: { type: 'function', function: { name: 'get_time' } } }, 'tool_choice',
+      /'get_time', which is not in 'tools'/);
+    await refused('tool_choice of another kind', { tools: TOOLS, tool_choice: 'always' }, 'tool_choice', /must be "none", "auto", "required"/);
+    await refused('an unknown response_format type', { response_format: { type: 'yaml' } }, 'response_format', /'yaml' is not supported/);
     await refused('arguments that are not JSON', { messages: [...MSGS, { role: 'assistant', content: null, tool_calls: [{ id: 'c', type: 'function',
       function: { name: 'f', arguments: '{"city": ' } }] }, { role: 'tool', tool_call_id: 'c', content: 'x' }] }, 'messages', /not valid JSON/);
     await refused('a tool without a name', { tools: [{ type: 'function', function: { parameters: {} } }] }, 'tools', /name/);

@@ -128,8 +128,8 @@ const is400 = (r, param, re) => r.status === 400 && paramOf(r) === param && (!re
     const hi = [{ role: 'user', content: 'Hi' }];
     const tool = { type: 'function', function: { name: 'f', parameters: { type: 'object' } } };
     for (const [name, extra, param] of [['tools', { tools: [tool] }, 'tools'], ['functions', { functions: [tool.function] }, 'functions'],
-      ['tool_choice required', { tool_choice: 'required' }, 'tool_choice'],
-      ['response_format json_object', { response_format: { type: 'json_object' } }, 'response_format'],
+      ['tool_choice required without tools', { tool_choice: 'required' }, 'tool_choice'],
+      ['response_format of an unknown type', { response_format: { type: 'json' } }, 'response_format'],
       ['logit_bias', { logit_bias: { 5: 10 } }, 'logit_bias'],
       ['chat_template_kwargs.foo', { chat_template_kwargs: { foo: 1 } }, 'chat_template_kwargs'],
       ['enable_thinking not a boolean', { chat_template_kwargs: { enable_thinking: 'no' } }, 'chat_template_kwargs']]) {
@@ -137,7 +137,8 @@ const is400 = (r, param, re) => r.status === 400 && paramOf(r) === param && (!re
       check(`${name}: 400 naming ${param}`, is400(r, param), r.body);
     }
     for (const [name, extra] of [['tools: []', { tools: [] }], ['tool_choice none', { tool_choice: 'none' }],
-      ['response_format text', { response_format: { type: 'text' } }], ['enable_thinking', { chat_template_kwargs: { enable_thinking: true } }]]) {
+      ['response_format text', { response_format: { type: 'text' } }], ['response_format json_object', { response_format: { type: 'json_object' } }],
+      ['enable_thinking', { chat_template_kwargs: { enable_thinking: true } }]]) {
       const r = await chat(hi, extra);
       check(`${name}: accepted`, r.status === 200, r.body);
     }
