@@ -267,6 +267,11 @@ static int spec_on(const struct scheduler *s) { return s->cfg.spec && s->cfg.spe
 
 static void spec_start(struct scheduler *s, struct srv_req *r) {
     if (!spec_on(s) || r->spec_live || r->done || r->seq < 0 || r->n_all - r->n_done != 1 || r->n_all <= r->n_prompt) return;
+    if (r->gm) { /* structured output: the drafts would pass unmasked; this request decodes plainly */
+        spec_seq_free(r->ss);
+        r->ss = NULL;
+        return;
+    }
     char err[256];
     if (!r->ss && s->cfg.spec->kind == SPEC_MTP) return; /* its head did not follow the prefill */
     if (!r->ss && !(r->ss = spec_seq_new(s->cfg.spec, s->e, r->seq, err, sizeof err))) return; /* plain decoding, then */
