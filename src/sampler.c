@@ -91,20 +91,12 @@ static int cmp_desc(const void *a, const void *b, void *ctx) {
     return *(const int32_t *)a - *(const int32_t *)b;
 }
 
-int32_t sampler_sample(struct sampler *s, const float *logits, const int32_t *history, int n_hist, float *logprob) {
+/* The candidates a temperature draw keeps, from the penalised logits in s->work: scaled by 1 / T,
+ * sorted (s->idx, descending; top-k keeps the first k), softmax, top-p, min-p. Returns their count m;
+ * s->work[s->idx[i]] holds the probability of candidate i < m (not renormalised after the cuts). */
+static int kept(struct sampler *s) {
     const int n = s->n_vocab;
     float *w = s->work;
-    memcpy(w, logits, (size_t)n * sizeof(float));
-    apply_penalties(s, w, history, n_hist);
-    if (s->p.temperature < SAMPLER_TEMP_EPS) {
-        int32_t best = argmax_f32(w, n);
-        if (logprob) {
-            double z = 0;
-            for (int i = 0; i < n; i++) z += exp((double)w[i] - w[best]);
-            *logprob = (float)-log(z);
-        }
-        return best;
-    }
     for (int i = 0; i < n; i++) {
         w[i] /= s->p.temperature;
         s->idx[i] = i;
@@ -135,6 +127,24 @@ int32_t sampler_sample(struct sampler *s, const float *logits, const int32_t *hi
         while (keep < m && w[s->idx[keep]] >= th) keep++;
         m = keep;
     }
+    return m;
+}
+
+int32_t sampler_sample(struct sampler *s, const float *logits, const int32_t *history, int n_hist, float *logprob) {
+    const int n = s->n_vocab;
+    float *w = s->work;
+    memcpy(w, logits, (size_t)n * sizeof(float));
+    apply_penalties(s, w, history, n_hist);
+    if (s->p.temperature < SAMPLER_TEMP_EPS) {
+        int32_t best = argmax_f32(w, n);
+        if (logprob) {
+            double z = 0;
+            for (int i = 0; i < n; i++) z += exp((double)w[i] - w[best]);
+            *logprob = (float)-log(z);
+        }
+        return best;
+    }
+    const int m = kept(s);
     double tot = 0;
     for (int i = 0; i < m; i++) tot += w[s->idx[i]];
     double r = rng_uniform(s) * tot, c = 0;
@@ -161,30 +171,7 @@ int32_t sampler_dist(struct sampler *s, const float *logits, const int32_t *hist
         probs[best] = 1.0f;
         return best;
     }
-    for (int i = 0; i < n; i++) {
-        w[i] /= s->p.temperature;
-        s->idx[i] = i;
-    }
-    qsort_r(s->idx, (size_t)n, sizeof(int32_t), cmp_desc, w);
-    int m = s->p.top_k > 0 && s->p.top_k < n ? s->p.top_k : n;
-    const float mx = w[s->idx[0]];
-    double z = 0;
-    for (int i = 0; i < m; i++) z += exp((double)w[s->idx[i]] - mx);
-    for (int i = 0; i < m; i++) w[s->idx[i]] = (float)(exp((double)w[s->idx[i]] - mx) / z);
-    if (s->p.top_p < 1.0f) { /* the same cut as sampler_sample's */
-        double c = 0;
-        for (int i = 0; i < m; i++)
-            if ((c += w[s->idx[i]]) >= s->p.top_p) {
-                m = i + 1;
-                break;
-            }
-    }
-    if (s->p.min_p > 0) {
-        const float th = s->p.min_p * w[s->idx[0]];
-        int keep = 1;
-        while (keep < m && w[s->idx[keep]] >= th) keep++;
-        m = keep;
-    }
+    const int m = kept(s);
     double tot = 0;
     for (int i = 0; i < m; i++) tot += w[s->idx[i]];
     for (int i = 0; i < m; i++) probs[s->idx[i]] = (float)(w[s->idx[i]] / tot);

@@ -45,6 +45,7 @@ struct scheduler {
     int32_t *b_tok, *b_pos, *b_seq;     /* [b_cap] the step's batch */
     int8_t *b_logits;
     struct batch_entry *ent;            /* [max_num_seqs] */
+    struct srv_req **mtp_wait;          /* [max_num_seqs] requests whose MTP head follows this step's prefill */
     int b_cap;
     int n_prefill;                      /* prompt tokens in this step's batch */
     struct gm_vocab *vocab;             /* structured output: the vocabulary's trie (grammar.h) */
@@ -148,10 +149,12 @@ static float raw_logprobs(const float *l, int n_vocab, int32_t id, struct srv_to
 }
 
 /* r's known tokens are all in its cache and `logits` are those of the last: sample, publish, and
- * finish r on eos / stop string / max_tokens. */
-static void publish(struct scheduler *s, struct srv_req *r, int32_t id, const float *logits);
+ * finish r on eos / stop string / max_tokens. Returns 1 if r finished: its memory may be gone then
+ * (finish releases the reference the HTTP thread may be the last to hold), so the caller must not
+ * touch r again. */
+static int publish(struct scheduler *s, struct srv_req *r, int32_t id, const float *logits);
 
-static void sample_one(struct scheduler *s, struct srv_req *r, const float *logits) {
+static int sample_one(struct scheduler *s, struct srv_req *r, const float *logits) {
     const int n_gen0 = r->n_all - r->n_prompt;
     /* structured output: the tokens the grammar refuses here are out of the draw (the test mode's
      * fixed output is not held to it) */
@@ -162,7 +165,7 @@ static void sample_one(struct scheduler *s, struct srv_req *r, const float *logi
         if (gm_matcher_mask(r->gm, s->mask) == 0) { /* only a vocabulary without some single byte can get here */
             flush_text(s, r);
             finish(s, r, NULL, 500, "structured output: no token of the vocabulary can continue the output");
-            return;
+            return 1;
         }
         gm_apply_mask(s->mask, logits, s->masked, s->n_vocab);
         l = s->masked;
@@ -175,12 +178,12 @@ static void sample_one(struct scheduler *s, struct srv_req *r, const float *logi
         metrics_structured(s->met, 1, (t_sample - t_mask) + (now_sec() - t_accept));
     }
     if (s->cfg.n_forced) id = s->cfg.forced[n_gen0 < s->cfg.n_forced ? n_gen0 : s->cfg.n_forced - 1];
-    publish(s, r, id, logits);
+    return publish(s, r, id, logits);
 }
 
 /* id is r's next token and `logits` the distribution it came from (for logprobs): append, publish,
- * and finish r on eos / stop string / max_tokens. */
-static void publish(struct scheduler *s, struct srv_req *r, int32_t id, const float *logits) {
+ * and finish r on eos / stop string / max_tokens. Returns 1 if r finished (see sample_one). */
+static int publish(struct scheduler *s, struct srv_req *r, int32_t id, const float *logits) {
     const int n_gen0 = r->n_all - r->n_prompt;
     struct srv_top top[SRV_MAX_TOP_LOGPROBS];
     float lp = 0;
@@ -213,7 +216,10 @@ static void publish(struct scheduler *s, struct srv_req *r, int32_t id, const fl
     } else if (r->n_all - r->n_prompt >= r->max_tokens || r->n_all >= s->n_ctx) {
         flush_text(s, r);
         finish(s, r, "length", 0, NULL);
+    } else {
+        return 0;
     }
+    return 1;
 }
 
 /* ---- one step ---- */
@@ -315,7 +321,8 @@ static int spec_finish(struct scheduler *s, struct srv_req *r, const struct batc
     }
     r->n_done = pxq_seq_len(s->e, r->seq);
     metrics_spec(s->met, en->n_drafts, n - 1 < en->n_drafts ? n - 1 : en->n_drafts);
-    for (int i = 0; i < n && !r->done; i++) publish(s, r, out[i], rows[i]);
+    for (int i = 0; i < n; i++)
+        if (publish(s, r, out[i], rows[i])) break; /* r is finished, and maybe freed */
     return en->n_drafts + 1;
 }
 
@@ -339,7 +346,7 @@ static void fork_choices(struct scheduler *s, struct srv_req *r, const float *lo
         waiting_insert(s, c, 1);
     }
     for (int i = 1; i < r->n; i++)
-        if (r->choices[i]->seq >= 0) sample_one(s, r->choices[i], logits), spec_start(s, r->choices[i]);
+        if (r->choices[i]->seq >= 0 && !sample_one(s, r->choices[i], logits)) spec_start(s, r->choices[i]);
 }
 
 static void step(struct scheduler *s) {
@@ -417,7 +424,7 @@ static void step(struct scheduler *s) {
             fprintf(stderr, "pxq serve: batch of %d tokens failed: %s\n", nb, err);
             for (int i = 0; i < n_ent; i++) finish(s, s->ent[i].r, NULL, 500, err);
         } else {
-            int oi = 0;
+            int oi = 0, n_mtp = 0;
             for (int i = 0; i < n_ent; i++) {
                 struct srv_req *r = s->ent[i].r;
                 if (s->ent[i].n_drafts >= 0) {
@@ -426,15 +433,16 @@ static void step(struct scheduler *s) {
                 }
                 if (r->ss) spec_mtp_add_hidden(r->ss, pxq_hidden(s->e, s->ent[i].row0), r->n_done, s->ent[i].take);
                 r->n_done += s->ent[i].take;
-                if (!s->ent[i].output) continue;
-                const float *logits = pxq_logits(s->e, oi++);
-                if (r->fork_pending) fork_choices(s, r, logits);
-                sample_one(s, r, logits);
-                spec_start(s, r);
+                if (s->ent[i].output) {
+                    const float *logits = pxq_logits(s->e, oi++);
+                    if (r->fork_pending) fork_choices(s, r, logits);
+                    if (sample_one(s, r, logits)) continue; /* finished: r may be gone */
+                    spec_start(s, r);
+                }
+                if (r->ss && !r->spec_live) s->mtp_wait[n_mtp++] = r; /* its head follows this chunk, below */
             }
-            for (int i = 0; i < n_ent; i++) { /* the MTP head's rows of the prefill chunks (it runs the engine) */
-                struct srv_req *r = s->ent[i].r;
-                if (r->done || !r->ss || s->ent[i].n_drafts >= 0) continue;
+            for (int i = 0; i < n_mtp; i++) { /* the MTP head's rows of the prefill chunks (it runs the engine) */
+                struct srv_req *r = s->mtp_wait[i];
                 if (spec_mtp_catch_up(r->ss, r->all, r->n_all, err, sizeof err) != 0) { /* speculation off for r */
                     spec_seq_free(r->ss);
                     r->ss = NULL, r->spec_live = 0;
@@ -509,6 +517,7 @@ struct scheduler *sched_new(struct pxq_engine *e, const struct pxq_tokenizer *to
     s->b_seq = xmalloc((size_t)s->b_cap * sizeof *s->b_seq);
     s->b_logits = xmalloc((size_t)s->b_cap);
     s->ent = xmalloc((size_t)cfg->max_num_seqs * sizeof *s->ent);
+    s->mtp_wait = xmalloc((size_t)cfg->max_num_seqs * sizeof *s->mtp_wait);
     s->vocab = gm_vocab_from_tokenizer(tok, s->n_vocab, s->hp->eos_ids, s->hp->n_eos);
     s->mask = xmalloc((size_t)(s->n_vocab + 31) / 32 * sizeof *s->mask);
     s->masked = xmalloc((size_t)s->n_vocab * sizeof *s->masked);
@@ -593,7 +602,7 @@ void sched_free(struct scheduler *s) {
     }
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
-    free(s->running), free(s->waiting), free(s->ent);
+    free(s->running), free(s->waiting), free(s->ent), free(s->mtp_wait);
     free(s->b_tok), free(s->b_pos), free(s->b_seq), free(s->b_logits);
     gm_vocab_free(s->vocab), free(s->mask), free(s->masked);
     free(s);
