@@ -266,11 +266,120 @@ struct pxq_tokenizer *tokenizer_load_hf(const char *path, char *err, size_t errl
 
 /* ---- GGUF metadata (llama.cpp llama-vocab.cpp) -------------------------------------------------- */
 
+/* An SPM special-token id key: the id, dflt when absent, -1 when the default is out of range too;
+ * a present id out of range is an error (llama.cpp warns and keeps its default). */
+static int spm_special_id(const struct gguf_file *g, const char *key, int64_t dflt, int64_t n, int32_t *out,
+                          char *err, size_t errlen) {
+    int64_t id = dflt;
+    if (gguf_find_key(g, key) >= 0 && (gguf_get_i64(g, key, &id) || id < 0 || id >= n))
+        return set_err(err, errlen, "gguf: %s is not a token id in [0, %lld)", key, (long long)n);
+    *out = id < n ? (int32_t)id : -1;
+    return 0;
+}
+
+static int spm_flag(const struct gguf_file *g, const char *key, int dflt, int *out, char *err, size_t errlen) {
+    *out = dflt;
+    if (gguf_find_key(g, key) >= 0 && gguf_get_bool(g, key, out))
+        return set_err(err, errlen, "gguf: %s is not a bool", key);
+    return 0;
+}
+
+/* tokenizer.ggml.model "llama": SentencePiece as llama.cpp loads it (llama_vocab::impl::load). */
+static struct pxq_tokenizer *load_gguf_spm(const struct gguf_file *g, char *err, size_t errlen) {
+    int64_t n = gguf_arr_len(g, "tokenizer.ggml.tokens");
+    if (n <= 0 || n >= MAX_ID || gguf_arr_type(g, "tokenizer.ggml.tokens") != GGUF_STRING) {
+        set_err(err, errlen, "gguf: tokenizer.ggml.tokens must be a non-empty string array under 2^24 entries");
+        return NULL;
+    }
+    if (gguf_arr_len(g, "tokenizer.ggml.scores") != n || gguf_arr_type(g, "tokenizer.ggml.scores") != GGUF_FLOAT32) {
+        set_err(err, errlen, "gguf: tokenizer.ggml.scores must be a float32 array of %lld entries, one per token "
+                "(SentencePiece merges by score)%s", (long long)n,
+                gguf_find_key(g, "tokenizer.ggml.scores") < 0 ? ": it is missing" : "");
+        return NULL;
+    }
+    if (gguf_arr_len(g, "tokenizer.ggml.token_type") != n) {
+        set_err(err, errlen, "gguf: tokenizer.ggml.token_type must be an integer array of %lld entries, one per token "
+                "(SentencePiece tells byte and control tokens by it)%s", (long long)n,
+                gguf_find_key(g, "tokenizer.ggml.token_type") < 0 ? ": it is missing" : "");
+        return NULL;
+    }
+    struct tok_spec sp = {.kind = TOK_SPM, .space_prefix = SPM_PREFIX_ALL};
+    struct pxq_tokenizer *t = NULL;
+    int32_t bos, eos, unk;
+    int want_bos, want_eos, add_prefix;
+    if (spm_special_id(g, "tokenizer.ggml.bos_token_id", 1, n, &bos, err, errlen) ||
+        spm_special_id(g, "tokenizer.ggml.eos_token_id", 2, n, &eos, err, errlen) ||
+        spm_special_id(g, "tokenizer.ggml.unknown_token_id", 0, n, &unk, err, errlen) ||
+        spm_flag(g, "tokenizer.ggml.add_bos_token", 1, &want_bos, err, errlen) ||
+        spm_flag(g, "tokenizer.ggml.add_eos_token", 0, &want_eos, err, errlen) ||
+        spm_flag(g, "tokenizer.ggml.add_space_prefix", 1, &add_prefix, err, errlen))
+        return NULL;
+    sp.space_prefix = add_prefix ? SPM_PREFIX_ALL : SPM_PREFIX_NONE;
+    sp.strip_space = add_prefix;
+    sp.vocab = xcalloc(n, sizeof *sp.vocab);
+    sp.added = xcalloc(n, sizeof *sp.added);
+    for (int64_t i = 0; i < n; i++) {
+        size_t len;
+        const char *s = gguf_arr_str(g, "tokenizer.ggml.tokens", i, &len);
+        int64_t ty;
+        float score;
+        if (!s || gguf_arr_i64(g, "tokenizer.ggml.token_type", i, &ty) || gguf_arr_f32(g, "tokenizer.ggml.scores", i, &score)) {
+            set_err(err, errlen, "gguf: tokenizer.ggml.tokens/scores/token_type entry %lld unreadable", (long long)i);
+            goto out;
+        }
+        if (len == 0) { /* llama.cpp renames it "[EMPTY_i]"; nothing can match or merge into it */
+            set_err(err, errlen, "gguf: tokenizer.ggml.tokens[%lld] is empty", (long long)i);
+            goto out;
+        }
+        if (ty < TT_UNDEFINED || ty > TT_BYTE) ty = TT_UNDEFINED;
+        if (ty == TT_BYTE && spm_byte_token(s, len) < 0) {
+            set_err(err, errlen, "gguf: token %lld \"%.*s\" has token_type 6 (byte) but is not <0xNN>", (long long)i,
+                    (int)(len < 40 ? len : 40), s);
+            goto out;
+        }
+        sp.vocab[sp.n_vocab++] = (struct tok_src){s, len, i, score, (int)ty};
+        /* CONTROL and UNKNOWN: special added tokens (matched with parse_special); USER_DEFINED: always
+         * matched (llama.cpp tokenizer_st_partition) */
+        if (ty == TT_CONTROL || ty == TT_UNKNOWN || ty == TT_USER_DEFINED)
+            sp.added[sp.n_added++] = (struct added_src){s, len, i, ty != TT_USER_DEFINED, 0, 0, 0, 0};
+    }
+    if (!(t = tok_build(&sp, err, errlen))) goto out;
+    for (int b = 0; b < 256; b++) {
+        if (t->spm_byte[b] < 0) { /* llama.cpp's fallback: the byte itself as a token */
+            char c = (char)b;
+            t->spm_byte[b] = tok_vocab_find(t, &c, 1);
+        }
+        if (t->spm_byte[b] < 0) {
+            set_err(err, errlen, "gguf: the SentencePiece vocab has no byte token <0x%02X> (byte fallback needs all 256)", b);
+            tokenizer_free(t);
+            t = NULL;
+            goto out;
+        }
+    }
+    t->unk_id = unk;
+    t->bos_id = bos;
+    t->eos_id = eos;
+    t->add_bos = want_bos && bos >= 0;
+    t->add_eos = want_eos && eos >= 0;
+    add_eos(t, eos);
+    const char *keys[] = {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
+    for (int i = 0; i < 2; i++) {
+        int64_t id;
+        if (gguf_get_i64(g, keys[i], &id) == 0) add_eos(t, id);
+    }
+    const char *tmpl = gguf_get_str(g, "tokenizer.chat_template");
+    if (tmpl) t->chat_template = xstrdup(tmpl);
+out:
+    free_spec(&sp);
+    return t;
+}
+
 struct pxq_tokenizer *tokenizer_load_gguf(const struct gguf_file *g, char *err, size_t errlen) {
     const char *model = g ? gguf_get_str(g, "tokenizer.ggml.model") : NULL;
+    if (model && !strcmp(model, "llama")) return load_gguf_spm(g, err, errlen);
     if (!model || strcmp(model, "gpt2")) {
-        set_err(err, errlen, "gguf: tokenizer.ggml.model is \"%.40s\", only \"gpt2\" (byte-level BPE) is supported",
-                model ? model : "(missing)");
+        set_err(err, errlen, "gguf: tokenizer.ggml.model is \"%.40s\"; supported: \"gpt2\" (byte-level BPE), "
+                "\"llama\" (SentencePiece)", model ? model : "(missing)");
         return NULL;
     }
     const char *pre = gguf_get_str(g, "tokenizer.ggml.pre");
@@ -318,7 +427,7 @@ struct pxq_tokenizer *tokenizer_load_gguf(const struct gguf_file *g, char *err, 
         if (ty == 3 || ty == 4) /* CONTROL -> special added token; USER_DEFINED -> added, not special */
             sp.added[sp.n_added++] = (struct added_src){s, len, i, ty == 3, 0, 0, 0, 0};
         else
-            sp.vocab[sp.n_vocab++] = (struct tok_src){s, len, i};
+            sp.vocab[sp.n_vocab++] = (struct tok_src){s, len, i, 0, TT_NORMAL};
     }
     for (int64_t i = 0; i < nm; i++) {
         size_t len;
