@@ -102,6 +102,7 @@ struct tok_spec {
     const char *unk; size_t unk_len;
     int kind;   /* TOK_*; SPM kinds take the score and type of each vocab entry */
     int space_prefix, metaspace_split, strip_space; /* SPM_PREFIX_*, as in struct pxq_tokenizer */
+    const char *bos_tok, *eos_tok; /* tokenizer.json post-processor: the texts of BOS and EOS, or NULL */
 };
 
 /* Encoder state of one tokenizer_encode call (tokenizer.c; the SPM pieces in tokenizer_spm.c). */

@@ -8,12 +8,18 @@
  * 3. BOS: tokenizer_encode adds it (add_bos_token defaults to true for SPM), decode after it keeps
  *    the space; special tokens in the text with parse_special.
  * 4. A broken vocab fails at load with a message naming what is wrong, never a crash.
+ * 5. The same vocab as HF tokenizer.json writes it (LlamaConverter: BPE with byte_fallback, merges
+ *    from the scores by SentencePieceExtractor, the Prepend + Replace normalizer, TemplateProcessing
+ *    with <s>): the same 46 vectors (the .out ids are HF's own), BOS from the post-processor; and the
+ *    newer Metaspace form (prepend_scheme "first"), which puts no second "▁" before a leading space.
  */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <cjson/cJSON.h>
 
 #include "gguf.h"
 #include "gguf_write.h"
@@ -238,6 +244,138 @@ static void broken(void) {
     }
 }
 
+/* 5: tokenizer.json from the GGUF, as transformers' LlamaConverter writes it */
+struct hf_merge { float score; int seq; int32_t l, r; };
+
+static int cmp_merge(const void *pa, const void *pb) { /* score descending, then as extracted (stable) */
+    const struct hf_merge *a = pa, *b = pb;
+    if (a->score != b->score) return a->score > b->score ? -1 : 1;
+    return a->seq - b->seq;
+}
+
+static int cmp_local(const void *pa, const void *pb) { /* SentencePieceExtractor: by (vocab[l], vocab[r]) */
+    const struct hf_merge *a = pa, *b = pb;
+    return a->l != b->l ? a->l - b->l : a->r - b->r;
+}
+
+static char *llama_tokenizer_json(const struct gguf_file *g, const struct pxq_tokenizer *t, int metaspace) {
+    int64_t n = gguf_arr_len(g, "tokenizer.ggml.tokens");
+    cJSON *root = cJSON_CreateObject(), *model = cJSON_CreateObject(), *vocab = cJSON_CreateObject();
+    cJSON *merges = cJSON_CreateArray(), *added = cJSON_CreateArray();
+    struct hf_merge *m = xmalloc(64 * (size_t)n * sizeof *m);
+    int nm = 0, seq = 0;
+    for (int64_t i = 0; i < n; i++) {
+        size_t len;
+        const char *s = gguf_arr_str(g, "tokenizer.ggml.tokens", i, &len);
+        float score;
+        gguf_arr_f32(g, "tokenizer.ggml.scores", i, &score);
+        char *z = xmalloc(len + 1);
+        memcpy(z, s, len);
+        z[len] = 0;
+        cJSON_AddNumberToObject(vocab, z, (double)i);
+        if (i < 3) {
+            cJSON *a = cJSON_CreateObject();
+            cJSON_AddNumberToObject(a, "id", (double)i);
+            cJSON_AddStringToObject(a, "content", z);
+            cJSON_AddBoolToObject(a, "special", 1);
+            cJSON_AddBoolToObject(a, "normalized", 0);
+            cJSON_AddItemToArray(added, a);
+        }
+        int first = nm;
+        for (size_t k = 1; k < len; k++) { /* every split at a character boundary */
+            if (((unsigned char)z[k] & 0xC0) == 0x80) continue;
+            char c = z[k];
+            z[k] = 0;
+            int32_t l = tokenizer_token_id(t, z);
+            z[k] = c;
+            int32_t r = tokenizer_token_id(t, z + k);
+            if (l >= 0 && r >= 0 && nm < 64 * n) m[nm++] = (struct hf_merge){score, 0, l, r};
+        }
+        qsort(m + first, (size_t)(nm - first), sizeof *m, cmp_local);
+        for (int k = first; k < nm; k++) m[k].seq = seq++;
+        free(z);
+    }
+    qsort(m, (size_t)nm, sizeof *m, cmp_merge);
+    for (int i = 0; i < nm; i++) {
+        size_t ll, lr;
+        const char *a = gguf_arr_str(g, "tokenizer.ggml.tokens", m[i].l, &ll), *b = gguf_arr_str(g, "tokenizer.ggml.tokens", m[i].r, &lr);
+        char *pair = xmalloc(ll + lr + 2);
+        memcpy(pair, a, ll);
+        pair[ll] = ' ';
+        memcpy(pair + ll + 1, b, lr);
+        pair[ll + lr + 1] = 0;
+        cJSON_AddItemToArray(merges, cJSON_CreateString(pair));
+        free(pair);
+    }
+    free(m);
+    cJSON_AddStringToObject(model, "type", "BPE");
+    cJSON_AddStringToObject(model, "unk_token", "<unk>");
+    cJSON_AddBoolToObject(model, "fuse_unk", 1);
+    cJSON_AddBoolToObject(model, "byte_fallback", 1);
+    cJSON_AddItemToObject(model, "vocab", vocab);
+    cJSON_AddItemToObject(model, "merges", merges);
+    cJSON_AddItemToObject(root, "added_tokens", added);
+    const char *rest = metaspace ?
+        "{\"normalizer\": null, \"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\u2581\", "
+        "\"prepend_scheme\": \"first\", \"split\": false}, \"decoder\": {\"type\": \"Metaspace\", \"replacement\": "
+        "\"\u2581\", \"prepend_scheme\": \"first\", \"split\": false}}" :
+        "{\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", \"prepend\": \"\u2581\"}, "
+        "{\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"\u2581\"}]}, \"pre_tokenizer\": null, "
+        "\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}, "
+        "{\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}]}, \"decoder\": {\"type\": \"Sequence\", \"decoders\": ["
+        "{\"type\": \"Replace\", \"pattern\": {\"String\": \"\u2581\"}, \"content\": \" \"}, {\"type\": \"ByteFallback\"}, "
+        "{\"type\": \"Fuse\"}, {\"type\": \"Strip\", \"content\": \" \", \"start\": 1, \"stop\": 0}]}}";
+    cJSON *r = cJSON_Parse(rest), *x;
+    CHECK(r != NULL, "the fixed part parses");
+    while (r && (x = r->child)) cJSON_AddItemToObject(root, x->string, cJSON_DetachItemViaPointer(r, x));
+    cJSON_Delete(r);
+    cJSON_AddItemToObject(root, "model", model);
+    char *out = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return out;
+}
+
+static void tokenizer_json_forms(const struct gguf_file *g, const struct pxq_tokenizer *gt, const char *base) {
+    char err[512] = "";
+    char *json = llama_tokenizer_json(g, gt, 0);
+    struct pxq_tokenizer *t = tokenizer_load_hf_buffer(json, strlen(json), err, sizeof err);
+    free(json);
+    CHECK(t != NULL, "Llama tokenizer.json: %s", err);
+    if (t) {
+        fprintf(stderr, "tokenizer.json (Prepend + Replace, merges by rank): ");
+        vectors(t, base);
+        int32_t *ids;
+        int n;
+        CHECK(tokenizer_encode(t, "Hello world", 11, 1, &ids, &n) == 0 && n == 3 && ids[0] == 1 && ids[1] == 15043,
+              "tokenizer.json: BOS from the post-processor, n %d", n);
+        free(ids);
+        tokenizer_free(t);
+    }
+    json = llama_tokenizer_json(g, gt, 1);
+    t = tokenizer_load_hf_buffer(json, strlen(json), err, sizeof err);
+    free(json);
+    CHECK(t != NULL, "Metaspace tokenizer.json: %s", err);
+    if (t) {
+        static const struct { const char *text; int32_t ids[4]; int n; } cases[] = {
+            {"Hello", {15043}, 1}, {" Hello", {15043}, 1}, {"Hello world", {15043, 3186}, 2}, {"  Hello", {29871, 15043}, 2}};
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+            int32_t *ids;
+            int n;
+            CHECK(tokenizer_encode(t, cases[i].text, strlen(cases[i].text), 1, &ids, &n) == 0, "encode");
+            CHECK(ids_equal(ids, n, cases[i].ids, cases[i].n), "Metaspace \"%s\": %d ids, first %d", cases[i].text, n, n ? ids[0] : -1);
+            free(ids);
+        }
+        int32_t *ids;
+        int n;
+        int32_t hello = tokenizer_token_id(t, "Hello");
+        CHECK(tokenizer_encode(t, "<s>Hello", 8, 1, &ids, &n) == 0 && n == 2 && ids[0] == 1 && ids[1] == hello,
+              "Metaspace first: no prefix after a special token (n %d)", n);
+        free(ids);
+        CHECK(tokenizer_add_bos(t) < 0, "no post-processor: no BOS");
+        tokenizer_free(t);
+    }
+}
+
 int main(void) {
     char path[512], err[512] = "";
     snprintf(path, sizeof path, "%s/spm/ggml-vocab-llama-spm.gguf", test_data_dir());
@@ -250,6 +388,7 @@ int main(void) {
         vectors(t, path);
         tokens_and_codepoints(t);
         specials(t);
+        tokenizer_json_forms(g, t, path);
         tokenizer_free(t);
     }
     if (g) gguf_close(g);
