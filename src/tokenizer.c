@@ -116,7 +116,7 @@ static uint32_t table_size(size_t n) { /* power of two >= 2n */
     return c;
 }
 
-static int32_t vocab_find(const struct pxq_tokenizer *t, const char *s, size_t n) {
+int32_t tok_vocab_find(const struct pxq_tokenizer *t, const char *s, size_t n) {
     if (!t->vocab_slot) return -1;
     for (uint32_t i = (uint32_t)hash_bytes(s, n) & t->vocab_mask;; i = (i + 1) & t->vocab_mask) {
         int32_t id = t->vocab_slot[i];
@@ -210,6 +210,12 @@ struct pxq_tokenizer *tok_build(const struct tok_spec *sp, char *err, size_t err
     memset(t->mtext_len, 0xFF, n * sizeof(uint32_t));
     memset(t->raw_len, 0xFF, n * sizeof(uint32_t));
     t->unk_id = -1;
+    t->bos_id = t->eos_id = -1;
+    t->kind = sp->kind;
+    t->space_prefix = sp->space_prefix;
+    t->metaspace_split = sp->metaspace_split;
+    t->strip_space = sp->strip_space;
+    if (t->kind != TOK_BYTELEVEL) t->score = xcalloc(n, sizeof(float));
     t->nfc = sp->nfc;
     t->ignore_merges = sp->ignore_merges;
     t->fuse_unk = sp->fuse_unk;
@@ -238,23 +244,45 @@ struct pxq_tokenizer *tok_build(const struct tok_spec *sp, char *err, size_t err
             set_err(err, errlen, "tokenizer: vocab id %d is used twice", id);
             goto fail;
         }
-        if (vocab_find(t, v->s, v->len) >= 0) continue;
+        int32_t dup = tok_vocab_find(t, v->s, v->len);
+        if (dup >= 0 && t->kind == TOK_SPM) { /* llama.cpp asserts the same: a merge would pick one at random */
+            set_err(err, errlen, "tokenizer: vocab entries %d and %d are both \"%.*s\"", dup, id,
+                    (int)(v->len < 40 ? v->len : 40), v->s);
+            goto fail;
+        }
+        if (dup >= 0) continue;
         t->mtext_off[id] = arena_add(t, v->s, v->len);
         t->mtext_len[id] = (uint32_t)v->len;
-        add_raw(t, id, v->s, v->len, cp_byte);
+        if (v->len > t->max_len) t->max_len = (uint32_t)v->len;
+        if (t->kind == TOK_BYTELEVEL) {
+            add_raw(t, id, v->s, v->len, cp_byte);
+        } else {
+            char *piece;
+            size_t plen;
+            spm_piece(t->kind, v->type, v->s, v->len, &piece, &plen);
+            t->raw_off[id] = arena_add(t, piece, plen);
+            t->raw_len[id] = (uint32_t)plen;
+            free(piece);
+            t->score[id] = v->score;
+        }
         uint32_t h = (uint32_t)hash_bytes(v->s, v->len) & t->vocab_mask;
         while (t->vocab_slot[h] >= 0) h = (h + 1) & t->vocab_mask;
         t->vocab_slot[h] = id;
         n_entries++;
     }
-    for (int b = 0; b < 256; b++) {
+    for (int b = 0; b < 256; b++) { /* SPM byte fallback: <0xNN> (llama.cpp byte_to_token) */
+        char hex[8];
+        snprintf(hex, sizeof hex, "<0x%02X>", b);
+        t->spm_byte[b] = t->kind == TOK_BYTELEVEL ? -1 : tok_vocab_find(t, hex, 6);
+    }
+    for (int b = 0; b < 256 && t->kind == TOK_BYTELEVEL; b++) {
         char u[2];
         int cp = t->byte_cp[b], k = 0;
         if (cp < 0x80) u[k++] = (char)cp;
         else { u[k++] = (char)(0xC0 | cp >> 6); u[k++] = (char)(0x80 | (cp & 0x3F)); }
-        t->byte_id[b] = vocab_find(t, u, k);
+        t->byte_id[b] = tok_vocab_find(t, u, k);
     }
-    if (sp->unk && (t->unk_id = vocab_find(t, sp->unk, sp->unk_len)) < 0) {
+    if (sp->unk && (t->unk_id = tok_vocab_find(t, sp->unk, sp->unk_len)) < 0) {
         set_err(err, errlen, "tokenizer: unk_token \"%.40s\" is not in the vocab", sp->unk);
         goto fail;
     }
@@ -267,11 +295,11 @@ struct pxq_tokenizer *tok_build(const struct tok_spec *sp, char *err, size_t err
     struct sbuf cat = {0};
     for (int i = 0; i < sp->n_merges; i++) {
         const struct merge_src *m = &sp->merges[i];
-        int32_t a = vocab_find(t, m->a, m->alen), b = vocab_find(t, m->b, m->blen);
+        int32_t a = tok_vocab_find(t, m->a, m->alen), b = tok_vocab_find(t, m->b, m->blen);
         cat.n = 0;
         sbuf_put(&cat, m->a, m->alen);
         sbuf_put(&cat, m->b, m->blen);
-        int32_t c = vocab_find(t, cat.p, cat.n);
+        int32_t c = tok_vocab_find(t, cat.p, cat.n);
         if (a < 0 || b < 0 || c < 0) {
             set_err(err, errlen, "tokenizer: merge %d (\"%.*s\" + \"%.*s\") uses a token not in the vocab",
                     i, (int)(m->alen < 40 ? m->alen : 40), m->a, (int)(m->blen < 40 ? m->blen : 40), m->b);
@@ -310,7 +338,7 @@ struct pxq_tokenizer *tok_build(const struct tok_spec *sp, char *err, size_t err
         }
         int64_t id = a->id;
         if (aslot[h] >= 0) id = t->added[aslot[h]].id;
-        else if (sp->hf_ids && (id = vocab_find(t, a->s, a->len)) < 0)
+        else if (sp->hf_ids && (id = tok_vocab_find(t, a->s, a->len)) < 0)
             id = max_added >= n_entries ? max_added + 1 : n_entries;
         if (id >= cap) { /* GGUF ids are positional, within cap by construction */
             set_err(err, errlen, "tokenizer: added token id %lld out of range", (long long)id);
@@ -363,6 +391,7 @@ struct pxq_tokenizer *tok_build(const struct tok_spec *sp, char *err, size_t err
         if (!(t->steps[t->n_steps++].re = compile_re(sp->patterns[i], sp->literal[i], err, errlen)))
             goto fail;
     }
+    if (t->kind != TOK_BYTELEVEL) return t; /* SPM: no pre-tokenizer (tokenizer_spm.c) */
     t->steps[t->n_steps].kind = STEP_BYTELEVEL;
     t->steps[t->n_steps].add_prefix_space = sp->bytelevel_prefix;
     if (sp->bytelevel_regex && !(t->steps[t->n_steps].re = compile_re(TOK_RE_GPT2, 0, err, errlen))) goto fail;
@@ -398,23 +427,12 @@ void tokenizer_free(struct pxq_tokenizer *t) {
     for (int i = 0; i < t->n_steps; i++) pcre2_code_free(t->steps[i].re);
     free(t->arena);
     free(t->mtext_off); free(t->mtext_len); free(t->raw_off); free(t->raw_len); free(t->special);
-    free(t->vocab_slot); free(t->merge_key); free(t->merge_val); free(t->added);
+    free(t->vocab_slot); free(t->merge_key); free(t->merge_val); free(t->added); free(t->score);
     free(t->chat_template);
     free(t);
 }
 
 /* ---- encode ------------------------------------------------------------------------------------- */
-
-struct enc {
-    int32_t *ids; int n, cap;
-    pcre2_match_context *mctx; /* match limit scaled to the input: a long whitespace run backtracks */
-    struct sym { int32_t id, prev, next; } *sym;
-    struct heap_e { uint32_t rank, pos; int32_t id; } *heap;
-    int sym_cap, heap_cap, heap_n;
-    struct sbuf word;
-    int failed;
-    const uint8_t *special_ok; /* NULL, or per byte of the pass-0 text: 1 where special tokens may match */
-};
 
 /* Whether special tokens may match in bytes [off, off + n) of the pass-0 text. */
 static int special_allowed(const struct enc *e, int parse_special, size_t off, size_t n) {
@@ -424,7 +442,7 @@ static int special_allowed(const struct enc *e, int parse_special, size_t off, s
     return 1;
 }
 
-static void emit(struct enc *e, int32_t id) {
+void tok_emit(struct enc *e, int32_t id) {
     if (e->n == e->cap) e->ids = xrealloc(e->ids, (e->cap = e->cap ? 2 * e->cap : 64) * sizeof(int32_t));
     e->ids[e->n++] = id;
 }
@@ -470,8 +488,8 @@ static void bpe_piece(const struct pxq_tokenizer *t, struct enc *e, const unsign
             if (cp < 0x80) sbuf_put(&e->word, &s[i], 1);
             else sbuf_put(&e->word, u, 2);
         }
-        int32_t id = vocab_find(t, e->word.p, e->word.n);
-        if (id >= 0) { emit(e, id); return; }
+        int32_t id = tok_vocab_find(t, e->word.p, e->word.n);
+        if (id >= 0) { tok_emit(e, id); return; }
     }
     if (n > (size_t)e->sym_cap) e->sym = xrealloc(e->sym, (e->sym_cap = (int)n) * sizeof *e->sym);
     int m = 0;
@@ -486,6 +504,10 @@ static void bpe_piece(const struct pxq_tokenizer *t, struct enc *e, const unsign
         if (m > 0) e->sym[m - 1].next = m;
         m++;
     }
+    tok_merge_emit(t, e, m);
+}
+
+void tok_merge_emit(const struct pxq_tokenizer *t, struct enc *e, int m) {
     e->heap_n = 0;
     for (int i = 0; i + 1 < m; i++) {
         const struct merge_val *mv = merge_find(t, e->sym[i].id, e->sym[i + 1].id);
@@ -507,7 +529,7 @@ static void bpe_piece(const struct pxq_tokenizer *t, struct enc *e, const unsign
         if (a->next >= 0 && (mv = merge_find(t, a->id, e->sym[a->next].id)))
             heap_push(e, mv->rank, top.pos, mv->id);
     }
-    for (int i = m > 0 ? 0 : -1; i >= 0; i = e->sym[i].next) emit(e, e->sym[i].id);
+    for (int i = m > 0 ? 0 : -1; i >= 0; i = e->sym[i].next) tok_emit(e, e->sym[i].id);
 }
 
 static void pretok(const struct pxq_tokenizer *t, struct enc *e, int step, const char *s, size_t n);
@@ -610,7 +632,7 @@ static void split_added(const struct pxq_tokenizer *t, struct enc *e, const char
             if (pass == 0) normalized_part(t, e, s + start_off, ms - start_off, special_allowed(e, parse_special, start_off, ms - start_off));
             else pretok(t, e, 0, s + start_off, ms - start_off);
         }
-        emit(e, hit->id);
+        tok_emit(e, hit->id);
         start_off = me;
     }
     if (start_off < n && !e->failed) {
@@ -621,6 +643,7 @@ static void split_added(const struct pxq_tokenizer *t, struct enc *e, const char
 
 static void normalized_part(const struct pxq_tokenizer *t, struct enc *e, const char *s, size_t n,
                             int parse_special) {
+    if (t->kind != TOK_BYTELEVEL) { spm_fragment(t, e, s, n, (size_t)(s - e->base)); return; }
     char *norm = NULL;
     size_t nn = n;
     if (t->nfc) {
@@ -634,7 +657,7 @@ static void normalized_part(const struct pxq_tokenizer *t, struct enc *e, const 
 
 /* tokenizer_encode with an optional per-byte mask of where special tokens may be parsed. */
 static int encode(const struct pxq_tokenizer *t, const char *text, size_t len, int parse_special,
-                  const uint8_t *special_ok, int32_t **ids, int *n_ids) {
+                  int add_special, const uint8_t *special_ok, int32_t **ids, int *n_ids) {
     if (ids) *ids = NULL;
     if (n_ids) *n_ids = 0;
     if (!t || !ids || !n_ids || (!text && len) || len > (size_t)1 << 30) return -1;
@@ -662,7 +685,10 @@ static int encode(const struct pxq_tokenizer *t, const char *text, size_t len, i
         len = clean.n;
         break;
     }
-    split_added(t, &e, s ? s : "", len, parse_special, 0);
+    e.base = s ? s : "";
+    if (add_special && t->add_bos && t->bos_id >= 0) tok_emit(&e, t->bos_id);
+    split_added(t, &e, e.base, len, parse_special, 0);
+    if (add_special && t->add_eos && t->eos_id >= 0) tok_emit(&e, t->eos_id);
     free(clean.p);
     free(clean_ok.p);
     free(e.sym);
@@ -677,8 +703,15 @@ static int encode(const struct pxq_tokenizer *t, const char *text, size_t len, i
 
 int tokenizer_encode(const struct pxq_tokenizer *t, const char *text, size_t len, int parse_special,
                      int32_t **ids, int *n_ids) {
-    return encode(t, text, len, parse_special, NULL, ids, n_ids);
+    return encode(t, text, len, parse_special, 1, NULL, ids, n_ids);
 }
+
+int tokenizer_encode_ex(const struct pxq_tokenizer *t, const char *text, size_t len, int parse_special,
+                        int add_special, int32_t **ids, int *n_ids) {
+    return encode(t, text, len, parse_special, add_special, NULL, ids, n_ids);
+}
+
+int tokenizer_add_bos(const struct pxq_tokenizer *t) { return t && t->add_bos && t->bos_id >= 0 ? t->bos_id : -1; }
 
 int tokenizer_encode_masked(const struct pxq_tokenizer *t, const char *text, size_t len, const uint8_t *special_ok,
                             int32_t **ids, int *n_ids) {
@@ -687,7 +720,7 @@ int tokenizer_encode_masked(const struct pxq_tokenizer *t, const char *text, siz
         if (n_ids) *n_ids = 0;
         return -1;
     }
-    return encode(t, text, len, 1, special_ok, ids, n_ids);
+    return encode(t, text, len, 1, 0, special_ok, ids, n_ids);
 }
 
 /* ---- ids <-> text ------------------------------------------------------------------------------- */
@@ -706,7 +739,7 @@ int32_t tokenizer_token_id(const struct pxq_tokenizer *t, const char *s) {
     for (int i = 0; i < t->n_added; i++) /* raw content of added tokens */
         if (t->raw_len[t->added[i].id] == n && memcmp(t->arena + t->raw_off[t->added[i].id], s, n) == 0)
             return t->added[i].id;
-    return vocab_find(t, s, n);
+    return tok_vocab_find(t, s, n);
 }
 
 int tokenizer_is_special(const struct pxq_tokenizer *t, int32_t id) {
@@ -718,7 +751,9 @@ char *tokenizer_decode(const struct pxq_tokenizer *t, const int32_t *ids, int n,
     for (int i = 0; t && ids && i < n; i++) {
         size_t l;
         const char *b = tokenizer_token_bytes(t, ids[i], &l);
-        if (b && !(skip_special && t->special[ids[i]])) sbuf_put(&raw, b, l);
+        if (!b || (skip_special && t->special[ids[i]])) continue;
+        if (i == 0 && t->strip_space && l > 0 && b[0] == ' ') b++, l--; /* llama.cpp detokenize */
+        sbuf_put(&raw, b, l);
     }
     put_lossy(&out, raw.p ? raw.p : "", raw.n);
     free(raw.p);

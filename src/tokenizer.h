@@ -1,10 +1,18 @@
-/* tokenizer.h - byte-level BPE (GPT-2 / Qwen2 style), from HF tokenizer.json or GGUF metadata.
+/* tokenizer.h - byte-level BPE (GPT-2 / Qwen2 style) and SentencePiece (Llama 2, Mistral, llama2.c),
+ * from HF tokenizer.json or GGUF metadata.
  *
- * Pipeline (HF tokenizers semantics): split out added tokens (special tokens written in the text
+ * SentencePiece (GGUF tokenizer.ggml.model "llama"; tokenizer.json BPE with byte_fallback) follows
+ * llama.cpp's llm_tokenizer_spm: added tokens are cut out as below, each text fragment gets a U+2581
+ * prefix and U+2581 for its spaces, its characters merge by token score (GGUF) or merge rank
+ * (tokenizer.json), and characters with no token become <0xNN> byte tokens (tokenizer_spm.c).
+ * tokenizer_encode adds BOS (and EOS) where the vocabulary says so (add_bos_token), as llama.cpp's
+ * tokenize(add_special) and HF's encode(add_special_tokens=True) do.
+ *
+ * Byte-level BPE pipeline (HF tokenizers semantics): split out added tokens (special tokens written in the text
  * are recognised when parse_special is set; non-special added tokens such as Qwen3's <think> always
  * are) -> normalizer (NFC when tokenizer.json says so; GGUF pre-tokenizer "qwen2"/"qwen35" implies
  * NFC, see tokenizer.c) -> pre-tokenizer regex (PCRE2, UTF+UCP) -> ByteLevel byte-to-unicode
- * mapping -> BPE merges by rank -> ids. Encode never adds BOS/EOS (Qwen's post-processor adds none).
+ * mapping -> BPE merges by rank -> ids. Encode adds no BOS/EOS (Qwen's post-processor adds none).
  * A loaded tokenizer is read-only: encode/decode may run concurrently from several threads.
  */
 #ifndef PXQ_TOKENIZER_H
@@ -25,7 +33,11 @@ struct pxq_tokenizer *tokenizer_load_hf(const char *path, char *err, size_t errl
  * special added token, 4 USER_DEFINED -> non-special added token), .merges, .eos_token_id
  * (plus .eot/.eom_token_id) and tokenizer.chat_template; ids are positions in .tokens. .pre must
  * be one of qwen2, qwen35, deepseek-r1-qwen, stablelm2, llama-bpe/llama3/llama-v3, gpt-2 or
- * default (llama.cpp's regexes for those names); anything else fails with a message. */
+ * default (llama.cpp's regexes for those names); anything else fails with a message.
+ * tokenizer.ggml.model "llama" (SentencePiece) needs .tokens, .scores and .token_type of the same
+ * length, a <0xNN> token for every byte, and distinct token texts; it reads .bos/.eos/.unknown_token_id
+ * (default 1, 2, 0), .add_bos_token (default true), .add_eos_token (false) and .add_space_prefix
+ * (true), as llama.cpp does. Anything missing or malformed fails with a message naming the key. */
 struct pxq_tokenizer *tokenizer_load_gguf(const struct gguf_file *g, char *err, size_t errlen);
 /* Parse a tokenizer.json image of len bytes in memory (need not be NUL-terminated; used by the
  * fuzzer and tests). No chat template or eos ids (those live in tokenizer_config.json). */
@@ -43,6 +55,12 @@ int tokenizer_n_vocab(const struct pxq_tokenizer *t);   /* largest id + 1 */
 #define TOKENIZER_ENCODE_FAILED "the tokenizer's pre-tokenizer regex failed on the text (PCRE2's match or depth limit)"
 int tokenizer_encode(const struct pxq_tokenizer *t, const char *text, size_t len, int parse_special,
                      int32_t **ids, int *n_ids);
+/* tokenizer_encode with add_special: 1 = BOS/EOS as the vocabulary says (tokenizer_encode), 0 = none
+ * (llama.cpp's tokenize(add_special=false), the form its test vectors use). */
+int tokenizer_encode_ex(const struct pxq_tokenizer *t, const char *text, size_t len, int parse_special,
+                        int add_special, int32_t **ids, int *n_ids);
+/* The BOS id tokenizer_encode puts first, or -1 when it adds none. */
+int tokenizer_add_bos(const struct pxq_tokenizer *t);
 
 /* tokenizer_encode with special-token parsing allowed only where special_ok[i] is 1 for every byte
  * of the match (special_ok has len bytes); elsewhere special tokens are tokenized as plain text, as
@@ -62,7 +80,10 @@ int32_t tokenizer_token_id(const struct pxq_tokenizer *t, const char *s);
 int tokenizer_is_special(const struct pxq_tokenizer *t, int32_t id);
 
 /* Decode ids to a malloc'd NUL-terminated UTF-8 string (skip_special: omit special tokens).
- * Out-of-range ids are skipped; invalid UTF-8 comes out as U+FFFD (HF: from_utf8_lossy). */
+ * Out-of-range ids are skipped; invalid UTF-8 comes out as U+FFFD (HF: from_utf8_lossy).
+ * SentencePiece: U+2581 is a space, <0xNN> its byte, and one leading space of ids[0] is dropped
+ * (llama.cpp llama_detokenize with add_space_prefix: so decode(encode(x)) == x; after a BOS nothing
+ * is dropped). Streaming (tok_stream_push) drops nothing, as llama.cpp's token_to_piece. */
 char *tokenizer_decode(const struct pxq_tokenizer *t, const int32_t *ids, int n, int skip_special);
 
 /* Streaming decode: push one id, get the bytes that now form complete UTF-8 characters.

@@ -99,6 +99,119 @@ static int parse_pretok(const cJSON *pt, struct tok_spec *sp, int *have_bl, int 
     return set_err(err, errlen, "tokenizer.json: unsupported pre_tokenizer \"%.40s\"", ty);
 }
 
+/* ---- tokenizer.json, SentencePiece forms (Llama 2, Mistral, TinyLlama: BPE with byte_fallback) ---- */
+
+static const char METASPACE[] = "\xE2\x96\x81"; /* U+2581 */
+
+static int is_str(const cJSON *v, const char *s) { return cJSON_IsString(v) && !strcmp(v->valuestring, s); }
+
+/* The legacy form: normalizer Sequence[Prepend("▁"), Replace(" " -> "▁")] (or Replace alone). */
+static int spm_normalizer(const cJSON *nz, struct tok_spec *sp, int *replaces, int depth, char *err, size_t errlen) {
+    if (!nz || cJSON_IsNull(nz)) return 0;
+    const char *ty = jtype(nz);
+    const cJSON *x;
+    if (!strcmp(ty, "Sequence") && depth < 4) {
+        const cJSON *arr = cJSON_GetObjectItemCaseSensitive(nz, "normalizers");
+        if (!cJSON_IsArray(arr)) return set_err(err, errlen, "tokenizer.json: normalizer Sequence without a list");
+        cJSON_ArrayForEach(x, arr) if (spm_normalizer(x, sp, replaces, depth + 1, err, errlen)) return -1;
+        return 0;
+    }
+    if (!strcmp(ty, "Prepend") && is_str(cJSON_GetObjectItemCaseSensitive(nz, "prepend"), METASPACE) && !*replaces) {
+        sp->space_prefix = SPM_PREFIX_ALL;
+        return 0;
+    }
+    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(nz, "pattern");
+    if (!strcmp(ty, "Replace") && is_str(cJSON_GetObjectItemCaseSensitive(pat, "String"), " ") &&
+        is_str(cJSON_GetObjectItemCaseSensitive(nz, "content"), METASPACE)) {
+        *replaces = 1;
+        return 0;
+    }
+    return set_err(err, errlen, "tokenizer.json: unsupported normalizer \"%.40s\" for a byte_fallback BPE (Prepend \"\u2581\" "
+                   "then Replace \" \" with \"\u2581\" only)", ty);
+}
+
+/* The newer form: pre_tokenizer Metaspace (prepend_scheme always / first / never, split). */
+static int spm_pretok(const cJSON *pt, struct tok_spec *sp, int *replaces, char *err, size_t errlen) {
+    if (!pt || cJSON_IsNull(pt)) return 0;
+    if (strcmp(jtype(pt), "Metaspace") || !is_str(cJSON_GetObjectItemCaseSensitive(pt, "replacement"), METASPACE))
+        return set_err(err, errlen, "tokenizer.json: unsupported pre_tokenizer \"%.40s\" for a byte_fallback BPE "
+                       "(Metaspace with replacement \"\u2581\" only)", jtype(pt));
+    const cJSON *scheme = cJSON_GetObjectItemCaseSensitive(pt, "prepend_scheme");
+    int pre = jbool(pt, "add_prefix_space", 1) ? SPM_PREFIX_ALL : SPM_PREFIX_NONE; /* before prepend_scheme */
+    if (is_str(scheme, "first")) pre = SPM_PREFIX_FIRST;
+    else if (is_str(scheme, "never")) pre = SPM_PREFIX_NONE;
+    else if (scheme && !is_str(scheme, "always")) return set_err(err, errlen, "tokenizer.json: Metaspace prepend_scheme is not always, first or never");
+    sp->space_prefix = pre == SPM_PREFIX_NONE ? pre : pre | SPM_PREFIX_UNLESS_SPACE;
+    sp->metaspace_split = jbool(pt, "split", 1);
+    *replaces = 1;
+    return 0;
+}
+
+/* The decoder turns "▁" back into spaces and <0xNN> into bytes (what tokenizer_decode does for SPM);
+ * Strip(" ", start 1) or a prepending Metaspace drops the first space, as llama.cpp's detokenize. */
+static int spm_decoder(const cJSON *dec, struct tok_spec *sp, int depth, char *err, size_t errlen) {
+    if (!dec || cJSON_IsNull(dec)) return 0;
+    const char *ty = jtype(dec);
+    const cJSON *x;
+    if (!strcmp(ty, "Sequence") && depth < 4) {
+        const cJSON *arr = cJSON_GetObjectItemCaseSensitive(dec, "decoders");
+        if (!cJSON_IsArray(arr)) return set_err(err, errlen, "tokenizer.json: decoder Sequence without a list");
+        cJSON_ArrayForEach(x, arr) if (spm_decoder(x, sp, depth + 1, err, errlen)) return -1;
+        return 0;
+    }
+    if (!strcmp(ty, "ByteFallback") || !strcmp(ty, "Fuse")) return 0;
+    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(dec, "pattern");
+    if (!strcmp(ty, "Replace") && is_str(cJSON_GetObjectItemCaseSensitive(pat, "String"), METASPACE) &&
+        is_str(cJSON_GetObjectItemCaseSensitive(dec, "content"), " "))
+        return 0;
+    if (!strcmp(ty, "Strip") && is_str(cJSON_GetObjectItemCaseSensitive(dec, "content"), " ")) {
+        const cJSON *start = cJSON_GetObjectItemCaseSensitive(dec, "start");
+        sp->strip_space = cJSON_IsNumber(start) && start->valuedouble >= 1;
+        return 0;
+    }
+    if (!strcmp(ty, "Metaspace")) {
+        const cJSON *scheme = cJSON_GetObjectItemCaseSensitive(dec, "prepend_scheme");
+        sp->strip_space = !is_str(scheme, "never") && jbool(dec, "add_prefix_space", 1);
+        return 0;
+    }
+    return set_err(err, errlen, "tokenizer.json: unsupported decoder \"%.40s\" for a byte_fallback BPE", ty);
+}
+
+/* post_processor TemplateProcessing: the special tokens before and after $A of "single" become BOS
+ * and EOS (one each at most); others add none. */
+static int spm_post(const cJSON *pp, const char **bos, const char **eos, char *err, size_t errlen) {
+    if (!pp || cJSON_IsNull(pp) || strcmp(jtype(pp), "TemplateProcessing")) return 0;
+    const cJSON *single = cJSON_GetObjectItemCaseSensitive(pp, "single"), *x;
+    int seen_a = 0;
+    cJSON_ArrayForEach(x, single) {
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(x, "SpecialToken");
+        if (cJSON_GetObjectItemCaseSensitive(x, "Sequence")) { seen_a = 1; continue; }
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(st, "id");
+        if (!cJSON_IsString(id)) return set_err(err, errlen, "tokenizer.json: post_processor.single entry is neither Sequence nor SpecialToken");
+        const char **slot = seen_a ? eos : bos;
+        if (*slot) return set_err(err, errlen, "tokenizer.json: post_processor adds more than one token %s the text", seen_a ? "after" : "before");
+        *slot = id->valuestring;
+    }
+    return 0;
+}
+
+static int parse_hf_spm(const cJSON *root, struct tok_spec *sp, char *err, size_t errlen) {
+    int replaces = 0;
+    sp->kind = TOK_SPM_BPE;
+    if (spm_normalizer(cJSON_GetObjectItemCaseSensitive(root, "normalizer"), sp, &replaces, 0, err, errlen) ||
+        spm_pretok(cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), sp, &replaces, err, errlen) ||
+        spm_decoder(cJSON_GetObjectItemCaseSensitive(root, "decoder"), sp, 0, err, errlen) ||
+        spm_post(cJSON_GetObjectItemCaseSensitive(root, "post_processor"), &sp->bos_tok, &sp->eos_tok, err, errlen))
+        return -1;
+    if (!replaces)
+        return set_err(err, errlen, "tokenizer.json: a byte_fallback BPE needs a Metaspace pre-tokenizer or a normalizer "
+                       "that replaces \" \" with \"\u2581\"");
+    for (int i = 0; i < sp->n_vocab; i++)
+        sp->vocab[i].type = spm_byte_token(sp->vocab[i].s, sp->vocab[i].len) >= 0 ? TT_BYTE : TT_NORMAL;
+    for (int i = 0; i < sp->n_added; i++) sp->added[i].normalized = 0; /* matched in the raw text (see tokenizer_spm.c) */
+    return 0;
+}
+
 /* Fill sp from a parsed tokenizer.json; pointers in sp point into root. */
 static int parse_hf(const cJSON *root, struct tok_spec *sp, char *err, size_t errlen) {
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model"), *x;
@@ -111,7 +224,7 @@ static int parse_hf(const cJSON *root, struct tok_spec *sp, char *err, size_t er
         if (v && !cJSON_IsNull(v) && !(cJSON_IsString(v) && !v->valuestring[0]))
             return set_err(err, errlen, "tokenizer.json: model.%s is not supported", bad[i]);
     }
-    if (jbool(model, "byte_fallback", 0)) return set_err(err, errlen, "tokenizer.json: byte_fallback is not supported");
+    const int byte_fallback = jbool(model, "byte_fallback", 0);
     sp->ignore_merges = jbool(model, "ignore_merges", 0);
     sp->fuse_unk = jbool(model, "fuse_unk", 0);
     const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
@@ -167,6 +280,7 @@ static int parse_hf(const cJSON *root, struct tok_spec *sp, char *err, size_t er
         a->single_word = jbool(x, "single_word", 0);
         sp->n_added++;
     }
+    if (byte_fallback) return parse_hf_spm(root, sp, err, errlen);
     if (parse_normalizer(cJSON_GetObjectItemCaseSensitive(root, "normalizer"), sp, 0, err, errlen)) return -1;
     const cJSON *pt = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
     int have_bl = 0;
@@ -196,6 +310,18 @@ struct pxq_tokenizer *tokenizer_load_hf_buffer(const char *json, size_t len, cha
     struct tok_spec sp = {.hf_ids = 1};
     struct pxq_tokenizer *t = NULL;
     if (parse_hf(root, &sp, err, errlen) == 0) t = tok_build(&sp, err, errlen);
+    if (t && sp.kind != TOK_BYTELEVEL) { /* the post-processor's BOS / EOS, by their text */
+        t->bos_id = sp.bos_tok ? tokenizer_token_id(t, sp.bos_tok) : -1;
+        t->eos_id = sp.eos_tok ? tokenizer_token_id(t, sp.eos_tok) : -1;
+        t->add_bos = t->bos_id >= 0;
+        t->add_eos = t->eos_id >= 0;
+        if ((sp.bos_tok && t->bos_id < 0) || (sp.eos_tok && t->eos_id < 0)) {
+            set_err(err, errlen, "tokenizer.json: post_processor token \"%.40s\" is not in the vocab",
+                    sp.bos_tok && t->bos_id < 0 ? sp.bos_tok : sp.eos_tok);
+            tokenizer_free(t);
+            t = NULL;
+        }
+    }
     free_spec(&sp);
     cJSON_Delete(root);
     return t;
@@ -221,6 +347,16 @@ static int read_tokenizer_config(struct pxq_tokenizer *t, const char *dir, char 
     const cJSON *eos = cJSON_GetObjectItemCaseSensitive(cfg, "eos_token");
     if (cJSON_IsObject(eos)) eos = cJSON_GetObjectItemCaseSensitive(eos, "content");
     if (cJSON_IsString(eos)) add_eos(t, tokenizer_token_id(t, eos->valuestring));
+    if (t->kind != TOK_BYTELEVEL) { /* add_bos_token / add_eos_token (LlamaTokenizerFast) over the post-processor */
+        const cJSON *bos = cJSON_GetObjectItemCaseSensitive(cfg, "bos_token");
+        if (cJSON_IsObject(bos)) bos = cJSON_GetObjectItemCaseSensitive(bos, "content");
+        const cJSON *ab = cJSON_GetObjectItemCaseSensitive(cfg, "add_bos_token");
+        const cJSON *ae = cJSON_GetObjectItemCaseSensitive(cfg, "add_eos_token");
+        if (t->bos_id < 0 && cJSON_IsString(bos)) t->bos_id = tokenizer_token_id(t, bos->valuestring);
+        if (t->eos_id < 0 && cJSON_IsString(eos)) t->eos_id = tokenizer_token_id(t, eos->valuestring);
+        if (cJSON_IsBool(ab)) t->add_bos = cJSON_IsTrue(ab) && t->bos_id >= 0;
+        if (cJSON_IsBool(ae)) t->add_eos = cJSON_IsTrue(ae) && t->eos_id >= 0;
+    }
     const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template"), *x;
     if (!t->chat_template && cJSON_IsString(ct)) t->chat_template = xstrdup(ct->valuestring);
     if (!t->chat_template && cJSON_IsArray(ct)) /* [{"name": "default", "template": "..."}, ...] */
@@ -266,11 +402,120 @@ struct pxq_tokenizer *tokenizer_load_hf(const char *path, char *err, size_t errl
 
 /* ---- GGUF metadata (llama.cpp llama-vocab.cpp) -------------------------------------------------- */
 
+/* An SPM special-token id key: the id, dflt when absent, -1 when the default is out of range too;
+ * a present id out of range is an error (llama.cpp warns and keeps its default). */
+static int spm_special_id(const struct gguf_file *g, const char *key, int64_t dflt, int64_t n, int32_t *out,
+                          char *err, size_t errlen) {
+    int64_t id = dflt;
+    if (gguf_find_key(g, key) >= 0 && (gguf_get_i64(g, key, &id) || id < 0 || id >= n))
+        return set_err(err, errlen, "gguf: %s is not a token id in [0, %lld)", key, (long long)n);
+    *out = id < n ? (int32_t)id : -1;
+    return 0;
+}
+
+static int spm_flag(const struct gguf_file *g, const char *key, int dflt, int *out, char *err, size_t errlen) {
+    *out = dflt;
+    if (gguf_find_key(g, key) >= 0 && gguf_get_bool(g, key, out))
+        return set_err(err, errlen, "gguf: %s is not a bool", key);
+    return 0;
+}
+
+/* tokenizer.ggml.model "llama": SentencePiece as llama.cpp loads it (llama_vocab::impl::load). */
+static struct pxq_tokenizer *load_gguf_spm(const struct gguf_file *g, char *err, size_t errlen) {
+    int64_t n = gguf_arr_len(g, "tokenizer.ggml.tokens");
+    if (n <= 0 || n >= MAX_ID || gguf_arr_type(g, "tokenizer.ggml.tokens") != GGUF_STRING) {
+        set_err(err, errlen, "gguf: tokenizer.ggml.tokens must be a non-empty string array under 2^24 entries");
+        return NULL;
+    }
+    if (gguf_arr_len(g, "tokenizer.ggml.scores") != n || gguf_arr_type(g, "tokenizer.ggml.scores") != GGUF_FLOAT32) {
+        set_err(err, errlen, "gguf: tokenizer.ggml.scores must be a float32 array of %lld entries, one per token "
+                "(SentencePiece merges by score)%s", (long long)n,
+                gguf_find_key(g, "tokenizer.ggml.scores") < 0 ? ": it is missing" : "");
+        return NULL;
+    }
+    if (gguf_arr_len(g, "tokenizer.ggml.token_type") != n) {
+        set_err(err, errlen, "gguf: tokenizer.ggml.token_type must be an integer array of %lld entries, one per token "
+                "(SentencePiece tells byte and control tokens by it)%s", (long long)n,
+                gguf_find_key(g, "tokenizer.ggml.token_type") < 0 ? ": it is missing" : "");
+        return NULL;
+    }
+    struct tok_spec sp = {.kind = TOK_SPM, .space_prefix = SPM_PREFIX_ALL};
+    struct pxq_tokenizer *t = NULL;
+    int32_t bos, eos, unk;
+    int want_bos, want_eos, add_prefix;
+    if (spm_special_id(g, "tokenizer.ggml.bos_token_id", 1, n, &bos, err, errlen) ||
+        spm_special_id(g, "tokenizer.ggml.eos_token_id", 2, n, &eos, err, errlen) ||
+        spm_special_id(g, "tokenizer.ggml.unknown_token_id", 0, n, &unk, err, errlen) ||
+        spm_flag(g, "tokenizer.ggml.add_bos_token", 1, &want_bos, err, errlen) ||
+        spm_flag(g, "tokenizer.ggml.add_eos_token", 0, &want_eos, err, errlen) ||
+        spm_flag(g, "tokenizer.ggml.add_space_prefix", 1, &add_prefix, err, errlen))
+        return NULL;
+    sp.space_prefix = add_prefix ? SPM_PREFIX_ALL : SPM_PREFIX_NONE;
+    sp.strip_space = add_prefix;
+    sp.vocab = xcalloc(n, sizeof *sp.vocab);
+    sp.added = xcalloc(n, sizeof *sp.added);
+    for (int64_t i = 0; i < n; i++) {
+        size_t len;
+        const char *s = gguf_arr_str(g, "tokenizer.ggml.tokens", i, &len);
+        int64_t ty;
+        float score;
+        if (!s || gguf_arr_i64(g, "tokenizer.ggml.token_type", i, &ty) || gguf_arr_f32(g, "tokenizer.ggml.scores", i, &score)) {
+            set_err(err, errlen, "gguf: tokenizer.ggml.tokens/scores/token_type entry %lld unreadable", (long long)i);
+            goto out;
+        }
+        if (len == 0) { /* llama.cpp renames it "[EMPTY_i]"; nothing can match or merge into it */
+            set_err(err, errlen, "gguf: tokenizer.ggml.tokens[%lld] is empty", (long long)i);
+            goto out;
+        }
+        if (ty < TT_UNDEFINED || ty > TT_BYTE) ty = TT_UNDEFINED;
+        if (ty == TT_BYTE && spm_byte_token(s, len) < 0) {
+            set_err(err, errlen, "gguf: token %lld \"%.*s\" has token_type 6 (byte) but is not <0xNN>", (long long)i,
+                    (int)(len < 40 ? len : 40), s);
+            goto out;
+        }
+        sp.vocab[sp.n_vocab++] = (struct tok_src){s, len, i, score, (int)ty};
+        /* CONTROL and UNKNOWN: special added tokens (matched with parse_special); USER_DEFINED: always
+         * matched (llama.cpp tokenizer_st_partition) */
+        if (ty == TT_CONTROL || ty == TT_UNKNOWN || ty == TT_USER_DEFINED)
+            sp.added[sp.n_added++] = (struct added_src){s, len, i, ty != TT_USER_DEFINED, 0, 0, 0, 0};
+    }
+    if (!(t = tok_build(&sp, err, errlen))) goto out;
+    for (int b = 0; b < 256; b++) {
+        if (t->spm_byte[b] < 0) { /* llama.cpp's fallback: the byte itself as a token */
+            char c = (char)b;
+            t->spm_byte[b] = tok_vocab_find(t, &c, 1);
+        }
+        if (t->spm_byte[b] < 0) {
+            set_err(err, errlen, "gguf: the SentencePiece vocab has no byte token <0x%02X> (byte fallback needs all 256)", b);
+            tokenizer_free(t);
+            t = NULL;
+            goto out;
+        }
+    }
+    t->unk_id = unk;
+    t->bos_id = bos;
+    t->eos_id = eos;
+    t->add_bos = want_bos && bos >= 0;
+    t->add_eos = want_eos && eos >= 0;
+    add_eos(t, eos);
+    const char *keys[] = {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
+    for (int i = 0; i < 2; i++) {
+        int64_t id;
+        if (gguf_get_i64(g, keys[i], &id) == 0) add_eos(t, id);
+    }
+    const char *tmpl = gguf_get_str(g, "tokenizer.chat_template");
+    if (tmpl) t->chat_template = xstrdup(tmpl);
+out:
+    free_spec(&sp);
+    return t;
+}
+
 struct pxq_tokenizer *tokenizer_load_gguf(const struct gguf_file *g, char *err, size_t errlen) {
     const char *model = g ? gguf_get_str(g, "tokenizer.ggml.model") : NULL;
+    if (model && !strcmp(model, "llama")) return load_gguf_spm(g, err, errlen);
     if (!model || strcmp(model, "gpt2")) {
-        set_err(err, errlen, "gguf: tokenizer.ggml.model is \"%.40s\", only \"gpt2\" (byte-level BPE) is supported",
-                model ? model : "(missing)");
+        set_err(err, errlen, "gguf: tokenizer.ggml.model is \"%.40s\"; supported: \"gpt2\" (byte-level BPE), "
+                "\"llama\" (SentencePiece)", model ? model : "(missing)");
         return NULL;
     }
     const char *pre = gguf_get_str(g, "tokenizer.ggml.pre");
@@ -318,7 +563,7 @@ struct pxq_tokenizer *tokenizer_load_gguf(const struct gguf_file *g, char *err, 
         if (ty == 3 || ty == 4) /* CONTROL -> special added token; USER_DEFINED -> added, not special */
             sp.added[sp.n_added++] = (struct added_src){s, len, i, ty == 3, 0, 0, 0, 0};
         else
-            sp.vocab[sp.n_vocab++] = (struct tok_src){s, len, i};
+            sp.vocab[sp.n_vocab++] = (struct tok_src){s, len, i, 0, TT_NORMAL};
     }
     for (int64_t i = 0; i < nm; i++) {
         size_t len;

@@ -397,6 +397,44 @@ static void hostile_qwen35(void) {
     free(img);
 }
 
+/* A SentencePiece vocab broken in the llama2.c model (tests/data/stories260K.gguf): a key renamed
+ * away (same length, so the file stays valid GGUF) or a byte token's text changed; pxq run exits 1
+ * with one line naming it, where llama.cpp would read scores as 0 or abort on the missing byte. */
+static void hostile_spm(void) {
+    char gg[512], path[512];
+    snprintf(gg, sizeof gg, "%s/stories260K.gguf", test_data_dir());
+    size_t len;
+    uint8_t *img = (uint8_t *)read_file(gg, 64 << 20, &len, NULL, 0);
+    CHECK(img != NULL, "read %s", gg);
+    if (!img) return;
+    snprintf(path, sizeof path, "%s/spm.gguf", tmp);
+    static const struct { const char *from, *to, *needle; } cases[] = {
+        {"tokenizer.ggml.scores", "tokenizer.ggml.scorez", "tokenizer.ggml.scores"},
+        {"tokenizer.ggml.token_type", "tokenizer.ggml.token_typo", "tokenizer.ggml.token_type"},
+        {"<0x41>", "<0xG1>", "is not <0xNN>"},
+        {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.bos_token_ix", NULL}, /* absent: default 1, runs */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint8_t *g = xmalloc(len);
+        memcpy(g, img, len);
+        uint8_t *at = memmem(g, len, cases[i].from, strlen(cases[i].from));
+        CHECK(at != NULL, "fixture has %s", cases[i].from);
+        if (at) memcpy(at, cases[i].to, strlen(cases[i].to));
+        write_bytes(path, g, len);
+        free(g);
+        char what[96];
+        snprintf(what, sizeof what, "SPM vocab: %s -> %s", cases[i].from, cases[i].to);
+        if (cases[i].needle) {
+            expect_clean_failure(what, (char *[]){"run", "-m", path, "-p", "hi", "-n", "1", NULL}, cases[i].needle);
+        } else {
+            char err[8192];
+            int rc = run_pxq((char *[]){"run", "-m", path, "-p", "hi", "-n", "1", NULL}, err, sizeof err);
+            CHECK(rc == 0, "%s: exit %d, stderr: %s", what, rc, err);
+        }
+    }
+    free(img);
+}
+
 /* Named pipes and devices where a model, shard, config or tokenizer file should be: "not a regular
  * file", at once (an open() of a pipe waits for a writer: alarm() turns a regression into a failure). */
 static void special_files(void) {
@@ -606,6 +644,7 @@ int main(void) {
     free(longp);
     hostile_models_and_prompts(img, img_len);
     hostile_qwen35();
+    hostile_spm();
     special_files();
     free(config);
     free(bad);

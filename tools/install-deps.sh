@@ -1,8 +1,9 @@
 #!/bin/sh
 # Install what PXQ's build and tests need on Debian 12: the compiler, the libraries PXQ builds on
 # (PCRE2, cJSON, utf8proc, libmicrohttpd, nettle), xz (the tokenizer fixture), clang for the
-# fuzzers, Python's Jinja2 (tests/chat_oracle.py runs the real chat templates for test_chat) and
-# jsonschema (tests/server/structured.js validates structured output with it), and
+# fuzzers, Python's Jinja2 (tests/chat_oracle.py runs the real chat templates for test_chat),
+# jsonschema (tests/server/structured.js validates structured output with it) and NumPy
+# (tools/llama2c_ref.py, llama2.c's forward that made tests/data/llama2c/greedy.jsonl), and
 # Node.js + the npm packages of the server tests. Uses sudo when not run as root.
 # Node.js and npm come from Debian only when the machine has none: a Node.js from elsewhere (e.g.
 # NodeSource, which bundles npm) conflicts with Debian's npm package.
@@ -13,7 +14,7 @@ SUDO=""
 export DEBIAN_FRONTEND=noninteractive
 pkgs="build-essential pkg-config xz-utils ca-certificates curl
       libpcre2-dev libcjson-dev libutf8proc-dev libmicrohttpd-dev nettle-dev clang libclang-rt-dev
-      python3 python3-jinja2 python3-jsonschema"
+      python3 python3-jinja2 python3-jsonschema python3-numpy"
 command -v node >/dev/null 2>&1 || pkgs="$pkgs nodejs"
 command -v npm >/dev/null 2>&1 || pkgs="$pkgs npm"
 log=$(mktemp)
