@@ -447,8 +447,9 @@ static void run_tokens(struct pxq_engine *e, const struct pxq_batch *b, const in
     free(tok), free(oi), free(hid);
 }
 
-/* A batch with checkpoints due inside it: first the tokens before each due checkpoint, then the
- * checkpoints, then the rest (two forward passes; the logits rows are all in the second). */
+/* A batch with checkpoints due inside it on the CUDA backend: first the tokens before each due
+ * checkpoint, then the checkpoints, then the rest (two forward passes; the logits rows are all in
+ * the second). */
 static void decode_split(struct pxq_engine *e, const struct pxq_batch *b, const int *out_idx) {
     const int n = b->n_tokens;
     int *idx = xmalloc((size_t)n * sizeof *idx), m1 = 0, m2 = 0;
@@ -519,13 +520,18 @@ int pxq_decode(struct pxq_engine *e, const struct pxq_batch *b, char *err, size_
     for (int s = 0; s < e->p.n_seq_max; s++)
         if (added[s] && kv_seq_reserve(&e->kv, &e->seqs[s].kv, e->seqs[s].n_pos + added[s]) != 0) die("KV reserve after check");
     int *out_idx = engine_outputs(e, b);
-    if (split) {
+    if (split && e->backend) { /* the device kernels take no snapshot inside a run: two passes */
         decode_split(e, b, out_idx);
-    } else {
+    } else { /* the CPU's DeltaNet layers copy the state at the checkpoint as they pass it (forward_qwen35.c) */
         int *all = xmalloc((size_t)n * sizeof *all);
         for (int i = 0; i < n; i++) all[i] = i;
         run_tokens(e, b, out_idx, all, n);
         free(all);
+        for (int s = 0; s < e->p.n_seq_max; s++) {
+            struct pxq_seq *sq = &e->seqs[s];
+            if (!sq->in_use || sq->ck_at < 0 || sq->n_pos < sq->ck_at) continue;
+            sq->ck_pos = sq->ck_at, sq->ck_live = sq->rstate_live, sq->ck_valid = 1, sq->ck_at = -1;
+        }
     }
     free(out_idx);
     rc = 0;

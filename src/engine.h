@@ -95,10 +95,11 @@ int  pxq_seq_truncate(struct pxq_engine *e, int seq, int n_pos);
  * again (in its next batch). -1: n_pos beyond the sequence, or below the checkpoint of a recurrent
  * model, or no checkpoint. The checkpoint stays valid until the next pxq_seq_checkpoint. */
 int  pxq_seq_checkpoint(struct pxq_engine *e, int seq);
-/* The same, taken when the sequence reaches pos (>= its length) during the next pxq_decode: the
- * batch's tokens of the sequence before pos run first (with those of the other sequences due a
- * checkpoint; no logits may be asked of them), then the checkpoints, then the rest; two forward
- * passes. -1 if pos is below the sequence's length. */
+/* The same, taken when the sequence reaches pos (>= its length) during the next pxq_decode. No
+ * logits may be asked of the batch's tokens before pos. The CPU backend's DeltaNet layers copy the
+ * state as they pass pos (one forward pass); the CUDA backend runs the tokens before each due
+ * checkpoint first, then the checkpoints, then the rest (two passes). -1 if pos is below the
+ * sequence's length. */
 int  pxq_seq_checkpoint_at(struct pxq_engine *e, int seq, int pos);
 int  pxq_seq_rollback(struct pxq_engine *e, int seq, int n_pos);
 

@@ -252,6 +252,17 @@ static float *layer_state(const struct dn_args *a, int run) {
     return a->e->seqs[a->r->seq[run]].rstate + (size_t)a->dl * a->d.layer_floats;
 }
 
+/* pxq_seq_checkpoint_at inside this ubatch: the run's tokens before the snapshot (0..m; -1: none),
+ * and the layer's part of the checkpoint copy. */
+static int snap_at(const struct dn_args *a, int run) {
+    const struct pxq_seq *s = &a->e->seqs[a->r->seq[run]];
+    const int j = s->ck_at - a->ub->pos[a->r->tok[a->r->off[run]]], m = a->r->off[run + 1] - a->r->off[run];
+    return s->ck_at >= 0 && j >= 0 && j <= m ? j : -1;
+}
+static float *snap_state(const struct dn_args *a, int run) {
+    return a->e->seqs[a->r->seq[run]].ck_state + (size_t)a->dl * a->d.layer_floats;
+}
+
 #define CONV_BLOCK 64
 
 /* Causal depthwise conv1d + SiLU (HF causal_conv1d_fn / causal_conv1d_update) over one run of n_tok
@@ -285,9 +296,19 @@ static void conv_range(void *arg, int64_t i0, int64_t i1, int ith) {
     for (int64_t it = i0; it < i1; it++) {
         const int run = (int)(it / nblk), c0 = (int)(it % nblk) * CONV_BLOCK;
         const int c1 = c0 + CONV_BLOCK < d->conv_dim ? c0 + CONV_BLOCK : d->conv_dim;
-        const int p0 = a->r->off[run];
-        ssm_conv_cpu(a->e->ssm_conv, layer_state(a, run), a->e->ssm_qkv, a->e->lw[a->il].ssm_conv1d, d->conv_dim, d->K,
-                     a->r->tok + p0, a->r->off[run + 1] - p0, c0, c1);
+        const int p0 = a->r->off[run], m = a->r->off[run + 1] - p0, j = snap_at(a, run);
+        float *st = layer_state(a, run);
+        const float *w = a->e->lw[a->il].ssm_conv1d;
+        if (j < 0) {
+            ssm_conv_cpu(a->e->ssm_conv, st, a->e->ssm_qkv, w, d->conv_dim, d->K, a->r->tok + p0, m, c0, c1);
+            continue;
+        }
+        /* the conv state after the first j tokens, for the checkpoint, then the rest */
+        ssm_conv_cpu(a->e->ssm_conv, st, a->e->ssm_qkv, w, d->conv_dim, d->K, a->r->tok + p0, j, c0, c1);
+        float *ck = snap_state(a, run);
+        for (int r = 0; r < d->K - 1; r++)
+            memcpy(ck + (size_t)r * d->conv_dim + c0, st + (size_t)r * d->conv_dim + c0, (size_t)(c1 - c0) * sizeof(float));
+        ssm_conv_cpu(a->e->ssm_conv, st, a->e->ssm_qkv, w, d->conv_dim, d->K, a->r->tok + p0 + j, m - j, c0, c1);
     }
 }
 
@@ -352,10 +373,19 @@ static void rule_range(void *arg, int64_t i0, int64_t i1, int ith) {
             g[i] = a->e->ssm_ba[(size_t)t * 2 * d->nv + d->nv + h];
         }
         float *S = layer_state(a, run) + d->conv_floats + (size_t)h * d->dk * d->dv;
-        if (m >= DELTANET_CHUNK_MIN)
-            gated_delta_rule_chunked(o, S, q, k, v, g, beta, m, d->dk, d->dv, DELTANET_CHUNK);
-        else
-            gated_delta_rule_recurrent(o, S, q, k, v, g, beta, m, d->dk, d->dv);
+        const int j = snap_at(a, run);
+        for (int part = 0, t0 = 0; part < 2; part++) { /* with a snapshot: tokens [0, j), the copy, [j, m) */
+            const int t1 = j < 0 || part ? m : j, mm = t1 - t0;
+            if (mm >= DELTANET_CHUNK_MIN)
+                gated_delta_rule_chunked(o + (size_t)t0 * d->dv, S, q + (size_t)t0 * d->dk, k + (size_t)t0 * d->dk,
+                                         v + (size_t)t0 * d->dv, g + t0, beta + t0, mm, d->dk, d->dv, DELTANET_CHUNK);
+            else if (mm > 0)
+                gated_delta_rule_recurrent(o + (size_t)t0 * d->dv, S, q + (size_t)t0 * d->dk, k + (size_t)t0 * d->dk,
+                                           v + (size_t)t0 * d->dv, g + t0, beta + t0, mm, d->dk, d->dv);
+            if (j < 0) break;
+            if (!part) memcpy(snap_state(a, run) + d->conv_floats + (size_t)h * d->dk * d->dv, S, (size_t)d->dk * d->dv * sizeof(float));
+            t0 = t1;
+        }
         for (int i = 0; i < m; i++)
             memcpy(a->e->ssm_o + (size_t)a->r->tok[p0 + i] * d->value_dim + (size_t)h * d->dv, o + (size_t)i * d->dv,
                    (size_t)d->dv * sizeof(float));
@@ -384,6 +414,7 @@ void deltanet_layer_cpu(struct pxq_engine *e, const struct ubatch *ub, int il) {
         struct pxq_seq *s = &e->seqs[r.seq[i]];
         if (!s->rstate) s->rstate = xcalloc(e->rstate_floats, sizeof(float));
         s->rstate_live = 1;
+        if (s->ck_at >= 0 && !s->ck_state) s->ck_state = xmalloc(e->rstate_floats * sizeof(float)); /* snap_at's */
     }
     matmul_cpu(e->tp, e->ssm_qkv, L->attn_qkv, e->xb, n);
     matmul_cpu(e->tp, e->ssm_z, L->attn_gate, e->xb, n);
