@@ -5,9 +5,10 @@
 # others. If the machine lacks the -dev libraries, put their headers and .so files in .devlibs/
 # (include/, lib/) and carry it: they are used when present.
 #   usage: tools/gpu-check.sh [build] [tests] [serve] [bench] [sanitize] [qwen35] [bench35] [moe] [ptx75]
-#          [timeline] [probe] [flow]
+#          [spec] [timeline] [probe] [flow]
 #   (default: build tests serve bench; qwen35 = the hybrid's CUDA tests and perplexities, bench35 =
-#   the Qwen3.5-27B preset's plan and bench at 16 GiB; moe = the MoE tests (test_cuda_moe,
+#   the Qwen3.5-27B preset's plan and bench at 16 GiB; spec = speculative decoding's CUDA tests, run
+#   equality and the 27B verification passes (docs/SPEC.md); moe = the MoE tests (test_cuda_moe,
 #   test_cuda_model's MoE rows) and the Qwen3-30B-A3B preset's bench row of docs/PERF.md; ptx75 = the build as sm_75 PTX only, which
 #   the driver JIT-compiles for this GPU: the kernels see __CUDA_ARCH__ 750, so the tensor-core
 #   paths select themselves off and the Volta/Turing fallbacks run, checked by the CUDA tests; timeline =
@@ -91,6 +92,21 @@ for s in $steps; do
         timeout 200 $PXQ bench --load-format dummy --config $C --dtype q4_0 --device cuda --gpu-mem 16GiB \
             -p 0 -n 128 -d 16255 -b 1 -r 1 >"$OUT/bench35ctx.log" 2>&1
         echo "bench 27B depth 16255 (context 16384): rc $?"; tail -n 1 "$OUT/bench35ctx.log" ;;
+    spec)
+        # speculative decoding on CUDA (docs/SPEC.md): test_spec and test_mtp on the device, greedy
+        # run text equal with and without --spec, and the verification passes of the 27B preset
+        PXQ_TEST_DEVICE=cuda timeout 150 build/tests/test_spec >"$OUT/test_spec_cuda.log" 2>&1
+        echo "test_spec (cuda): rc $?"; tail -n 2 "$OUT/test_spec_cuda.log"
+        PXQ_TEST_DEVICE=cuda timeout 120 build/tests/test_mtp >"$OUT/test_mtp_cuda.log" 2>&1
+        echo "test_mtp (cuda): rc $?"; tail -n 2 "$OUT/test_mtp_cuda.log"
+        P="Once upon a time there was a little girl who lived in a village. Once upon a time there was a"
+        for sp in "" "--spec ngram --spec-k 4" "--spec draft --model-draft tests/data/tiny-qwen3 --spec-k 3"; do
+            echo "run tiny-qwen35 cuda [$sp]: $($PXQ run -m tests/data/qwen35/tiny-qwen35 --device cuda -p "$P" -n 64 --temp 0 \
+                $sp 2>/dev/null | md5sum | cut -c1-12)"
+        done
+        timeout 300 $PXQ bench --load-format dummy --config presets/qwen3.5-27b.json --dtype q4_0 --device cuda \
+            --gpu-mem 15.2GiB -p 0 -n 128 --spec-verify 1,2,3,4,5 -r 3 >"$OUT/bench_verify.log" 2>&1
+        echo "bench 27B verify passes: rc $?"; tail -n 8 "$OUT/bench_verify.log" ;;
     timeline)
         for C in presets/qwen3-32b.json presets/qwen3.5-27b.json; do
             G=24GiB; [ "$C" = presets/qwen3.5-27b.json ] && G=16GiB
