@@ -87,7 +87,7 @@ def main():
     for fn in os.listdir(src):
         if fn in ("config.json", "model.safetensors.index.json") or os.path.exists(os.path.join(out, fn)):
             continue
-        os.symlink(os.path.abspath(os.path.join(src, fn)), os.path.join(out, fn))
+        os.symlink(os.path.relpath(os.path.join(src, fn), out), os.path.join(out, fn))
     print("%s: %d mtp.* tensors, %.2f MB" % (out, len(t), off / 1e6))
 
 
