@@ -8,7 +8,8 @@
  *    plain decoding's (the state after rollbacks is the state without them), and after every step at
  *    most k + 2 tokens wait to be evaluated again (a rollback returns to the last accepted token).
  * 2. A batch of 8 sequences with mixed drafters and prompt lengths, verified in one pxq_decode per
- *    step (spec_propose / spec_rows / spec_verify), gives each sequence its plain greedy tokens.
+ *    step (spec_propose / spec_rows / spec_verify), gives each sequence its plain greedy tokens; with
+ *    tiny-qwen35-mtp the MTP head drafts for two of the eight.
  * 3. Sampling (temperature 1, top-k 4): over 1500 seeds, the distribution of the first and second
  *    verified tokens with a drafter that proposes a likely token and then a wrong one is the plain
  *    sampler's: total variation distance below 0.08 (first) and 0.12 (second). A rule that accepted
@@ -34,8 +35,11 @@ static struct pxq_model *open(const char *rel) {
     return m;
 }
 
+static int use_mtp; /* engines keep the MTP head (the batch test's model with one) */
+
 static struct pxq_engine *engine(struct pxq_model *m, int n_seq) {
     struct pxq_engine_params p = pxq_engine_default_params();
+    p.spec_mtp = use_mtp && model_hparams(m)->n_mtp_layer;
     p.n_ctx = 512;
     p.n_seq_max = n_seq;
     const char *dev = getenv("PXQ_TEST_DEVICE"); /* cuda: the same checks on the CUDA backend */
@@ -174,7 +178,13 @@ static void always_right(struct pxq_model *m, const char *name) {
     free(next);
 }
 
-/* 8 sequences in one batch per step, drafters by s % 3: ngram, always wrong, draft model. */
+/* 8 sequences in one batch per step, drafters by s % 3: ngram, always wrong, draft model; with a
+ * model that has an MTP head, by s % 4 with the head fourth. */
+static enum spec_kind batch_kind(const struct pxq_model *m, int s) {
+    const int n = model_hparams(m)->n_mtp_layer ? 4 : 3;
+    return s % n == 0 ? SPEC_NGRAM : s % n == 1 ? SPEC_FIXED : s % n == 2 ? SPEC_DRAFT : SPEC_MTP;
+}
+
 static void batch(struct pxq_model *m, struct pxq_model *draft_m, const char *name) {
     const int nv = model_hparams(m)->n_vocab;
     int32_t want[N_BATCH][N_GEN], p[N_BATCH][64], hist[N_BATCH][600], n_hist[N_BATCH], len[N_BATCH];
@@ -184,14 +194,17 @@ static void batch(struct pxq_model *m, struct pxq_model *draft_m, const char *na
         prompt(s + 3, len[s], p[s]);
         plain(m, p[s], len[s], want[s], next);
     }
-    struct pxq_engine *e = engine(m, N_BATCH), *de = engine(draft_m, N_BATCH);
+    use_mtp = 1;
+    struct pxq_engine *e = engine(m, N_BATCH);
+    use_mtp = 0;
+    struct pxq_engine *de = engine(draft_m, N_BATCH);
     char err[256];
     struct sampler_params spp = sampler_default_params();
     struct sampler *smp = sampler_new(&spp, nv, err, sizeof err);
     static const int32_t wrong[1] = {3};
     struct spec_seq *ss[N_BATCH];
     for (int s = 0; s < N_BATCH; s++) {
-        struct spec_params sp = {s % 3 == 0 ? SPEC_NGRAM : s % 3 == 1 ? SPEC_FIXED : SPEC_DRAFT, 1 + s % 4, de, wrong, 1};
+        struct spec_params sp = {batch_kind(m, s), 1 + s % 4, de, wrong, 1};
         ss[s] = spec_seq_new(&sp, e, pxq_seq_new(e), err, sizeof err);
         CHECK(ss[s] != NULL, "%s", err);
         CHECK(spec_prefill(ss[s], p[s], len[s], err, sizeof err) == 0, "%s", err);
@@ -201,7 +214,7 @@ static void batch(struct pxq_model *m, struct pxq_model *draft_m, const char *na
     }
     int32_t tok[512], pos[512], sid[512], drafts[N_BATCH][SPEC_K_MAX];
     int8_t lg[512];
-    int nd[N_BATCH], row0[N_BATCH];
+    int nd[N_BATCH], row0[N_BATCH], rstart[N_BATCH];
     for (int step = 0; step < N_GEN; step++) {
         int n = 0, n_out = 0, live = 0;
         for (int s = 0; s < N_BATCH; s++) {
@@ -213,7 +226,7 @@ static void batch(struct pxq_model *m, struct pxq_model *draft_m, const char *na
             CHECK(nd[s] >= 0, "%s", err);
             int r = spec_rows(ss[s], hist[s], n_hist[s], drafts[s], nd[s], tok + n, pos + n, sid + n, lg + n);
             CHECK(r > 0, "rows");
-            row0[s] = n_out;
+            row0[s] = n_out, rstart[s] = n;
             for (int i = 0; i < r; i++) n_out += lg[n + i];
             n += r;
         }
@@ -225,7 +238,8 @@ static void batch(struct pxq_model *m, struct pxq_model *draft_m, const char *na
             const float *rows[SPEC_K_MAX + 1];
             for (int i = 0; i <= nd[s]; i++) rows[i] = pxq_logits(e, row0[s] + i);
             int32_t out[SPEC_K_MAX + 1];
-            int k = spec_verify(ss[s], smp, hist[s], n_hist[s], drafts[s], nd[s], rows, NULL, len[s] + N_GEN - n_hist[s], out,
+            const float *h = batch_kind(m, s) == SPEC_MTP ? pxq_hidden(e, rstart[s]) : NULL;
+            int k = spec_verify(ss[s], smp, hist[s], n_hist[s], drafts[s], nd[s], rows, h, len[s] + N_GEN - n_hist[s], out,
                                 err, sizeof err);
             CHECK(k >= 1, "%s", err);
             memcpy(hist[s] + n_hist[s], out, (size_t)(k > 0 ? k : 0) * sizeof *out);
@@ -235,9 +249,7 @@ static void batch(struct pxq_model *m, struct pxq_model *draft_m, const char *na
     for (int s = 0; s < N_BATCH; s++) {
         int same = n_hist[s] == len[s] + N_GEN;
         for (int g = 0; same && g < N_GEN; g++) same &= hist[s][len[s] + g] == want[s][g];
-        CHECK(same, "%s batch: sequence %d (%s) differs from plain decoding", name, s, spec_kind_name(s % 3 == 0 ? SPEC_NGRAM
-                                                                                                     : s % 3 == 1 ? SPEC_FIXED
-                                                                                                                  : SPEC_DRAFT));
+        CHECK(same, "%s batch: sequence %d (%s) differs from plain decoding", name, s, spec_kind_name(batch_kind(m, s)));
         spec_seq_free(ss[s]);
     }
     sampler_free(smp);
@@ -321,6 +333,12 @@ int main(void) {
     always_right(q35, "tiny-qwen35");
     batch(q35, q3, "tiny-qwen35");
     batch(q3, q35, "tiny-qwen3");
+    char mp[512], err[256];
+    snprintf(mp, sizeof mp, "%s/qwen35/tiny-qwen35-mtp", test_data_dir());
+    struct pxq_model *q35m = model_open(mp, err, sizeof err); /* with its trained MTP head (test_mtp) */
+    CHECK(q35m != NULL, "%s", err);
+    if (q35m) batch(q35m, q3, "tiny-qwen35-mtp");
+    model_free(q35m);
     sampling(q3);
     model_free(q3);
     model_free(q35);
