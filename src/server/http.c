@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <nettle/base64.h>
+#include <nettle/sha2.h>
 #include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -25,6 +27,7 @@ struct http_server {
     int port;
     atomic_int draining;
     atomic_int active;
+    char csp[512]; /* the chat page's Content-Security-Policy (page_csp) */
 };
 
 /* Per-request state, from the first call of the access handler to MHD's completion notice. */
@@ -137,6 +140,62 @@ static void stream_free(void *cls) {
     free(sc);
 }
 
+/* ---- the chat page ---- */
+
+/* src/server/chat_page.html, compiled in by the Makefile ($(BUILD)/gen/chat_page.c); NUL-terminated. */
+extern const unsigned char pxq_chat_page[];
+extern const size_t pxq_chat_page_len;
+
+/* CSP hash-source 'sha256-BASE64' (CSP Level 2, "hash-source") of the text between the page's
+ * first `open` tag and the `close` after it, into out[outlen]; -1 when the page lacks them. */
+static int page_hash(const char *open, const char *close, char *out, size_t outlen) {
+    const char *page = (const char *)pxq_chat_page;
+    const char *a = strstr(page, open), *b = a ? strstr(a + strlen(open), close) : NULL;
+    if (!b) return -1;
+    a += strlen(open);
+    struct sha256_ctx ctx;
+    uint8_t d[SHA256_DIGEST_SIZE];
+    sha256_init(&ctx);
+    sha256_update(&ctx, (size_t)(b - a), (const uint8_t *)a);
+    sha256_digest(&ctx, sizeof d, d);
+    char b64[BASE64_ENCODE_RAW_LENGTH(SHA256_DIGEST_SIZE) + 1];
+    base64_encode_raw(b64, sizeof d, d);
+    b64[sizeof b64 - 1] = 0;
+    snprintf(out, outlen, "'sha256-%s'", b64);
+    return 0;
+}
+
+/* The page's policy: its own inline style and script only (by hash), fetches to this origin only,
+ * nothing else loaded, no framing. Model text is set as textContent by the page; this is the second
+ * wall: markup that got into the DOM could still not run or load anything. */
+static int page_csp(char *out, size_t outlen) {
+    char style[80], script[80];
+    if (page_hash("<style>", "</style>", style, sizeof style) || page_hash("<script>", "</script>", script, sizeof script))
+        return -1;
+    snprintf(out, outlen,
+             "default-src 'none'; style-src %s; script-src %s; connect-src 'self'; img-src data:; base-uri 'none'; "
+             "form-action 'none'; frame-ancestors 'none'",
+             style, script);
+    return 0;
+}
+
+/* GET / : the chat page. Open without the API key (it is static and holds no data); the page sends
+ * the key the user gives it with its /v1 requests. */
+static enum MHD_Result send_page(struct http_server *h, struct MHD_Connection *c, struct conn_ctx *cc) {
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(pxq_chat_page_len, (void *)pxq_chat_page, MHD_RESPMEM_PERSISTENT);
+    if (!resp) return MHD_NO;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/html; charset=utf-8");
+    MHD_add_response_header(resp, "Content-Security-Policy", h->csp);
+    MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(resp, "Referrer-Policy", "no-referrer");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    cc->status = 200;
+    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
 /* ---- /v1 handlers ---- */
 
 static enum MHD_Result handle_generate(struct http_server *h, struct MHD_Connection *c, enum srv_kind kind,
@@ -239,6 +298,10 @@ static int authorized(struct http_server *h, struct MHD_Connection *c) {
 static enum MHD_Result route(struct http_server *h, struct MHD_Connection *c, const char *url, const char *method,
                              struct conn_ctx *cc) {
     int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
+    if (!strcmp(url, "/")) {
+        if (!get) return send_error(h, c, cc, 405, "use GET / (the chat page)", NULL, NULL);
+        return send_page(h, c, cc);
+    }
     if (!strcmp(url, "/health")) {
         if (!get) return send_error(h, c, cc, 405, "use GET /health", NULL, NULL);
         return send_json(c, cc, 200, xstrdup("{}"));
@@ -383,6 +446,11 @@ struct http_server *http_start(const struct http_config *cfg, const struct srv_l
     int gai = getaddrinfo(cfg->host, port, &hints, &ai);
     if (gai != 0) return set_err(err, errlen, "cannot resolve host '%s': %s", cfg->host, gai_strerror(gai)), NULL;
     struct http_server *h = xcalloc(1, sizeof *h);
+    if (page_csp(h->csp, sizeof h->csp)) {
+        free(h);
+        freeaddrinfo(ai);
+        return set_err(err, errlen, "the chat page compiled in has no <style> or <script> element (src/server/chat_page.html)"), NULL;
+    }
     h->cfg = *cfg;
     h->lim = lim;
     h->sched = sched;

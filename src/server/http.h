@@ -7,8 +7,8 @@
  * Both poll the socket while they wait: a client that has gone away gets its request cancelled,
  * which frees its sequence and KV blocks at the scheduler's next step.
  *
- * Routes: GET /health, GET /metrics, GET /v1/models, GET /v1/models/{id}, POST /v1/completions,
- * POST /v1/chat/completions. Errors are OpenAI error objects; see docs/SERVER.md for the statuses.
+ * Routes: GET / (the chat page, src/server/chat_page.html, open without the API key), GET /health,
+ * GET /metrics, GET /v1/models, GET /v1/models/{id}, POST /v1/completions, POST /v1/chat/completions. Errors are OpenAI error objects; see docs/SERVER.md for the statuses.
  */
 #ifndef PXQ_SERVER_HTTP_H
 #define PXQ_SERVER_HTTP_H

@@ -14,9 +14,11 @@ process.on('exit', () => { for (const p of live) try { p.kill('SIGKILL'); } catc
 for (const s of ['SIGINT', 'SIGTERM']) process.on(s, () => process.exit(1));
 
 // Start `pxq serve --port 0 ...args`; resolves when it prints its port. stop() sends SIGTERM and
-// resolves with {code, signal}; the process is SIGKILLed if it outlives the test.
-function startServer(args = [], env = {}) {
-  const proc = spawn(PXQ, ['serve', '--port', '0', '-t', process.env.PXQ_THREADS || '2', ...args], {
+// resolves with {code, signal}; the process is SIGKILLed if it outlives the test. opts.nice: run it
+// under `nice -n N` (nice execs pxq: the pid and signals are pxq's).
+function startServer(args = [], env = {}, opts = {}) {
+  const argv = ['serve', '--port', '0', '-t', process.env.PXQ_THREADS || '2', ...args];
+  const proc = spawn(opts.nice ? 'nice' : PXQ, opts.nice ? ['-n', String(opts.nice), PXQ, ...argv] : argv, {
     cwd: ROOT, stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...env },
   });
   live.add(proc);
