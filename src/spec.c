@@ -111,22 +111,25 @@ void spec_mtp_add_hidden(struct spec_seq *ss, const float *h_first, int c0, int 
     ss->h0 = c0 - keep, ss->h_n = keep + n;
 }
 
-int spec_mtp_catch_up(struct spec_seq *ss, const int32_t *hist, int n_hist, char *err, size_t errlen) {
-    if (ss->p.kind != SPEC_MTP) return 0;
-    const int p0 = ss->mtp_valid, p1 = ss->h0 + ss->h_n < n_hist - 1 ? ss->h0 + ss->h_n : n_hist - 1; /* rows [p0, p1) */
-    if (p1 <= p0) return 0;
-    if (p0 < ss->h0) return set_err(err, errlen, "MTP: the hidden state of position %d is gone", p0);
+/* The MTP head's rows of positions [p0, p1): the token at p + 1 and the kept h_p; logits of the last
+ * row (pxq_logits(e, 0)), its m in pxq_hidden. 0, or -1 with a message (h_p no longer kept). */
+static int mtp_rows(struct spec_seq *ss, const int32_t *hist, int p0, int p1, char *err, size_t errlen) {
+    if (p0 < ss->h0 || p1 > ss->h0 + ss->h_n) return set_err(err, errlen, "MTP: hidden states of [%d, %d) missing", p0, p1);
     const int m = p1 - p0;
     int32_t *pos = xmalloc((size_t)m * sizeof *pos), *sid = xmalloc((size_t)m * sizeof *sid);
-    int8_t *lg = xcalloc((size_t)m, 1);
     for (int i = 0; i < m; i++) pos[i] = p0 + i, sid[i] = ss->seq;
-    lg[m - 1] = 1; /* one row of logits: the batch asks for at least one */
-    struct pxq_batch b = {m, hist + p0 + 1, pos, sid, lg};
+    struct pxq_batch b = {m, hist + p0 + 1, pos, sid, NULL}; /* logits: the last row */
     int rc = pxq_mtp_decode(ss->e, &b, ss->hbuf + (size_t)(p0 - ss->h0) * ss->n_embd, err, errlen);
-    free(pos), free(sid), free(lg);
+    free(pos), free(sid);
     if (rc) return -1;
     ss->mtp_valid = p1;
     return 0;
+}
+
+int spec_mtp_catch_up(struct spec_seq *ss, const int32_t *hist, int n_hist, char *err, size_t errlen) {
+    if (ss->p.kind != SPEC_MTP) return 0;
+    const int p0 = ss->mtp_valid, p1 = ss->h0 + ss->h_n < n_hist - 1 ? ss->h0 + ss->h_n : n_hist - 1; /* rows [p0, p1) */
+    return p1 > p0 ? mtp_rows(ss, hist, p0, p1, err, errlen) : 0;
 }
 
 int spec_prefill(struct spec_seq *ss, const int32_t *prompt, int n, char *err, size_t errlen) {
@@ -205,25 +208,17 @@ static int propose_draft(struct spec_seq *ss, const int32_t *hist, int n_hist, i
 static int propose_mtp(struct spec_seq *ss, const int32_t *hist, int n_hist, int max, int32_t *drafts, char *err,
                        size_t errlen) {
     struct pxq_engine *e = ss->e;
-    const int n_ctx = pxq_engine_params(e)->n_ctx, d = ss->n_embd;
+    const int n_ctx = pxq_engine_params(e)->n_ctx;
     const int p0 = ss->mtp_valid < ss->n_cache ? ss->mtp_valid : ss->n_cache, p1 = n_hist - 1; /* rows [p0, p1) */
     if (max > n_ctx - p1) max = n_ctx - p1;
     if (max <= 0 || p1 <= p0) return 0;
-    if (p0 < ss->h0 || p1 > ss->h0 + ss->h_n) return set_err(err, errlen, "MTP: hidden states of [%d, %d) missing", p0, p1);
-    const int m = p1 - p0;
-    int32_t *pos = xmalloc((size_t)m * sizeof *pos), *sid = xmalloc((size_t)m * sizeof *sid);
-    for (int i = 0; i < m; i++) pos[i] = p0 + i, sid[i] = ss->seq;
-    struct pxq_batch b = {m, hist + p0 + 1, pos, sid, NULL};
-    int rc = pxq_mtp_decode(e, &b, ss->hbuf + (size_t)(p0 - ss->h0) * d, err, errlen);
-    free(pos), free(sid);
-    if (rc) return -1;
-    ss->mtp_valid = p1;
+    if (mtp_rows(ss, hist, p0, p1, err, errlen) != 0) return -1;
     drafts[0] = argmax_f32(pxq_logits(e, 0), ss->n_vocab);
     for (int j = 1; j < max; j++) {
         int32_t p = p1 - 1 + j;
         struct pxq_batch nb = {1, &drafts[j - 1], &p, &ss->seq, NULL};
         /* h: the previous row's m (the last of the first call's rows, then the single row) */
-        if (pxq_mtp_decode(e, &nb, pxq_hidden(e, j == 1 ? m - 1 : 0), err, errlen) != 0) return -1;
+        if (pxq_mtp_decode(e, &nb, pxq_hidden(e, j == 1 ? p1 - p0 - 1 : 0), err, errlen) != 0) return -1;
         drafts[j] = argmax_f32(pxq_logits(e, 0), ss->n_vocab);
     }
     return max;
