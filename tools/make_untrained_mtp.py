@@ -33,6 +33,21 @@ def read_tensors(path):
     return out
 
 
+def write_tensors(path, t):
+    """Write {name: (dtype, shape, raw bytes)} as a safetensors file (names sorted); returns the data bytes."""
+    head, off, blobs = {}, 0, []
+    for name in sorted(t):
+        dt, shape, raw = t[name]
+        head[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + len(raw)]}
+        off += len(raw)
+        blobs.append(raw)
+    hj = json.dumps(head, separators=(",", ":")).encode()
+    hj += b" " * (-len(hj) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hj)) + hj + b"".join(blobs))
+    return off
+
+
 def bf16(values):
     """Little-endian bf16 bytes of floats that bf16 holds exactly (0 and 1 here)."""
     return b"".join(struct.pack("<H", struct.unpack("<I", struct.pack("<f", x))[0] >> 16) for x in values)
@@ -67,16 +82,7 @@ def main():
     for n in ("mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight"):
         t[n] = ("BF16", [d], bf16([0.0] * d))
     os.makedirs(out, exist_ok=True)
-    head, off, blobs = {}, 0, []
-    for name in sorted(t):
-        dt, shape, raw = t[name]
-        head[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(raw)]}
-        off += len(raw)
-        blobs.append(raw)
-    hj = json.dumps(head, separators=(",", ":")).encode()
-    hj += b" " * (-len(hj) % 8)
-    with open(os.path.join(out, "mtp.safetensors"), "wb") as f:
-        f.write(struct.pack("<Q", len(hj)) + hj + b"".join(blobs))
+    off = write_tensors(os.path.join(out, "mtp.safetensors"), t)
     cfg["mtp_num_hidden_layers"] = 1
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)

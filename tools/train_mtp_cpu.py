@@ -33,20 +33,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from make_untrained_mtp import read_tensors, write_tensors  # the same directory
+
 
 def read_st(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        head = json.loads(f.read(n))
-        data = f.read()
+    """{name: float32 tensor} of a bf16 safetensors file."""
     out = {}
-    for k, v in head.items():
-        if k == "__metadata__":
-            continue
-        a, b = v["data_offsets"]
-        assert v["dtype"] == "BF16", (k, v["dtype"])
-        u = np.frombuffer(data[a:b], dtype="<u2").astype(np.uint32) << 16
-        out[k] = torch.from_numpy(u.view(np.float32).reshape(v["shape"]).copy())
+    for k, (dt, shape, raw) in read_tensors(path).items():
+        assert dt == "BF16", (k, dt)
+        u = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+        out[k] = torch.from_numpy(u.view(np.float32).reshape(shape).copy())
     return out
 
 
@@ -198,17 +194,8 @@ def main():
     print("held-out after %d steps (bf16 weights): loss %.4f, agreement %.4f" % (step, l1, a1), flush=True)
     # the fixture: the untrained directory's layout, this head's weights
     os.makedirs(a.out, exist_ok=True)
-    head, off, blobs = {}, 0, []
-    names = sorted(k for k in weights if k.startswith("mtp."))
-    for name in names:
-        raw = to_bf16_bytes(mtp.w(name))
-        head[name] = {"dtype": "BF16", "shape": list(mtp.w(name).shape), "data_offsets": [off, off + len(raw)]}
-        off += len(raw)
-        blobs.append(raw)
-    hj = json.dumps(head, separators=(",", ":")).encode()
-    hj += b" " * (-len(hj) % 8)
-    with open(os.path.join(a.out, "mtp.safetensors"), "wb") as f:
-        f.write(struct.pack("<Q", len(hj)) + hj + b"".join(blobs))
+    write_tensors(os.path.join(a.out, "mtp.safetensors"),
+                  {k: ("BF16", mtp.w(k).shape, to_bf16_bytes(mtp.w(k))) for k in weights if k.startswith("mtp.")})
     # the reference
     rt, rh = read_h(a.ref)
     rows, cases, row = [], [], 0
