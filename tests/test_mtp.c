@@ -12,7 +12,10 @@
  * Then drafting: greedy generation with --spec mtp (k = 1, 3) equals plain greedy decoding, and the
  * head's drafts are accepted at about the rate the fixture's training gives (printed; k 1: 0.253,
  * k 3: 0.095 on the frankenstein prompt; the checks ask for half).
- * PXQ_TEST_DEVICE=cuda runs it on the CUDA backend. Without the fixture (it is trained on a GPU
+ * PXQ_TEST_DEVICE=cuda runs it on the CUDA backend: the reference check in exact mode (PXQ_CUDA_FP32=1,
+ * the fp32 mat-vec) within TOL, then in the default mode (int8 activations, f16 KV and GEMMs) within
+ * test_cuda_model's default-mode bound, normalised logit error <= 1e-2; drafting in the default mode.
+ * Without the fixture (it is trained on a GPU
  * machine) the test says SKIP.
  */
 #include <string.h>
@@ -47,7 +50,14 @@ static float max_diff(const float *a, const float *b, int n) {
     return d;
 }
 
-static void reference(struct pxq_model *m, const struct ref_set *ref) {
+/* Sum of squared differences and of squared reference values of n floats, into d2[2]. */
+static void sq_err(const float *a, const float *ref, int n, double *d2) {
+    for (int i = 0; i < n; i++) d2[0] += (double)(a[i] - ref[i]) * (a[i] - ref[i]), d2[1] += (double)ref[i] * ref[i];
+}
+
+/* The MTP logits against the reference; exact: within TOL (the CPU, CUDA's exact mode), else within a
+ * normalised error of 1e-2 (CUDA's default mode, where the chained drafts are only reported). */
+static void reference(struct pxq_model *m, const struct ref_set *ref, int exact) {
     struct pxq_engine *e = engine(m, 1);
     if (!e) return;
     const int nv = model_hparams(m)->n_vocab, d = model_hparams(m)->n_embd;
@@ -76,8 +86,12 @@ static void reference(struct pxq_model *m, const struct ref_set *ref) {
         struct pxq_batch mb = {n - 1, ids + 1, pos, sid, lg};
         CHECK(pxq_mtp_decode(e, &mb, h, err, sizeof err) == 0, "%s", err);
         float worst = 0;
-        for (int i = 0; i < n - 1; i++) worst = fmaxf(worst, max_diff(pxq_logits(e, i), ref->logits + (size_t)(row0 + i) * nv, nv));
-        CHECK(worst < TOL, "case %d: teacher-forced MTP logits differ from PyTorch's by %g", ci, worst);
+        double d2[2] = {0, 0};
+        for (int i = 0; i < n - 1; i++) {
+            worst = fmaxf(worst, max_diff(pxq_logits(e, i), ref->logits + (size_t)(row0 + i) * nv, nv));
+            sq_err(pxq_logits(e, i), ref->logits + (size_t)(row0 + i) * nv, nv, d2);
+        }
+        CHECK(!exact || worst < TOL, "case %d: teacher-forced MTP logits differ from PyTorch's by %g", ci, worst);
         /* the chain from the last prompt position */
         float m_prev[4096];
         int32_t tok = want_next;
@@ -88,14 +102,17 @@ static void reference(struct pxq_model *m, const struct ref_set *ref) {
             struct pxq_batch cb = {1, &tok, &p, &seq, NULL};
             CHECK(pxq_mtp_decode(e, &cb, k == 0 ? h + (size_t)(n - 1) * d : m_prev, err, sizeof err) == 0, "%s", err);
             cworst = fmaxf(cworst, max_diff(pxq_logits(e, 0), ref->logits + (size_t)(crow0 + k) * nv, nv));
+            sq_err(pxq_logits(e, 0), ref->logits + (size_t)(crow0 + k) * nv, nv, d2);
             tok = argmax_f32(pxq_logits(e, 0), nv);
             same &= tok == drafts[k];
             memcpy(m_prev, pxq_hidden(e, 0), (size_t)d * sizeof(float));
         }
-        CHECK(cworst < TOL, "case %d: chained MTP logits differ from PyTorch's by %g", ci, cworst);
-        CHECK(same, "case %d: chained drafts differ from the reference's", ci);
-        fprintf(stderr, "case %d: %d prompt tokens, teacher-forced rows within %.2g, %d chained rows within %.2g\n", ci, n,
-                worst, n_chain, cworst);
+        const double ne = sqrt(d2[0] / d2[1]);
+        CHECK(!exact || cworst < TOL, "case %d: chained MTP logits differ from PyTorch's by %g", ci, cworst);
+        CHECK(!exact || same, "case %d: chained drafts differ from the reference's", ci);
+        CHECK(exact || ne <= 1e-2, "case %d: normalised MTP logit error %.3g > 1e-2 (default mode)", ci, ne);
+        fprintf(stderr, "case %d%s: %d prompt tokens, teacher-forced rows within %.2g, %d chained rows within %.2g%s, normalised error %.2g\n",
+                ci, exact ? "" : " (default mode)", n, worst, n_chain, cworst, same ? "" : " (drafts differ)", ne);
         free(h);
         pxq_seq_free(e, seq);
         ci++;
@@ -186,7 +203,14 @@ int main(void) {
     struct ref_set ref;
     if (!m || ref_load(&ref, rdir) != 0) return test_summary("test_mtp");
     CHECK(model_hparams(m)->n_mtp_layer == 1, "the fixture has %d MTP layers", model_hparams(m)->n_mtp_layer);
-    reference(m, &ref);
+    const char *dev = getenv("PXQ_TEST_DEVICE");
+    if (dev && !strcmp(dev, "cuda")) { /* exact mode first, then the default mode for the rest */
+        setenv("PXQ_CUDA_FP32", "1", 1);
+        reference(m, &ref, 1);
+        setenv("PXQ_CUDA_FP32", "0", 1);
+        reference(m, &ref, 0);
+    } else
+        reference(m, &ref, 1);
     drafting(m, &ref);
     ref_free(&ref);
     model_free(m);

@@ -14,7 +14,12 @@
  *    verified tokens with a drafter that proposes a likely token and then a wrong one is the plain
  *    sampler's: total variation distance below 0.08 (first) and 0.12 (second). A rule that accepted
  *    every draft would be at about 0.5 (the drafted token's share).
- * PXQ_TEST_DEVICE=cuda runs it all on the CUDA backend (CUDA builds; the GPU machine).
+ * PXQ_TEST_DEVICE=cuda runs it all on the CUDA backend (CUDA builds; the GPU machine) in exact mode
+ * (PXQ_CUDA_FP32=1: every matmul through the fp32 mat-vec, so a row's logits do not depend on how many
+ * rows share its batch), then the batch test again in the default mode. There a verification batch of
+ * many rows goes through the f16 GEMMs while a plain step goes through the int8 mat-vec, so logits
+ * differ by rounding (test_cuda_model: ~2e-3 normalised) and greedy tokens may part where the plain
+ * run's top two logits are within TIE of each other; a sequence that parts anywhere else fails.
  */
 #include <math.h>
 #include <string.h>
@@ -26,6 +31,9 @@
 
 #define N_GEN 40
 #define N_BATCH 8
+#define TIE 0.1f /* default-mode CUDA: largest top-2 logit margin at which a parting counts as a tie */
+
+static int allow_ties; /* the batch test on CUDA in the default mode */
 
 static struct pxq_model *open(const char *rel) {
     char path[512], err[256];
@@ -55,8 +63,18 @@ static void prompt(int s, int n, int32_t *tok) {
     for (int i = 0; i < n; i++) tok[i] = (int32_t)(((i % 11) * 131 + s * 977 + 7) % 8000 + 1);
 }
 
-/* Plain greedy: out[N_GEN], and the logits of the position after them (next[n_vocab]). */
-static void plain(struct pxq_model *m, const int32_t *p, int n, int32_t *out, float *next) {
+/* Top-1 minus top-2 logit of a row of n. */
+static float margin(const float *x, int n) {
+    float a = -INFINITY, b = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (x[i] > a) b = a, a = x[i];
+        else if (x[i] > b) b = x[i];
+    return a - b;
+}
+
+/* Plain greedy: out[N_GEN], the top-2 margin of each step's logits (gap[N_GEN], if not NULL), and the
+ * logits of the position after them (next[n_vocab]). */
+static void plain_gap(struct pxq_model *m, const int32_t *p, int n, int32_t *out, float *gap, float *next) {
     struct pxq_engine *e = engine(m, 1);
     const int nv = model_hparams(m)->n_vocab;
     char err[256];
@@ -67,6 +85,7 @@ static void plain(struct pxq_model *m, const int32_t *p, int n, int32_t *out, fl
     CHECK(pxq_decode(e, &b, err, sizeof err) == 0, "%s", err);
     for (int g = 0; g < N_GEN; g++) {
         out[g] = argmax_f32(pxq_logits(e, 0), nv);
+        if (gap) gap[g] = margin(pxq_logits(e, 0), nv);
         int32_t q = n + g;
         struct pxq_batch nb = {1, &out[g], &q, &seq, NULL};
         CHECK(pxq_decode(e, &nb, err, sizeof err) == 0, "%s", err);
@@ -74,6 +93,10 @@ static void plain(struct pxq_model *m, const int32_t *p, int n, int32_t *out, fl
     memcpy(next, pxq_logits(e, 0), (size_t)nv * sizeof(float));
     free(pos), free(sid);
     pxq_engine_free(e);
+}
+
+static void plain(struct pxq_model *m, const int32_t *p, int n, int32_t *out, float *next) {
+    plain_gap(m, p, n, out, NULL, next);
 }
 
 static float max_diff(const float *a, const float *b, int n) {
@@ -187,12 +210,14 @@ static enum spec_kind batch_kind(const struct pxq_model *m, int s) {
 
 static void batch(struct pxq_model *m, struct pxq_model *draft_m, const char *name) {
     const int nv = model_hparams(m)->n_vocab;
-    int32_t want[N_BATCH][N_GEN], p[N_BATCH][64], hist[N_BATCH][600], n_hist[N_BATCH], len[N_BATCH];
+    int32_t want[N_BATCH][N_GEN], p[N_BATCH][64];
+    float gap[N_BATCH][N_GEN];
+    int32_t hist[N_BATCH][600], n_hist[N_BATCH], len[N_BATCH];
     float *next = xmalloc((size_t)nv * sizeof(float));
     for (int s = 0; s < N_BATCH; s++) {
         len[s] = 5 + 7 * s;
         prompt(s + 3, len[s], p[s]);
-        plain(m, p[s], len[s], want[s], next);
+        plain_gap(m, p[s], len[s], want[s], gap[s], next);
     }
     use_mtp = 1;
     struct pxq_engine *e = engine(m, N_BATCH);
@@ -247,9 +272,14 @@ static void batch(struct pxq_model *m, struct pxq_model *draft_m, const char *na
         }
     }
     for (int s = 0; s < N_BATCH; s++) {
-        int same = n_hist[s] == len[s] + N_GEN;
-        for (int g = 0; same && g < N_GEN; g++) same &= hist[s][len[s] + g] == want[s][g];
-        CHECK(same, "%s batch: sequence %d (%s) differs from plain decoding", name, s, spec_kind_name(batch_kind(m, s)));
+        int g = 0;
+        while (g < N_GEN && g < n_hist[s] - len[s] && hist[s][len[s] + g] == want[s][g]) g++;
+        if (g < N_GEN && allow_ties && gap[s][g] < TIE)
+            fprintf(stderr, "%s batch (default mode): sequence %d parts from plain decoding at token %d, a tie (top-2 margin %.3g)\n",
+                    name, s, g, gap[s][g]);
+        else
+            CHECK(g == N_GEN, "%s batch: sequence %d (%s) differs from plain decoding at token %d (plain top-2 margin %.3g)", name,
+                  s, spec_kind_name(batch_kind(m, s)), g, g < N_GEN ? gap[s][g] : 0.0f);
         spec_seq_free(ss[s]);
     }
     sampler_free(smp);
@@ -328,6 +358,9 @@ static void sampling(struct pxq_model *m) {
 int main(void) {
     struct pxq_model *q3 = open("tiny-qwen3"), *q35 = open("qwen35/tiny-qwen35");
     if (!q3 || !q35) return test_summary("test_spec");
+    const char *dev = getenv("PXQ_TEST_DEVICE");
+    const int cuda = dev && !strcmp(dev, "cuda");
+    if (cuda) setenv("PXQ_CUDA_FP32", "1", 1);
     greedy(q3, q35, "tiny-qwen3");
     greedy(q35, q3, "tiny-qwen35");
     always_right(q35, "tiny-qwen35");
@@ -338,8 +371,15 @@ int main(void) {
     struct pxq_model *q35m = model_open(mp, err, sizeof err); /* with its trained MTP head (test_mtp) */
     CHECK(q35m != NULL, "%s", err);
     if (q35m) batch(q35m, q3, "tiny-qwen35-mtp");
-    model_free(q35m);
     sampling(q3);
+    if (cuda) { /* the default mode: ties may part (see the header) */
+        setenv("PXQ_CUDA_FP32", "0", 1);
+        allow_ties = 1;
+        batch(q35, q3, "tiny-qwen35");
+        batch(q3, q35, "tiny-qwen3");
+        if (q35m) batch(q35m, q3, "tiny-qwen35-mtp");
+    }
+    model_free(q35m);
     model_free(q3);
     model_free(q35);
     return test_summary("test_spec");
