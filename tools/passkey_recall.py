@@ -4,7 +4,7 @@
 For each context length L and each of N seeds, builds a prompt of at most L tokens (prompt and
 6-token answer together) with tools/passkey_task.py, the needle at depth 0.05 + 0.9 * s / (N - 1)
 for seed s (evenly spread from 0.05 to 0.95; key and filler from random.Random(L * 1000 + s)), runs
-    pxq run -m MODEL --device cpu -n 8 --temp 0 -f PROMPT [-c L+16] EXTRA...
+    pxq run -m MODEL --device DEVICE (--device, default cpu) -n 8 --temp 0 -f PROMPT [-c L+16] EXTRA...
 and counts the prompts whose output starts with the key's 5 digits. Prints one line a prompt on
 stderr and the table (L, correct/N, accuracy, seconds a prompt) on stdout. -c is added only when
 EXTRA sets no context size.
@@ -14,6 +14,9 @@ Usage (pxq built, e.g. `make NVCC= -j2`):
     python3 tools/passkey_recall.py -- --rope-scaling yarn --rope-factor 4 --original-max-position-embeddings 2048
     python3 tools/passkey_recall.py -- --attention-window 1024 --attention-sinks 4
     python3 tools/passkey_recall.py --lengths 2048,4096 --seeds 5 -- --attention-window 512 --attention-sinks 4 --kv-topk-blocks 8
+    python3 tools/passkey_recall.py --topk-fraction 0.125 -- --attention-window 512 --attention-sinks 4
+--topk-fraction F adds --kv-topk-blocks ceil(F * L / 16) at each length L: block selection over the
+fraction F of the context's 16-token blocks.
 The model was trained at up to 2048 tokens with rope_theta 10000 (tools/make_passkey_model.py):
 beyond 2048 full attention is expected to lose the key; RoPE scaling and window attention are what
 this measures.
@@ -46,6 +49,9 @@ def main():
     ap.add_argument("--pxq", default="./pxq")
     ap.add_argument("-m", "--model", default="tests/data/passkey")
     ap.add_argument("-t", "--threads", type=int, default=0, help="pxq -t (0: its default)")
+    ap.add_argument("--topk-fraction", type=float, default=0.0,
+                    help="add --kv-topk-blocks ceil(F * L / 16) at each length L (block selection over F of the blocks)")
+    ap.add_argument("--device", default="cpu", help="pxq --device")
     ap.add_argument("-q", "--quiet", action="store_true", help="no line a prompt")
     args = ap.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",") if x]
@@ -67,11 +73,13 @@ def main():
                 smp = task.sample(L, depth, random.Random(L * 1000 + s))
                 with open(path, "w") as f:
                     f.write(smp["text"])
-                cmd = [args.pxq, "run", "-m", args.model, "--device", "cpu", "-n", "8", "--temp", "0", "-f", path]
+                cmd = [args.pxq, "run", "-m", args.model, "--device", args.device, "-n", "8", "--temp", "0", "-f", path]
                 if args.threads:
                     cmd += ["-t", str(args.threads)]
                 if not has_ctx:
                     cmd += ["-c", str(L + 16)]
+                if args.topk_fraction > 0:
+                    cmd += ["--kv-topk-blocks", str(max(1, -(-int(args.topk_fraction * L) // 16)))]
                 cmd += extra
                 t0 = time.time()
                 r = subprocess.run(cmd, capture_output=True, text=True)
@@ -89,7 +97,10 @@ def main():
                           (L, s, depth, len(smp["prompt_ids"]), smp["key"], got, "ok  " if hit else "MISS", dt),
                           file=sys.stderr, flush=True)
             rows.append((L, ok, n, secs / max(n, 1)))
-    print("pxq flags: %s" % (" ".join(extra) if extra else "(none: full attention)"))
+    flags = " ".join(extra) if extra else "(none: full attention)"
+    if args.topk_fraction > 0:
+        flags += " --kv-topk-blocks ceil(%g * L / 16)" % args.topk_fraction
+    print("pxq flags: %s" % flags)
     print("%7s  %7s  %8s  %9s" % ("L", "correct", "accuracy", "s/prompt"))
     for L, ok, n, s in rows:
         print("%7d  %3d/%-3d  %8.2f  %9.1f" % (L, ok, n, ok / n if n else 0.0, s))
