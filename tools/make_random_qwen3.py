@@ -11,7 +11,8 @@ Usage:
         [--tokenizer tests/data/qwen3-tokenizer] [--hidden 256 --layers 4 --heads 4 --kv-heads 2 \
          --head-dim 64 --ff 512 --vocab 151936 --seed 0]
 The defaults are tests/data/dummy-tiny.json's shape with Qwen3's vocabulary (an LM head of 39M
-weights, most of the 41M). The tokenizer directory holds tokenizer.json or tokenizer.json.xz and
+weights, most of the 41M). Qwen3-0.6B's shape, as tools/peer-bench.sh makes it (weights N(0, 0.02)):
+    --hidden 1024 --layers 28 --heads 16 --kv-heads 8 --head-dim 128 --ff 3072 --std 0.02 The tokenizer directory holds tokenizer.json or tokenizer.json.xz and
 tokenizer_config.json (chat template, eos token).
 """
 import argparse
@@ -33,6 +34,32 @@ def bf16_random(rng, n):
     return bytes(out)
 
 
+def bf16_normal_table(std):
+    """Byte -> (low byte, high byte) of a BF16 value: bit 7 the sign, bits 0-6 one of 128 quantiles
+    of |N(0, std)| (the midpoints of 128 equal-probability bins), rescaled so the 256 values have
+    standard deviation std exactly. A random byte through the table is a 256-level normal sample."""
+    from statistics import NormalDist
+    nd = NormalDist()
+    mag = [nd.inv_cdf(0.5 + (i + 0.5) / 256) for i in range(128)]
+    rms = (sum(m * m for m in mag) / 128) ** 0.5
+    lo, hi = bytearray(256), bytearray(256)
+    for b in range(256):
+        v = mag[b & 0x7F] * std / rms * (-1 if b & 0x80 else 1)
+        u = struct.unpack("<I", struct.pack("<f", v))[0]
+        u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16  # round to nearest even
+        lo[b], hi[b] = u & 0xFF, u >> 8
+    return bytes(lo), bytes(hi)
+
+
+def bf16_normal(rng, n, table):
+    """n BF16 values of about N(0, std) (bf16_normal_table), as little-endian bytes."""
+    r = rng.randbytes(n)
+    out = bytearray(2 * n)
+    out[0::2] = r.translate(table[0])
+    out[1::2] = r.translate(table[1])
+    return bytes(out)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -45,7 +72,10 @@ def main():
     ap.add_argument("--ff", type=int, default=512)
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--std", type=float, default=0,
+                    help="weights of about N(0, STD) (256 levels) instead of magnitudes 2^-7..2^-6")
     a = ap.parse_args()
+    table = bf16_normal_table(a.std) if a.std > 0 else None
     rng = random.Random(a.seed)
     os.makedirs(a.out, exist_ok=True)
 
@@ -67,22 +97,26 @@ def main():
         ]
     tensors.append(("model.norm.weight", [a.hidden], "one"))
 
-    header, blobs, off = {}, [], 0
+    header, off = {}, 0
     for name, shape, kind in tensors:
         n = 1
         for d in shape:
             n *= d
-        data = bf16_random(rng, n) if kind == "rand" else struct.pack("<H", 0x3F80) * n
-        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [off, off + len(data)]}
-        blobs.append(data)
-        off += len(data)
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [off, off + 2 * n]}
+        off += 2 * n
     h = json.dumps(header).encode()
     h += b" " * (-len(h) % 8)
-    with open(os.path.join(a.out, "model.safetensors"), "wb") as f:
+    with open(os.path.join(a.out, "model.safetensors"), "wb") as f:  # a tensor at a time: 0.6B fits in memory once
         f.write(struct.pack("<Q", len(h)))
         f.write(h)
-        for b in blobs:
-            f.write(b)
+        for name, shape, kind in tensors:
+            n = 1
+            for d in shape:
+                n *= d
+            if kind != "rand":
+                f.write(struct.pack("<H", 0x3F80) * n)
+            else:
+                f.write(bf16_normal(rng, n, table) if table else bf16_random(rng, n))
 
     config = {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": a.hidden,
