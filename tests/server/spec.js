@@ -43,6 +43,7 @@ async function texts(args, prompts) {
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'pxq-mtp-'));
   const mtp = path.join(tmp, 'mtp');
   execFileSync('python3', [path.join(ROOT, 'tools/make_untrained_mtp.py'), path.join(ROOT, 'tests/data/qwen35/tiny-qwen35'), mtp]);
+  const plains = new Map(); // the plain server's run, once per model (Q4_K_M serves two drafters)
   for (const [name, model, spec, needAccepted = true] of [
     ['tiny-qwen35 + untrained MTP head, mtp', ['-m', mtp], ['--spec', 'mtp', '--spec-k', '2'], false],
     ['tiny-qwen3 Q4_K_M, ngram', [], ['--spec', 'ngram', '--spec-k', '4']],
@@ -50,7 +51,9 @@ async function texts(args, prompts) {
     ['tiny-qwen35, ngram', ['-m', 'tests/data/qwen35/tiny-qwen35'], ['--spec', 'ngram', '--spec-k', '3']],
   ]) {
     try {
-      const plain = await texts([...common, ...model], prompts);
+      const key = model.join(' ');
+      if (!plains.has(key)) plains.set(key, await texts([...common, ...model], prompts));
+      const plain = plains.get(key);
       const sp = await texts([...common, ...model, ...spec], prompts);
       const diff = sp.out.map((t, i) => (t === plain.out[i] ? -1 : i)).filter((i) => i >= 0);
       check(`${name}: 8 concurrent speculative == plain (greedy text)`, diff.length === 0,
