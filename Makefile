@@ -3,13 +3,21 @@
 
 CC      ?= cc
 BUILD   ?= build
-OPT     ?= -O2 -march=native
+OPT     ?= -O2
 SAN     ?=
 PKGS    := libpcre2-8 libcjson libutf8proc nettle
 CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -pthread -Isrc \
            $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(SAN) -MMD -MP
 LDLIBS  += $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -lcjson -lutf8proc -lnettle) \
            -lmicrohttpd -lm -pthread
+
+# x86-64: everything is built for the baseline instruction set, so the binary runs on any x86-64
+# machine; the int8 kernels are built once more per instruction set, in their own files, and chosen
+# at run time from the CPU's features (src/quant_q8.c; PXQ_CPU_ISA=scalar|avx2|avx512 forces one).
+ifneq ($(findstring x86_64,$(shell $(CC) -dumpmachine 2>/dev/null)),)
+$(BUILD)/src/kernels_avx2.o: CFLAGS += -mavx2 -mfma -mf16c
+$(BUILD)/src/kernels_avx512.o: CFLAGS += -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
+endif
 
 LIB_SRC := $(wildcard src/*.c) $(wildcard src/server/*.c)
 CLI_SRC := $(wildcard src/cli/*.c)

@@ -63,14 +63,15 @@ int type_has_q8_dot(enum pxq_type t);
 /* Bytes of one quantized activation row of n elements (n a multiple of 32). */
 size_t q8_act_row_bytes(int64_t n);
 /* Quantize x[n] (n a multiple of 32) into dst (q8_act_row_bytes(n) bytes, any alignment of 4).
- * AVX2 and the _generic C version give bit-identical output for finite x (NaN/Inf: defined but
+ * Every kernel set and the _generic C version give bit-identical output for finite x (NaN/Inf: defined but
  * meaningless codes, as the float path would give NaN/Inf outputs). */
 void quantize_row_q8_act(const float *x, void *dst, int64_t n);
 void quantize_row_q8_act_generic(const float *x, void *dst, int64_t n);
 /* y[c] = row . x_c for c < n_tok (1..4): one weight row (type t, n elements, n a multiple of the
  * block size) against n_tok quantized activation rows at xq + c * xq_stride, each code block decoded
- * once for all n_tok rows. AVX2 kernels where compiled in, else dot_row_q8_generic (portable C,
- * the same integer sum per block of 32; they differ in float summation order only). Thread-safe,
+ * once for all n_tok rows. The kernel set of q8_isa (below): AVX-512 VNNI or AVX2, or
+ * dot_row_q8_generic (portable C, the same integer sum per block of 32; they differ in float
+ * summation order only). Thread-safe,
  * no allocation. A type without type_has_q8_dot or n_tok outside 1..4: die (programmer error). */
 void dot_row_q8(enum pxq_type t, const void *row, const void *xq, size_t xq_stride, int64_t n, int n_tok, float *y);
 /* The same for n_rows weight rows at w + r * w_stride: y[c * y_stride + r] = row r . x_c (c < n_tok,
@@ -79,8 +80,17 @@ void dot_rows_q8(enum pxq_type t, const void *w, size_t w_stride, int n_rows, co
                  int64_t n, int n_tok, float *y, size_t y_stride);
 void dot_row_q8_generic(enum pxq_type t, const void *row, const void *xq, size_t xq_stride, int64_t n, int n_tok,
                         float *y);
-/* The instruction set dot_rows_q8 was compiled for: "AVX2, AVX512-VNNI", "AVX2, AVX-VNNI", "AVX2"
- * or "portable C" (pxq --version). */
+/* The kernels in use: "AVX-512 VNNI", "AVX2" or "portable C" (pxq --version, pxq bench). */
 const char *q8_cpu_isa(void);
+
+/* Kernel sets, chosen at run time (quant_q8.c): the best the CPU has (__builtin_cpu_supports: AVX2
+ * needs AVX2+FMA+F16C; AVX512 needs AVX-512 F, BW, VL and VNNI), or PXQ_CPU_ISA=scalar|avx2|avx512
+ * read once at first use (a set the CPU lacks is refused with a message on stderr, and the best
+ * is used). q8_isa_set switches process-wide, for tests and A/B runs: -1 if the CPU lacks it.
+ * Results differ between sets in float summation order only. Switch only while no matmul runs. */
+enum q8_isa { Q8_ISA_SCALAR = 0, Q8_ISA_AVX2 = 1, Q8_ISA_AVX512 = 2 };
+enum q8_isa q8_isa(void);
+int q8_isa_supported(enum q8_isa isa);
+int q8_isa_set(enum q8_isa isa);
 
 #endif

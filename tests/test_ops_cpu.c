@@ -14,6 +14,7 @@
  *     ||a - b||_2 / ||b||_2 <= 0.02 over all rows and <= 0.03 per row (23 prefill rows + 4 decode
  *     steps; measured 0.0062 and 0.0052, worst row 0.017), top-1 agreement >= 90% (measured 27/27 and
  *     26/27: one row whose top two logits are within the int8 error).
+ *   - every kernel set the CPU has (q8_isa_set: scalar, avx2, avx512): the tests above run under each.
  * Prints the measured errors and a rough dot throughput for information. */
 #include <math.h>
 #include <stdint.h>
@@ -99,7 +100,7 @@ static void test_quantize_act(void) {
     memset(a, 0, bytes), memset(g, 0, bytes);
     quantize_row_q8_act(x, a, n);
     quantize_row_q8_act_generic(x, g, n);
-    CHECK(memcmp(a, g, (size_t)n + 8 * (size_t)(n / 32)) == 0, "AVX2 and generic activation bytes differ");
+    CHECK(memcmp(a, g, (size_t)n + 8 * (size_t)(n / 32)) == 0, "%s and generic activation bytes differ", q8_cpu_isa());
     double worst = 0;
     int bad = 0;
     for (int64_t j = 0; j < n / 32; j++) {
@@ -375,22 +376,36 @@ static void bench_matmul(void) {
 }
 
 int main(void) {
-    test_quantize_act();
-    for (int k = 0; k < N_TYPES; k++) {
-        test_dot(q8_types[k], 768);
-        if (type_block_elems(q8_types[k]) == 32) test_dot(q8_types[k], 288);
+    static const char *isa_names[] = {"scalar", "avx2", "avx512"};
+    const enum q8_isa best = q8_isa();
+    const uint64_t rng0 = rng;
+    int n_isa = 0;
+    for (int isa = Q8_ISA_SCALAR; isa <= Q8_ISA_AVX512; isa++) { /* every kernel set this CPU has, forced */
+        if (q8_isa_set((enum q8_isa)isa) != 0) {
+            fprintf(stderr, "kernel set %s: not on this CPU, skipped\n", isa_names[isa]);
+            continue;
+        }
+        n_isa++;
+        rng = rng0; /* each set gets the same inputs */
+        fprintf(stderr, "== kernel set %s (%s)\n", isa_names[isa], q8_cpu_isa());
+        test_quantize_act();
+        for (int k = 0; k < N_TYPES; k++) {
+            test_dot(q8_types[k], 768);
+            if (type_block_elems(q8_types[k]) == 32) test_dot(q8_types[k], 288);
+        }
+        struct threadpool *tp = threadpool_new(2);
+        for (int k = 0; k < N_TYPES; k++) {
+            enum pxq_type t = q8_types[k];
+            test_matmul(tp, t, type_block_elems(t) == 32 ? 288 : 512, 37);
+        }
+        test_matmul(tp, PXQ_TYPE_Q4_0, 2048, 19);
+        threadpool_free(tp);
+        char path[512];
+        snprintf(path, sizeof path, "%s/gguf/tiny-qwen3-Q4_0.gguf", test_data_dir());
+        test_model_exact(path);
+        test_model_exact("models/tiny-qwen3-Q4_K_M.gguf");
     }
-    struct threadpool *tp = threadpool_new(2);
-    for (int k = 0; k < N_TYPES; k++) {
-        enum pxq_type t = q8_types[k];
-        test_matmul(tp, t, type_block_elems(t) == 32 ? 288 : 512, 37);
-    }
-    test_matmul(tp, PXQ_TYPE_Q4_0, 2048, 19);
-    threadpool_free(tp);
-    char path[512];
-    snprintf(path, sizeof path, "%s/gguf/tiny-qwen3-Q4_0.gguf", test_data_dir());
-    test_model_exact(path);
-    test_model_exact("models/tiny-qwen3-Q4_K_M.gguf");
+    CHECK(n_isa >= 1 && q8_isa_set(best) == 0, "kernel sets: %d run, best %d restored", n_isa, (int)best);
     bench_dots();
     bench_matmul();
     return test_summary("test_ops_cpu");
