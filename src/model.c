@@ -673,6 +673,7 @@ static const struct pxq_tensor *bindl(struct binder *b, int il, const char *suff
 static const struct pxq_tensor *expert_view(struct pxq_model *m, const struct pxq_tensor *t3, int e) {
     struct pxq_tensor *v = &m->owned[m->n_owned++];
     *v = *t3;
+    v->cpu_pack = NULL;
     snprintf(v->name, sizeof v->name, "%.100s[%d]", t3->name, e);
     v->n_dims = 2;
     v->ne[2] = 1;
@@ -908,6 +909,8 @@ struct pxq_model *model_from_tensors(const char *name, const struct pxq_hparams 
 
 void model_free(struct pxq_model *m) {
     if (!m) return;
+    for (int i = 0; i < m->n_tab; i++) q8x8_tensor_release((struct pxq_tensor *)m->tab[i].t); /* the CPU's packed copies */
+    for (int i = 0; i < m->n_owned; i++) q8x8_tensor_release(&m->owned[i]);
     free(m->own_tensors);
     free(m->own_data);
     for (int il = 0; il < PXQ_MAX_LAYERS; il++) free(m->layers[il].experts);

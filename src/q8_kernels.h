@@ -4,7 +4,8 @@
  * -mavx512f/bw/vl/vnni); the Makefile gives each its flags, the rest of PXQ is built for baseline
  * x86-64, and quant_q8.c picks a copy at run time (q8_isa: the CPU's features, or PXQ_CPU_ISA).
  * Q8_SFX names the copy: Q8_FN(dot_rows_q8) is dot_rows_q8_avx2 or dot_rows_q8_avx512. The
- * formulas and the activation layout are quant_q8.c's. Every function here has the portable C version in quant_q8.c as its reference
+ * formulas and the activation layout are quant_q8.c's; the packed 8-row layout is quant.h's
+ * (q8x8_pack). Every function here has the portable C version in quant_q8.c as its reference
  * (tests/test_quant.c forces each path with q8_isa_set and compares them).
  */
 #include "quant.h"
@@ -437,3 +438,141 @@ void Q8_FN(dot_rows_q8)(enum pxq_type t, const void *w, size_t w_stride, int n_r
 
 const char *Q8_FN(q8_isa_name)(void) { return Q8_ISA; }
 
+/* ---- the packed 8-row layout (quant.h, q8x8_pack) ----
+ * A group of 8 rows, block j of 32 columns: 8 f16 scales, then per 8-byte slice p the 8 rows' bytes
+ * 8p..8p+7 of the block's codes (Q4_0: the 16 nibble bytes, p < 2; Q8_0: the 32 int8 codes, p < 4).
+ * One vector load then holds the same slice of 8 rows, and each 64-bit lane pairs with the same 8
+ * activation bytes, so the activations are broadcast 8 bytes at a time (vpdpbusd's {1to8} operand)
+ * and no horizontal sum is needed until the end of the row: int32 lanes 2r and 2r+1 are row r's two
+ * halves, summed once. Codes go in unsigned: Q4_0 nibbles (w + 8), Q8_0 w ^ 0x80 (w + 128), and the
+ * offset comes off in float per block: dx * dot - off * s, where s = dx * sum(qx) is the activation
+ * row's per-block sum (quant_q8.c), half of it on each lane of a pair. Q4_0's nibble byte i holds
+ * element i (low) and i + 16 (high), so low nibbles of slice p pair with activation bytes 8p..8p+7,
+ * high nibbles with 16 + 8p... */
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+/* T tokens x one group of 8 rows: y[c * ys + r]. */
+INLINE void x8_group(enum pxq_type t, const uint8_t *g, int64_t nb, const struct act4 *a, int T, float *y, size_t ys) {
+    const int q4 = t == PXQ_TYPE_Q4_0;
+    const size_t bs = q4 ? 144 : 272;
+    const float off = q4 ? 4.0f : 64.0f; /* half of 8 or 128: each row is two lanes */
+    const __m512i m4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    __m512 acc[4];
+    for (int c = 0; c < 4; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < nb; j++) {
+        const uint8_t *b = g + (size_t)j * bs;
+        const __m512 d = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b))));
+        __m512i u[4];
+        if (q4) {
+            const __m512i v0 = _mm512_loadu_si512(b + 16), v1 = _mm512_loadu_si512(b + 80);
+            u[0] = _mm512_and_si512(v0, m4);
+            u[1] = _mm512_and_si512(v1, m4);
+            u[2] = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
+            u[3] = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
+        } else {
+            for (int p = 0; p < 4; p++) u[p] = _mm512_xor_si512(_mm512_loadu_si512(b + 16 + 64 * p), flip);
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < T; c++) {
+            long long x[4];
+            memcpy(x, a->q[c] + 32 * j, 32);
+            __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_set1_epi64(x[0]));
+            s = _mm512_dpbusd_epi32(s, u[1], _mm512_set1_epi64(x[1]));
+            s = _mm512_dpbusd_epi32(s, u[2], _mm512_set1_epi64(x[2]));
+            s = _mm512_dpbusd_epi32(s, u[3], _mm512_set1_epi64(x[3]));
+            const __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(a->d[c][j]), _mm512_set1_ps(-off * a->s[c][j]));
+            acc[c] = _mm512_fmadd_ps(d, f, acc[c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < T; c++) {
+        const __m512 s = _mm512_add_ps(acc[c], _mm512_permute_ps(acc[c], 0xB1)); /* lane 2r: row r */
+        _mm256_storeu_ps(y + (size_t)c * ys, _mm512_castps512_ps256(_mm512_maskz_compress_ps(0x5555, s)));
+    }
+}
+#define X8_KIND "8-row packed, AVX-512 VNNI"
+#else
+/* AVX2: a 256-bit vector holds one slice of 4 rows, so the group goes as two halves of 4 rows
+ * (the second half's bytes are in L1 after the first). Without VNNI the dot is maddubs + madd: Q4_0
+ * nibbles against int8 stay within int16 for 4 slices summed (4 * 2 * 15 * 127 < 32768); Q8_0 uses
+ * the sign trick (|w| against sign(x, w)) and sums in int32. */
+INLINE void x8_group(enum pxq_type t, const uint8_t *g, int64_t nb, const struct act4 *a, int T, float *y, size_t ys) {
+    const int q4 = t == PXQ_TYPE_Q4_0;
+    const size_t bs = q4 ? 144 : 272;
+    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    float out[4][8];
+    for (int h = 0; h < 2; h++) {
+        const __m256i dsel = _mm256_setr_epi32(4 * h, 4 * h, 4 * h + 1, 4 * h + 1, 4 * h + 2, 4 * h + 2, 4 * h + 3, 4 * h + 3);
+        __m256 acc[4];
+        for (int c = 0; c < 4; c++) acc[c] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < nb; j++) {
+            const uint8_t *b = g + (size_t)j * bs;
+            const __m256 d = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b)), dsel);
+            __m256i u[4];
+            if (q4) {
+                const __m256i v0 = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * h));
+                const __m256i v1 = _mm256_loadu_si256((const __m256i *)(b + 80 + 32 * h));
+                u[0] = _mm256_and_si256(v0, m4);
+                u[1] = _mm256_and_si256(v1, m4);
+                u[2] = _mm256_and_si256(_mm256_srli_epi16(v0, 4), m4);
+                u[3] = _mm256_and_si256(_mm256_srli_epi16(v1, 4), m4);
+            } else {
+                for (int p = 0; p < 4; p++) u[p] = _mm256_loadu_si256((const __m256i *)(b + 16 + 64 * p + 32 * h));
+            }
+#pragma GCC unroll 4
+            for (int c = 0; c < T; c++) {
+                long long x[4];
+                memcpy(x, a->q[c] + 32 * j, 32);
+                __m256i s;
+                if (q4) {
+                    __m256i s16 = _mm256_maddubs_epi16(u[0], _mm256_set1_epi64x(x[0]));
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[1], _mm256_set1_epi64x(x[1])));
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[2], _mm256_set1_epi64x(x[2])));
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[3], _mm256_set1_epi64x(x[3])));
+                    s = _mm256_madd_epi16(s16, ones);
+                } else {
+                    s = _mm256_setzero_si256();
+                    for (int p = 0; p < 4; p++) {
+                        const __m256i xv = _mm256_set1_epi64x(x[p]);
+                        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(u[p], u[p]),
+                                                                                       _mm256_sign_epi8(xv, u[p])), ones));
+                    }
+                }
+                const __m256 f = q4 ? _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(a->d[c][j]), _mm256_set1_ps(-4.0f * a->s[c][j]))
+                                    : _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(a->d[c][j]));
+                acc[c] = _mm256_fmadd_ps(d, f, acc[c]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < T; c++) {
+            float v[8];
+            _mm256_storeu_ps(v, acc[c]);
+            for (int r = 0; r < 4; r++) out[c][4 * h + r] = v[2 * r] + v[2 * r + 1];
+        }
+    }
+    for (int c = 0; c < T; c++) memcpy(y + (size_t)c * ys, out[c], sizeof out[c]);
+}
+#define X8_KIND "8-row packed, AVX2"
+#endif
+
+typedef void (*x8_fn)(const uint8_t *, int64_t, const struct act4 *, float *, size_t);
+#define X8_FN(TY, NAME, T) \
+    static void NAME##_##T(const uint8_t *g, int64_t nb, const struct act4 *a, float *y, size_t ys) { x8_group(TY, g, nb, a, T, y, ys); }
+X8_FN(PXQ_TYPE_Q4_0, x8_q4_0, 1) X8_FN(PXQ_TYPE_Q4_0, x8_q4_0, 2) X8_FN(PXQ_TYPE_Q4_0, x8_q4_0, 3) X8_FN(PXQ_TYPE_Q4_0, x8_q4_0, 4)
+X8_FN(PXQ_TYPE_Q8_0, x8_q8_0, 1) X8_FN(PXQ_TYPE_Q8_0, x8_q8_0, 2) X8_FN(PXQ_TYPE_Q8_0, x8_q8_0, 3) X8_FN(PXQ_TYPE_Q8_0, x8_q8_0, 4)
+static const x8_fn x8_q4_0[4] = {x8_q4_0_1, x8_q4_0_2, x8_q4_0_3, x8_q4_0_4};
+static const x8_fn x8_q8_0[4] = {x8_q8_0_1, x8_q8_0_2, x8_q8_0_3, x8_q8_0_4};
+
+/* dot_groups_q8x8 (quant.h), arguments checked by the caller. */
+void Q8_FN(dot_groups_q8x8)(enum pxq_type t, const void *pw, int64_t n, int n_groups, const void *xq, size_t xq_stride,
+                            int n_tok, float *y, size_t y_stride) {
+    const int64_t nb = n / QK;
+    const size_t gs = (size_t)nb * (t == PXQ_TYPE_Q4_0 ? 144 : 272);
+    const x8_fn f = (t == PXQ_TYPE_Q4_0 ? x8_q4_0 : x8_q8_0)[n_tok - 1];
+    struct act4 a;
+    act_setup(&a, xq, xq_stride, n, n_tok);
+    for (int g = 0; g < n_groups; g++) f((const uint8_t *)pw + (size_t)g * gs, nb, &a, y + 8 * (size_t)g, y_stride);
+}
+
+const char *Q8_FN(q8x8_kind)(void) { return X8_KIND; }

@@ -87,10 +87,31 @@ const char *q8_cpu_isa(void);
  * needs AVX2+FMA+F16C; AVX512 needs AVX-512 F, BW, VL and VNNI), or PXQ_CPU_ISA=scalar|avx2|avx512
  * read once at first use (a set the CPU lacks is refused with a message on stderr, and the best
  * is used). q8_isa_set switches process-wide, for tests and A/B runs: -1 if the CPU lacks it.
- * Results differ between sets in float summation order only. Switch only while no matmul runs. */
+ * Results differ between sets in float summation order only. Switch only while no matmul runs:
+ * tensors packed (q8x8_tensor_pack) under a SIMD set are not used by the scalar one. */
 enum q8_isa { Q8_ISA_SCALAR = 0, Q8_ISA_AVX2 = 1, Q8_ISA_AVX512 = 2 };
 enum q8_isa q8_isa(void);
 int q8_isa_supported(enum q8_isa isa);
 int q8_isa_set(enum q8_isa isa);
+
+/* The packed 8-row layout (llama.cpp's q4_0_8x8 idea; byte layout in q8_kernels.h): a Q4_0 or Q8_0
+ * matrix of n_rows (a multiple of 8) rows of n elements, in groups of 8 rows, each group's blocks in
+ * column order, a block of the group = 8 f16 scales then the 8 rows' codes interleaved 8 bytes at a
+ * time. The same byte count as the rows (type_row_bytes(t, n) * n_rows). q8x8_type: 1 when the
+ * current kernel set has a packed kernel for t and n_rows is a multiple of 8. */
+int q8x8_type(enum pxq_type t, int64_t n_rows);
+/* Pack n_rows rows of n elements at w (rows contiguous) into dst. */
+void q8x8_pack(enum pxq_type t, const void *w, int64_t n_rows, int64_t n, void *dst);
+/* y[c * y_stride + 8g + r] = row 8g + r . x_c for g < n_groups, r < 8, c < n_tok (1..4): the packed
+ * groups at pw against n_tok quantized activation rows at xq + c * xq_stride (quantize_row_q8_act).
+ * The same per-block integer sums as dot_row_q8_generic; float summation order differs. Dies if the
+ * current set has no packed kernel (q8x8_type) or n_tok is outside 1..4 (programmer errors). */
+void dot_groups_q8x8(enum pxq_type t, const void *pw, int64_t n, int n_groups, const void *xq, size_t xq_stride,
+                     int n_tok, float *y, size_t y_stride);
+/* The packed copy of a weight tensor [n, n_rows], made on the first call (thread-safe) and kept in
+ * t->cpu_pack until q8x8_tensor_release; NULL when !q8x8_type(t->type, t->ne[1]). The copy takes as
+ * much memory as the tensor. */
+const void *q8x8_tensor_pack(const struct pxq_tensor *t);
+void q8x8_tensor_release(struct pxq_tensor *t);
 
 #endif

@@ -22,6 +22,11 @@
  * with VNNI (kernels_avx512.c). PXQ itself is built for baseline x86-64; the kernels are chosen
  * at run time from the CPU's features (q8_isa; PXQ_CPU_ISA=scalar|avx2|avx512 forces a lower one),
  * so one binary runs on any x86-64. They differ only in float summation order.
+ *
+ * Q4_0 and Q8_0 matrices with rows a multiple of 8 are also repacked once, on first use by
+ * matmul_cpu, into 8-row groups (q8x8_pack, quant.h; the layout is described in q8_kernels.h), as
+ * llama.cpp's q4_0_8x8 repack does: the SIMD kernels then read 8 rows' scales as one vector and
+ * need no horizontal sum per block.
  */
 #include "quant.h"
 
@@ -187,10 +192,12 @@ void dot_row_q8_generic(enum pxq_type t, const void *row, const void *xq, size_t
 
 typedef void (*quant_fn)(const float *, void *, int64_t);
 typedef void (*rows_fn)(enum pxq_type, const void *, size_t, int, const void *, size_t, int64_t, int, float *, size_t);
+typedef void (*groups_fn)(enum pxq_type, const void *, int64_t, int, const void *, size_t, int, float *, size_t);
 struct q8_kernels {
     const char *isa;
     quant_fn quant;
     rows_fn rows;
+    groups_fn groups; /* NULL: no packed layout (the portable C reads the rows as stored) */
 };
 
 static void dot_rows_q8_c(enum pxq_type t, const void *w, size_t w_stride, int n_rows, const void *xq, size_t xq_stride,
@@ -207,6 +214,7 @@ static void dot_rows_q8_c(enum pxq_type t, const void *w, size_t w_stride, int n
 #define Q8_DECL(S)                                                                                             \
     void quantize_row_q8_act_##S(const float *, void *, int64_t);                                              \
     void dot_rows_q8_##S(enum pxq_type, const void *, size_t, int, const void *, size_t, int64_t, int, float *, size_t); \
+    void dot_groups_q8x8_##S(enum pxq_type, const void *, int64_t, int, const void *, size_t, int, float *, size_t); \
     const char *q8_isa_name_##S(void);
 Q8_DECL(avx2)
 Q8_DECL(avx512)
@@ -216,10 +224,11 @@ Q8_DECL(avx512)
 #endif
 
 static const struct q8_kernels *kernels_for(enum q8_isa isa) {
-    static const struct q8_kernels c = {"portable C", quantize_row_q8_act_generic, dot_rows_q8_c};
+    static const struct q8_kernels c = {"portable C", quantize_row_q8_act_generic, dot_rows_q8_c, NULL};
 #if Q8_HAVE_SIMD
-    static const struct q8_kernels avx2 = {"AVX2", quantize_row_q8_act_avx2, dot_rows_q8_avx2};
-    static const struct q8_kernels avx512 = {"AVX-512 VNNI", quantize_row_q8_act_avx512, dot_rows_q8_avx512};
+    static const struct q8_kernels avx2 = {"AVX2", quantize_row_q8_act_avx2, dot_rows_q8_avx2, dot_groups_q8x8_avx2};
+    static const struct q8_kernels avx512 = {"AVX-512 VNNI", quantize_row_q8_act_avx512, dot_rows_q8_avx512,
+                                             dot_groups_q8x8_avx512};
     if (isa == Q8_ISA_AVX512) return &avx512;
     if (isa == Q8_ISA_AVX2) return &avx2;
 #endif
@@ -293,3 +302,54 @@ void dot_row_q8(enum pxq_type t, const void *row, const void *xq, size_t xq_stri
     dot_rows_q8(t, row, 0, 1, xq, xq_stride, n, n_tok, y, 1);
 }
 
+/* ---- the packed 8-row layout ----------------------------------------------------------------- */
+
+int q8x8_type(enum pxq_type t, int64_t n_rows) {
+    return (t == PXQ_TYPE_Q4_0 || t == PXQ_TYPE_Q8_0) && n_rows > 0 && n_rows % 8 == 0 && K()->groups;
+}
+
+void q8x8_pack(enum pxq_type t, const void *w, int64_t n_rows, int64_t n, void *dst) {
+    if ((t != PXQ_TYPE_Q4_0 && t != PXQ_TYPE_Q8_0) || n_rows % 8 || n % QK) die("q8x8_pack: %s %lld x %lld", type_name(t), (long long)n_rows, (long long)n);
+    const int q4 = t == PXQ_TYPE_Q4_0, bs = q4 ? 18 : 34, np = q4 ? 2 : 4;
+    const int64_t nb = n / QK;
+    const size_t rb = (size_t)nb * (size_t)bs;
+    uint8_t *o = dst;
+    for (int64_t g = 0; g < n_rows / 8; g++)
+        for (int64_t j = 0; j < nb; j++, o += 8 * (size_t)bs)
+            for (int r = 0; r < 8; r++) {
+                const uint8_t *b = (const uint8_t *)w + (size_t)(8 * g + r) * rb + (size_t)j * bs;
+                memcpy(o + 2 * r, b, 2);
+                for (int p = 0; p < np; p++) memcpy(o + 16 + 64 * p + 8 * r, b + 2 + 8 * p, 8);
+            }
+}
+
+void dot_groups_q8x8(enum pxq_type t, const void *pw, int64_t n, int n_groups, const void *xq, size_t xq_stride,
+                     int n_tok, float *y, size_t y_stride) {
+    if (n_tok < 1 || n_tok > 4) die("dot_groups_q8x8: n_tok %d not in 1..4", n_tok);
+    const struct q8_kernels *k = K();
+    if ((t != PXQ_TYPE_Q4_0 && t != PXQ_TYPE_Q8_0) || !k->groups) die("dot_groups_q8x8: %s on %s", type_name(t), k->isa);
+    k->groups(t, pw, n, n_groups, xq, xq_stride, n_tok, y, y_stride);
+}
+
+static pthread_mutex_t pack_mu = PTHREAD_MUTEX_INITIALIZER;
+
+const void *q8x8_tensor_pack(const struct pxq_tensor *t) {
+    struct pxq_tensor *w = (struct pxq_tensor *)t; /* the cache field only; the weights stay const */
+    void *p = __atomic_load_n(&w->cpu_pack, __ATOMIC_ACQUIRE);
+    if (p || !q8x8_type(t->type, t->ne[1])) return p;
+    pthread_mutex_lock(&pack_mu);
+    p = w->cpu_pack;
+    if (!p) {
+        const size_t bytes = type_row_bytes(t->type, t->ne[0]) * (size_t)t->ne[1];
+        p = xmalloc(bytes);
+        q8x8_pack(t->type, t->data, t->ne[1], t->ne[0], p);
+        __atomic_store_n(&w->cpu_pack, p, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&pack_mu);
+    return p;
+}
+
+void q8x8_tensor_release(struct pxq_tensor *t) {
+    free(t->cpu_pack);
+    t->cpu_pack = NULL;
+}

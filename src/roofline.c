@@ -95,6 +95,7 @@ int roofline_measure_cpu(struct roofline *r, int n_threads) {
     }
     r->gemm_tflops = 2.0 * K * N * T / best / 1e12;
     snprintf(r->gemm_method, sizeof r->gemm_method, "engine matmul_cpu, q8_0 weights (int8 activations) %dx%d, %d tokens, best of 3", K, N, T);
+    q8x8_tensor_release(&w);
     free(wd), free(x), free(y);
     threadpool_free(tp);
     return 0;

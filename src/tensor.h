@@ -35,6 +35,8 @@ struct pxq_tensor {
     int64_t       ne[PXQ_MAX_DIMS];   /* elements per dim, ne[0] innermost; unused dims are 1 */
     const void   *data;               /* into a read-only mmap (or owned memory, see loader) */
     size_t        nbytes;             /* bytes of data */
+    void         *cpu_pack;           /* the CPU kernels' repacked copy, or NULL (quant.h, q8x8_tensor_pack);
+                                         freed by its owner's close through q8x8_tensor_release */
 };
 
 static inline int64_t tensor_nelements(const struct pxq_tensor *t) {

@@ -14,7 +14,10 @@
  *     ||a - b||_2 / ||b||_2 <= 0.02 over all rows and <= 0.03 per row (23 prefill rows + 4 decode
  *     steps; measured 0.0062 and 0.0052, worst row 0.017), top-1 agreement >= 90% (measured 27/27 and
  *     26/27: one row whose top two logits are within the int8 error).
- *   - every kernel set the CPU has (q8_isa_set: scalar, avx2, avx512): the tests above run under each.
+ *   - every kernel set the CPU has (q8_isa_set: scalar, avx2, avx512; the tests above run under each):
+ *     dot_groups_q8x8 on q8x8_pack'ed Q4_0/Q8_0 (8-row groups, 1..4 tokens) against
+ *     dot_row_q8_generic on the rows as stored, |err| <= 1e-5 * sum |w * xq| (the same integer
+ *     block sums; float order only), and a corrupted pack must fail that check.
  * Prints the measured errors and a rough dot throughput for information. */
 #include <math.h>
 #include <stdint.h>
@@ -183,6 +186,60 @@ static void test_dot(enum pxq_type t, int64_t n) {
     free(w), free(x), free(wf), free(xq);
 }
 
+/* ---- the packed 8-row layout against the portable C on the rows as stored ------------------ */
+
+/* 1 if every output of dot_groups_q8x8 on pack (the rows w packed) is within 1e-5 * sum|w*xq| of
+ * dot_row_q8_generic; prints the first misses if verbose. */
+static int x8_matches(enum pxq_type t, const uint8_t *w, const uint8_t *pack, int n_rows, int64_t n, const uint8_t *xq,
+                      size_t stride, double *worst, int verbose) {
+    const size_t rb = type_row_bytes(t, n);
+    float *wf = xmalloc(n * sizeof(float));
+    int bad = 0;
+    for (int T = 1; T <= 4; T++) {
+        float *y = xmalloc((size_t)4 * n_rows * sizeof(float));
+        dot_groups_q8x8(t, pack, n, n_rows / 8, xq, stride, T, y, (size_t)n_rows);
+        for (int r = 0; r < n_rows; r++) {
+            float yg[4];
+            dot_row_q8_generic(t, w + r * rb, xq, stride, n, T, yg);
+            dequantize_row(t, w + r * rb, wf, n);
+            for (int c = 0; c < T; c++) {
+                const uint8_t *a = xq + c * stride;
+                double mag = 0;
+                for (int64_t k = 0; k < n; k++) mag += fabs(wf[k] * act_d(a, n)[k / 32] * act_q(a)[k]);
+                const double e = fabs((double)y[c * n_rows + r] - yg[c]);
+                *worst = fmax(*worst, e / mag);
+                if (e > 1e-5 * mag && bad++ < 3 && verbose)
+                    fprintf(stderr, "  %s x8 row %d T %d c %d: %.7g, generic %.7g\n", type_name(t), r, T, c, y[c * n_rows + r], yg[c]);
+            }
+        }
+        free(y);
+    }
+    free(wf);
+    return bad == 0;
+}
+
+static void test_x8(enum pxq_type t, int64_t n) {
+    if (!q8x8_type(t, 8)) return;
+    const int n_rows = 24;
+    uint8_t *w = random_rows(t, n, n_rows);
+    const size_t rb = type_row_bytes(t, n), stride = q8_act_row_bytes(n);
+    uint8_t *pack = xmalloc(rb * n_rows), *xq = xmalloc(4 * stride);
+    float *x = xmalloc(4 * n * sizeof(float));
+    random_x(x, 4 * n, 1);
+    for (int c = 0; c < 4; c++) quantize_row_q8_act(x + c * n, xq + c * stride, n);
+    q8x8_pack(t, w, n_rows, n, pack);
+    double worst = 0;
+    CHECK(x8_matches(t, w, pack, n_rows, n, xq, stride, &worst, 1), "%s n=%lld: packed kernel (%s) differs from the portable C",
+          type_name(t), (long long)n, q8_cpu_isa());
+    fprintf(stderr, "dot_groups_q8x8 %-5s n=%4lld (%s): vs portable C %.2e of sum|w*xq| (bound 1e-5)\n", type_name(t),
+            (long long)n, q8_cpu_isa(), worst);
+    /* the check can fail: one code byte of row 13 changed in the pack only */
+    pack[(size_t)(13 / 8) * rb * 8 + 16 + 8 * (13 % 8) + 3] ^= 0x21;
+    double w2 = 0;
+    CHECK(!x8_matches(t, w, pack, n_rows, n, xq, stride, &w2, 0), "%s: a corrupted pack passed", type_name(t));
+    free(w), free(pack), free(xq), free(x);
+}
+
 /* ---- matmul_cpu against float64 ------------------------------------------------------------ */
 
 static void test_matmul(struct threadpool *tp, enum pxq_type t, int64_t n_in, int64_t n_out) {
@@ -227,6 +284,7 @@ static void test_matmul(struct threadpool *tp, enum pxq_type t, int64_t n_in, in
                     "normalised L2 error %.4f; exact path %.2e of sum|w*x|\n",
             type_name(t), (long long)n_out, (long long)n_in, worst, sqrt(num / den), worst_e);
     CHECK(bad == 0, "matmul_cpu %s: %d outputs out of bounds", type_name(t), bad);
+    q8x8_tensor_release(&W);
     free(w), free(wf), free(x), free(y), free(ye);
 }
 
@@ -404,6 +462,12 @@ int main(void) {
         snprintf(path, sizeof path, "%s/gguf/tiny-qwen3-Q4_0.gguf", test_data_dir());
         test_model_exact(path);
         test_model_exact("models/tiny-qwen3-Q4_K_M.gguf");
+        /* the packed 8-row kernels (after the above, which keep their inputs of before) */
+        test_x8(PXQ_TYPE_Q4_0, 768), test_x8(PXQ_TYPE_Q4_0, 288), test_x8(PXQ_TYPE_Q8_0, 768), test_x8(PXQ_TYPE_Q8_0, 288);
+        tp = threadpool_new(2);
+        test_matmul(tp, PXQ_TYPE_Q4_0, 288, 64); /* multiples of 8 rows: the packed path where the set has one */
+        test_matmul(tp, PXQ_TYPE_Q8_0, 544, 40);
+        threadpool_free(tp);
     }
     CHECK(n_isa >= 1 && q8_isa_set(best) == 0, "kernel sets: %d run, best %d restored", n_isa, (int)best);
     bench_dots();
