@@ -38,12 +38,24 @@ per=0
 if [ "$n_cpu" -ge "$JOBS" ] && command -v taskset >/dev/null 2>&1; then per=$((n_cpu / JOBS)); fi
 export PXQ_TEST_CPUS="$cpus" PXQ_TEST_PER=$per
 
-# Started longest first (the model and server scripts), so the last to finish is a short one; each
-# writes N.log and then N.rc (its exit status and seconds).
+# Started longest first, so the last to finish is a short one: the suites of over 10 CPU seconds in
+# the order of their cost (CPU seconds on one core, 2026-12-07: cli_server 118, cli_kvcache 74,
+# cli_qwen35 69, test_spec 68, cli_core 68, cli_quantize 14, cli_messages 12), then the other
+# scripts, then the other binaries. Each writes N.log and then N.rc (its exit status and seconds).
 n=0
 while read -r s; do
     n=$((n + 1))
-    case "$s" in tests/cli_kvcache.sh | tests/cli_qwen35.sh | tests/cli_core.sh | tests/cli_server.sh) p=0 ;; tests/*.sh) p=1 ;; *) p=2 ;; esac
+    case "$s" in
+        tests/cli_server.sh) p=0 ;;
+        tests/cli_kvcache.sh) p=1 ;;
+        tests/cli_qwen35.sh) p=2 ;;
+        */test_spec) p=3 ;;
+        tests/cli_core.sh) p=4 ;;
+        tests/cli_quantize.sh) p=5 ;;
+        tests/cli_messages.sh) p=6 ;;
+        tests/*.sh) p=7 ;;
+        *) p=8 ;;
+    esac
     echo "$p $n $s"
 done <"$out/list" | sort -n -k1,1 -k2,2 | while read -r _ i s; do printf '%s\0%s\0' "$i" "$s"; done |
     xargs -0 -n 2 -P "$JOBS" --process-slot-var=SLOT sh -c '
