@@ -12,11 +12,12 @@ LDLIBS  += $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -lcjs
            -lmicrohttpd -lm -pthread
 
 # x86-64: everything is built for the baseline instruction set, so the binary runs on any x86-64
-# machine; the int8 kernels are built once more per instruction set, in their own files, and chosen
-# at run time from the CPU's features (src/quant_q8.c; PXQ_CPU_ISA=scalar|avx2|avx512 forces one).
+# machine; the int8 and attention kernels are built once more per instruction set, in their own
+# files (FMA contraction on: attn_kernels.h is plain C), and chosen at run time from the CPU's
+# features (src/quant_q8.c; PXQ_CPU_ISA=scalar|avx2|avx512 forces one).
 ifneq ($(findstring x86_64,$(shell $(CC) -dumpmachine 2>/dev/null)),)
-$(BUILD)/src/kernels_avx2.o: CFLAGS += -mavx2 -mfma -mf16c
-$(BUILD)/src/kernels_avx512.o: CFLAGS += -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
+$(BUILD)/src/kernels_avx2.o: CFLAGS += -mavx2 -mfma -mf16c -ffp-contract=fast
+$(BUILD)/src/kernels_avx512.o: CFLAGS += -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -ffp-contract=fast
 endif
 
 LIB_SRC := $(wildcard src/*.c) $(wildcard src/server/*.c)

@@ -128,9 +128,84 @@ static void attn_range(void *arg, int64_t j0, int64_t j1, int ith) {
     }
 }
 
+/* The tiled path: a tile is up to ATT_TILE consecutive tokens of one sequence in the ubatch, and an
+ * item one tile and one KV head: its group x tokens query rows go through attn_tile_f32 (ops_cpu.h)
+ * together, which transposes each block of 16 K rows once for all of them. For float32 K and V
+ * (the CPU's f16 cache type) and full causal attention; a row's arithmetic does not depend on the
+ * tile, so a token attends the same alone, batched or chunked. */
+#define ATT_TILE 64
+#define ATT_SCRATCH_MAX (1 << 20) /* floats of scores a tile may hold: fewer tokens at long contexts */
+
+struct tile_args {
+    struct pxq_engine *e;
+    const struct ubatch *ub;
+    int l;
+    const int *t0; /* tile i = tokens t0[i] .. t0[i + 1] - 1 */
+};
+
+static int attn_tiled_ok(const struct pxq_engine *e, int l) {
+    const struct kv_layout *lay = &e->kv.lay;
+    const int hd = e->hp->head_dim;
+    if (lay->quantized || lay->attn_window || lay->topk_blocks || hd % 16 || hd > 256) return 0;
+    for (int h = 0; h < e->hp->n_head_kv; h++)
+        if (lay->layer[KV_K][l].type[h] != KV_F32 || lay->layer[KV_V][l].type[h] != KV_F32) return 0;
+    return 1;
+}
+
+static void attn_tiles(void *arg, int64_t j0, int64_t j1, int ith) {
+    const struct tile_args *a = arg;
+    const struct pxq_engine *e = a->e;
+    const struct pxq_hparams *hp = e->hp;
+    const int hd = hp->head_dim, q_dim = hp->n_head * hd, group = hp->n_head / hp->n_head_kv;
+    static __thread float *pb, *sb; /* K/V row pointers (in a float buffer), scratch */
+    static __thread size_t pb_cap, sb_cap;
+    float tmp[KV_MAX_HEAD_DIM];
+    for (int64_t j = j0; j < j1; j++) {
+        const int tile = (int)(j / hp->n_head_kv), kvh = (int)(j % hp->n_head_kv);
+        const int tb = a->t0[tile], te = a->t0[tile + 1], nq = (te - tb) * group;
+        const struct kv_seq *s = &e->seqs[a->ub->seq_id[tb]].kv;
+        int n_max = 0, n_vis[ATT_TILE * 64]; /* tokens x group (at most 64) */
+        const float *qr[ATT_TILE * 64];
+        float *orow[ATT_TILE * 64];
+        for (int t = tb; t < te; t++) {
+            n_max = a->ub->pos[t] + 1 > n_max ? a->ub->pos[t] + 1 : n_max;
+            for (int g = 0; g < group; g++) {
+                const int i = (t - tb) * group + g;
+                const size_t off = (size_t)t * q_dim + (size_t)(kvh * group + g) * hd;
+                qr[i] = e->q + off, orow[i] = e->att + off, n_vis[i] = a->ub->pos[t] + 1;
+            }
+        }
+        const float **kp = (const float **)(void *)tls_grow(&pb, &pb_cap, 2 * (size_t)n_max * (sizeof(void *) / sizeof(float)));
+        const float **vp = kp + n_max;
+        for (int p = 0; p < n_max; p++) {
+            kp[p] = kv_load(&e->kv, s, KV_K, a->l, kvh, p, n_max - 1, tmp);
+            vp[p] = kv_load(&e->kv, s, KV_V, a->l, kvh, p, n_max - 1, tmp);
+        }
+        float *scratch = tls_grow(&sb, &sb_cap, attn_tile_scratch(nq, n_max, hd));
+        attn_tile_f32(orow, qr, n_vis, nq, kp, vp, hd, e->kv.lay.attn_scale, scratch);
+    }
+}
+
 /* Causal attention of the ubatch's q (e->q, [n][n_head*head_dim], after norm and RoPE) over the cache
  * of attention layer l (this ubatch's K/V already written) into e->att. */
 static void attention_core(struct pxq_engine *e, const struct ubatch *ub, int l) {
+    const int group = e->hp->n_head / e->hp->n_head_kv;
+    if (attn_tiled_ok(e, l) && group <= 64) {
+        int *t0 = xmalloc(((size_t)ub->n + 1) * sizeof *t0), n_tiles = 0, n_max = 0;
+        for (int t = 0; t < ub->n; t++) {
+            const int pad = ((ub->pos[t] + 1 > n_max ? ub->pos[t] + 1 : n_max) + 15) & ~15;
+            const int size = n_tiles ? t - t0[n_tiles - 1] : 0;
+            if (!n_tiles || ub->seq_id[t] != ub->seq_id[t - 1] || size == ATT_TILE ||
+                (size_t)(size + 1) * group * pad > ATT_SCRATCH_MAX)
+                t0[n_tiles++] = t, n_max = 0;
+            n_max = ub->pos[t] + 1 > n_max ? ub->pos[t] + 1 : n_max;
+        }
+        t0[n_tiles] = ub->n;
+        struct tile_args a = {e, ub, l, t0};
+        parallel_for(e->tp, (int64_t)n_tiles * e->hp->n_head_kv, 1, attn_tiles, &a);
+        free(t0);
+        return;
+    }
     struct attn_args a = {e, ub, l};
     parallel_for(e->tp, (int64_t)ub->n * e->hp->n_head_kv, 1, attn_range, &a);
 }

@@ -253,6 +253,32 @@ void matmul_cpu(struct threadpool *tp, float *y, const struct pxq_tensor *w, con
     }
 }
 
+/* ---- attention over float32 K/V rows: attn_kernels.h, one copy per kernel set ---- */
+
+#define ATT_SFX base
+#include "attn_kernels.h"
+#if defined(__x86_64__) && !defined(PXQ_NO_SIMD)
+void attn_tile_f32_avx2(float *const *, const float *const *, const int *, int, const float *const *, const float *const *,
+                        int, float, float *);
+void attn_tile_f32_avx512(float *const *, const float *const *, const int *, int, const float *const *,
+                          const float *const *, int, float, float *);
+#endif
+
+size_t attn_tile_scratch(int nq, int n_max, int hd) { return 16 * (size_t)hd + (size_t)nq * (size_t)((n_max + 15) & ~15); }
+
+void attn_tile_f32(float *const *o, const float *const *q, const int *n_vis, int nq, const float *const *k,
+                   const float *const *v, int hd, float scale, float *scratch) {
+    if (hd % 16 || hd > 256) die("attn_tile_f32: head_dim %d", hd);
+#if defined(__x86_64__) && !defined(PXQ_NO_SIMD)
+    switch (q8_isa()) {
+    case Q8_ISA_AVX512: attn_tile_f32_avx512(o, q, n_vis, nq, k, v, hd, scale, scratch); return;
+    case Q8_ISA_AVX2: attn_tile_f32_avx2(o, q, n_vis, nq, k, v, hd, scale, scratch); return;
+    default: break;
+    }
+#endif
+    attn_tile_f32_base(o, q, n_vis, nq, k, v, hd, scale, scratch);
+}
+
 /* ---- small ops ---- */
 
 void rmsnorm_cpu(float *out, const float *x, const float *w, int n, int n_rows, float eps) {

@@ -71,6 +71,15 @@ static inline void vec_axpy_f32(float *restrict y, float a, const float *restric
     for (; i < n; i++) y[i] += a * x[i];
 }
 
+/* Causal attention of nq query rows (q[i], head_dim hd floats each) over float32 K and V rows k[p],
+ * v[p] of one KV head: o[i] = softmax(q[i] . k[p] * scale over p < n_vis[i]) . v (HF
+ * eager_attention_forward without dropout; n_vis[i] >= 1). hd a multiple of 16, at most 256.
+ * scratch: attn_tile_scratch(nq, max n_vis, hd) floats. A row's result does not depend on the
+ * other rows (attn_kernels.h has the arithmetic); the kernel set is q8_isa's (quant.h). */
+void attn_tile_f32(float *const *o, const float *const *q, const int *n_vis, int nq, const float *const *k,
+                   const float *const *v, int hd, float scale, float *scratch);
+size_t attn_tile_scratch(int nq, int n_max, int hd);
+
 /* Float32 dot product with several accumulators (vectorised by the compiler). */
 float vec_dot_f32(const float *a, const float *b, int64_t n);
 

@@ -17,7 +17,9 @@
  *   - every kernel set the CPU has (q8_isa_set: scalar, avx2, avx512; the tests above run under each):
  *     dot_groups_q8x8 on q8x8_pack'ed Q4_0/Q8_0 (8-row groups, 1..4 tokens) against
  *     dot_row_q8_generic on the rows as stored, |err| <= 1e-5 * sum |w * xq| (the same integer
- *     block sums; float order only), and a corrupted pack must fail that check.
+ *     block sums; float order only), and a corrupted pack must fail that check;
+ *     attn_tile_f32 (attention of a tile of query rows) against float64, |err| <= 1e-5 * max|v|,
+ *     each row the same alone as in a tile.
  * Prints the measured errors and a rough dot throughput for information. */
 #include <math.h>
 #include <stdint.h>
@@ -238,6 +240,59 @@ static void test_x8(enum pxq_type t, int64_t n) {
     double w2 = 0;
     CHECK(!x8_matches(t, w, pack, n_rows, n, xq, stride, &w2, 0), "%s: a corrupted pack passed", type_name(t));
     free(w), free(pack), free(xq), free(x);
+}
+
+/* ---- attn_tile_f32 against float64 --------------------------------------------------------- */
+
+/* 37 query rows seeing 1..n_kv positions (a causal tile, and rows out of order), head_dim 128 and 48:
+ * against softmax(q.k * scale) v in double, |err| <= 1e-5 * max|v|; each row alone in a tile of one
+ * gives bit for bit what it gives in the tile; a changed V row must move the outputs that see it. */
+static void test_attn(int hd) {
+    const int nq = 37, n_kv = 83;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *q = xmalloc((size_t)nq * hd * sizeof(float)), *kv = xmalloc(2 * (size_t)n_kv * hd * sizeof(float));
+    float *o = xmalloc((size_t)nq * hd * sizeof(float)), *o1 = xmalloc((size_t)hd * sizeof(float));
+    random_x(q, (int64_t)nq * hd, 0);
+    random_x(kv, 2 * (int64_t)n_kv * hd, 0);
+    const float *k[83], *v[83], *qr[37];
+    float *orow[37];
+    int n_vis[37];
+    for (int p = 0; p < n_kv; p++) k[p] = kv + (size_t)p * hd, v[p] = kv + (size_t)(n_kv + p) * hd;
+    for (int i = 0; i < nq; i++) qr[i] = q + (size_t)i * hd, orow[i] = o + (size_t)i * hd, n_vis[i] = i < 30 ? n_kv - 29 + i : 1 + 11 * (i - 30);
+    float *scratch = xmalloc(attn_tile_scratch(nq, n_kv, hd) * sizeof(float));
+    attn_tile_f32(orow, qr, n_vis, nq, k, v, hd, scale, scratch);
+    double worst = 0;
+    int bad = 0, alone_differs = 0;
+    for (int i = 0; i < nq; i++) {
+        double sc[83], mx = -1e300, sum = 0, vmax = 0;
+        for (int p = 0; p < n_vis[i]; p++) {
+            double d = 0;
+            for (int c = 0; c < hd; c++) d += (double)qr[i][c] * k[p][c];
+            sc[p] = d * scale, mx = fmax(mx, sc[p]);
+        }
+        for (int p = 0; p < n_vis[i]; p++) sc[p] = exp(sc[p] - mx), sum += sc[p];
+        for (int c = 0; c < hd; c++) {
+            double ref = 0;
+            for (int p = 0; p < n_vis[i]; p++) ref += sc[p] / sum * v[p][c], vmax = fmax(vmax, fabs(v[p][c]));
+            const double e = fabs(orow[i][c] - ref);
+            worst = fmax(worst, e / vmax);
+            if (e > 1e-5 * vmax && bad++ < 3) fprintf(stderr, "  attn hd %d row %d dim %d: %.7g want %.7g\n", hd, i, c, orow[i][c], ref);
+        }
+        float *const one_o[1] = {o1};
+        const float *const one_q[1] = {qr[i]};
+        attn_tile_f32(one_o, one_q, &n_vis[i], 1, k, v, hd, scale, scratch);
+        alone_differs += memcmp(o1, orow[i], (size_t)hd * sizeof(float)) != 0;
+    }
+    fprintf(stderr, "attn_tile_f32 hd %d (%s): %.2e of max|v| (bound 1e-5); rows alone differ: %d\n", hd, q8_cpu_isa(), worst,
+            alone_differs);
+    CHECK(bad == 0, "attn_tile_f32 hd %d: %d outputs out of bounds", hd, bad);
+    CHECK(alone_differs == 0, "attn_tile_f32 hd %d: %d rows differ alone", hd, alone_differs);
+    /* the check can fail: V row 5 changed, the rows that see it must change */
+    memcpy(o1, orow[0], (size_t)hd * sizeof(float));
+    for (int c = 0; c < hd; c++) kv[(size_t)(n_kv + 5) * hd + c] += 1.0f;
+    attn_tile_f32(orow, qr, n_vis, nq, k, v, hd, scale, scratch);
+    CHECK(memcmp(o1, orow[0], (size_t)hd * sizeof(float)) != 0, "attn_tile_f32: output ignores a V row");
+    free(q), free(kv), free(o), free(o1), free(scratch);
 }
 
 /* ---- matmul_cpu against float64 ------------------------------------------------------------ */
@@ -464,6 +519,7 @@ int main(void) {
         test_model_exact("models/tiny-qwen3-Q4_K_M.gguf");
         /* the packed 8-row kernels (after the above, which keep their inputs of before) */
         test_x8(PXQ_TYPE_Q4_0, 768), test_x8(PXQ_TYPE_Q4_0, 288), test_x8(PXQ_TYPE_Q8_0, 768), test_x8(PXQ_TYPE_Q8_0, 288);
+        test_attn(128), test_attn(48);
         tp = threadpool_new(2);
         test_matmul(tp, PXQ_TYPE_Q4_0, 288, 64); /* multiples of 8 rows: the packed path where the set has one */
         test_matmul(tp, PXQ_TYPE_Q8_0, 544, 40);
