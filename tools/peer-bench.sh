@@ -14,6 +14,9 @@
 #    tools/peer-bench.mjs with the same P, N, T (each with its own untimed warm-up); the engine that
 #    goes first alternates from round to round. The table gives the medians over the rounds and
 #    PXQ / llama.cpp. Both start each test from an empty cache, with random token ids.
+# 4. The read bandwidth (tests/bench_membw, next to PXQ's binary: a read-only stream over 1 GiB, best of
+#    7) is measured for each thread count after the rounds; the decode rows give PXQ's GB/s (pxq
+#    bench's bytes per step: weights + KV) as a share of it.
 # It is a benchmark, not a test: CI runs none of it. Check the load (uptime) first; 2 threads on a
 # 2-core machine are slowed by anything else running.
 set -eu
@@ -52,12 +55,12 @@ for q in $QUANTS; do
 done
 FILES="$FILES $EXTRA"
 
-RES="$PEER_DIR/results-$(date -u +%Y%m%dT%H%M%S).tsv" # engine file threads test t/s
+RES="$PEER_DIR/results-$(date -u +%Y%m%dT%H%M%S).tsv" # engine file threads test t/s [GB/s]
 echo "peer-bench: $(uname -n), $(nproc) cores, load: $(cut -d' ' -f1-3 /proc/loadavg); pxq $(git rev-parse --short HEAD 2>/dev/null); raw rows: $RES" >&2
 run_pxq() { # file threads
     "$PXQ" bench -m "$1" -p "$P" -n "$N" -t "$2" -r 1 --json 2>/dev/null |
         node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{for(const r of JSON.parse(s))
-            console.log(["pxq",process.argv[1],process.argv[2],r.n_prompt?"pp":"tg",r.avg_ts].join("\t"))})' "$1" "$2"
+            console.log(["pxq",process.argv[1],process.argv[2],r.n_prompt?"pp":"tg",r.avg_ts,r.value].join("\t"))})' "$1" "$2"
 }
 run_peer() {
     UV_THREADPOOL_SIZE=1 node tools/peer-bench.mjs --peer-dir "$PEER_DIR" -m "$1" -p "$P" -n "$N" -t "$2" -r 1 |
@@ -75,16 +78,32 @@ while [ "$r" -le "$ROUNDS" ]; do
     r=$((r + 1))
 done
 
-# medians over the rounds, PXQ / llama.cpp
+MEMBW="$(dirname "$PXQ")/tests/bench_membw"
+if [ -x "$MEMBW" ]; then
+    for t in $THREADS; do printf 'membw\t-\t%s\t-\t%s\n' "$t" "$("$MEMBW" "$t" | sed 's/read GB\/s: \([0-9.]*\).*/\1/')"; done >>"$RES"
+else
+    echo "peer-bench: no $MEMBW (make tests): no read bandwidth column" >&2
+fi
+echo "peer-bench: done, load: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+
+# medians over the rounds, PXQ / llama.cpp; decode GB/s against the read bandwidth
 node -e '
 const rows = require("fs").readFileSync(process.argv[1], "utf8").trim().split("\n").map(l => l.split("\t"));
 const med = a => { a = [...a].sort((x, y) => x - y); const m = a.length >> 1; return a.length % 2 ? a[m] : (a[m - 1] + a[m]) / 2; };
-const g = {};
-for (const [e, f, t, k, v] of rows) ((g[[f, t, k]] ??= {})[e] ??= []).push(+v);
-console.log("| model | threads | test | PXQ t/s | llama.cpp t/s | PXQ / llama.cpp | rounds |");
-console.log("| --- | -: | --- | -: | -: | -: | -: |");
+const g = {}, bw = {}, gbs = {};
+for (const [e, f, t, k, v, gb] of rows) {
+    if (e === "membw") { bw[t] = +v; continue; }
+    ((g[[f, t, k]] ??= {})[e] ??= []).push(+v);
+    if (e === "pxq" && k === "tg") (gbs[[f, t, k]] ??= []).push(+gb);
+}
+console.log("| model | threads | test | PXQ t/s | llama.cpp t/s | PXQ / llama.cpp | PXQ GB/s (% of read) | rounds |");
+console.log("| --- | -: | --- | -: | -: | -: | -: | -: |");
 for (const [key, v] of Object.entries(g)) {
     const [f, t, k] = key.split(","), a = med(v.pxq ?? [NaN]), b = med(v["llama.cpp"] ?? [NaN]);
     const test = k === "pp" ? "pp" + process.argv[2] : "tg" + process.argv[3];
-    console.log(`| ${f.split("/").pop()} | ${t} | ${test} | ${a.toFixed(2)} | ${b.toFixed(2)} | ${(a / b).toFixed(2)}x | ${v.pxq?.length ?? 0} |`);
-}' "$RES" "$P" "$N"
+    const gb = gbs[key] ? med(gbs[key]) : null;
+    const bwc = gb === null ? "" : bw[t] ? `${gb.toFixed(2)} (${(100 * gb / bw[t]).toFixed(1)}%)` : gb.toFixed(2);
+    console.log(`| ${f.split("/").pop()} | ${t} | ${test} | ${a.toFixed(2)} | ${b.toFixed(2)} | ${(a / b).toFixed(2)}x | ${bwc} | ${v.pxq?.length ?? 0} |`);
+}
+for (const [t, v] of Object.entries(bw)) console.log(`\nread bandwidth, ${t} threads: ${v.toFixed(2)} GB/s (tests/bench_membw)`);
+' "$RES" "$P" "$N"
