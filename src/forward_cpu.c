@@ -230,9 +230,8 @@ static void attention_layer(struct pxq_engine *e, const struct ubatch *ub, int i
     const struct layer_f32 *w = &e->lw[il];
     const int n = ub->n, hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
     const int l = e->kv_layer[il];
-    matmul_cpu(e->tp, e->q, L->attn_q, e->xb, n);
-    matmul_cpu(e->tp, e->k, L->attn_k, e->xb, n);
-    matmul_cpu(e->tp, e->v, L->attn_v, e->xb, n);
+    matmul_cpu_n(e->tp, (float *const[]){e->q, e->k, e->v}, (const struct pxq_tensor *const[]){L->attn_q, L->attn_k, L->attn_v},
+                 3, e->xb, n);
     add_bias(e->q, w->bq, n, q_dim);
     add_bias(e->k, w->bk, n, kv_dim);
     add_bias(e->v, w->bv, n, kv_dim);
@@ -287,8 +286,7 @@ static void gated_attention_layer(struct pxq_engine *e, const struct ubatch *ub,
 
 static void ffn_dense(struct pxq_engine *e, const struct pxq_layer *L, int n) {
     const int64_t ff = e->hp->n_ff;
-    matmul_cpu(e->tp, e->hb, L->ffn_gate, e->xb, n);
-    matmul_cpu(e->tp, e->hb2, L->ffn_up, e->xb, n);
+    matmul_cpu_n(e->tp, (float *const[]){e->hb, e->hb2}, (const struct pxq_tensor *const[]){L->ffn_gate, L->ffn_up}, 2, e->xb, n);
     swiglu_cpu(e->hb, e->hb, e->hb2, ff * n);
     matmul_cpu(e->tp, e->xb2, L->ffn_down, e->hb, n);
 }

@@ -229,19 +229,35 @@ void matmul_cpu_set_observer(matmul_observer_fn fn, void *ctx) {
     mm_observer_ctx = ctx;
 }
 
+/* x's rows quantized once for the int8 kernels, into this thread's buffer: q's xq and stride. */
+static void mm_q8_prepare(struct threadpool *tp, struct mm_q8_args *q) {
+    static __thread float *qbuf;
+    static __thread size_t qcap;
+    q->stride = q8_act_row_bytes(q->w->ne[0]);
+    float *buf = tls_grow(&qbuf, &qcap, ((size_t)q->n_tokens * q->stride + 64) / sizeof(float));
+    q->xq = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
+    if (q->n_tokens >= 16) parallel_for(tp, q->n_tokens, 8, mm_q8_quantize, q);
+    else mm_q8_quantize(q, 0, q->n_tokens, 0);
+}
+
+/* Work items of one product: 8-row groups (packed) or MM_Q8_ROWS-row tiles. */
+static int64_t mm_q8_items(const struct mm_q8_args *q) {
+    return q->pack ? q->w->ne[1] / 8 : (q->w->ne[1] + MM_Q8_ROWS - 1) / MM_Q8_ROWS;
+}
+
+static void mm_q8_run(const struct mm_q8_args *q, int64_t i0, int64_t i1, int ith) {
+    if (q->pack) mm_q8x8((void *)q, i0, i1, ith);
+    else mm_q8((void *)q, i0, i1, ith);
+}
+
+static void mm_q8_range(void *arg, int64_t i0, int64_t i1, int ith) { mm_q8_run(arg, i0, i1, ith); }
+
 void matmul_cpu(struct threadpool *tp, float *y, const struct pxq_tensor *w, const float *x, int n_tokens) {
     if (mm_observer) mm_observer(mm_observer_ctx, w, x, n_tokens);
     if (type_has_q8_dot(w->type) && !mm_exact()) {
-        static __thread float *qbuf;
-        static __thread size_t qcap;
-        const size_t stride = q8_act_row_bytes(w->ne[0]);
-        float *buf = tls_grow(&qbuf, &qcap, ((size_t)n_tokens * stride + 64) / sizeof(float));
-        uint8_t *xq = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
-        struct mm_q8_args q = {y, w, x, xq, stride, type_row_bytes(w->type, w->ne[0]), n_tokens, q8x8_tensor_pack(w)};
-        if (n_tokens >= 16) parallel_for(tp, n_tokens, 8, mm_q8_quantize, &q);
-        else mm_q8_quantize(&q, 0, n_tokens, 0);
-        if (q.pack) parallel_for(tp, w->ne[1] / 8, 1, mm_q8x8, &q);
-        else parallel_for(tp, (w->ne[1] + MM_Q8_ROWS - 1) / MM_Q8_ROWS, 1, mm_q8, &q);
+        struct mm_q8_args q = {y, w, x, NULL, 0, type_row_bytes(w->type, w->ne[0]), n_tokens, q8x8_tensor_pack(w)};
+        mm_q8_prepare(tp, &q);
+        parallel_for(tp, mm_q8_items(&q), 1, mm_q8_range, &q);
         return;
     }
     struct mm_args a = {y, w, x, n_tokens, type_row_bytes(w->type, w->ne[0])};
@@ -251,6 +267,43 @@ void matmul_cpu(struct threadpool *tp, float *y, const struct pxq_tensor *w, con
         int64_t n_tiles = (w->ne[1] + MM_TILE - 1) / MM_TILE;
         parallel_for(tp, n_tiles, 1, mm_mat, &a);
     }
+}
+
+#define MM_MULTI_MAX 4
+
+struct mm_multi {
+    struct mm_q8_args a[MM_MULTI_MAX];
+    int64_t first[MM_MULTI_MAX + 1]; /* product k's items are first[k] .. first[k + 1] - 1 */
+    int n;
+};
+
+static void mm_multi_range(void *arg, int64_t i0, int64_t i1, int ith) {
+    const struct mm_multi *m = arg;
+    for (int k = 0; k < m->n; k++) {
+        const int64_t a = i0 > m->first[k] ? i0 : m->first[k], b = i1 < m->first[k + 1] ? i1 : m->first[k + 1];
+        if (a < b) mm_q8_run(&m->a[k], a - m->first[k], b - m->first[k], ith);
+    }
+}
+
+void matmul_cpu_n(struct threadpool *tp, float *const *y, const struct pxq_tensor *const *w, int n_w, const float *x,
+                  int n_tokens) {
+    int fused = n_w >= 1 && n_w <= MM_MULTI_MAX && !mm_exact();
+    for (int k = 0; fused && k < n_w; k++) fused = type_has_q8_dot(w[k]->type) && w[k]->ne[0] == w[0]->ne[0];
+    if (!fused) {
+        for (int k = 0; k < n_w; k++) matmul_cpu(tp, y[k], w[k], x, n_tokens);
+        return;
+    }
+    struct mm_multi m = {.n = n_w};
+    for (int k = 0; k < n_w; k++) {
+        if (mm_observer) mm_observer(mm_observer_ctx, w[k], x, n_tokens);
+        m.a[k] = (struct mm_q8_args){y[k], w[k], x, NULL, 0, type_row_bytes(w[k]->type, w[k]->ne[0]), n_tokens, q8x8_tensor_pack(w[k])};
+    }
+    mm_q8_prepare(tp, &m.a[0]);
+    for (int k = 0; k < n_w; k++) {
+        m.a[k].xq = m.a[0].xq, m.a[k].stride = m.a[0].stride;
+        m.first[k + 1] = m.first[k] + mm_q8_items(&m.a[k]);
+    }
+    parallel_for(tp, m.first[n_w], 1, mm_multi_range, &m);
 }
 
 /* ---- attention over float32 K/V rows: attn_kernels.h, one copy per kernel set ---- */

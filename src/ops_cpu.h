@@ -20,6 +20,13 @@ struct threadpool;
  * fused dequantize-dot up to 4 tokens, dequantized row tiles beyond. */
 void matmul_cpu(struct threadpool *tp, float *y, const struct pxq_tensor *w, const float *x, int n_tokens);
 
+/* matmul_cpu of n_w (1..4) weights on the same x: y[k] = W_k x, as n_w calls give it, bit for bit.
+ * When every W_k takes the int8 path with the same n_in, x is quantized once and one parallel loop
+ * covers all the products (q|k|v, gate|up: one pool wake-up and barrier instead of several);
+ * otherwise it is the n_w calls. The observer sees each W_k. */
+void matmul_cpu_n(struct threadpool *tp, float *const *y, const struct pxq_tensor *const *w, int n_w, const float *x,
+                  int n_tokens);
+
 /* 1: quantized weights use the float32-activation path; 0: int8 activations; -1: read
  * PXQ_CPU_EXACT again at the next matmul_cpu. Process-wide; for tests and A/B comparisons. */
 void matmul_cpu_set_exact(int on);

@@ -19,7 +19,7 @@
  *     dot_row_q8_generic on the rows as stored, |err| <= 1e-5 * sum |w * xq| (the same integer
  *     block sums; float order only), and a corrupted pack must fail that check;
  *     attn_tile_f32 (attention of a tile of query rows) against float64, |err| <= 1e-5 * max|v|,
- *     each row the same alone as in a tile.
+ *     each row the same alone as in a tile; matmul_cpu_n bit for bit as separate matmul_cpu calls.
  * Prints the measured errors and a rough dot throughput for information. */
 #include <math.h>
 #include <stdint.h>
@@ -343,6 +343,35 @@ static void test_matmul(struct threadpool *tp, enum pxq_type t, int64_t n_in, in
     free(w), free(wf), free(x), free(y), free(ye);
 }
 
+/* matmul_cpu_n (one quantization, one parallel loop) gives each product as matmul_cpu does, bit for
+ * bit: a packed Q4_0, a Q8_0 and a Q4_K weight on the same x, 1, 3 and 17 tokens. */
+static void test_matmul_n(struct threadpool *tp) {
+    const int64_t n_in = 512;
+    const enum pxq_type ty[3] = {PXQ_TYPE_Q4_0, PXQ_TYPE_Q8_0, PXQ_TYPE_Q4_K};
+    const int64_t rows[3] = {64, 40, 37};
+    struct pxq_tensor W[3];
+    uint8_t *wd[3];
+    float *y[3], *y1[3], *x = xmalloc(17 * n_in * sizeof(float));
+    random_x(x, 17 * n_in, 0);
+    for (int k = 0; k < 3; k++) {
+        wd[k] = random_rows(ty[k], n_in, (int)rows[k]);
+        W[k] = (struct pxq_tensor){.type = ty[k], .n_dims = 2, .ne = {n_in, rows[k], 1, 1}, .data = wd[k],
+                                   .nbytes = type_row_bytes(ty[k], n_in) * rows[k]};
+        y[k] = xmalloc(17 * rows[k] * sizeof(float)), y1[k] = xmalloc(17 * rows[k] * sizeof(float));
+    }
+    int differ = 0;
+    for (int nt = 1; nt <= 17; nt += nt == 1 ? 2 : 14) {
+        matmul_cpu_n(tp, y, (const struct pxq_tensor *const[]){&W[0], &W[1], &W[2]}, 3, x, nt);
+        for (int k = 0; k < 3; k++) {
+            matmul_cpu(tp, y1[k], &W[k], x, nt);
+            differ += memcmp(y[k], y1[k], (size_t)nt * rows[k] * sizeof(float)) != 0;
+        }
+    }
+    CHECK(differ == 0, "matmul_cpu_n differs from matmul_cpu in %d products (%s)", differ, q8_cpu_isa());
+    for (int k = 0; k < 3; k++) q8x8_tensor_release(&W[k]), free(wd[k]), free(y[k]), free(y1[k]);
+    free(x);
+}
+
 /* ---- whole model: int8 activations against PXQ_CPU_EXACT ---------------------------------- */
 
 static float *model_logits(struct pxq_model *m, const int32_t *ids, int n, int n_dec) {
@@ -523,6 +552,7 @@ int main(void) {
         tp = threadpool_new(2);
         test_matmul(tp, PXQ_TYPE_Q4_0, 288, 64); /* multiples of 8 rows: the packed path where the set has one */
         test_matmul(tp, PXQ_TYPE_Q8_0, 544, 40);
+        test_matmul_n(tp);
         threadpool_free(tp);
     }
     CHECK(n_isa >= 1 && q8_isa_set(best) == 0, "kernel sets: %d run, best %d restored", n_isa, (int)best);
