@@ -171,8 +171,9 @@ void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *
     }
     const size_t max_blocks = (size_t)kv_blocks_for(p->n_ctx, p->kv_block_size);
     const size_t n_tab = nb < (size_t)p->n_seq_max ? nb : (size_t)p->n_seq_max;
-    /* token, pos, seq, rows, run_seq, run_off (nb + 1), run_tok, tiles (2 nb), then the block tables */
-    bf->in_ints = 9 * nb + 1 + n_tab * max_blocks;
+    /* token, pos, seq, rows, run_seq, run_off (nb + 1), run_tok, tiles (2 nb), run_snap, then the block
+     * tables (step_inputs, backend_impl.cuh) */
+    bf->in_ints = 10 * nb + 1 + n_tab * max_blocks;
     const size_t max_splits = ((size_t)p->n_ctx + CUDA_SPLIT_LEN - 1) / CUDA_SPLIT_LEN;
     size_t part_rows = (size_t)CUDA_DECODE_MAX * max_splits;
     if (nb > part_rows) part_rows = nb;

@@ -520,9 +520,16 @@ int pxq_decode(struct pxq_engine *e, const struct pxq_batch *b, char *err, size_
     for (int s = 0; s < e->p.n_seq_max; s++)
         if (added[s] && kv_seq_reserve(&e->kv, &e->seqs[s].kv, e->seqs[s].n_pos + added[s]) != 0) die("KV reserve after check");
     int *out_idx = engine_outputs(e, b);
-    if (split && e->backend) { /* the device kernels take no snapshot inside a run: two passes */
+    int two_passes = 0;
+#ifdef PXQ_CUDA
+    two_passes = split && e->backend && !cuda_inner_checkpoints(e); /* no slots in the arena */
+#else
+    (void)split;
+#endif
+    if (two_passes) {
         decode_split(e, b, out_idx);
-    } else { /* the CPU's DeltaNet layers copy the state at the checkpoint as they pass it (forward_qwen35.c) */
+    } else { /* the DeltaNet layers copy the state at the checkpoint as they pass it (forward_qwen35.c; on
+              * CUDA the kernels write it into the checkpoint slot, forward_cuda) */
         int *all = xmalloc((size_t)n * sizeof *all);
         for (int i = 0; i < n; i++) all[i] = i;
         run_tokens(e, b, out_idx, all, n);

@@ -139,7 +139,7 @@ static void test_conv(const struct shape *s, const struct runs *r) {
     struct druns d = druns_put(r);
     float *dx = dev_put(x, (size_t)n * C * 4), *dw = dev_put(w, (size_t)C * K * 4), *dst = dev_put(st, sn * 4);
     float *dy = dev_poison_bytes((size_t)n * C * 4);
-    ssm_conv_cuda(dy, dst + (size_t)DL * s->layer_floats, seq_stride(s), dx, dw, C, K, d.seq, d.off, d.tok, r->n_runs, r->n, 0);
+    ssm_conv_cuda(dy, dst + (size_t)DL * s->layer_floats, seq_stride(s), dx, dw, C, K, d.seq, d.off, d.tok, r->n_runs, r->n, NULL, NULL, 0);
     dev_get(got, dy, (size_t)n * C * 4);
     dev_get(st_got, dst, sn * 4);
     const double err = norm_err(got, ref, (size_t)n * C);
@@ -230,6 +230,103 @@ static void rule_ref(float *o, float *st, const struct shape *s, const struct ru
     free(q), free(k), free(v), free(out), free(g), free(beta);
 }
 
+/* ---- snapshots inside a step (speculative decoding's checkpoint: pxq_seq_checkpoint_at) ---- */
+
+/* The first snap[ri] tokens of each run of r (all of it where snap[ri] is outside 1 .. len - 1). */
+static struct runs runs_head(const struct runs *r, const int *snap) {
+    struct runs h = *r;
+    h.tok = ALLOC(int32_t, r->n);
+    h.n = 0;
+    for (int ri = 0; ri < r->n_runs; ri++) {
+        const int len = r->off[ri + 1] - r->off[ri], j = snap[ri] > 0 && snap[ri] < len ? snap[ri] : len;
+        memcpy(h.tok + h.n, r->tok + r->off[ri], (size_t)j * sizeof(int32_t));
+        h.off[ri] = h.n;
+        h.n += j;
+        h.off[ri + 1] = h.n;
+    }
+    return h;
+}
+
+/* ssm_conv_cuda then gated_delta_rule_cuda on r with run_snap = snap[]: each run with 0 < snap < len
+ * writes into the snapshot buffer the state after its first snap tokens, which must equal the CPU
+ * twins' state after those tokens alone (conv taps bit-exact, S within 1e-5); every other float of
+ * the snapshot buffer (other layers, other slots, runs with snap 0, len or -1) keeps its poison, and
+ * the live state and outputs equal a launch without snapshots. */
+static void test_snapshot(const struct shape *s, const struct runs *r, const int *snap) {
+    const int C = s->conv_dim, K = s->K, nv = s->nv, n = r->n, vd = nv * s->dv;
+    const size_t sn = (size_t)r->n_slots * seq_stride(s);
+    float *x = ALLOC(float, (size_t)n * C), *w = ALLOC(float, (size_t)C * K), *st = ALLOC(float, sn);
+    float *ba = ALLOC(float, (size_t)n * 2 * nv), *st_ref = ALLOC(float, sn), *y = ALLOC(float, (size_t)n * C);
+    float *o = ALLOC(float, (size_t)n * vd), *sp = ALLOC(float, sn), *st_got = ALLOC(float, sn), *st_plain = ALLOC(float, sn);
+    fill(x, (size_t)n * C, 1.0f), fill(w, (size_t)C * K, 0.5f), fill(st, sn, 0.5f);
+    for (int t = 0; t < n; t++) { /* unit q and k heads (the rule's input after prep), as test_rule's */
+        for (int hh = 0; hh < 2 * s->nk; hh++)
+            unit(x + (size_t)t * C + (size_t)hh * s->dk, s->dk, hh < s->nk ? 1.0 / sqrt((double)s->dk) : 1.0);
+        for (int h = 0; h < nv; h++) {
+            ba[(size_t)t * 2 * nv + h] = 0.02f + 0.96f * rnd_u();
+            ba[(size_t)t * 2 * nv + nv + h] = -0.5f * rnd_u();
+        }
+    }
+    /* the reference: the CPU twins over each run's first snap tokens; the conv output feeds the rule */
+    struct runs hd = runs_head(r, snap);
+    memcpy(st_ref, st, sn * sizeof(float));
+    for (int ri = 0; ri < r->n_runs; ri++)
+        ssm_conv_cpu(y, st_ref + layer_at(s, r->seq[ri]), x, w, C, K, hd.tok + hd.off[ri], hd.off[ri + 1] - hd.off[ri], 0, C);
+    rule_ref(o, st_ref, s, &hd, x, ba, 0);
+    struct druns d = druns_put(r);
+    int32_t *dsnap = dev_put(snap, (size_t)r->n_runs * 4);
+    float *dx = dev_put(x, (size_t)n * C * 4), *dw = dev_put(w, (size_t)C * K * 4), *dba = dev_put(ba, (size_t)n * 2 * nv * 4);
+    float *dst = dev_put(st, sn * 4), *dst2 = dev_put(st, sn * 4), *dsp = dev_poison_bytes(sn * 4);
+    float *dy = dev_poison_bytes((size_t)n * C * 4), *dy2 = dev_poison_bytes((size_t)n * C * 4);
+    float *dout = dev_poison_bytes((size_t)n * vd * 4), *dout2 = dev_poison_bytes((size_t)n * vd * 4);
+    const size_t L = (size_t)DL * s->layer_floats;
+    ssm_conv_cuda(dy, dst + L, seq_stride(s), dx, dw, C, K, d.seq, d.off, d.tok, r->n_runs, n, dsp + L, dsnap, 0);
+    gated_delta_rule_cuda(dout, dst + L, seq_stride(s), dx, dba, s->nk, nv, s->dk, s->dv, K, C, 0, d.seq, d.off, d.tok,
+                          r->n_runs, dsp + L, dsnap, 0);
+    ssm_conv_cuda(dy2, dst2 + L, seq_stride(s), dx, dw, C, K, d.seq, d.off, d.tok, r->n_runs, n, NULL, NULL, 0);
+    gated_delta_rule_cuda(dout2, dst2 + L, seq_stride(s), dx, dba, s->nk, nv, s->dk, s->dv, K, C, 0, d.seq, d.off, d.tok,
+                          r->n_runs, NULL, NULL, 0);
+    dev_get(sp, dsp, sn * 4), dev_get(st_got, dst, sn * 4), dev_get(st_plain, dst2, sn * 4);
+    float *a = ALLOC(float, (size_t)n * C), *b = ALLOC(float, (size_t)n * C); /* C >= vd: y and o both */
+    dev_get(a, dout, (size_t)n * vd * 4), dev_get(b, dout2, (size_t)n * vd * 4);
+    int live_same = !memcmp(st_got, st_plain, sn * sizeof(float)) && !memcmp(a, b, (size_t)n * vd * sizeof(float));
+    dev_get(a, dy, (size_t)n * C * 4), dev_get(b, dy2, (size_t)n * C * 4);
+    live_same &= !memcmp(a, b, (size_t)n * C * sizeof(float));
+    /* the snapshot regions against the reference; everything else must be the poison (all bits set) */
+    const size_t sh = (size_t)nv * s->dk * s->dv, ct = (size_t)(K - 1) * C;
+    int conv_same = 1, poison = 1, n_snap = 0;
+    double num = 0, den = 0;
+    char *mark = calloc(sn, 1);
+    for (int ri = 0; ri < r->n_runs; ri++) {
+        const int len = r->off[ri + 1] - r->off[ri];
+        if (snap[ri] <= 0 || snap[ri] >= len) continue;
+        n_snap++;
+        const size_t off = layer_at(s, r->seq[ri]);
+        conv_same &= !memcmp(sp + off, st_ref + off, ct * sizeof(float));
+        for (size_t i = 0; i < sh; i++) {
+            const double e = (double)sp[off + ct + i] - st_ref[off + ct + i];
+            num += e * e, den += (double)st_ref[off + ct + i] * st_ref[off + ct + i];
+        }
+        memset(mark + off, 1, ct + sh);
+    }
+    for (size_t i = 0; i < sn; i++) {
+        uint32_t u;
+        memcpy(&u, sp + i, 4);
+        if (!mark[i]) poison &= u == 0xffffffffu;
+    }
+    const double es = den > 0 ? sqrt(num / den) : 0;
+    CHECK(n_snap > 0 && conv_same && es <= 1e-5 && poison && live_same,
+          "snapshot dk %d dv %d: %d runs, conv taps exact %d, S %.3g, rest untouched %d, live state and outputs as without %d",
+          s->dk, s->dv, n_snap, conv_same, es, poison, live_same);
+    printf("snapshot dk %3d dv %3d runs %d (%d with one inside): conv taps %s, S %.2e, rest untouched %s, live same %s\n", s->dk,
+           s->dv, r->n_runs, n_snap, conv_same ? "exact" : "DIFFER", es, poison ? "yes" : "NO", live_same ? "yes" : "NO");
+    free(mark), free(a), free(b), free(hd.tok);
+    druns_free(&d);
+    cudaFree(dsnap), cudaFree(dx), cudaFree(dw), cudaFree(dba), cudaFree(dst), cudaFree(dst2), cudaFree(dsp);
+    cudaFree(dy), cudaFree(dy2), cudaFree(dout), cudaFree(dout2);
+    free(x), free(w), free(st), free(ba), free(st_ref), free(y), free(o), free(sp), free(st_got), free(st_plain);
+}
+
 /* The chunked form's scratch (ops_qwen35_cuda.h): at chunks of C, nv x (n / C + n_runs) slots of
  * 2 C^2 + 4 C floats (restated here to test the boundary). */
 static size_t chunk_need(int n, int n_runs, int nv, int C) {
@@ -280,7 +377,7 @@ static void test_rule(const struct shape *s, const struct runs *r, int v_tiled, 
                                       s->dv, s->K, C, v_tiled, d.seq, d.off, d.tok, r->n_runs, n, dscr, give, 0);
     else
         gated_delta_rule_cuda(dout, dst + (size_t)DL * s->layer_floats, seq_stride(s), dq, dba, s->nk, nv, s->dk, s->dv,
-                              s->K, C, v_tiled, d.seq, d.off, d.tok, r->n_runs, 0);
+                              s->K, C, v_tiled, d.seq, d.off, d.tok, r->n_runs, NULL, NULL, 0);
     dev_get(got, dout, (size_t)n * vd * 4);
     int scr_ok = 1; /* the scratch's poison where it must stay */
     if (dscr) {
@@ -456,14 +553,14 @@ static void test_decode_fused(const struct shape *s, const struct runs *r, int v
     for (int step = 0; step < 2; step++) {
         cuda_pdl = pdl;
         if (!with_conv) /* the conv launched before: its output is the fused launch's x */
-            ssm_conv_cuda(dconv1, S2, seq_stride(s), dx[1], dcw, C, K, d.seq, d.off, d.tok, r->n_runs, n, 0);
+            ssm_conv_cuda(dconv1, S2, seq_stride(s), dx[1], dcw, C, K, d.seq, d.off, d.tok, r->n_runs, n, NULL, NULL, 0);
         ran &= deltanet_decode_cuda(o[1], xq[1], xds[1], S2, seq_stride(s), with_conv ? dx[1] : dconv1,
                                     with_conv ? dcw : NULL, dcount, dba[1], dz, dA, ddt, dw, s->nk, nv, s->dk, s->dv, K,
                                     C, v_tiled, eps, d.seq, d.off, d.tok, r->n_runs, 0) == 0;
-        ssm_conv_cuda(dconv, S, seq_stride(s), dx[0], dcw, C, K, d.seq, d.off, d.tok, r->n_runs, n, 0);
+        ssm_conv_cuda(dconv, S, seq_stride(s), dx[0], dcw, C, K, d.seq, d.off, d.tok, r->n_runs, n, NULL, NULL, 0);
         deltanet_prep_cuda(dconv, dba[0], dA, ddt, s->nk, nv, s->dk, C, n, 0);
         gated_delta_rule_cuda(o[0], S, seq_stride(s), dconv, dba[0], s->nk, nv, s->dk, s->dv, K, C, v_tiled, d.seq,
-                              d.off, d.tok, r->n_runs, 0);
+                              d.off, d.tok, r->n_runs, NULL, NULL, 0);
         gated_rmsnorm_silu_cuda(o[0], xq[0], xds[0], dz, dw, n * nv, s->dv, eps, 0);
         /* prep's in-place results out: the next step's raw b, a */
         CK(cudaMemcpy(dba[0], ba, (size_t)n * 2 * nv * 4, cudaMemcpyHostToDevice));
@@ -547,7 +644,7 @@ static float time_rule(int chunked, float *o, float *st, size_t stride, const fl
                                               d->seq, d->off, d->tok, n_runs, n_tokens, scr, scr_floats, 0);
             else
                 gated_delta_rule_cuda(o, st, stride, qkv, ba, s->nk, s->nv, s->dk, s->dv, s->K, s->conv_dim, 0, d->seq,
-                                      d->off, d->tok, n_runs, 0);
+                                      d->off, d->tok, n_runs, NULL, NULL, 0);
         }
         CK(cudaEventRecord(e1, 0));
         CK(cudaEventSynchronize(e1));
@@ -627,6 +724,11 @@ int main(void) {
         struct runs r = runs_make(big ? 3 : 5, lens, seqs, 8), dec = runs_make(16, dec_lens, dec_seqs, 16);
         test_conv(s, &r);
         test_prep(s, 9);
+        { /* snapshots after 1, inside, none (0, the whole run, -1) for runs of 1, 2, 7, 65, 130 tokens */
+            const int sn5[5] = {0, 1, 3, 64, 129}, sn3[3] = {1, 1, 5}, snx[5] = {-1, 2, 7, 1, 130};
+            test_snapshot(s, &r, big ? sn3 : sn5);
+            if (!big) test_snapshot(s, &r, snx);
+        }
         for (int f = 0; f < N_FORMS; f++) { /* recurrent, chunked automatic, each chunk size x tile width */
             deltanet_chunked_cuda_force_chunk(forms[f].chunk);
             deltanet_chunked_cuda_force_tile(forms[f].tile);

@@ -591,7 +591,7 @@ static void buffers_step(struct pxq_engine *e, cuda_backend *b, size_t max_in, s
     for (int i = 0; i < 2; i++) {
         int32_t *p = base[i];
         *si[i] = step_inputs{p, p + nb, p + 2 * nb, p + 3 * nb, p + 4 * nb, p + 5 * nb, p + 6 * nb + 1, p + 7 * nb + 1,
-                             p + 9 * nb + 1};
+                             p + 9 * nb + 1, p + 10 * nb + 1};
     }
     b->kv.block_tab = b->di.tab; /* the KV cache reads the block tables of the step inputs */
     b->kv.max_blocks = b->max_blocks;
@@ -679,6 +679,11 @@ extern "C" int cuda_seq_checkpoint(struct pxq_engine *e, int seq, int restore) {
     float *live = b->rstate + (size_t)seq * b->rstate_floats, *ck = b->rstate_ck + (size_t)seq * b->rstate_floats;
     CK(cudaMemcpyAsync(restore ? live : ck, restore ? ck : live, n, cudaMemcpyDeviceToDevice, b->st));
     return 0;
+}
+
+extern "C" int cuda_inner_checkpoints(const struct pxq_engine *e) {
+    const cuda_backend *b = B(e);
+    return !b->rstate || (e->p.spec_checkpoint && b->rstate_ck);
 }
 
 extern "C" float *cuda_host_floats(size_t n) {

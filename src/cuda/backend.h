@@ -167,9 +167,15 @@ void cuda_backend_free(struct pxq_engine *e);
 float *cuda_host_floats(size_t n);
 void cuda_host_free(void *p);
 /* pxq_seq_checkpoint / pxq_seq_rollback's device half: copy sequence seq's DeltaNet state into its
- * checkpoint slot (restore 0), or back (restore 1). The slots ([n_seq_max][rstate floats]) are
- * allocated outside the arena at the first checkpoint. Returns 0, or -1 if the device refuses them. */
+ * checkpoint slot (restore 0), or back (restore 1). The slots ([n_seq_max][rstate floats]) are in
+ * the arena with spec_checkpoint, else allocated outside it at the first checkpoint. Returns 0, or
+ * -1 if the device refuses them. */
 int cuda_seq_checkpoint(struct pxq_engine *e, int seq, int restore);
+/* 1 if forward_cuda takes the checkpoints due inside a step (pxq_seq_checkpoint_at) itself: the
+ * DeltaNet kernels write the state at that token into the slot (ssm_conv_cuda, gated_delta_rule_cuda)
+ * and a snapshot due at a run's end is copied after the step; this needs the slots in the arena
+ * (spec_checkpoint), or no recurrent state at all. 0: the engine splits such a step in two. */
+int cuda_inner_checkpoints(const struct pxq_engine *e);
 /* forward_cpu's twin: runs ub on the device and writes the requested rows of e->logits (and with
  * spec_mtp every row's final hidden state into ub->hidden). */
 void forward_cuda(struct pxq_engine *e, const struct ubatch *ub);

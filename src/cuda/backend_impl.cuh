@@ -53,7 +53,7 @@ struct graph_entry {
 
 /* Per-step inputs, one host-to-device copy: int32 arrays at these offsets of in_d / in_h. */
 struct step_inputs {
-    int32_t *tok, *pos, *seq, *rows, *run_seq, *run_off, *run_tok, *tiles, *tab;
+    int32_t *tok, *pos, *seq, *rows, *run_seq, *run_off, *run_tok, *tiles, *run_snap, *tab;
 };
 
 struct cuda_backend {

@@ -43,7 +43,8 @@ template <int KT>
 __global__ void ssm_conv_kernel(float *__restrict__ y, float *__restrict__ state, size_t seq_stride,
                                 const float *x, const float *__restrict__ w, int conv_dim, int K_rt,
                                 const int32_t *__restrict__ run_seq, const int32_t *__restrict__ run_off,
-                                const int32_t *__restrict__ run_tok) {
+                                const int32_t *__restrict__ run_tok, float *__restrict__ snap,
+                                const int32_t *__restrict__ run_snap) {
     constexpr int KM = KT > 0 ? KT : 16;
     const int K = KT > 0 ? KT : K_rt;
     pdl_launch_dependents();
@@ -93,7 +94,20 @@ __global__ void ssm_conv_kernel(float *__restrict__ y, float *__restrict__ state
     if (blockIdx.z != 0) return; /* uniform per block */
     __syncthreads();
     if (warp == 0 && ok) { /* new state j = the (K-1-j)-th newest input: all read before any is written */
+        /* and the snapshot after the run's first sn tokens, the same taps at sn instead of m */
+        const int sn = snap && run_snap[run] < m ? run_snap[run] : -1;
         float ns[KM];
+#pragma unroll
+        for (int j = 0; j < KM - 1; j++) {
+            if (j < K - 1 && sn > 0) {
+                const int q = sn - (K - 1) + j;
+                ns[j] = q >= 0 ? x[(size_t)tok[q] * conv_dim + c] : cs[(size_t)(sn + j) * conv_dim];
+            }
+        }
+        float *ss = sn > 0 ? snap + (size_t)run_seq[run] * seq_stride + c : NULL;
+#pragma unroll
+        for (int j = 0; j < KM - 1; j++)
+            if (j < K - 1 && ss) ss[(size_t)j * conv_dim] = ns[j];
 #pragma unroll
         for (int j = 0; j < KM - 1; j++) {
             if (j < K - 1) {
@@ -109,15 +123,15 @@ __global__ void ssm_conv_kernel(float *__restrict__ y, float *__restrict__ state
 
 extern "C" void ssm_conv_cuda(float *y, float *state, size_t seq_stride, const float *x, const float *w, int conv_dim,
                               int K, const int32_t *run_seq, const int32_t *run_off, const int32_t *run_tok,
-                              int n_runs, int n_tokens, cudaStream_t st) {
+                              int n_runs, int n_tokens, float *snap, const int32_t *run_snap, cudaStream_t st) {
     if (n_runs <= 0 || conv_dim <= 0 || n_tokens <= 0) return;
     dim3 grid((conv_dim + 31) / 32, n_runs, (n_tokens + CONV_TOK - 1) / CONV_TOK);
     if (K == 4)
         kernel_launch(ssm_conv_kernel<4>, grid, dim3(CONV_WARPS * 32), 0, st, y, state, seq_stride, x, w, conv_dim, K,
-                      run_seq, run_off, run_tok);
+                      run_seq, run_off, run_tok, snap, run_snap);
     else
         kernel_launch(ssm_conv_kernel<0>, grid, dim3(CONV_WARPS * 32), 0, st, y, state, seq_stride, x, w, conv_dim, K,
-                      run_seq, run_off, run_tok);
+                      run_seq, run_off, run_tok, snap, run_snap);
 }
 
 /* ---- q/k l2norm, beta, g ---- */
@@ -208,7 +222,8 @@ template <int R>
 __global__ void __launch_bounds__(256) gated_delta_rule_kernel(
     float *__restrict__ o, float *__restrict__ state, size_t seq_stride, const float *qkv,
     const float *ba, int nk, int nv, int dk, int dv, int K, int conv_dim, int v_tiled,
-    const int32_t *__restrict__ run_seq, const int32_t *__restrict__ run_off, const int32_t *__restrict__ run_tok) {
+    const int32_t *__restrict__ run_seq, const int32_t *__restrict__ run_off, const int32_t *__restrict__ run_tok,
+    float *__restrict__ snap, const int32_t *__restrict__ run_snap) {
     extern __shared__ float sm[];
     pdl_launch_dependents();
     const int nw = blockDim.x >> 5, rows = nw * R;
@@ -228,6 +243,9 @@ __global__ void __launch_bounds__(256) gated_delta_rule_kernel(
      * move this load after the wait. */
     const int p0 = run_off[run], p1 = run_off[run + 1]; /* step inputs: before the wait too */
     const size_t t0 = p0 < p1 ? (size_t)run_tok[p0] : 0;
+    /* the snapshot: S after the run's first sn tokens (0 < sn < its length: the loop's), into snap's slot */
+    const int sn = snap ? run_snap[run] : -1;
+    float *Ss = sn > 0 ? snap + (S - state) : NULL;
     pdl_wait();
     if (p0 < p1) {
         const float *row = qkv + t0 * conv_dim + (size_t)kh * dk;
@@ -238,6 +256,11 @@ __global__ void __launch_bounds__(256) gated_delta_rule_kernel(
     }
     __syncthreads();
     for (int p = p0; p < p1; p++) {
+        if (Ss && p - p0 == sn && col) {
+#pragma unroll
+            for (int i = 0; i < R; i++)
+                if (r0 + i < dk) Ss[(size_t)(r0 + i) * dv + j] = s[i];
+        }
         const int b = (p - p0) & 1;
         const float *qb = qs + b * rows, *kb = ks + b * rows;
         const size_t t = (size_t)run_tok[p];
@@ -272,25 +295,26 @@ __global__ void __launch_bounds__(256) gated_delta_rule_kernel(
 template <int R>
 static void gdr_launch(dim3 grid, int nw, cudaStream_t st, float *o, float *state, size_t seq_stride, const float *qkv,
                        const float *ba, int nk, int nv, int dk, int dv, int K, int conv_dim, int v_tiled,
-                       const int32_t *run_seq, const int32_t *run_off, const int32_t *run_tok) {
+                       const int32_t *run_seq, const int32_t *run_off, const int32_t *run_tok, float *snap,
+                       const int32_t *run_snap) {
     const size_t smem = (size_t)(4 * nw * R + 2 * nw * 32) * sizeof(float); /* <= 6 KiB */
     kernel_launch(gated_delta_rule_kernel<R>, grid, dim3(nw * 32), smem, st, o, state, seq_stride, qkv, ba, nk, nv, dk,
-                  dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok);
+                  dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok, snap, run_snap);
 }
 
 extern "C" void gated_delta_rule_cuda(float *o, float *state, size_t seq_stride, const float *qkv, const float *ba,
                                       int nk, int nv, int dk, int dv, int K, int conv_dim, int v_tiled,
                                       const int32_t *run_seq, const int32_t *run_off, const int32_t *run_tok, int n_runs,
-                                      cudaStream_t st) {
+                                      float *snap, const int32_t *run_snap, cudaStream_t st) {
     if (n_runs <= 0 || !deltanet_cuda_supported(dk, dv)) return;
     const int R = delta_rows(dk);
     const int nw = (dk + R - 1) / R;
     dim3 grid((dv + 31) / 32, nv, n_runs);
     switch (R) {
-    case 4: gdr_launch<4>(grid, nw, st, o, state, seq_stride, qkv, ba, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok); break;
-    case 8: gdr_launch<8>(grid, nw, st, o, state, seq_stride, qkv, ba, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok); break;
-    case 16: gdr_launch<16>(grid, nw, st, o, state, seq_stride, qkv, ba, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok); break;
-    default: gdr_launch<32>(grid, nw, st, o, state, seq_stride, qkv, ba, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok); break;
+    case 4: gdr_launch<4>(grid, nw, st, o, state, seq_stride, qkv, ba, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok, snap, run_snap); break;
+    case 8: gdr_launch<8>(grid, nw, st, o, state, seq_stride, qkv, ba, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok, snap, run_snap); break;
+    case 16: gdr_launch<16>(grid, nw, st, o, state, seq_stride, qkv, ba, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok, snap, run_snap); break;
+    default: gdr_launch<32>(grid, nw, st, o, state, seq_stride, qkv, ba, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off, run_tok, snap, run_snap); break;
     }
 }
 

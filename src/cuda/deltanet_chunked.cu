@@ -592,7 +592,7 @@ extern "C" void gated_delta_rule_chunked_cuda(float *o, float *state, size_t seq
     const int aligned = !((uintptr_t)scratch & 15) && !((uintptr_t)qkv & 15) && conv_dim % 4 == 0;
     if (!TW || !scratch || !aligned || scratch_floats < n_slots * nv * slot_floats(C)) {
         gated_delta_rule_cuda(o, state, seq_stride, qkv, ba, nk, nv, dk, dv, K, conv_dim, v_tiled, run_seq, run_off,
-                              run_tok, n_runs, st);
+                              run_tok, n_runs, NULL, NULL, st);
         return;
     }
     const dim3 g1((unsigned)n_slots, nk), g2((dv + TW - 1) / TW, nv, n_runs);

@@ -144,6 +144,7 @@ static int8_t *q8_for(cuda_backend *b, int q8, const cuda_weight *w) {
  * attention tiles, and whether the mat-vecs take int8 activations. */
 struct step {
     int n, n_out, n_split, split_len, n_runs, n_tiles, q8;
+    int snap; /* a DeltaNet snapshot due inside a run (step_inputs run_snap): not the chunked rule */
 };
 
 /* Causal attention of q over KV layer l into b->att: the tensor-core flash attention for prefill
@@ -246,6 +247,8 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
     const int K = hp->ssm_conv_kernel, conv_dim = 2 * nk * dk + nv * dv;
     cudaStream_t st = b->st;
     float *state = b->rstate + (size_t)e->dn_layer[il] * ((size_t)(K - 1) * conv_dim + (size_t)nv * dk * dv);
+    /* the checkpoint slots in the arena (spec_checkpoint): snapshots inside a run land there */
+    float *snap = e->p.spec_checkpoint && b->rstate_ck ? b->rstate_ck + (state - b->rstate) : NULL;
     const step_inputs &di = b->di;
     float *z = b->ssm_z, *ba = b->ssm_ba;
     int8_t *xq = q8_for(b, s.q8, &L->w[CM_SSM_OUT]);
@@ -275,7 +278,7 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
     const int conv_in = fused && n <= b->dp4a_tokens && (b->early_trigger & 2) && cuda_pdl && s.q8;
     auto conv = [&] {
         ssm_conv_cuda(b->ssm_conv, state, b->rstate_floats, b->ssm_qkv, L->v[CV_SSM_CONV], conv_dim, K, di.run_seq,
-                      di.run_off, di.run_tok, s.n_runs, n, st);
+                      di.run_off, di.run_tok, s.n_runs, n, snap, di.run_snap, st);
     };
     if (!conv_in) conv();
     int *count = b->ssm_count + (size_t)e->dn_layer[il] * CUDA_DECODE_MAX * nk; /* this layer's */
@@ -288,15 +291,15 @@ static void deltanet_layer(struct pxq_engine *e, cuda_backend *b, const cuda_lay
     }
     if (conv_in) conv(); /* the fused launch was refused */
     deltanet_prep_cuda(b->ssm_conv, ba, L->v[CV_SSM_A], L->v[CV_SSM_DT], nk, nv, dk, conv_dim, n, st);
-    if (n > CUDA_DECODE_MAX) { /* prefill: the chunked (UT transform) form; its scratch is the FFN's buffer,
-                                * free while the token mixer runs (recurrent if too small) */
+    if (n > CUDA_DECODE_MAX && !s.snap) { /* prefill: the chunked (UT transform) form; its scratch is the FFN's
+                                           * buffer, free while the token mixer runs (recurrent if too small) */
         const int dense = b->hb_floats > 0;
         gated_delta_rule_chunked_cuda(b->ssm_o, state, b->rstate_floats, b->ssm_conv, ba, nk, nv, dk, dv, K,
                                       conv_dim, hp->ssm_v_tiled, di.run_seq, di.run_off, di.run_tok, s.n_runs, n,
                                       dense ? b->hb : b->moe_hb, dense ? b->hb_floats : b->moe_hb_floats, st);
     } else
         gated_delta_rule_cuda(b->ssm_o, state, b->rstate_floats, b->ssm_conv, ba, nk, nv, dk, dv, K, conv_dim,
-                              hp->ssm_v_tiled, di.run_seq, di.run_off, di.run_tok, s.n_runs, st);
+                              hp->ssm_v_tiled, di.run_seq, di.run_off, di.run_tok, s.n_runs, snap, di.run_snap, st);
     if (xq && dv % 32 == 0) {
         gated_rmsnorm_silu_cuda(b->ssm_o, xq, b->xds, z, L->v[CV_SSM_NORM], n * nv, dv, hp->rms_eps, st);
     } else {
@@ -472,11 +475,22 @@ static cudaGraphExec_t graph_get(struct pxq_engine *e, cuda_backend *b, const st
     return exec;
 }
 
+/* The snapshot due in run r of the staged step (pxq_seq_checkpoint_at's ck_at): the tokens of the
+ * run before it (1 .. the run's length; 0: none in this run). */
+static int run_snapshot(const struct pxq_engine *e, const cuda_backend *b, int r) {
+    const step_inputs &h = b->hi;
+    const struct pxq_seq *sq = &e->seqs[h.run_seq[r]];
+    const int p0 = h.pos[h.run_tok[h.run_off[r]]], m = h.run_off[r + 1] - h.run_off[r], j = sq->ck_at - p0;
+    return e->p.spec_checkpoint && sq->ck_at >= 0 && j >= 1 && j <= m ? j : 0;
+}
+
 /* Host side of the per-step inputs: tokens, positions, compacted sequence ids with their block
- * tables, the output rows, and the runs (tokens grouped by sequence, in batch order). Returns the
- * bytes to copy; fills s's counts. A sequence's DeltaNet state is cleared on its first step. */
+ * tables, the output rows, and the runs (tokens grouped by sequence, in batch order); with snaps,
+ * the DeltaNet snapshots due inside runs (run_snap; forward_cuda copies those due at a run's end).
+ * Returns the bytes to copy; fills s's counts. A sequence's DeltaNet state is cleared on its first
+ * step. */
 static size_t stage_inputs(struct pxq_engine *e, cuda_backend *b, const struct ubatch *ub, step *s, int *first_out,
-                           int *max_pos) {
+                           int *max_pos, int snaps) {
     const step_inputs &h = b->hi;
     const int n = ub->n;
     for (int i = 0; i < e->p.n_seq_max; i++) b->seq_map[i] = -1;
@@ -512,6 +526,9 @@ static size_t stage_inputs(struct pxq_engine *e, cuda_backend *b, const struct u
                                    b->rstate_floats * sizeof(float), b->st));
                 sq->rstate_live = 1;
             }
+            const int j = snaps ? run_snapshot(e, b, r) : 0;
+            h.run_snap[r] = j < h.run_off[r + 1] - h.run_off[r] ? j : 0; /* inside the run: the kernels' */
+            s->snap |= h.run_snap[r] > 0;
         }
     }
     s->n_tiles = n > CUDA_DECODE_MAX && b->prefill_attn ? attention_prefill_tiles(h.tiles, b->nb, h.pos, h.seq, n) : 0;
@@ -535,7 +552,7 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
     cuda_backend *b = B(e);
     step s = {};
     int first = -1, max_pos = 0;
-    const size_t in_bytes = stage_inputs(e, b, ub, &s, &first, &max_pos);
+    const size_t in_bytes = stage_inputs(e, b, ub, &s, &first, &max_pos, 1);
     CK(cudaMemcpyAsync(b->in_d, b->in_h, in_bytes, cudaMemcpyHostToDevice, b->st));
     const cuda_layer &L0 = b->L[0];
     const int f0 = L0.gu.fmt >= 0         ? L0.gu.fmt
@@ -584,6 +601,12 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
                  : b->moe_tiles_mma                      ? " experts q8-mma"
                                                          : " experts fp32");
     }
+    for (int r = 0; r < s.n_runs; r++) /* snapshots due at a run's end: the state the step left */
+        if (run_snapshot(e, b, r) == b->hi.run_off[r + 1] - b->hi.run_off[r]) { /* cuda_seq_checkpoint's copy */
+            const size_t off = (size_t)b->hi.run_seq[r] * b->rstate_floats;
+            CK(cudaMemcpyAsync(b->rstate_ck + off, b->rstate + off, b->rstate_floats * sizeof(float),
+                               cudaMemcpyDeviceToDevice, b->st));
+        }
     if (ub->hidden) hidden_out(e, b, ub, s.n, b->output_norm);
     CK(cudaGetLastError());
     CK(cudaStreamSynchronize(b->st));
@@ -597,7 +620,7 @@ extern "C" void forward_mtp_cuda(struct pxq_engine *e, const struct ubatch *ub) 
     const struct pxq_hparams *hp = e->hp;
     step s = {};
     int first = -1, max_pos = 0;
-    const size_t in_bytes = stage_inputs(e, b, ub, &s, &first, &max_pos);
+    const size_t in_bytes = stage_inputs(e, b, ub, &s, &first, &max_pos, 0); /* no DeltaNet: no snapshots */
     CK(cudaMemcpyAsync(b->in_d, b->in_h, in_bytes, cudaMemcpyHostToDevice, b->st));
     const int n = s.n, d = hp->n_embd, gemm = n > CUDA_DECODE_MAX && !b->exact;
     cudaStream_t st = b->st;

@@ -42,10 +42,14 @@ int deltanet_cuda_supported(int dk, int dv);
  * where win is the K-1 previous inputs of the sequence (the conv state, then this run's tokens);
  * the conv state ends as the run's last K-1 inputs. x, y [n][conv_dim] (x = the in_proj_qkv
  * output); w [conv_dim][K], taps oldest first; 1 <= K <= 16. y must not alias x. n_tokens: the
- * runs' tokens in all (the grid covers the longest run in tiles of 32 tokens). */
+ * runs' tokens in all (the grid covers the longest run in tiles of 32 tokens).
+ * Snapshots (speculative decoding's checkpoint inside a step, engine.h pxq_seq_checkpoint_at): with
+ * snap != NULL, a run whose run_snap[run] = j is in 1 .. its length - 1 also writes the conv state
+ * after its first j tokens to snap + run_seq[run] * seq_stride, the layout of state (snap: the same
+ * layer's slot in a second state buffer); other values of run_snap write none. */
 void ssm_conv_cuda(float *y, float *state, size_t seq_stride, const float *x, const float *w, int conv_dim, int K,
                    const int32_t *run_seq, const int32_t *run_off, const int32_t *run_tok, int n_runs, int n_tokens,
-                   cudaStream_t st);
+                   float *snap, const int32_t *run_snap, cudaStream_t st);
 
 /* In place on the conv output (CPU deltanet_prep_cpu): qkv [n][conv_dim] rows = [q (nk heads of dk) |
  * k (nk heads of dk) | v]; each q and k head x becomes x * 1/sqrt(sum x^2 + 1e-6) (HF l2norm), q
@@ -63,10 +67,13 @@ void deltanet_prep_cuda(float *qkv, float *ba, const float *A, const float *dt_b
  * S [dk][dv] at state + run_seq[r] * seq_stride + (K-1) * conv_dim + h * dk * dv, read once and
  * written once per call. o [n][nv * dv]. Needs deltanet_cuda_supported(dk, dv); nv % nk == 0.
  * Cost: the state is read and written once (8 * dk * dv bytes per run and head), so decode runs at
- * memory bandwidth; a run of m tokens adds m sequential steps of two block reductions. */
+ * memory bandwidth; a run of m tokens adds m sequential steps of two block reductions.
+ * snap, run_snap: as ssm_conv_cuda's: S after a run's first run_snap[run] tokens (1 .. m - 1) into
+ * snap's slot of that run (NULL: none). */
 void gated_delta_rule_cuda(float *o, float *state, size_t seq_stride, const float *qkv, const float *ba, int nk, int nv,
                            int dk, int dv, int K, int conv_dim, int v_tiled, const int32_t *run_seq,
-                           const int32_t *run_off, const int32_t *run_tok, int n_runs, cudaStream_t st);
+                           const int32_t *run_off, const int32_t *run_tok, int n_runs, float *snap,
+                           const int32_t *run_snap, cudaStream_t st);
 
 /* The same result by the chunked (UT transform) form (forward_qwen35.c gated_delta_rule_chunked;
  * HF torch_chunk_gated_delta_rule), for prefill runs: chunks of 32 tokens (64 when forced) are
