@@ -7,8 +7,10 @@
  *   tgN: b sequences filled with d tokens (not timed), then N steps of b tokens (one per sequence,
  *        logits for all) are timed. tok/s = b*N / t. Tokens are random ids, not sampled (as llama-bench).
  *   verifyK (--spec-verify K,...): speculative decoding's verification pass: b sequences filled with d
- *        tokens, then VERIFY_PASSES passes of K tokens per sequence (the last accepted token and K - 1
- *        drafts, logits for all), each after pxq_seq_checkpoint, all kept (every draft accepted).
+ *        tokens, then VERIFY_PASSES passes of K tokens per sequence (logits for all), all kept, each
+ *        with its checkpoint due after its first token (pxq_seq_checkpoint_at; K = 1: before it): the
+ *        shape of a pass after a rejection, which evaluates the token the rollback returned to again,
+ *        then the correction and K - 2 drafts, and checkpoints at the correction.
  *        tok/s = b*K*passes / t; a table below gives each pass's time, its ratio to verify1's, and with
  *        --spec-acceptance A the projected decode tok/s = b * (1 - A^K) / (1 - A) / pass time (the
  *        expected tokens per pass for drafts accepted independently with probability A).
@@ -190,8 +192,9 @@ static void bb_reserve(struct batchbuf *bb, int n) {
 }
 
 /* Append `len` tokens to each of the b sequences in one ragged batch (sequence-major); logits for each
- * sequence's last token only if last_logits, for every token if all_logits. */
-static int feed(struct pxq_engine *e, struct batchbuf *bb, const int *seqs, int b, int len, int all_logits, char *err, size_t errlen) {
+ * sequence's tokens from index first_logit on, and always its last. */
+static int feed(struct pxq_engine *e, struct batchbuf *bb, const int *seqs, int b, int len, int first_logit, char *err,
+                size_t errlen) {
     int nv = model_hparams(pxq_engine_model(e))->n_vocab, k = 0;
     bb_reserve(bb, b * len);
     for (int s = 0; s < b; s++) {
@@ -200,7 +203,7 @@ static int feed(struct pxq_engine *e, struct batchbuf *bb, const int *seqs, int 
             bb->tok[k] = rand_tok(nv);
             bb->pos[k] = p0 + i;
             bb->seq[k] = seqs[s];
-            bb->lg[k] = (int8_t)(all_logits || i == len - 1);
+            bb->lg[k] = (int8_t)(i >= first_logit || i == len - 1);
         }
     }
     struct pxq_batch batch = {k, bb->tok, bb->pos, bb->seq, bb->lg};
@@ -294,22 +297,22 @@ static double run_once(struct pxq_engine *e, struct batchbuf *bb, const char *ki
             set_err(err, errlen, "no free sequence (n_seq_max too small)");
             goto out;
         }
-    if (depth > 0 && feed(e, bb, seqs, b, depth, 0, err, errlen) != 0) goto out;
+    if (depth > 0 && feed(e, bb, seqs, b, depth, depth, err, errlen) != 0) goto out;
     double t0 = now_sec();
     if (!strcmp(kind, "pp")) {
-        if (feed(e, bb, seqs, b, len, 0, err, errlen) != 0) goto out;
+        if (feed(e, bb, seqs, b, len, len, err, errlen) != 0) goto out;
     } else if (!strcmp(kind, "tg")) {
         for (int i = 0; i < len; i++)
-            if (feed(e, bb, seqs, b, 1, 1, err, errlen) != 0) goto out;
+            if (feed(e, bb, seqs, b, 1, 0, err, errlen) != 0) goto out;
     }
     else if (!strcmp(kind, "verify")) {
         for (int i = 0; i < VERIFY_PASSES; i++) {
-            for (int s = 0; s < b; s++)
-                if (pxq_seq_checkpoint(e, seqs[s]) != 0) {
+            for (int s = 0; s < b; s++) /* K >= 2: due after the pass's first token, inside the pass */
+                if ((len > 1 ? pxq_seq_checkpoint_at(e, seqs[s], pxq_seq_len(e, seqs[s]) + 1) : pxq_seq_checkpoint(e, seqs[s])) != 0) {
                     set_err(err, errlen, "no checkpoint of sequence %d", s);
                     goto out;
                 }
-            if (feed(e, bb, seqs, b, len, 1, err, errlen) != 0) goto out;
+            if (feed(e, bb, seqs, b, len, len > 1, err, errlen) != 0) goto out; /* no logits before the checkpoint */
         }
     }
     (void)pxq_logits(e, 0); /* the step is complete when pxq_decode returns (logits are on the host) */
@@ -600,7 +603,7 @@ int cmd_bench(int argc, char **argv) {
             }
     if (o.json) printf("\n]\n");
     if (n_pass && !o.json) { /* each pass against the one-token pass of the same batch and depth */
-        printf("\nverification pass of K tokens per sequence (%d passes, each after a checkpoint):\n\n", VERIFY_PASSES);
+        printf("\nverification pass of K tokens per sequence (%d passes, a checkpoint due after the first token of each):\n\n", VERIFY_PASSES);
         printf("| b | depth | K | pass ms | x verify1 |%s\n", o.accept >= 0 ? " tokens/pass at A | projected t/s |" : "");
         printf("| -: | ----: | -: | ------: | --------: |%s\n", o.accept >= 0 ? " ---------------: | ------------: |" : "");
         for (int i = 0; i < n_pass; i++) {
