@@ -31,7 +31,7 @@ struct cuda_tuning {
     int stage_o;          /* PXQ_CUDA_STAGE_O: the one-token o projection stages its weight (PDL); 1 */
     int fuse_dn;          /* PXQ_CUDA_FUSE_DN: a decode DeltaNet step in one launch; 1 */
     /* decode tuning */
-    int pdl_tokens;       /* PXQ_CUDA_PDL_TOKENS=N: steps of up to N tokens use PDL; -1: the dp4a steps' */
+    int pdl_tokens;       /* PXQ_CUDA_PDL_TOKENS=N: steps of up to N tokens use PDL; -1: every decode step */
     int mv_rows, mv_warps;      /* PXQ_CUDA_MV=R,W: the dp4a mat-vec's block; 0, 0: by shape */
     int mma_mr, mma_kp;         /* PXQ_CUDA_MMA_TUNE=MR,KP: the int8 mma mat-vec's tiling; 0, 0: by shape */
     int moe_mma_mr, moe_mma_kp; /* PXQ_CUDA_MOE_MMA_TUNE=MR,KP: the MoE prefill tiles'; 0, 0: built-in */
