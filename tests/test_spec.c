@@ -301,13 +301,20 @@ static void sampling(struct pxq_model *m) {
     prompt(4, n, p);
     int *h1[2], *h2[2];
     for (int v = 0; v < 2; v++) h1[v] = xcalloc((size_t)nv, sizeof(int)), h2[v] = xcalloc((size_t)nv, sizeof(int));
-    struct pxq_engine *e = engine(m, 1);
+    struct pxq_engine *e = engine(m, 2);
     char err[256];
     /* the drafter's first token: the greedy second token, which sampling picks often but not always */
     int32_t g[N_GEN];
-    float *next = xmalloc((size_t)nv * sizeof(float));
+    float *next = xmalloc((size_t)nv * sizeof(float)), *first = xmalloc((size_t)nv * sizeof(float));
     plain(m, p, n, g, next);
     int32_t fixed[2] = {g[1], 7};
+    /* the prompt once; each sample forks its cache (an attention model on the CPU; else it prefills) */
+    const int base = pxq_seq_new(e);
+    int32_t bpos[16], bsid[16];
+    for (int i = 0; i < n; i++) bpos[i] = i, bsid[i] = base;
+    struct pxq_batch bb = {n, p, bpos, bsid, NULL};
+    CHECK(pxq_decode(e, &bb, err, sizeof err) == 0, "%s", err);
+    memcpy(first, pxq_logits(e, 0), (size_t)nv * sizeof(float));
     for (int v = 0; v < 2; v++) /* 0: plain sampling, 1: speculation */
         for (int i = 0; i < N; i++) {
             struct sampler_params spp = sampler_default_params();
@@ -319,8 +326,13 @@ static void sampling(struct pxq_model *m) {
             int32_t hist[64];
             memcpy(hist, p, sizeof(int32_t) * n);
             int n_hist = n;
-            CHECK(spec_prefill(ss, p, n, err, sizeof err) == 0, "%s", err);
-            hist[n_hist] = sampler_sample(smp, pxq_logits(e, 0), hist, n_hist, NULL);
+            if (pxq_seq_fork(e, seq, base) == 0) {
+                spec_seq_resume(ss, n, 0);
+                hist[n_hist] = sampler_sample(smp, first, hist, n_hist, NULL);
+            } else {
+                CHECK(spec_prefill(ss, p, n, err, sizeof err) == 0, "%s", err);
+                hist[n_hist] = sampler_sample(smp, pxq_logits(e, 0), hist, n_hist, NULL);
+            }
             n_hist++;
             while (n_hist < n + 3) {
                 if (v == 0) {
@@ -351,7 +363,7 @@ static void sampling(struct pxq_model *m) {
     CHECK(d1 < 0.08, "first verified token: TV %.4f from plain sampling", d1);
     CHECK(d2 < 0.12, "second verified token: TV %.4f from plain sampling", d2);
     for (int v = 0; v < 2; v++) free(h1[v]), free(h2[v]);
-    free(next);
+    free(next), free(first);
     pxq_engine_free(e);
 }
 
