@@ -14,6 +14,7 @@
 #include "engine_impl.h"
 #include "forward_qwen35.h"
 #include "ops_cpu.h"
+#include "topk.h"
 #include "util.h"
 
 /* ---- attention over the paged cache ---- */
@@ -68,19 +69,11 @@ static int visible_ranges(const struct pxq_engine *e, const struct kv_seq *s, in
                 for (int d = 0; d < hd; d++) u += fmaxf(qg[d] * mn[d], qg[d] * mx[d]);
                 best = fmaxf(best, u);
             }
-            score[i] = best, id[i] = i;
+            score[i] = best;
         }
-        const int k = lay->topk_blocks < nb ? lay->topk_blocks : nb;
-        for (int i = 0; i < k; i++) { /* partial selection sort: the k best, ties to the earlier block */
-            int m = i;
-            for (int j = i + 1; j < nb; j++)
-                if (score[j] > score[m]) m = j;
-            const float ts = score[i];
-            const int ti = id[i];
-            score[i] = score[m], id[i] = id[m], score[m] = ts, id[m] = ti;
-        }
-        for (int i = 1; i < k; i++) /* ascending block order (insertion sort of k ids) */
-            for (int j = i; j > 0 && id[j - 1] > id[j]; j--) { const int t = id[j]; id[j] = id[j - 1]; id[j - 1] = t; }
+        /* the k best, ties to the earlier block, in ascending block order (a selection in O(nb): a
+         * partial sort was O(k nb), quadratic in the context at a fixed share of the blocks) */
+        const int k = topk_indices(score, nb, lay->topk_blocks, id);
         for (int i = 0; i < k; i++) {
             const int lo = (b0 + id[i]) * bs > a ? (b0 + id[i]) * bs : a, hi = (b0 + id[i] + 1) * bs < b ? (b0 + id[i] + 1) * bs : b;
             if (n > 0 && r[n - 1] == lo) r[n - 1] = hi; /* adjacent: one range */
