@@ -450,6 +450,12 @@ const char *Q8_FN(q8_isa_name)(void) { return Q8_ISA; }
  * element i (low) and i + 16 (high), so low nibbles of slice p pair with activation bytes 8p..8p+7,
  * high nibbles with 16 + 8p... */
 
+/* Bytes ahead of the block being read that the kernels prefetch: the stream is the whole packed
+ * matrix in order, and a decode step waits on memory, not on the arithmetic. */
+#ifndef X8_PREFETCH
+#define X8_PREFETCH 2048
+#endif
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 /* T tokens x one group of 8 rows: y[c * ys + r]. */
 INLINE void x8_group(enum pxq_type t, const uint8_t *g, int64_t nb, const struct act4 *a, int T, float *y, size_t ys) {
@@ -462,6 +468,7 @@ INLINE void x8_group(enum pxq_type t, const uint8_t *g, int64_t nb, const struct
     for (int c = 0; c < 4; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t j = 0; j < nb; j++) {
         const uint8_t *b = g + (size_t)j * bs;
+        for (size_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)b + X8_PREFETCH + o, _MM_HINT_T0);
         const __m512 d = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b))));
         __m512i u[4];
         if (q4) {
