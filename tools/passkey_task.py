@@ -131,8 +131,17 @@ def main():
     ap.add_argument("--out", required=True, help="file for the prompt text")
     ap.add_argument("--pxq", default="./pxq")
     ap.add_argument("-m", "--model", default="tests/data/passkey")
+    ap.add_argument("--calib", type=int, default=0,
+                    help="write instead a JSON list of N prompts (KV calibration text): prompt i at a depth from "
+                         "random.Random(9000 + i), its key and filler from random.Random(9100 + i)")
     args = ap.parse_args()
     task = PasskeyTask(pxq_encoder(args.pxq, args.model))
+    if args.calib > 0:
+        texts = [task.sample(args.len, random.Random(9000 + i).random(), random.Random(9100 + i))["text"]
+                 for i in range(args.calib)]
+        with open(args.out, "w") as f:
+            json.dump(texts, f)
+        return 0
     s = task.sample(args.len, args.depth, random.Random(args.seed))
     with open(args.out, "w") as f:
         f.write(s["text"])
