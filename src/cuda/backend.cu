@@ -679,8 +679,7 @@ extern "C" int cuda_seq_checkpoint(struct pxq_engine *e, int seq, int restore) {
             return -1;
         }
     }
-    float *live = b->rstate + (size_t)seq * b->rstate_floats, *ck = b->rstate_ck + (size_t)seq * b->rstate_floats;
-    CK(cudaMemcpyAsync(restore ? live : ck, restore ? ck : live, n, cudaMemcpyDeviceToDevice, b->st));
+    rstate_ck_copy(b, seq, restore);
     return 0;
 }
 

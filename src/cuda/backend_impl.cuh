@@ -142,4 +142,13 @@ struct cuda_backend {
 
 static cuda_backend *B(const struct pxq_engine *e) { return (cuda_backend *)e->backend; }
 
+/* Sequence seq's DeltaNet state into its checkpoint slot (restore 0) or back (restore 1), on the
+ * stream; the slots (rstate_ck) must exist. */
+static inline void rstate_ck_copy(cuda_backend *b, int seq, int restore) {
+    const size_t off = (size_t)seq * b->rstate_floats;
+    float *live = b->rstate + off, *ck = b->rstate_ck + off;
+    CK(cudaMemcpyAsync(restore ? live : ck, restore ? ck : live, b->rstate_floats * sizeof(float),
+                       cudaMemcpyDeviceToDevice, b->st));
+}
+
 #endif

@@ -602,11 +602,7 @@ extern "C" void forward_cuda(struct pxq_engine *e, const struct ubatch *ub) {
                                                          : " experts fp32");
     }
     for (int r = 0; r < s.n_runs; r++) /* snapshots due at a run's end: the state the step left */
-        if (run_snapshot(e, b, r) == b->hi.run_off[r + 1] - b->hi.run_off[r]) { /* cuda_seq_checkpoint's copy */
-            const size_t off = (size_t)b->hi.run_seq[r] * b->rstate_floats;
-            CK(cudaMemcpyAsync(b->rstate_ck + off, b->rstate + off, b->rstate_floats * sizeof(float),
-                               cudaMemcpyDeviceToDevice, b->st));
-        }
+        if (run_snapshot(e, b, r) == b->hi.run_off[r + 1] - b->hi.run_off[r]) rstate_ck_copy(b, b->hi.run_seq[r], 0);
     if (ub->hidden) hidden_out(e, b, ub, s.n, b->output_norm);
     CK(cudaGetLastError());
     CK(cudaStreamSynchronize(b->st));
