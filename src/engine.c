@@ -467,6 +467,16 @@ static void decode_split(struct pxq_engine *e, const struct pxq_batch *b, const 
     free(idx), free(first);
 }
 
+int engine_check_row(const struct pxq_engine *e, const struct pxq_batch *b, int i, const char *what, char *err,
+                     size_t errlen) {
+    const int s = b->seq_id[i];
+    if (s < 0 || s >= e->p.n_seq_max || !e->seqs[s].in_use)
+        return set_err(err, errlen, "%s %d: sequence %d does not exist", what, i, s);
+    if (b->token[i] < 0 || b->token[i] >= e->hp->n_vocab)
+        return set_err(err, errlen, "%s %d: id %d out of range [0, %d)", what, i, b->token[i], e->hp->n_vocab);
+    return 0;
+}
+
 int pxq_decode(struct pxq_engine *e, const struct pxq_batch *b, char *err, size_t errlen) {
     const int n = b->n_tokens;
     if (n <= 0 || !b->token || !b->pos || !b->seq_id) return set_err(err, errlen, "empty batch");
@@ -475,14 +485,7 @@ int pxq_decode(struct pxq_engine *e, const struct pxq_batch *b, char *err, size_
     int rc = -1;
     for (int i = 0; i < n; i++) {
         int s = b->seq_id[i];
-        if (s < 0 || s >= e->p.n_seq_max || !e->seqs[s].in_use) {
-            set_err(err, errlen, "token %d: sequence %d does not exist", i, s);
-            goto out;
-        }
-        if (b->token[i] < 0 || b->token[i] >= e->hp->n_vocab) {
-            set_err(err, errlen, "token %d: id %d out of range [0, %d)", i, b->token[i], e->hp->n_vocab);
-            goto out;
-        }
+        if (engine_check_row(e, b, i, "token", err, errlen) != 0) goto out;
         int want = e->seqs[s].n_pos + added[s];
         if (b->pos[i] != want) {
             set_err(err, errlen, "token %d: position %d, expected %d for sequence %d", i, b->pos[i], want, s);

@@ -68,6 +68,11 @@ struct pxq_engine {
 /* A validated batch's output rows: out_idx[i] (row of token i in e->logits, or -1; the caller frees it),
  * with e->logits and e->hidden (spec_mtp) grown to fit and n_outputs / n_hidden set. */
 int *engine_outputs(struct pxq_engine *e, const struct pxq_batch *b);
+/* Row i of b names a live sequence and a token id in [0, n_vocab): 0, else -1 with a message that
+ * starts with `what` and i ("token 3: ...", "MTP row 3: ..."). pxq_decode's and pxq_mtp_decode's
+ * check. */
+int engine_check_row(const struct pxq_engine *e, const struct pxq_batch *b, int i, const char *what, char *err,
+                     size_t errlen);
 
 /* Run the model over one ubatch on the CPU: positions were validated and KV blocks reserved. */
 void forward_cpu(struct pxq_engine *e, const struct ubatch *ub);

@@ -37,14 +37,7 @@ int pxq_mtp_decode(struct pxq_engine *e, const struct pxq_batch *b, const float 
     for (int s = 0; s < e->p.n_seq_max; s++) next[s] = -1;
     for (int i = 0; i < n; i++) {
         const int s = b->seq_id[i], p = b->pos[i];
-        if (s < 0 || s >= e->p.n_seq_max || !e->seqs[s].in_use) {
-            set_err(err, errlen, "MTP row %d: sequence %d does not exist", i, s);
-            goto out;
-        }
-        if (b->token[i] < 0 || b->token[i] >= e->hp->n_vocab) {
-            set_err(err, errlen, "MTP row %d: id %d out of range [0, %d)", i, b->token[i], e->hp->n_vocab);
-            goto out;
-        }
+        if (engine_check_row(e, b, i, "MTP row", err, errlen) != 0) goto out;
         if (next[s] < 0 ? p < 0 || p > e->seqs[s].n_mtp : p != next[s]) {
             set_err(err, errlen, "MTP row %d: position %d; sequence %d's rows must continue from at most %d", i, p, s,
                     next[s] < 0 ? e->seqs[s].n_mtp : next[s]);
