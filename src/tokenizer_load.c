@@ -420,6 +420,18 @@ static int spm_flag(const struct gguf_file *g, const char *key, int dflt, int *o
     return 0;
 }
 
+/* A GGUF's end-of-turn and end-of-message ids as more stop tokens (after its EOS), and its chat
+ * template: the tail of both GGUF loaders. */
+static void gguf_stops_and_template(struct pxq_tokenizer *t, const struct gguf_file *g) {
+    const char *keys[] = {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
+    for (int i = 0; i < 2; i++) {
+        int64_t id;
+        if (gguf_get_i64(g, keys[i], &id) == 0) add_eos(t, id);
+    }
+    const char *tmpl = gguf_get_str(g, "tokenizer.chat_template");
+    if (tmpl) t->chat_template = xstrdup(tmpl);
+}
+
 /* tokenizer.ggml.model "llama": SentencePiece as llama.cpp loads it (llama_vocab::impl::load). */
 static struct pxq_tokenizer *load_gguf_spm(const struct gguf_file *g, char *err, size_t errlen) {
     int64_t n = gguf_arr_len(g, "tokenizer.ggml.tokens");
@@ -498,13 +510,7 @@ static struct pxq_tokenizer *load_gguf_spm(const struct gguf_file *g, char *err,
     t->add_bos = want_bos && bos >= 0;
     t->add_eos = want_eos && eos >= 0;
     add_eos(t, eos);
-    const char *keys[] = {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
-    for (int i = 0; i < 2; i++) {
-        int64_t id;
-        if (gguf_get_i64(g, keys[i], &id) == 0) add_eos(t, id);
-    }
-    const char *tmpl = gguf_get_str(g, "tokenizer.chat_template");
-    if (tmpl) t->chat_template = xstrdup(tmpl);
+    gguf_stops_and_template(t, g);
 out:
     free_spec(&sp);
     return t;
@@ -576,13 +582,9 @@ struct pxq_tokenizer *tokenizer_load_gguf(const struct gguf_file *g, char *err, 
         sp.merges[sp.n_merges++] = (struct merge_src){s, (size_t)(sp1 - s), sp1 + 1, len - (size_t)(sp1 - s) - 1};
     }
     if (!(t = tok_build(&sp, err, errlen))) goto out;
-    const char *keys[] = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
-    for (int i = 0; i < 3; i++) {
-        int64_t id;
-        if (gguf_get_i64(g, keys[i], &id) == 0) add_eos(t, id);
-    }
-    const char *tmpl = gguf_get_str(g, "tokenizer.chat_template");
-    if (tmpl) t->chat_template = xstrdup(tmpl);
+    int64_t eos;
+    if (gguf_get_i64(g, "tokenizer.ggml.eos_token_id", &eos) == 0) add_eos(t, eos);
+    gguf_stops_and_template(t, g);
 out:
     free_spec(&sp);
     return t;
