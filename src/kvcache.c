@@ -122,28 +122,31 @@ void kv_quantize_row(void *dst, const float *x, int n, enum kv_type t, const flo
         for (int i = 0; i < n; i++) { uint16_t h = f32_to_fp16(x[i]); memcpy(o + 2 * i, &h, 2); }
         return;
     }
-    for (int g = 0; g < n; g += KV_GROUP, x += KV_GROUP) {
+    /* scales first (one f16 per group), then the codes: a group's codes start at a multiple of
+     * 8 bytes (q2nu) or 32 (q8_0) past the scales, so the tensor-core kernels load them whole */
+    const int ng = n / KV_GROUP;
+    uint8_t *codes = o + 2 * (size_t)ng;
+    for (int g = 0; g < ng; g++, x += KV_GROUP) {
         float amax = 0;
         for (int i = 0; i < KV_GROUP; i++) amax = fmaxf(amax, fabsf(x[i]));
         if (t == KV_Q8_0) {
             const float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
             uint16_t dh = f32_to_fp16(d);
-            memcpy(o, &dh, 2);
-            for (int i = 0; i < KV_GROUP; i++) o[2 + i] = (uint8_t)(int8_t)lrintf(x[i] * id);
-            o += 2 + KV_GROUP;
+            memcpy(o + 2 * g, &dh, 2);
+            for (int i = 0; i < KV_GROUP; i++) codes[g * KV_GROUP + i] = (uint8_t)(int8_t)lrintf(x[i] * id);
         } else { /* KV_Q2NU: the nearest level to x / absmax; the scale as stored (f16) decides */
             uint16_t dh = f32_to_fp16(amax);
-            memcpy(o, &dh, 2);
+            memcpy(o + 2 * g, &dh, 2);
             const float d = fp16_to_f32(dh), id = d > 0 ? 1.0f / d : 0.0f;
-            memset(o + 2, 0, KV_GROUP / 4);
+            uint8_t *cg = codes + g * (KV_GROUP / 4);
+            memset(cg, 0, KV_GROUP / 4);
             for (int i = 0; i < KV_GROUP; i++) {
                 const float u = x[i] * id;
                 int best = 0;
                 for (int c = 1; c < 4; c++)
                     if (fabsf(u - levels[c]) < fabsf(u - levels[best])) best = c;
-                o[2 + i / 4] |= (uint8_t)(best << (2 * (i % 4)));
+                cg[i / 4] |= (uint8_t)(best << (2 * (i % 4)));
             }
-            o += 2 + KV_GROUP / 4;
         }
     }
 }
@@ -155,16 +158,17 @@ void kv_dequantize_row(float *y, const void *src, int n, enum kv_type t, const f
         for (int i = 0; i < n; i++) { uint16_t h; memcpy(&h, s + 2 * i, 2); y[i] = fp16_to_f32(h); }
         return;
     }
-    for (int g = 0; g < n; g += KV_GROUP, y += KV_GROUP) {
+    const int ng = n / KV_GROUP;
+    const uint8_t *codes = s + 2 * (size_t)ng;
+    for (int g = 0; g < ng; g++, y += KV_GROUP) {
         uint16_t dh;
-        memcpy(&dh, s, 2);
+        memcpy(&dh, s + 2 * g, 2);
         const float d = fp16_to_f32(dh);
         if (t == KV_Q8_0) {
-            for (int i = 0; i < KV_GROUP; i++) y[i] = d * (float)(int8_t)s[2 + i];
-            s += 2 + KV_GROUP;
+            for (int i = 0; i < KV_GROUP; i++) y[i] = d * (float)(int8_t)codes[g * KV_GROUP + i];
         } else {
-            for (int i = 0; i < KV_GROUP; i++) y[i] = d * levels[(s[2 + i / 4] >> (2 * (i % 4))) & 3];
-            s += 2 + KV_GROUP / 4;
+            const uint8_t *cg = codes + g * (KV_GROUP / 4);
+            for (int i = 0; i < KV_GROUP; i++) y[i] = d * levels[(cg[i / 4] >> (2 * (i % 4))) & 3];
         }
     }
 }

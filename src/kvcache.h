@@ -15,11 +15,14 @@
  * Element types (a row is head_dim values of one head at one position):
  *   KV_F32   float32 (the CPU backend's "f16" cache: the reference keeps full precision)
  *   KV_F16   IEEE half (the CUDA backend's f16 cache)
- *   KV_Q8_0  per group of KV_GROUP values: an f16 scale d = absmax / 127, then 32 int8 codes;
- *            x = d * code (GGUF's block_q8_0 layout: 34 bytes per 32 values, 8.5 bits)
- *   KV_Q2NU  values only; per group of KV_GROUP values: an f16 scale d = absmax, then 8 bytes of 2-bit
+ *   KV_Q8_0  per group of KV_GROUP values an f16 scale d = absmax / 127 and 32 int8 codes;
+ *            x = d * code (34 bytes per 32 values, 8.5 bits, as GGUF's block_q8_0)
+ *   KV_Q2NU  values only; per group of KV_GROUP values an f16 scale d = absmax and 8 bytes of 2-bit
  *            codes (value i in bits 2*(i%4) of byte i/4); x = d * levels[code], with 4 levels in
  *            [-1, 1] per (layer, KV head) from calibration (10 bytes per 32 values, 2.5 bits)
+ *   A quantized row holds its head_dim / 32 scales first, then the groups' codes in order, so that
+ *   group g's codes start at head_dim / 16 + 32 g (q8_0) or head_dim / 16 + 8 g (q2nu) bytes: 8-byte
+ *   aligned for head_dim 128 and 256 (the tensor-core decode kernel loads a lane's 8 codes at once).
  * Quantized caches keep the first n_sink positions and the last n_window positions before each
  * query exact (float32 on the CPU) in a per-sequence residual, as KIVI (Liu et al. 2024) keeps a
  * full-precision residual: the key or value at position p seen by a query at position q is exact
