@@ -1,6 +1,6 @@
 /* kv_quant.cuh - the quantized KV cache's rows on the device (kvcache.h's layout and codecs).
  * CPU twin: kv_quantize_row / kv_dequantize_row / kv_load in kvcache.c. Included by ops.cu (the
- * store and the generic attention kernel's tile loads). */
+ * store and the generic attention kernel's tile loads) and the tensor-core attention kernels. */
 #ifndef PXQ_CUDA_KV_QUANT_CUH
 #define PXQ_CUDA_KV_QUANT_CUH
 
@@ -30,8 +30,30 @@ static __device__ __forceinline__ float *kvq_res(const cuda_kv &kv, int pool, in
     return (pool ? kv.res_v : kv.res_k) + (((size_t)s * kv.n_layer_kv + l) * per + slot) * kv.kv_dim;
 }
 
-/* Elements d .. d + 7 (d a multiple of 8) of head h's row at position p as a query at q sees it:
- * from the residual when exact (kv_exact), else dequantized from the pool (kv_dequantize_row). */
+/* Elements d .. d + 7 (d a multiple of 8) of head h's row at position p dequantized from the pool
+ * (kv_dequantize_row), whatever the query. */
+static __device__ __forceinline__ void kvq_pool8(const cuda_kv &kv, int pool, int l, const int32_t *tab, int h, int p,
+                                                 int d, float *o) {
+    const kv_layer_desc *dsc;
+    const uint8_t *row = kvq_row(kv, pool, l, tab, h, p, &dsc);
+    const int g = d >> 5, off = d & 31;
+    const float sc = __half2float(((const __half *)row)[g]);
+    const uint8_t *codes = row + kv.head_dim / 16; /* after the row's scales (kvcache.h) */
+    if (dsc->type[h] == KV_Q8_0) {
+        const uint8_t *cg = codes + g * KV_GROUP + off;
+#pragma unroll
+        for (int e = 0; e < 8; e++) o[e] = sc * (float)(int8_t)cg[e];
+    } else { /* KV_Q2NU */
+        const uint8_t *cg = codes + g * (KV_GROUP / 4) + off / 4;
+        const unsigned c2 = cg[0] | (unsigned)cg[1] << 8;
+        const float *lv = dsc->levels[h];
+#pragma unroll
+        for (int e = 0; e < 8; e++) o[e] = sc * lv[(c2 >> (2 * e)) & 3];
+    }
+}
+
+/* Elements d .. d + 7 of head h's row at position p as a query at q sees it: from the residual when
+ * exact (kv_exact), else dequantized from the pool. */
 static __device__ __forceinline__ void kvq_load8(const cuda_kv &kv, int pool, int l, const int32_t *tab, int s, int h,
                                                  int p, int q, int d, float *o) {
     if (p < kv.n_sink || q - p < kv.n_window) {
@@ -40,22 +62,7 @@ static __device__ __forceinline__ void kvq_load8(const cuda_kv &kv, int pool, in
         o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
         return;
     }
-    const kv_layer_desc *dsc;
-    const uint8_t *row = kvq_row(kv, pool, l, tab, h, p, &dsc);
-    const int g = d >> 5, off = d & 31;
-    if (dsc->type[h] == KV_Q8_0) {
-        const uint8_t *gp = row + (size_t)g * (2 + KV_GROUP);
-        const float sc = __half2float(*(const __half *)gp);
-#pragma unroll
-        for (int e = 0; e < 8; e++) o[e] = sc * (float)(int8_t)gp[2 + off + e];
-    } else { /* KV_Q2NU */
-        const uint8_t *gp = row + (size_t)g * (2 + KV_GROUP / 4);
-        const float sc = __half2float(*(const __half *)gp);
-        const unsigned codes = gp[2 + off / 4] | (unsigned)gp[3 + off / 4] << 8;
-        const float *lv = dsc->levels[h];
-#pragma unroll
-        for (int e = 0; e < 8; e++) o[e] = sc * lv[(codes >> (2 * e)) & 3];
-    }
+    kvq_pool8(kv, pool, l, tab, h, p, d, o);
 }
 
 #endif

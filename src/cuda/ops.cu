@@ -347,13 +347,13 @@ __global__ void kv_store_q_kernel(const cuda_kv kv, int l, const float *k, const
     const kv_layer_desc *d;
     uint8_t *row = (uint8_t *)kvq_row(kv, pool, l, tab, h, p, &d);
     const float amax = warp_max(fabsf(x));
+    uint8_t *codes = row + kv.head_dim / 16; /* after the row's f16 scales (kvcache.h) */
     if (d->type[h] == KV_Q8_0) {
-        uint8_t *gp = row + (size_t)g * (2 + KV_GROUP);
         const float dd = amax / 127.0f, id = dd > 0.0f ? 1.0f / dd : 0.0f;
-        if (lane == 0) *(__half *)gp = __float2half_rn(dd);
-        gp[2 + lane] = (uint8_t)(int8_t)__float2int_rn(x * id);
+        if (lane == 0) ((__half *)row)[g] = __float2half_rn(dd);
+        codes[g * KV_GROUP + lane] = (uint8_t)(int8_t)__float2int_rn(x * id);
     } else {
-        uint8_t *gp = row + (size_t)g * (2 + KV_GROUP / 4);
+        uint8_t *cg = codes + g * (KV_GROUP / 4);
         const __half dh = __float2half_rn(amax);
         const float dd = __half2float(dh), id = dd > 0.0f ? 1.0f / dd : 0.0f, u = x * id;
         const float *lv = d->levels[h];
@@ -364,8 +364,8 @@ __global__ void kv_store_q_kernel(const cuda_kv kv, int l, const float *k, const
         unsigned b = (unsigned)best << (2 * (lane & 3));
         b |= __shfl_down_sync(FULL_MASK, b, 1);
         b |= __shfl_down_sync(FULL_MASK, b, 2);
-        if ((lane & 3) == 0) gp[2 + lane / 4] = (uint8_t)b;
-        if (lane == 0) *(__half *)gp = dh;
+        if ((lane & 3) == 0) cg[lane / 4] = (uint8_t)b;
+        if (lane == 0) ((__half *)row)[g] = dh;
     }
     float *r = kvq_res(kv, pool, l, s, p);
     if (r) r[(size_t)h * kv.head_dim + i] = x;
