@@ -14,10 +14,13 @@ LDLIBS  += $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -lcjs
 # x86-64: everything is built for the baseline instruction set, so the binary runs on any x86-64
 # machine; the int8 and attention kernels are built once more per instruction set, in their own
 # files (FMA contraction on: attn_kernels.h is plain C), and chosen at run time from the CPU's
-# features (src/quant_q8.c; PXQ_CPU_ISA=scalar|avx2|avx512 forces one).
+# features (src/quant_q8.c; PXQ_CPU_ISA=scalar|avx2|avx512|amx forces one).
 ifneq ($(findstring x86_64,$(shell $(CC) -dumpmachine 2>/dev/null)),)
 $(BUILD)/src/kernels_avx2.o: CFLAGS += -mavx2 -mfma -mf16c -ffp-contract=fast
 $(BUILD)/src/kernels_avx512.o: CFLAGS += -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -ffp-contract=fast
+# AMX: only where the compiler knows the flags (kernels_amx.c otherwise builds stubs, and the set is never chosen)
+AMX_FLAGS := $(shell $(CC) -mamx-tile -mamx-int8 -E -x c /dev/null >/dev/null 2>&1 && echo -mamx-tile -mamx-int8)
+$(BUILD)/src/kernels_amx.o: CFLAGS += -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni $(AMX_FLAGS) -ffp-contract=fast
 endif
 
 LIB_SRC := $(wildcard src/*.c) $(wildcard src/server/*.c)

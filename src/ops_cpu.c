@@ -188,23 +188,20 @@ static void mm_q8(void *arg, int64_t i0, int64_t i1, int ith) {
     }
 }
 
-/* Packed Q4_0/Q8_0: a work item is one group of 8 rows; its weights (n_in / 32 blocks of 144 or 272
- * bytes: 14 or 26 KB at n_in 3072) stay in L1 while every token goes past them 4 at a time. */
+/* Packed Q4_0/Q8_0: a work item is one group of G = q8x8_group_rows() rows (8, or 16 on AMX); for
+ * prefill, gemm_groups_q8x8 keeps a group's weights (n_in / 32 blocks of 18 or 34 bytes a row:
+ * 14 or 26 KB for 8 rows at n_in 3072) in L1 while every token goes past them. */
 static void mm_q8x8(void *arg, int64_t g0, int64_t g1, int ith) {
     const struct mm_q8_args *a = arg;
     const int64_t n_in = a->w->ne[0], n_out = a->w->ne[1];
-    const size_t gs = a->row_bytes * 8;
-    if (a->n_tokens <= 4) { /* decode: the whole range in one call */
+    const int gr = q8x8_group_rows();
+    const size_t gs = a->row_bytes * (size_t)gr;
+    if (a->n_tokens <= 4) /* decode: the whole range in one call */
         dot_groups_q8x8(a->w->type, a->pack + (size_t)g0 * gs, n_in, (int)(g1 - g0), a->xq, a->stride, a->n_tokens,
-                        a->y + (size_t)g0 * 8, (size_t)n_out);
-        return;
-    }
-    for (int64_t g = g0; g < g1; g++)
-        for (int t = 0; t < a->n_tokens; t += 4) {
-            const int nt = a->n_tokens - t < 4 ? a->n_tokens - t : 4;
-            dot_groups_q8x8(a->w->type, a->pack + (size_t)g * gs, n_in, 1, a->xq + (size_t)t * a->stride, a->stride, nt,
-                            a->y + (size_t)t * (size_t)n_out + (size_t)g * 8, (size_t)n_out);
-        }
+                        a->y + (size_t)g0 * gr, (size_t)n_out);
+    else
+        gemm_groups_q8x8(a->w->type, a->pack + (size_t)g0 * gs, n_in, (int)(g1 - g0), a->xq, a->stride, a->n_tokens,
+                         a->y + (size_t)g0 * gr, (size_t)n_out);
 }
 
 static int mm_exact_flag = -1; /* -1: PXQ_CPU_EXACT not read yet */
@@ -240,9 +237,9 @@ static void mm_q8_prepare(struct threadpool *tp, struct mm_q8_args *q) {
     else mm_q8_quantize(q, 0, q->n_tokens, 0);
 }
 
-/* Work items of one product: 8-row groups (packed) or MM_Q8_ROWS-row tiles. */
+/* Work items of one product: packed groups (q8x8_group_rows) or MM_Q8_ROWS-row tiles. */
 static int64_t mm_q8_items(const struct mm_q8_args *q) {
-    return q->pack ? q->w->ne[1] / 8 : (q->w->ne[1] + MM_Q8_ROWS - 1) / MM_Q8_ROWS;
+    return q->pack ? q->w->ne[1] / q8x8_group_rows() : (q->w->ne[1] + MM_Q8_ROWS - 1) / MM_Q8_ROWS;
 }
 
 static void mm_q8_run(const struct mm_q8_args *q, int64_t i0, int64_t i1, int ith) {
@@ -324,6 +321,7 @@ void attn_tile_f32(float *const *o, const float *const *q, const int *n_vis, int
     if (hd % 16 || hd > 256) die("attn_tile_f32: head_dim %d", hd);
 #if defined(__x86_64__) && !defined(PXQ_NO_SIMD)
     switch (q8_isa()) {
+    case Q8_ISA_AMX: /* the AVX-512 attention */
     case Q8_ISA_AVX512: attn_tile_f32_avx512(o, q, n_vis, nq, k, v, hd, scale, scratch); return;
     case Q8_ISA_AVX2: attn_tile_f32_avx2(o, q, n_vis, nq, k, v, hd, scale, scratch); return;
     default: break;

@@ -80,34 +80,47 @@ void dot_rows_q8(enum pxq_type t, const void *w, size_t w_stride, int n_rows, co
                  int64_t n, int n_tok, float *y, size_t y_stride);
 void dot_row_q8_generic(enum pxq_type t, const void *row, const void *xq, size_t xq_stride, int64_t n, int n_tok,
                         float *y);
-/* The kernels in use: "AVX-512 VNNI", "AVX2" or "portable C" (pxq --version, pxq bench). */
+/* The kernels in use: "AMX-INT8 + AVX-512 VNNI", "AVX-512 VNNI", "AVX2" or "portable C" (pxq --version, pxq bench). */
 const char *q8_cpu_isa(void);
 
 /* Kernel sets, chosen at run time (quant_q8.c): the best the CPU has (__builtin_cpu_supports: AVX2
- * needs AVX2+FMA+F16C; AVX512 needs AVX-512 F, BW, VL and VNNI), or PXQ_CPU_ISA=scalar|avx2|avx512
+ * needs AVX2+FMA+F16C; AVX512 needs AVX-512 F, BW, VL and VNNI; AMX needs AVX512, AMX-TILE and
+ * AMX-INT8 (cpuid) and Linux's grant of the tile state (arch_prctl ARCH_REQ_XCOMP_PERM), and is
+ * AVX512 but for the packed Q4_0/Q8_0 products), or PXQ_CPU_ISA=scalar|avx2|avx512|amx
  * read once at first use (a set the CPU lacks is refused with a message on stderr, and the best
  * is used). q8_isa_set switches process-wide, for tests and A/B runs: -1 if the CPU lacks it.
  * Results differ between sets in float summation order only. Switch only while no matmul runs:
- * tensors packed (q8x8_tensor_pack) under a SIMD set are not used by the scalar one. */
-enum q8_isa { Q8_ISA_SCALAR = 0, Q8_ISA_AVX2 = 1, Q8_ISA_AVX512 = 2 };
+ * tensors packed (q8x8_tensor_pack) under one set are not used by the scalar one, and the AMX
+ * set's packed layout is not the others' (release the packs, q8x8_tensor_release, to switch). */
+enum q8_isa { Q8_ISA_SCALAR = 0, Q8_ISA_AVX2 = 1, Q8_ISA_AVX512 = 2, Q8_ISA_AMX = 3 };
 enum q8_isa q8_isa(void);
 int q8_isa_supported(enum q8_isa isa);
 int q8_isa_set(enum q8_isa isa);
 
-/* The packed 8-row layout (llama.cpp's q4_0_8x8 idea; byte layout in q8_kernels.h): a Q4_0 or Q8_0
- * matrix of n_rows (a multiple of 8) rows of n elements, in groups of 8 rows, each group's blocks in
- * column order, a block of the group = 8 f16 scales then the 8 rows' codes interleaved 8 bytes at a
- * time. The same byte count as the rows (type_row_bytes(t, n) * n_rows). q8x8_type: 1 when the
- * current kernel set has a packed kernel for t and n_rows is a multiple of 8. */
+/* The packed layouts (llama.cpp's q4_0_8x8 idea): a Q4_0 or Q8_0 matrix of n_rows rows of n
+ * elements in groups of G = q8x8_group_rows() rows. AVX2/AVX-512 (G = 8; byte layout in
+ * q8_kernels.h): each group's blocks in column order, a block of the group = 8 f16 scales then the
+ * 8 rows' codes interleaved 8 bytes at a time. AMX (G = 16; kernels_amx.c): a group's codes, 16
+ * rows interleaved 4 bytes at a time (the AMX B-tile layout), then its scales. The same byte count
+ * as the rows (type_row_bytes(t, n) * n_rows). q8x8_group_rows: G, 0 when the set has no packed
+ * kernel; q8x8_type: 1 when it has one for t and n_rows is a multiple of G. */
+int q8x8_group_rows(void);
 int q8x8_type(enum pxq_type t, int64_t n_rows);
-/* Pack n_rows rows of n elements at w (rows contiguous) into dst. */
+/* Pack n_rows rows of n elements at w (rows contiguous) into dst, in the current set's layout. */
 void q8x8_pack(enum pxq_type t, const void *w, int64_t n_rows, int64_t n, void *dst);
-/* y[c * y_stride + 8g + r] = row 8g + r . x_c for g < n_groups, r < 8, c < n_tok (1..4): the packed
- * groups at pw against n_tok quantized activation rows at xq + c * xq_stride (quantize_row_q8_act).
- * The same per-block integer sums as dot_row_q8_generic; float summation order differs. Dies if the
- * current set has no packed kernel (q8x8_type) or n_tok is outside 1..4 (programmer errors). */
+/* y[c * y_stride + G g + r] = row G g + r . x_c for g < n_groups, r < G, c < n_tok (1..4): the
+ * packed groups at pw against n_tok quantized activation rows at xq + c * xq_stride
+ * (quantize_row_q8_act). The same per-block integer sums as dot_row_q8_generic; float summation
+ * order differs. Dies if the current set has no packed kernel (q8x8_type) or n_tok is outside
+ * 1..4 (programmer errors). */
 void dot_groups_q8x8(enum pxq_type t, const void *pw, int64_t n, int n_groups, const void *xq, size_t xq_stride,
                      int n_tok, float *y, size_t y_stride);
+/* The same for any n_tok >= 1 (prefill): the AMX set runs 16 tokens x 16 rows at a time on the
+ * int8 tiles and the rest on its dot_groups kernel, with the same float arithmetic (kernels_amx.c),
+ * so each output is bit for bit what dot_groups_q8x8 gives for its token alone; the other sets
+ * call dot_groups_q8x8 per group, 4 tokens at a time. Errors as dot_groups_q8x8. */
+void gemm_groups_q8x8(enum pxq_type t, const void *pw, int64_t n, int n_groups, const void *xq, size_t xq_stride,
+                      int n_tok, float *y, size_t y_stride);
 /* The packed copy of a weight tensor [n, n_rows], made on the first call (thread-safe) and kept in
  * t->cpu_pack until q8x8_tensor_release; NULL when !q8x8_type(t->type, t->ne[1]). The copy takes as
  * much memory as the tensor. */

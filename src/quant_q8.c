@@ -193,11 +193,15 @@ void dot_row_q8_generic(enum pxq_type t, const void *row, const void *xq, size_t
 typedef void (*quant_fn)(const float *, void *, int64_t);
 typedef void (*rows_fn)(enum pxq_type, const void *, size_t, int, const void *, size_t, int64_t, int, float *, size_t);
 typedef void (*groups_fn)(enum pxq_type, const void *, int64_t, int, const void *, size_t, int, float *, size_t);
+typedef void (*pack_fn)(enum pxq_type, const void *, int64_t, int64_t, void *);
 struct q8_kernels {
     const char *isa;
     quant_fn quant;
     rows_fn rows;
     groups_fn groups; /* NULL: no packed layout (the portable C reads the rows as stored) */
+    int group_rows;   /* rows of a packed group: 8, or 16 for the AMX set's layout */
+    groups_fn gemm;   /* any number of tokens (the AMX tiles); NULL: groups, 4 tokens at a time */
+    pack_fn pack;     /* NULL: the 8-row layout (q8x8_pack_8) */
 };
 
 static void dot_rows_q8_c(enum pxq_type t, const void *w, size_t w_stride, int n_rows, const void *xq, size_t xq_stride,
@@ -218,17 +222,26 @@ static void dot_rows_q8_c(enum pxq_type t, const void *w, size_t w_stride, int n
     const char *q8_isa_name_##S(void);
 Q8_DECL(avx2)
 Q8_DECL(avx512)
+/* kernels_amx.c */
+int q8_amx_built(void);
+void q8x16_pack_amx(enum pxq_type, const void *, int64_t, int64_t, void *);
+void dot_groups_q8x16_amx(enum pxq_type, const void *, int64_t, int, const void *, size_t, int, float *, size_t);
+void gemm_groups_q8x16_amx(enum pxq_type, const void *, int64_t, int, const void *, size_t, int, float *, size_t);
 #define Q8_HAVE_SIMD 1
 #else
 #define Q8_HAVE_SIMD 0
 #endif
 
 static const struct q8_kernels *kernels_for(enum q8_isa isa) {
-    static const struct q8_kernels c = {"portable C", quantize_row_q8_act_generic, dot_rows_q8_c, NULL};
+    static const struct q8_kernels c = {"portable C", quantize_row_q8_act_generic, dot_rows_q8_c, NULL, 0, NULL, NULL};
 #if Q8_HAVE_SIMD
-    static const struct q8_kernels avx2 = {"AVX2", quantize_row_q8_act_avx2, dot_rows_q8_avx2, dot_groups_q8x8_avx2};
+    static const struct q8_kernels avx2 = {"AVX2", quantize_row_q8_act_avx2, dot_rows_q8_avx2, dot_groups_q8x8_avx2, 8,
+                                           NULL, NULL};
     static const struct q8_kernels avx512 = {"AVX-512 VNNI", quantize_row_q8_act_avx512, dot_rows_q8_avx512,
-                                             dot_groups_q8x8_avx512};
+                                             dot_groups_q8x8_avx512, 8, NULL, NULL};
+    static const struct q8_kernels amx = {"AMX-INT8 + AVX-512 VNNI", quantize_row_q8_act_avx512, dot_rows_q8_avx512,
+                                          dot_groups_q8x16_amx, 16, gemm_groups_q8x16_amx, q8x16_pack_amx};
+    if (isa == Q8_ISA_AMX) return &amx;
     if (isa == Q8_ISA_AVX512) return &avx512;
     if (isa == Q8_ISA_AVX2) return &avx2;
 #endif
@@ -236,8 +249,33 @@ static const struct q8_kernels *kernels_for(enum q8_isa isa) {
     return &c;
 }
 
+#if Q8_HAVE_SIMD
+#include <sys/syscall.h>
+#include <unistd.h>
+/* Linux keeps the AMX tile data (XTILEDATA, state component 18) off until the process asks for
+ * it (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16+; Documentation/arch/x86/xstate.rst); a tile
+ * instruction without it is SIGILL. Asked once, process-wide; 1 when granted. */
+static int amx_granted;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+static void amx_request(void) {
+    unsigned a, b, c, d;
+    if (!q8_amx_built() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
+    if (!(d & (1u << 24)) || !(d & (1u << 25))) return; /* AMX-TILE, AMX-INT8 */
+    amx_granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+}
+#endif
+
 int q8_isa_supported(enum q8_isa isa) {
     if (isa == Q8_ISA_SCALAR) return 1;
+    if (isa == Q8_ISA_AMX) {
+#if Q8_HAVE_SIMD
+        if (!q8_isa_supported(Q8_ISA_AVX512)) return 0;
+        pthread_once(&amx_once, amx_request);
+        return amx_granted;
+#else
+        return 0;
+#endif
+    }
 #if Q8_HAVE_SIMD
     __builtin_cpu_init();
     unsigned a, b, c = 0, d;
@@ -256,15 +294,15 @@ static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 
 static void isa_init(void) {
     int best = Q8_ISA_SCALAR;
-    for (int i = Q8_ISA_AVX2; i <= Q8_ISA_AVX512; i++)
+    for (int i = Q8_ISA_AVX2; i <= Q8_ISA_AMX; i++)
         if (q8_isa_supported((enum q8_isa)i)) best = i;
     const char *s = getenv("PXQ_CPU_ISA");
     if (s && *s) {
-        static const char *names[] = {"scalar", "avx2", "avx512"};
+        static const char *names[] = {"scalar", "avx2", "avx512", "amx"};
         int want = -1;
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < 4; i++)
             if (!strcmp(s, names[i])) want = i;
-        if (want < 0) fprintf(stderr, "pxq: PXQ_CPU_ISA=%s is not scalar, avx2 or avx512; using %s\n", s, names[best]);
+        if (want < 0) fprintf(stderr, "pxq: PXQ_CPU_ISA=%s is not scalar, avx2, avx512 or amx; using %s\n", s, names[best]);
         else if (!q8_isa_supported((enum q8_isa)want))
             fprintf(stderr, "pxq: PXQ_CPU_ISA=%s: this CPU lacks it; using %s\n", s, names[best]);
         else best = want;
@@ -304,12 +342,15 @@ void dot_row_q8(enum pxq_type t, const void *row, const void *xq, size_t xq_stri
 
 /* ---- the packed 8-row layout ----------------------------------------------------------------- */
 
+int q8x8_group_rows(void) { return K()->group_rows; }
+
 int q8x8_type(enum pxq_type t, int64_t n_rows) {
-    return (t == PXQ_TYPE_Q4_0 || t == PXQ_TYPE_Q8_0) && n_rows > 0 && n_rows % 8 == 0 && K()->groups;
+    const int gr = K()->group_rows;
+    return (t == PXQ_TYPE_Q4_0 || t == PXQ_TYPE_Q8_0) && gr && n_rows > 0 && n_rows % gr == 0;
 }
 
-void q8x8_pack(enum pxq_type t, const void *w, int64_t n_rows, int64_t n, void *dst) {
-    if ((t != PXQ_TYPE_Q4_0 && t != PXQ_TYPE_Q8_0) || n_rows % 8 || n % QK) die("q8x8_pack: %s %lld x %lld", type_name(t), (long long)n_rows, (long long)n);
+/* The 8-row layout (q8_kernels.h describes it). */
+static void q8x8_pack_8(enum pxq_type t, const void *w, int64_t n_rows, int64_t n, void *dst) {
     const int q4 = t == PXQ_TYPE_Q4_0, bs = q4 ? 18 : 34, np = q4 ? 2 : 4;
     const int64_t nb = n / QK;
     const size_t rb = (size_t)nb * (size_t)bs;
@@ -323,12 +364,35 @@ void q8x8_pack(enum pxq_type t, const void *w, int64_t n_rows, int64_t n, void *
             }
 }
 
+void q8x8_pack(enum pxq_type t, const void *w, int64_t n_rows, int64_t n, void *dst) {
+    const struct q8_kernels *k = K();
+    const int gr = k->group_rows ? k->group_rows : 8;
+    if ((t != PXQ_TYPE_Q4_0 && t != PXQ_TYPE_Q8_0) || n_rows % gr || n % QK)
+        die("q8x8_pack: %s %lld x %lld (groups of %d rows)", type_name(t), (long long)n_rows, (long long)n, gr);
+    (k->pack ? k->pack : q8x8_pack_8)(t, w, n_rows, n, dst);
+}
+
 void dot_groups_q8x8(enum pxq_type t, const void *pw, int64_t n, int n_groups, const void *xq, size_t xq_stride,
                      int n_tok, float *y, size_t y_stride) {
     if (n_tok < 1 || n_tok > 4) die("dot_groups_q8x8: n_tok %d not in 1..4", n_tok);
     const struct q8_kernels *k = K();
     if ((t != PXQ_TYPE_Q4_0 && t != PXQ_TYPE_Q8_0) || !k->groups) die("dot_groups_q8x8: %s on %s", type_name(t), k->isa);
     k->groups(t, pw, n, n_groups, xq, xq_stride, n_tok, y, y_stride);
+}
+
+void gemm_groups_q8x8(enum pxq_type t, const void *pw, int64_t n, int n_groups, const void *xq, size_t xq_stride,
+                      int n_tok, float *y, size_t y_stride) {
+    const struct q8_kernels *k = K();
+    if ((t != PXQ_TYPE_Q4_0 && t != PXQ_TYPE_Q8_0) || !k->groups || n_tok < 1) die("gemm_groups_q8x8: %s on %s, %d tokens", type_name(t), k->isa, n_tok);
+    if (k->gemm) {
+        k->gemm(t, pw, n, n_groups, xq, xq_stride, n_tok, y, y_stride);
+        return;
+    }
+    const size_t gs = type_row_bytes(t, n) * (size_t)k->group_rows;
+    for (int g = 0; g < n_groups; g++) /* one group's weights stay in L1 while the tokens go past */
+        for (int c = 0; c < n_tok; c += 4)
+            k->groups(t, (const uint8_t *)pw + (size_t)g * gs, n, 1, (const uint8_t *)xq + (size_t)c * xq_stride, xq_stride,
+                      n_tok - c < 4 ? n_tok - c : 4, y + (size_t)c * y_stride + (size_t)g * k->group_rows, y_stride);
 }
 
 static pthread_mutex_t pack_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -341,7 +405,8 @@ const void *q8x8_tensor_pack(const struct pxq_tensor *t) {
     p = w->cpu_pack;
     if (!p) {
         const size_t bytes = type_row_bytes(t->type, t->ne[0]) * (size_t)t->ne[1];
-        p = xmalloc(bytes);
+        p = aligned_alloc(64, (bytes + 63) & ~(size_t)63); /* the AMX layout's 64-byte chunks on cache lines */
+        if (!p) die("q8x8_tensor_pack: out of memory for %zu bytes", bytes);
         q8x8_pack(t->type, t->data, t->ne[1], t->ne[0], p);
         __atomic_store_n(&w->cpu_pack, p, __ATOMIC_RELEASE);
     }

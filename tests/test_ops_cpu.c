@@ -14,10 +14,11 @@
  *     ||a - b||_2 / ||b||_2 <= 0.02 over all rows and <= 0.03 per row (23 prefill rows + 4 decode
  *     steps; measured 0.0062 and 0.0052, worst row 0.017), top-1 agreement >= 90% (measured 27/27 and
  *     26/27: one row whose top two logits are within the int8 error).
- *   - every kernel set the CPU has (q8_isa_set: scalar, avx2, avx512; the tests above run under each):
- *     dot_groups_q8x8 on q8x8_pack'ed Q4_0/Q8_0 (8-row groups, 1..4 tokens) against
+ *   - every kernel set the CPU has (q8_isa_set: scalar, avx2, avx512, amx; the tests above run under each):
+ *     dot_groups_q8x8 on q8x8_pack'ed Q4_0/Q8_0 (8-row groups, 16 on AMX; 1..4 tokens) against
  *     dot_row_q8_generic on the rows as stored, |err| <= 1e-5 * sum |w * xq| (the same integer
- *     block sums; float order only), and a corrupted pack must fail that check;
+ *     block sums; float order only), and a corrupted pack must fail that check; gemm_groups_q8x8
+ *     (37 tokens: AMX tiles and a tail) with the same bound, each token bit for bit as alone;
  *     attn_tile_f32 (attention of a tile of query rows) against float64, |err| <= 1e-5 * max|v|,
  *     each row the same alone as in a tile; matmul_cpu_n bit for bit as separate matmul_cpu calls.
  * Prints the measured errors and a rough dot throughput for information. */
@@ -199,7 +200,7 @@ static int x8_matches(enum pxq_type t, const uint8_t *w, const uint8_t *pack, in
     int bad = 0;
     for (int T = 1; T <= 4; T++) {
         float *y = xmalloc((size_t)4 * n_rows * sizeof(float));
-        dot_groups_q8x8(t, pack, n, n_rows / 8, xq, stride, T, y, (size_t)n_rows);
+        dot_groups_q8x8(t, pack, n, n_rows / q8x8_group_rows(), xq, stride, T, y, (size_t)n_rows);
         for (int r = 0; r < n_rows; r++) {
             float yg[4];
             dot_row_q8_generic(t, w + r * rb, xq, stride, n, T, yg);
@@ -221,8 +222,8 @@ static int x8_matches(enum pxq_type t, const uint8_t *w, const uint8_t *pack, in
 }
 
 static void test_x8(enum pxq_type t, int64_t n) {
-    if (!q8x8_type(t, 8)) return;
-    const int n_rows = 24;
+    const int gr = q8x8_group_rows(), n_rows = 3 * gr;
+    if (!q8x8_type(t, n_rows)) return;
     uint8_t *w = random_rows(t, n, n_rows);
     const size_t rb = type_row_bytes(t, n), stride = q8_act_row_bytes(n);
     uint8_t *pack = xmalloc(rb * n_rows), *xq = xmalloc(4 * stride);
@@ -235,11 +236,53 @@ static void test_x8(enum pxq_type t, int64_t n) {
           type_name(t), (long long)n, q8_cpu_isa());
     fprintf(stderr, "dot_groups_q8x8 %-5s n=%4lld (%s): vs portable C %.2e of sum|w*xq| (bound 1e-5)\n", type_name(t),
             (long long)n, q8_cpu_isa(), worst);
-    /* the check can fail: one code byte of row 13 changed in the pack only */
-    pack[(size_t)(13 / 8) * rb * 8 + 16 + 8 * (13 % 8) + 3] ^= 0x21;
+    /* the check can fail: one code byte of row 13 changed in the pack only (block 0's codes: 8-row
+     * layout after the 8 scales, 8 bytes a row; 16-row layout first, 4 bytes a row) */
+    if (gr == 8) pack[(size_t)(13 / 8) * rb * 8 + 16 + 8 * (13 % 8) + 3] ^= 0x21;
+    else pack[4 * 13 + 3] ^= 0x21;
     double w2 = 0;
     CHECK(!x8_matches(t, w, pack, n_rows, n, xq, stride, &w2, 0), "%s: a corrupted pack passed", type_name(t));
     free(w), free(pack), free(xq), free(x);
+}
+
+/* gemm_groups_q8x8 (any number of tokens: the AMX tiles where the set has them) on 37 tokens (two
+ * tiles of 16 and a tail of 5) and 2 groups: each token's outputs bit for bit what dot_groups_q8x8
+ * gives for that token alone (the batch invariance the engine relies on), and within 1e-5 of
+ * sum|w*xq| of dot_row_q8_generic on the rows as stored. */
+static void test_gemm_groups(enum pxq_type t, int64_t n) {
+    const int gr = q8x8_group_rows(), n_rows = 2 * gr, nt = 37;
+    if (!q8x8_type(t, n_rows)) return;
+    uint8_t *w = random_rows(t, n, n_rows);
+    const size_t rb = type_row_bytes(t, n), stride = q8_act_row_bytes(n);
+    uint8_t *pack = xmalloc(rb * n_rows), *xq = xmalloc(nt * stride);
+    float *x = xmalloc(nt * n * sizeof(float)), *y = xmalloc((size_t)nt * n_rows * sizeof(float));
+    float *wf = xmalloc(n * sizeof(float));
+    random_x(x, nt * n, 1);
+    for (int c = 0; c < nt; c++) quantize_row_q8_act(x + c * n, xq + c * stride, n);
+    q8x8_pack(t, w, n_rows, n, pack);
+    gemm_groups_q8x8(t, pack, n, 2, xq, stride, nt, y, (size_t)n_rows);
+    int differ = 0, bad = 0;
+    double worst = 0;
+    for (int c = 0; c < nt; c++) {
+        float y1[64], yg[1];
+        dot_groups_q8x8(t, pack, n, 2, xq + c * stride, stride, 1, y1, (size_t)n_rows);
+        differ += memcmp(y1, y + (size_t)c * n_rows, n_rows * sizeof(float)) != 0;
+        for (int r = 0; r < n_rows; r++) {
+            dot_row_q8_generic(t, w + r * rb, xq + c * stride, stride, n, 1, yg);
+            dequantize_row(t, w + r * rb, wf, n);
+            const uint8_t *a = xq + c * stride;
+            double mag = 0;
+            for (int64_t k = 0; k < n; k++) mag += fabs(wf[k] * act_d(a, n)[k / 32] * act_q(a)[k]);
+            const double e = fabs((double)y[(size_t)c * n_rows + r] - yg[0]);
+            worst = fmax(worst, e / mag);
+            bad += e > 1e-5 * mag;
+        }
+    }
+    fprintf(stderr, "gemm_groups_q8x8 %-5s n=%4lld, %d tokens (%s): vs portable C %.2e of sum|w*xq| (bound 1e-5); "
+                    "tokens differing from alone: %d\n", type_name(t), (long long)n, nt, q8_cpu_isa(), worst, differ);
+    CHECK(bad == 0 && differ == 0, "%s n=%lld: gemm_groups_q8x8 (%s): %d outputs out of bounds, %d tokens differ from alone",
+          type_name(t), (long long)n, q8_cpu_isa(), bad, differ);
+    free(w), free(pack), free(xq), free(x), free(y), free(wf);
 }
 
 /* ---- attn_tile_f32 against float64 --------------------------------------------------------- */
@@ -518,11 +561,11 @@ static void bench_matmul(void) {
 }
 
 int main(void) {
-    static const char *isa_names[] = {"scalar", "avx2", "avx512"};
+    static const char *isa_names[] = {"scalar", "avx2", "avx512", "amx"};
     const enum q8_isa best = q8_isa();
     const uint64_t rng0 = rng;
     int n_isa = 0;
-    for (int isa = Q8_ISA_SCALAR; isa <= Q8_ISA_AVX512; isa++) { /* every kernel set this CPU has, forced */
+    for (int isa = Q8_ISA_SCALAR; isa <= Q8_ISA_AMX; isa++) { /* every kernel set this CPU has, forced */
         if (q8_isa_set((enum q8_isa)isa) != 0) {
             fprintf(stderr, "kernel set %s: not on this CPU, skipped\n", isa_names[isa]);
             continue;
@@ -548,10 +591,13 @@ int main(void) {
         test_model_exact("models/tiny-qwen3-Q4_K_M.gguf");
         /* the packed 8-row kernels (after the above, which keep their inputs of before) */
         test_x8(PXQ_TYPE_Q4_0, 768), test_x8(PXQ_TYPE_Q4_0, 288), test_x8(PXQ_TYPE_Q8_0, 768), test_x8(PXQ_TYPE_Q8_0, 288);
+        test_gemm_groups(PXQ_TYPE_Q4_0, 768), test_gemm_groups(PXQ_TYPE_Q4_0, 288);
+        test_gemm_groups(PXQ_TYPE_Q8_0, 768), test_gemm_groups(PXQ_TYPE_Q8_0, 288);
         test_attn(128), test_attn(48);
         tp = threadpool_new(2);
         test_matmul(tp, PXQ_TYPE_Q4_0, 288, 64); /* multiples of 8 rows: the packed path where the set has one */
         test_matmul(tp, PXQ_TYPE_Q8_0, 544, 40);
+        test_matmul(tp, PXQ_TYPE_Q8_0, 544, 48); /* multiples of 16 rows: the AMX set's packed path */
         test_matmul_n(tp);
         threadpool_free(tp);
     }
