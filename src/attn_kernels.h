@@ -11,7 +11,8 @@
  *      [head_dim][16], then s[p0 .. p0+15] = sum_d q[d] * KT[d] in two chains (even and odd d) of
  *      16-lane FMAs, summed, times scale (no horizontal sum: the transpose is shared by all rows);
  *   2. softmax over the visible scores (max, expf, sum; the division is applied to the output);
- *   3. o = sum_p s[p] v[p] in head_dim / 16 vector accumulators, then o / sum (two rows at a time).
+ *   3. o = sum_p s[p] v[p] in vector accumulators, then o / sum (four rows on 64 columns at a time
+ *      where head_dim is a multiple of 64, else two rows on all).
  */
 #include <math.h>
 #include <string.h>
@@ -22,6 +23,22 @@
 #define ATT_INLINE static inline __attribute__((always_inline))
 
 typedef float att_v16 __attribute__((vector_size(64), aligned(4)));
+typedef int att_i16 __attribute__((vector_size(64)));
+/* att_transpose's shuffle masks, round B: lane d of the low row takes (d & B) ? the high row's
+ * lane d - B : its own lane d; lane d of the high row (d & B) ? its own lane d : the low row's d + B
+ * (indices 16..31 name the second operand, the high row). */
+#define ATT_M(B, d, lo) ((lo) ? (((d) & (B)) ? 16 + (d) - (B) : (d)) : (((d) & (B)) ? 16 + (d) : (d) + (B)))
+#define ATT_MASK(B, lo) {ATT_M(B, 0, lo), ATT_M(B, 1, lo), ATT_M(B, 2, lo), ATT_M(B, 3, lo), ATT_M(B, 4, lo), \
+    ATT_M(B, 5, lo), ATT_M(B, 6, lo), ATT_M(B, 7, lo), ATT_M(B, 8, lo), ATT_M(B, 9, lo), ATT_M(B, 10, lo),    \
+    ATT_M(B, 11, lo), ATT_M(B, 12, lo), ATT_M(B, 13, lo), ATT_M(B, 14, lo), ATT_M(B, 15, lo)}
+#define ATT_LO8 ATT_MASK(8, 1)
+#define ATT_HI8 ATT_MASK(8, 0)
+#define ATT_LO4 ATT_MASK(4, 1)
+#define ATT_HI4 ATT_MASK(4, 0)
+#define ATT_LO2 ATT_MASK(2, 1)
+#define ATT_HI2 ATT_MASK(2, 0)
+#define ATT_LO1 ATT_MASK(1, 1)
+#define ATT_HI1 ATT_MASK(1, 0)
 
 #define ATT_LD(v, p) memcpy(&(v), (p), sizeof(att_v16)) /* a macro: a 64-byte vector return would change the ABI */
 
@@ -45,28 +62,69 @@ ATT_INLINE void att_scores(int NQ, const float *const *q, const float *kt, int h
     }
 }
 
-/* o_r = sum_{p < n} s_r[p] v[p] * inv_r for NR (1 or 2) rows sharing each loaded V row; HD / 16
- * accumulators a row (HD a multiple of 16). A row's scores past its own count are 0 (0 * v added
- * leaves its sums as they are), so pairing rows does not change either. */
-ATT_INLINE void att_pv(int NR, int HD, float *const *o, const float *const *s, int n, const float *const *v, const float *inv) {
-    att_v16 acc[2][16];
+/* o_r[d0 .. d0+HD-1] = sum_{p < n} s_r[p] v[p][d0 ..] * inv_r for NR (1..4) rows sharing each
+ * loaded V slice; HD / 16 accumulators a row (HD a multiple of 16, NR * HD / 16 <= 16). A row's
+ * scores past its own count are 0 (0 * v added leaves its sums as they are), and each output
+ * element sums over p in order, so neither the grouping of rows nor the slice of columns changes a
+ * row's result. Four rows on 64 columns load each V slice once for 16 FMAs (the V rows stream
+ * from L2 once per group of rows). */
+ATT_INLINE void att_pv(int NR, int HD, float *const *o, const float *const *s, int n, const float *const *v, const float *inv,
+                       int d0) {
+    att_v16 acc[4][16];
     for (int r = 0; r < NR; r++)
         for (int c = 0; c < HD / 16; c++) acc[r][c] = (att_v16){0};
     for (int p = 0; p < n; p++) {
-        const float *vp = v[p];
+        const float *vp = v[p] + d0;
 #pragma GCC unroll 16
         for (int c = 0; c < HD / 16; c++) {
             att_v16 x;
             ATT_LD(x, vp + 16 * c);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int r = 0; r < NR; r++) acc[r][c] += s[r][p] * x;
         }
     }
     for (int r = 0; r < NR; r++)
         for (int c = 0; c < HD / 16; c++) {
             const att_v16 y = acc[r][c] * inv[r];
-            memcpy(o[r] + 16 * c, &y, sizeof y);
+            memcpy(o[r] + d0 + 16 * c, &y, sizeof y);
         }
+}
+
+/* KT[16 d + j] = k[j][d] for j < nb (rows nb..15 zero), d < hd: the block of 16 K rows transposed.
+ * With AVX-512, 16 x 16 squares in registers, through four rounds of two-source shuffles (round b
+ * swaps the off-diagonal b x b blocks of each 2b x 2b block); elsewhere element by element. Data
+ * movement only: the scores do not depend on which. */
+ATT_INLINE void att_transpose(float *kt, const float *const *k, int nb, int hd) {
+#if defined(__AVX512F__)
+    for (int d0 = 0; d0 < hd; d0 += 16) {
+        att_v16 r[16];
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++) {
+            if (j < nb) ATT_LD(r[j], k[j] + d0);
+            else r[j] = (att_v16){0};
+        }
+#define ATT_ROUND(B, LO, HI)                                                                       \
+    _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++)                                          \
+        if (!(i & B)) {                                                                            \
+            const att_v16 a = r[i], c = r[i + B];                                                 \
+            r[i] = __builtin_shuffle(a, c, (att_i16)LO), r[i + B] = __builtin_shuffle(a, c, (att_i16)HI); \
+        }
+        ATT_ROUND(8, ATT_LO8, ATT_HI8)
+        ATT_ROUND(4, ATT_LO4, ATT_HI4)
+        ATT_ROUND(2, ATT_LO2, ATT_HI2)
+        ATT_ROUND(1, ATT_LO1, ATT_HI1)
+#undef ATT_ROUND
+#pragma GCC unroll 16
+        for (int d = 0; d < 16; d++) memcpy(kt + 16 * (size_t)(d0 + d), &r[d], sizeof r[d]);
+    }
+#else
+    for (int j = 0; j < nb; j++) {
+        const float *kr = k[j];
+        for (int d = 0; d < hd; d++) kt[16 * d + j] = kr[d];
+    }
+    for (int j = nb; j < 16; j++)
+        for (int d = 0; d < hd; d++) kt[16 * d + j] = 0;
+#endif
 }
 
 /* attn_tile_f32 (ops_cpu.h): head_dim a multiple of 16, at most 256; scratch of attn_tile_scratch. */
@@ -78,12 +136,7 @@ void ATT_FN(attn_tile_f32)(float *const *o, const float *const *q, const int *n_
     float *kt = scratch, *s = scratch + 16 * (size_t)hd; /* KT [hd][16], then the scores [nq][n_pad] */
     for (int p0 = 0; p0 < n_max; p0 += 16) {
         const int nb = n_max - p0 < 16 ? n_max - p0 : 16;
-        for (int j = 0; j < nb; j++) {
-            const float *kr = k[p0 + j];
-            for (int d = 0; d < hd; d++) kt[16 * d + j] = kr[d];
-        }
-        for (int j = nb; j < 16; j++)
-            for (int d = 0; d < hd; d++) kt[16 * d + j] = 0;
+        att_transpose(kt, k + p0, nb, hd);
         /* rows that see this block, four at a time (the same arithmetic for each row) */
         const float *qs[4];
         float *os[4];
@@ -101,10 +154,11 @@ void ATT_FN(attn_tile_f32)(float *const *o, const float *const *q, const int *n_
             }
         }
     }
-    float inv[2];
-    const float *sp[2];
-    float *op[2];
+    float inv[4];
+    const float *sp[4];
+    float *op[4];
     int m = 0, n2 = 0;
+    const int R = hd % 64 == 0 ? 4 : 2; /* rows sharing a V load: 4 on 64-column slices, else 2 on all */
     for (int i = 0; i < nq; i++) {
         float *si = s + (size_t)i * n_pad;
         const int n = n_vis[i];
@@ -113,10 +167,15 @@ void ATT_FN(attn_tile_f32)(float *const *o, const float *const *q, const int *n_
         for (int p = 0; p < n; p++) si[p] = expf(si[p] - mx), sum += si[p];
         for (int p = n; p < n_pad; p++) si[p] = 0;
         inv[m] = 1.0f / sum, sp[m] = si, op[m] = o[i], n2 = n > n2 ? n : n2, m++;
-        if (m == 2 || i == nq - 1) { /* rows in pairs: one V load for both */
-            if (hd == 128) m == 2 ? att_pv(2, 128, op, sp, n2, v, inv) : att_pv(1, 128, op, sp, n2, v, inv);
-            else if (hd == 64) m == 2 ? att_pv(2, 64, op, sp, n2, v, inv) : att_pv(1, 64, op, sp, n2, v, inv);
-            else m == 2 ? att_pv(2, hd, op, sp, n2, v, inv) : att_pv(1, hd, op, sp, n2, v, inv);
+        if (m == R || i == nq - 1) { /* rows in groups: one V load for all */
+            if (R == 4)
+                for (int d0 = 0; d0 < hd; d0 += 64) switch (m) {
+                    case 1: att_pv(1, 64, op, sp, n2, v, inv, d0); break;
+                    case 2: att_pv(2, 64, op, sp, n2, v, inv, d0); break;
+                    case 3: att_pv(3, 64, op, sp, n2, v, inv, d0); break;
+                    default: att_pv(4, 64, op, sp, n2, v, inv, d0); break;
+                    }
+            else m == 2 ? att_pv(2, hd, op, sp, n2, v, inv, 0) : att_pv(1, hd, op, sp, n2, v, inv, 0);
             m = 0, n2 = 0;
         }
     }
