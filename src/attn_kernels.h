@@ -10,7 +10,8 @@
  *   1. scores 16 positions at a time: the block's K rows transposed once for the tile into KT
  *      [head_dim][16], then s[p0 .. p0+15] = sum_d q[d] * KT[d] in two chains (even and odd d) of
  *      16-lane FMAs, summed, times scale (no horizontal sum: the transpose is shared by all rows);
- *   2. softmax over the visible scores (max, expf, sum; the division is applied to the output);
+ *   2. softmax over the visible scores (max, then att_exp 16 at a time and their sum in 16 lanes;
+ *      the division is applied to the output);
  *   3. o = sum_p s[p] v[p] in vector accumulators, then o / sum (four rows on 64 columns at a time
  *      where head_dim is a multiple of 64, else two rows on all).
  */
@@ -90,6 +91,51 @@ ATT_INLINE void att_pv(int NR, int HD, float *const *o, const float *const *s, i
         }
 }
 
+/* e^x, 16 lanes, for x <= 0 (softmax arguments): Cephes' expf (x = n ln2 + r, |r| <= ln2/2, ln2
+ * in two parts, a degree-5 polynomial for (e^r - 1 - r) / r^2, times 2^n through the exponent
+ * bits), about 1 ulp; x < -87 gives 0 (e^-87 = 1.6e-38: below float's normal range, and nothing
+ * beside the softmax's 1 at the maximum). The same arithmetic in every lane, so a score's
+ * weight does not depend on its neighbours. */
+ATT_INLINE void att_exp(att_v16 *v) { /* in place: a 64-byte vector argument would change the ABI */
+    att_v16 x = *v;
+    const att_i16 small = x < -87.0f;
+    x = (att_v16)(((att_i16)x & ~small) | ((att_i16)((att_v16){0} - 87.0f) & small));
+    const att_v16 magic = (att_v16){0} + 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    const att_v16 t = x * 1.44269504088896341f + magic, n = t - magic;
+    const att_v16 r = x - n * 0.693359375f - n * -2.12194440e-4f;
+    att_v16 p = (att_v16){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    const att_i16 e = ((att_i16)t - (att_i16)magic + 127) << 23; /* 2^n: n in [-126, 0] */
+    *v = (att_v16)((att_i16)(p * (att_v16)e) & ~small);
+}
+
+/* si[p] = e^(si[p] - mx) for p < n, 0 for n <= p < n_pad (n_pad a multiple of 16); returns their
+ * sum, accumulated in 16 lanes and then added in a fixed tree. */
+ATT_INLINE float att_softmax_exp(float *si, int n, int n_pad, float mx) {
+    att_v16 acc = {0}, lane;
+    for (int i = 0; i < 16; i++) lane[i] = (float)i;
+    for (int p0 = 0; p0 < n_pad; p0 += 16) {
+        att_v16 x;
+        ATT_LD(x, si + p0);
+        x -= mx;
+        att_exp(&x);
+        const att_i16 keep = lane + (float)p0 < (float)n;
+        const att_v16 e = (att_v16)((att_i16)x & keep);
+        memcpy(si + p0, &e, sizeof e);
+        acc += e;
+    }
+    float h[16];
+    memcpy(h, &acc, sizeof h);
+    for (int w = 8; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++) h[i] += h[i + w];
+    return h[0];
+}
+
 /* KT[16 d + j] = k[j][d] for j < nb (rows nb..15 zero), d < hd: the block of 16 K rows transposed.
  * With AVX-512, 16 x 16 squares in registers, through four rounds of two-source shuffles (round b
  * swaps the off-diagonal b x b blocks of each 2b x 2b block); elsewhere element by element. Data
@@ -162,10 +208,9 @@ void ATT_FN(attn_tile_f32)(float *const *o, const float *const *q, const int *n_
     for (int i = 0; i < nq; i++) {
         float *si = s + (size_t)i * n_pad;
         const int n = n_vis[i];
-        float mx = -INFINITY, sum = 0;
+        float mx = -INFINITY;
         for (int p = 0; p < n; p++) mx = si[p] > mx ? si[p] : mx;
-        for (int p = 0; p < n; p++) si[p] = expf(si[p] - mx), sum += si[p];
-        for (int p = n; p < n_pad; p++) si[p] = 0;
+        const float sum = att_softmax_exp(si, n, n_pad, mx);
         inv[m] = 1.0f / sum, sp[m] = si, op[m] = o[i], n2 = n > n2 ? n : n2, m++;
         if (m == R || i == nq - 1) { /* rows in groups: one V load for all */
             if (R == 4)
