@@ -217,6 +217,43 @@ static void add_bias(float *y, const float *b, int n_rows, int n) {
         for (int i = 0; i < n; i++) y[(size_t)r * n + i] += b[i];
 }
 
+/* ---- the per-token steps, spread over the pool by tokens (the same arithmetic per token) ---- */
+
+struct tok_args {
+    struct pxq_engine *e;
+    const struct ubatch *ub;
+    const struct layer_f32 *w;
+    float *out;
+    const float *in, *in2, *norm;
+    int64_t width; /* floats a token */
+};
+
+/* q_norm/k_norm (Qwen3) then RoPE on tokens t0..t1-1 of e->q, e->k. */
+static void qk_norm_rope_range(void *arg, int64_t t0, int64_t t1, int ith) {
+    const struct tok_args *a = arg;
+    const struct pxq_hparams *hp = a->e->hp;
+    const int hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
+    for (int64_t t = t0; t < t1; t++) {
+        float *q = a->e->q + (size_t)t * q_dim, *k = a->e->k + (size_t)t * kv_dim;
+        if (a->w->q_norm) rmsnorm_cpu(q, q, a->w->q_norm, hd, hp->n_head, hp->rms_eps); /* before RoPE (Qwen3) */
+        if (a->w->k_norm) rmsnorm_cpu(k, k, a->w->k_norm, hd, hp->n_head_kv, hp->rms_eps);
+        rope_cpu(q, hp->n_head, hd, hp->n_rot, a->ub->pos[t], a->e->inv_freq, hp->rope_style == ROPE_NEOX);
+        rope_cpu(k, hp->n_head_kv, hd, hp->n_rot, a->ub->pos[t], a->e->inv_freq, hp->rope_style == ROPE_NEOX);
+    }
+}
+
+/* out = swiglu(in, in2) on tokens t0..t1-1 (width floats each). */
+static void swiglu_range(void *arg, int64_t t0, int64_t t1, int ith) {
+    const struct tok_args *a = arg;
+    swiglu_cpu(a->out + t0 * a->width, a->in + t0 * a->width, a->in2 + t0 * a->width, (t1 - t0) * a->width);
+}
+
+/* out = rmsnorm(in) * norm on tokens t0..t1-1 (width floats each). */
+static void rmsnorm_range(void *arg, int64_t t0, int64_t t1, int ith) {
+    const struct tok_args *a = arg;
+    rmsnorm_cpu(a->out + t0 * a->width, a->in + t0 * a->width, a->norm, (int)a->width, (int)(t1 - t0), a->e->hp->rms_eps);
+}
+
 static void attention_layer(struct pxq_engine *e, const struct ubatch *ub, int il) {
     const struct pxq_hparams *hp = e->hp;
     const struct pxq_layer *L = model_layer(e->m, il);
@@ -228,13 +265,7 @@ static void attention_layer(struct pxq_engine *e, const struct ubatch *ub, int i
     add_bias(e->q, w->bq, n, q_dim);
     add_bias(e->k, w->bk, n, kv_dim);
     add_bias(e->v, w->bv, n, kv_dim);
-    for (int t = 0; t < n; t++) {
-        float *q = e->q + (size_t)t * q_dim, *k = e->k + (size_t)t * kv_dim;
-        if (w->q_norm) rmsnorm_cpu(q, q, w->q_norm, hd, hp->n_head, hp->rms_eps); /* before RoPE (Qwen3) */
-        if (w->k_norm) rmsnorm_cpu(k, k, w->k_norm, hd, hp->n_head_kv, hp->rms_eps);
-        rope_cpu(q, hp->n_head, hd, hp->n_rot, ub->pos[t], e->inv_freq, hp->rope_style == ROPE_NEOX);
-        rope_cpu(k, hp->n_head_kv, hd, hp->n_rot, ub->pos[t], e->inv_freq, hp->rope_style == ROPE_NEOX);
-    }
+    parallel_for(e->tp, n, 16, qk_norm_rope_range, &(struct tok_args){.e = e, .ub = ub, .w = w});
     kv_store_ubatch(e, ub, l);
     attention_core(e, ub, l);
     matmul_cpu(e->tp, e->xb2, L->attn_output, e->att, n);
@@ -280,7 +311,7 @@ static void gated_attention_layer(struct pxq_engine *e, const struct ubatch *ub,
 static void ffn_dense(struct pxq_engine *e, const struct pxq_layer *L, int n) {
     const int64_t ff = e->hp->n_ff;
     matmul_cpu_n(e->tp, (float *const[]){e->hb, e->hb2}, (const struct pxq_tensor *const[]){L->ffn_gate, L->ffn_up}, 2, e->xb, n);
-    swiglu_cpu(e->hb, e->hb, e->hb2, ff * n);
+    parallel_for(e->tp, n, 16, swiglu_range, &(struct tok_args){.e = e, .out = e->hb, .in = e->hb, .in2 = e->hb2, .width = ff});
     matmul_cpu(e->tp, e->xb2, L->ffn_down, e->hb, n);
 }
 
@@ -346,7 +377,7 @@ void decoder_layer_cpu(struct pxq_engine *e, const struct ubatch *ub, int il) {
     const struct pxq_hparams *hp = e->hp;
     const struct pxq_layer *L = model_layer(e->m, il);
     const int n = ub->n, d = hp->n_embd;
-    rmsnorm_cpu(e->xb, e->x, e->lw[il].attn_norm, d, n, hp->rms_eps);
+    parallel_for(e->tp, n, 16, rmsnorm_range, &(struct tok_args){.e = e, .out = e->xb, .in = e->x, .norm = e->lw[il].attn_norm, .width = d});
     if (il < hp->n_layer && hp->layer_kind[il] == LAYER_DELTANET)
         deltanet_layer_cpu(e, ub, il); /* forward_qwen35.c */
     else if (hp->attn_output_gate)
@@ -354,7 +385,7 @@ void decoder_layer_cpu(struct pxq_engine *e, const struct ubatch *ub, int il) {
     else
         attention_layer(e, ub, il);
     add_residual(e->x, e->xb2, (size_t)n * d);
-    rmsnorm_cpu(e->xb, e->x, e->lw[il].ffn_norm, d, n, hp->rms_eps);
+    parallel_for(e->tp, n, 16, rmsnorm_range, &(struct tok_args){.e = e, .out = e->xb, .in = e->x, .norm = e->lw[il].ffn_norm, .width = d});
     if (hp->n_expert)
         ffn_moe(e, L, n);
     else

@@ -95,9 +95,12 @@ INLINE void x16_group(enum pxq_type t, const uint8_t *g, int64_t nb, const struc
         for (int c = 0; c < T; c++) {
             int32_t x[8];
             memcpy(x, a->q[c] + 32 * j, 32);
-            __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_set1_epi32(x[0]));
-#pragma GCC unroll 8
-            for (int k = 1; k < 8; k++) s = _mm512_dpbusd_epi32(s, u[k], _mm512_set1_epi32(x[k]));
+            __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_set1_epi32(x[0]));
+            __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[4], _mm512_set1_epi32(x[4]));
+#pragma GCC unroll 3
+            for (int k = 1; k < 4; k++) /* two chains: their int32 sum is the same */
+                s0 = _mm512_dpbusd_epi32(s0, u[k], _mm512_set1_epi32(x[k])), s1 = _mm512_dpbusd_epi32(s1, u[k + 4], _mm512_set1_epi32(x[k + 4]));
+            const __m512i s = _mm512_add_epi32(s0, s1);
             const __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(a->d[c][j]), _mm512_set1_ps(-off * a->s[c][j]));
             acc[c] = _mm512_fmadd_ps(d, f, acc[c]);
         }
