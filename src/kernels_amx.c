@@ -67,6 +67,13 @@ struct act {
     const float *d[4], *s[4];
 };
 
+/* The 4 bytes at p in every 32-bit lane (a broadcast load). */
+INLINE __m512i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
 /* Tokens 0..T-1 (T <= 4) against one group of 16 rows: y[c * ys + r]. The decode kernel, and the
  * prefill's tokens past the last full tile of 16. */
 INLINE void x16_group(enum pxq_type t, const uint8_t *g, int64_t nb, const struct act *a, int T, float *y, size_t ys) {
@@ -83,23 +90,24 @@ INLINE void x16_group(enum pxq_type t, const uint8_t *g, int64_t nb, const struc
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + 32 * j)));
         __m512i u[8];
         if (q4) {
+#pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 const __m512i v = _mm512_loadu_si512(b + 64 * k);
                 u[k] = _mm512_and_si512(v, m4);
                 u[k + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
             }
         } else {
+#pragma GCC unroll 8
             for (int k = 0; k < 8; k++) u[k] = _mm512_loadu_si512(b + 64 * k);
         }
 #pragma GCC unroll 4
         for (int c = 0; c < T; c++) {
-            int32_t x[8];
-            memcpy(x, a->q[c] + 32 * j, 32);
-            __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_set1_epi32(x[0]));
-            __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[4], _mm512_set1_epi32(x[4]));
+            const int8_t *x = a->q[c] + 32 * j;
+            __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], bcast4(x));
+            __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[4], bcast4(x + 16));
 #pragma GCC unroll 3
             for (int k = 1; k < 4; k++) /* two chains: their int32 sum is the same */
-                s0 = _mm512_dpbusd_epi32(s0, u[k], _mm512_set1_epi32(x[k])), s1 = _mm512_dpbusd_epi32(s1, u[k + 4], _mm512_set1_epi32(x[k + 4]));
+                s0 = _mm512_dpbusd_epi32(s0, u[k], bcast4(x + 4 * k)), s1 = _mm512_dpbusd_epi32(s1, u[k + 4], bcast4(x + 16 + 4 * k));
             const __m512i s = _mm512_add_epi32(s0, s1);
             const __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(a->d[c][j]), _mm512_set1_ps(-off * a->s[c][j]));
             acc[c] = _mm512_fmadd_ps(d, f, acc[c]);
