@@ -4,10 +4,14 @@
  *              both pools (codes and f16 scales) and every residual float equal. Layout: pxq with
  *              calibrated-style levels (not the uniform ones), two heads' V kept at 8 bits, sink 4,
  *              window 8, head_dim 64 and 128, two sequences in a shuffled block table, positions
- *              0..39 and 0..24 written in one ubatch.
+ *              0..39 (or 0..299) and 0..24 written in one ubatch.
  *   attention  attention_cuda over that cache (each position read as kv_exact says: residual or
  *              dequantized row) against the same softmax computed on the CPU from kv_load's rows:
- *              normalised error <= 1e-5 (fp32 on both sides; the order of the sums differs).
+ *              normalised error <= 1e-5 (fp32 on both sides; the order of the sums differs). The
+ *              tensor-core decode kernel (attention_decode_q.cu, f16 operands) within 4e-3, with
+ *              splits of whole tiles, of tiles across KV blocks, and one split; also head_dim 256
+ *              and groups 6, 8 and 12 over 300 positions (tiles past a warp's ring of stages). The
+ *              tensor-core prefill kernel over the same ubatch, within 4e-3.
  *   engine     tiny-qwen3 (HF dir), greedy 24 tokens on CPU and CUDA with --kv-cache-type q8_0 and
  *              pxq (defaults, and every position quantized), and with window + sink attention
  *              (window 16, 4 sinks; f16 and pxq), and with YaRN x4 (f16): the same tokens.
@@ -29,8 +33,9 @@ int main(void) { return cuda_test_gate("test_cuda_kvquant"); }
 #include "kvcache.h"
 #include "util.h"
 
-static void test_store_attention(int hd, int n_head_kv, int group) {
-    const int n_layer_kv = 2, bs = 16, l = 1, kv_dim = n_head_kv * hd, n_head = n_head_kv * group;
+static void test_store_attention(int hd, int n_head_kv, int group, int n0) {
+    const int n_layer_kv = 2, bs = 16, l = 1, kv_dim = n_head_kv * hd, n_head = n_head_kv * group, n1 = 25;
+    const int max_blocks = (n0 + bs - 1) / bs, n_blocks = max_blocks + 2;
     uint8_t v8[2 * 8] = {0};
     float levels[2 * 8 * 4];
     for (int i = 0; i < n_layer_kv * n_head_kv; i++) {
@@ -38,22 +43,21 @@ static void test_store_attention(int hd, int n_head_kv, int group) {
         const float a = 0.6f + 0.05f * (float)(i % 5);
         levels[4 * i] = -1, levels[4 * i + 1] = -a / 3, levels[4 * i + 2] = a / 2.5f, levels[4 * i + 3] = 0.95f;
     }
-    struct kv_spec spec = {.type = KV_CACHE_PXQ, .n_sink = 4, .n_window = 8, .n_batch = 64, .v8 = v8, .levels = levels};
+    struct kv_spec spec = {.type = KV_CACHE_PXQ, .n_sink = 4, .n_window = 8, .n_batch = n0 + n1, .v8 = v8, .levels = levels};
     struct kv_layout lay;
     char err[256];
     CHECK(kv_layout_init(&lay, n_layer_kv, n_head_kv, hd, bs, &spec, err, sizeof err) == 0, "layout: %s", err);
-    /* the CPU cache: 8 blocks, two sequences whose tables are a shuffle of them */
+    /* the CPU cache: two sequences whose tables are a shuffle of its blocks */
     struct kv_cache c;
-    CHECK(kv_cache_init(&c, &lay, 8, 1, err, sizeof err) == 0, "cache: %s", err);
+    CHECK(kv_cache_init(&c, &lay, n_blocks, 1, err, sizeof err) == 0, "cache: %s", err);
     struct kv_seq s[2] = {{0}, {0}};
-    kv_seq_reserve(&c, &s[0], 40), kv_seq_reserve(&c, &s[1], 25);
-    const int max_blocks = 4;
-    int32_t tab[2 * 4] = {0};
+    kv_seq_reserve(&c, &s[0], n0), kv_seq_reserve(&c, &s[1], n1);
+    int32_t *tab = xcalloc(2 * (size_t)max_blocks, sizeof *tab);
     for (int q = 0; q < 2; q++)
         for (int j = 0; j < s[q].n_blocks; j++) tab[q * max_blocks + j] = s[q].blocks[j];
-    const int n_tok = 65;
-    int32_t pos[65], seq[65];
-    for (int t = 0; t < n_tok; t++) seq[t] = t < 40 ? 0 : 1, pos[t] = t < 40 ? t : t - 40;
+    const int n_tok = n0 + n1;
+    int32_t *pos = xmalloc((size_t)n_tok * 4), *seq = xmalloc((size_t)n_tok * 4);
+    for (int t = 0; t < n_tok; t++) seq[t] = t < n0 ? 0 : 1, pos[t] = t < n0 ? t : t - n0;
     float *k = xmalloc((size_t)n_tok * kv_dim * 4), *v = xmalloc((size_t)n_tok * kv_dim * 4);
     fill(k, (size_t)n_tok * kv_dim, 3.0f), fill(v, (size_t)n_tok * kv_dim, 1.0f);
     for (int t = 0; t < n_tok; t++)
@@ -62,9 +66,9 @@ static void test_store_attention(int hd, int n_head_kv, int group) {
     /* the device cache: same layout and tables */
     struct cuda_kv kv;
     CHECK(cuda_kv_from_layout(&kv, &lay) == 0 && kv.quantized, "cuda view of a pxq layout");
-    const size_t pk = 8 * lay.block_bytes[KV_K], pv = 8 * lay.block_bytes[KV_V];
+    const size_t pk = n_blocks * lay.block_bytes[KV_K], pv = n_blocks * lay.block_bytes[KV_V];
     kv.k = dev_poison_bytes(pk), kv.v = dev_poison_bytes(pv);
-    kv.block_tab = dev_put(tab, sizeof tab), kv.max_blocks = max_blocks;
+    kv.block_tab = dev_put(tab, 2 * (size_t)max_blocks * sizeof *tab), kv.max_blocks = max_blocks;
     struct kv_layer_desc *dd;
     CK(cudaMalloc((void **)&dd, 2 * n_layer_kv * sizeof *dd));
     CK(cudaMemcpy(dd, lay.layer[KV_K], n_layer_kv * sizeof *dd, cudaMemcpyHostToDevice));
@@ -73,7 +77,7 @@ static void test_store_attention(int hd, int n_head_kv, int group) {
     const size_t res = kv_layout_residual_bytes(&lay) / 2; /* one pool, one sequence */
     kv.res_k = (float *)dev_poison_bytes(2 * res), kv.res_v = (float *)dev_poison_bytes(2 * res);
     float *dk = dev_put(k, (size_t)n_tok * kv_dim * 4), *dv = dev_put(v, (size_t)n_tok * kv_dim * 4);
-    int32_t *dpos = dev_put(pos, sizeof pos), *dseq = dev_put(seq, sizeof seq);
+    int32_t *dpos = dev_put(pos, (size_t)n_tok * 4), *dseq = dev_put(seq, (size_t)n_tok * 4);
     for (int ll = 0; ll < n_layer_kv; ll++) kv_store_q_cuda(&kv, ll, dk, dv, kv_dim, dpos, dseq, n_tok, 0);
     CK(cudaDeviceSynchronize());
     /* compare every written row's bytes, and the residual slots */
@@ -96,13 +100,14 @@ static void test_store_attention(int hd, int n_head_kv, int group) {
     int res_bad = 0;
     for (int q = 0; q < 2; q++)
         for (int ll = 0; ll < n_layer_kv; ll++)
-            for (int p = 0; p < (q ? 25 : 40); p++) {
-                if (!kv_exact(&lay, p, q ? 24 : 39)) continue; /* slots the last query reads */
-                const float *want = kv_load(&c, &s[q], KV_K, ll, 0, p, q ? 24 : 39, NULL);
+            for (int p = 0; p < (q ? n1 : n0); p++) {
+                const int last = (q ? n1 : n0) - 1;
+                if (!kv_exact(&lay, p, last)) continue; /* slots the last query reads */
+                const float *want = kv_load(&c, &s[q], KV_K, ll, 0, p, last, NULL);
                 const int slot = p < lay.n_sink ? p : lay.n_sink + p % lay.n_ring;
                 const float *got = rk + q * per_seq + ((size_t)ll * (lay.n_sink + lay.n_ring) + slot) * kv_dim;
                 res_bad += memcmp(got, want, (size_t)kv_dim * 4) != 0;
-                const float *wv = kv_load(&c, &s[q], KV_V, ll, 0, p, q ? 24 : 39, NULL);
+                const float *wv = kv_load(&c, &s[q], KV_V, ll, 0, p, last, NULL);
                 res_bad += memcmp(rv + q * per_seq + ((size_t)ll * (lay.n_sink + lay.n_ring) + slot) * kv_dim, wv,
                                   (size_t)kv_dim * 4) != 0;
             }
@@ -110,7 +115,7 @@ static void test_store_attention(int hd, int n_head_kv, int group) {
     /* attention over the cache: a query per token, against the CPU's softmax over kv_load's rows */
     float *q = xmalloc((size_t)n_tok * n_head * hd * 4), *ref = xmalloc((size_t)n_tok * n_head * hd * 4);
     fill(q, (size_t)n_tok * n_head * hd, 1.0f);
-    float *sc = xmalloc(64 * sizeof(float)), tmp[256];
+    float *sc = xmalloc((size_t)n0 * sizeof(float)), tmp[256];
     for (int t = 0; t < n_tok; t++)
         for (int h = 0; h < n_head; h++) {
             const int kvh = h / group, n_kv = pos[t] + 1;
@@ -133,7 +138,7 @@ static void test_store_attention(int hd, int n_head_kv, int group) {
         }
     CHECK(attention_cuda_prepare(hd, group) == 0, "attention smem");
     float *dq = dev_put(q, (size_t)n_tok * n_head * hd * 4), *dout = dev_poison((size_t)n_tok * n_head * hd);
-    const int n_split = 3, split_len = 16;
+    const int split_len = 16, n_split = (n0 + split_len - 1) / split_len;
     float *po = dev_poison((size_t)n_tok * n_head * n_split * hd), *pml = dev_poison((size_t)n_tok * n_head * n_split * 2);
     attention_cuda(dout, dq, &kv, l, dpos, dseq, n_tok, n_head, n_split, split_len, po, pml, 0);
     attention_combine_cuda(dout, NULL, NULL, po, pml, n_tok, n_head, hd, n_split, 0);
@@ -141,11 +146,56 @@ static void test_store_attention(int hd, int n_head_kv, int group) {
     float *got = xmalloc((size_t)n_tok * n_head * hd * 4);
     dev_get(got, dout, (size_t)n_tok * n_head * hd * 4);
     const double e = norm_err(got, ref, (size_t)n_tok * n_head * hd);
-    printf("kv quant hd %d, %d kv heads x %d: store %zu rows equal, attention error %.2e\n", hd, n_head_kv, group, rows - bad, e);
+    printf("kv quant hd %d, %d kv heads x %d, %d + %d positions: store %zu rows equal, attention error %.2e\n", hd,
+           n_head_kv, group, n0, n1, rows - bad, e);
     CHECK(e <= 1e-5, "hd %d: attention over the quantized cache, normalised error %.3g", hd, e);
+    /* the tensor-core decode kernel (attention_decode_q.cu: f16 operands, so the f16 kernel's bound):
+     * splits of whole tiles, splits of 24 positions (tiles across KV blocks), and one split (the
+     * output written directly, with its q8 form) */
+    if (attention_decode_supported(&kv, n_head)) {
+        const int lens[3] = {split_len, 24, n0};
+        for (int k = 0; k < 3; k++) {
+            const int ns = (n0 + lens[k] - 1) / lens[k];
+            float *po2 = dev_poison((size_t)n_tok * n_head * ns * hd), *pml2 = dev_poison((size_t)n_tok * n_head * ns * 2);
+            int8_t *dxq = NULL;
+            float *dxds = NULL;
+            if (ns == 1) {
+                CK(cudaMalloc((void **)&dxq, (size_t)n_tok * n_head * hd));
+                CK(cudaMalloc((void **)&dxds, (size_t)n_tok * n_head * hd / 32 * 8));
+            }
+            CK(cudaMemset(dout, 0xff, (size_t)n_tok * n_head * hd * 4));
+            attention_decode_cuda(dout, dxq, dxds, dq, &kv, l, dpos, dseq, n_tok, n_head, ns, lens[k], po2, pml2, 0);
+            CK(cudaDeviceSynchronize());
+            dev_get(got, dout, (size_t)n_tok * n_head * hd * 4);
+            const double e2 = norm_err(got, ref, (size_t)n_tok * n_head * hd);
+            printf("  tensor-core decode kernel, splits of %d: error %.2e\n", lens[k], e2);
+            CHECK(e2 <= 4e-3, "hd %d: decode kernel over the quantized cache, splits of %d: normalised error %.3g", hd,
+                  lens[k], e2);
+            cudaFree(po2), cudaFree(pml2), cudaFree(dxq), cudaFree(dxds);
+        }
+    } else {
+        printf("  tensor-core decode kernel: not on this device or shape\n");
+    }
+    /* the tensor-core prefill kernel (attention_prefill.cu's quantized form) over the same ubatch */
+    if (attention_prefill_supported(&kv, n_head) && attention_prefill_prepare(hd) == 0) {
+        int32_t *tiles = xmalloc(2 * (size_t)n_tok * sizeof *tiles);
+        const int n_tiles = attention_prefill_tiles(tiles, n_tok, pos, seq, n_tok);
+        int32_t *dtiles = dev_put(tiles, 2 * (size_t)n_tok * sizeof *tiles);
+        CK(cudaMemset(dout, 0xff, (size_t)n_tok * n_head * hd * 4));
+        attention_prefill_cuda(dout, 0, dq, &kv, l, dpos, dseq, dtiles, n_tiles, n_head, 0);
+        CK(cudaDeviceSynchronize());
+        dev_get(got, dout, (size_t)n_tok * n_head * hd * 4);
+        const double e3 = norm_err(got, ref, (size_t)n_tok * n_head * hd);
+        printf("  tensor-core prefill kernel, %d tiles: error %.2e\n", n_tiles, e3);
+        CHECK(e3 <= 4e-3, "hd %d: prefill kernel over the quantized cache: normalised error %.3g", hd, e3);
+        cudaFree(dtiles), free(tiles);
+    } else {
+        printf("  tensor-core prefill kernel: not on this device or shape\n");
+    }
     cudaFree(kv.k), cudaFree(kv.v), cudaFree((void *)kv.block_tab), cudaFree(dd), cudaFree(kv.res_k), cudaFree(kv.res_v);
     cudaFree(dk), cudaFree(dv), cudaFree(dpos), cudaFree(dseq), cudaFree(dq), cudaFree(dout), cudaFree(po), cudaFree(pml);
-    free(k), free(v), free(gk), free(gv), free(rk), free(rv), free(q), free(ref), free(sc), free(got);
+    free(k), free(v), free(gk), free(gv), free(rk), free(rv), free(q), free(ref), free(sc), free(got), free(tab), free(pos),
+        free(seq);
     kv_seq_shrink(&c, &s[0], 0), kv_seq_shrink(&c, &s[1], 0);
     kv_cache_free(&c);
 }
@@ -216,8 +266,11 @@ static void test_engine(void) {
 int main(void) {
     int gate = cuda_test_gate("test_cuda_kvquant");
     if (gate >= 0) return gate;
-    test_store_attention(64, 2, 3);
-    test_store_attention(128, 4, 2);
+    test_store_attention(64, 2, 3, 40);
+    test_store_attention(128, 4, 2, 40);
+    test_store_attention(128, 2, 8, 300);  /* Qwen3-32B's group; tiles past the ring of stages */
+    test_store_attention(256, 2, 6, 300);  /* Qwen3.5-27B's head_dim and group */
+    test_store_attention(64, 1, 12, 100);  /* two head blocks */
     test_engine();
     return test_summary("test_cuda_kvquant");
 }

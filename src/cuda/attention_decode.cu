@@ -58,15 +58,10 @@
 #include "cuda/probe.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/mma.cuh"
-
-#define AD_WARPS 4
-#define AD_THREADS (AD_WARPS * 32)
-#define AD_HEADS 8  /* MMA columns: query heads of one head block */
-#define AD_HB_MAX 2 /* head blocks: groups up to 16 */
+#include "cuda/attention_decode.cuh"
 
 static size_t ad_smem(int D, int BN, int NS) {
-    const size_t ring = (size_t)AD_WARPS * NS * 2 * BN * (D + 8) * 2;
-    const size_t comb = ((size_t)AD_WARPS * AD_HB_MAX * AD_HEADS * (3 + D + 4) + AD_HB_MAX * AD_HEADS * 2) * 4;
+    const size_t ring = (size_t)AD_WARPS * NS * 2 * BN * (D + 8) * 2, comb = ad_finish_smem(D);
     return ring > comb ? ring : comb;
 }
 
@@ -81,7 +76,7 @@ __global__ void __launch_bounds__(AD_THREADS)
                             const int32_t *__restrict__ seq_id, int n_head, int n_split, int split_len, float sl2,
                             float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    constexpr int SD = D + 8, MB = BN / 16, ND = D / 16, R = HB * AD_HEADS;
+    constexpr int SD = D + 8, MB = BN / 16, ND = D / 16;
     constexpr int CPR = D / 8, RPI = 32 / CPR; /* 16-byte chunks per row; rows per 32 copies (D <= 256) */
     static_assert(BN % 16 == 0 && BN * CPR % 32 == 0 && 32 % CPR == 0, "whole k16 steps and rounds of copies");
     extern __shared__ uint4 ad_sm[];
@@ -240,46 +235,14 @@ __global__ void __launch_bounds__(AD_THREADS)
                         for (int hb = 0; hb < HB; hb++) s[mb][hb][e] = -INFINITY;
         }
 
-        /* online softmax per column (head): the column max over the thread's rows, then over the 8
-         * lanes of the same c; every tile has a position < p1, so every column max is finite. o is
-         * rescaled only when some max grew (the max settles after a few tiles). */
-        float ms[HB][2], corr[HB][2];
-        bool grew = false;
-#pragma unroll
-        for (int hb = 0; hb < HB; hb++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                float mx = m[hb][j];
-#pragma unroll
-                for (int mb = 0; mb < MB; mb++) mx = fmaxf(mx, fmaxf(s[mb][hb][j], s[mb][hb][2 + j]));
-                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 4));
-                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 8));
-                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 16));
-                ms[hb][j] = mx * sl2;
-                corr[hb][j] = exp2f(m[hb][j] * sl2 - ms[hb][j]);
-                grew |= mx != m[hb][j];
-                m[hb][j] = mx;
-                lsum[hb][j] *= corr[hb][j];
-            }
-        if (__any_sync(FULL_MASK, grew))
-#pragma unroll
-            for (int md = 0; md < ND; md++)
-#pragma unroll
-                for (int hb = 0; hb < HB; hb++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) o[md][hb][e] *= corr[hb][e & 1];
-
-        /* P = 2^(s sl2 - m sl2), its column sums; P^T's B fragments by movmatrix; O^T += V^T P^T */
+        /* online softmax per column (head), P = 2^(s sl2 - m sl2) and its column sums (ad_softmax_tile);
+         * P^T's B fragments by movmatrix; O^T += V^T P^T */
+        ad_softmax_tile<MB, HB, ND>(s, m, lsum, o, sl2);
 #pragma unroll
         for (int mb = 0; mb < MB; mb++) {
             uint32_t b[HB][2];
 #pragma unroll
             for (int hb = 0; hb < HB; hb++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    s[mb][hb][e] = exp2f(fmaf(s[mb][hb][e], sl2, -ms[hb][e & 1]));
-                    lsum[hb][e & 1] += s[mb][hb][e];
-                }
                 b[hb][0] = movmatrix_t(pack_h2(s[mb][hb][0], s[mb][hb][1]));
                 b[hb][1] = movmatrix_t(pack_h2(s[mb][hb][2], s[mb][hb][3]));
             }
@@ -298,85 +261,9 @@ __global__ void __launch_bounds__(AD_THREADS)
     }
     cp_async_wait<0>();
     PROBE(3);
-#pragma unroll
-    for (int hb = 0; hb < HB; hb++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            lsum[hb][j] += __shfl_xor_sync(FULL_MASK, lsum[hb][j], 4);
-            lsum[hb][j] += __shfl_xor_sync(FULL_MASK, lsum[hb][j], 8);
-            lsum[hb][j] += __shfl_xor_sync(FULL_MASK, lsum[hb][j], 16);
-        }
-    __syncthreads(); /* every warp is done with its ring: it becomes the combine scratch */
-    PROBE(6);
-
-    float *Wm = (float *)ad_sm, *Wl = Wm + AD_WARPS * R, *Wo = Wl + AD_WARPS * R;
-    float *Wc = Wo + (size_t)AD_WARPS * R * (D + 4), *Wr = Wc + AD_WARPS * R; /* after O: factors, (M, L) per row */
-    constexpr int LO = D + 4; /* O row stride (floats): a store's 32 lanes (g, c) land in 32 banks */
-#pragma unroll
-    for (int hb = 0; hb < HB; hb++) {
-        if (g == 0)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int r = warp * R + hb * AD_HEADS + 2 * c + j;
-                Wm[r] = m[hb][j], Wl[r] = lsum[hb][j];
-            }
-#pragma unroll
-        for (int md = 0; md < ND; md++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                Wo[(size_t)(warp * R + hb * AD_HEADS + 2 * c + (e & 1)) * LO + md * 16 + g + (e >> 1) * 8] = o[md][hb][e];
-    }
-    __syncthreads();
-    PROBE(7);
-    /* a thread per row (query head): the warps' max M, their factors 2^((m_w - M) sl2) (0 for a warp
-     * without tiles, whose O is 0) and L; then every element of O is a sum of AD_WARPS products */
-    if (threadIdx.x < R) {
-        const int r = threadIdx.x;
-        float M = -INFINITY, L = 0.0f;
-#pragma unroll
-        for (int w = 0; w < AD_WARPS; w++)
-            if (Wl[w * R + r] > 0.0f) M = fmaxf(M, Wm[w * R + r]);
-#pragma unroll
-        for (int w = 0; w < AD_WARPS; w++) {
-            const float lw = Wl[w * R + r], cf = lw > 0.0f ? exp2f((Wm[w * R + r] - M) * sl2) : 0.0f;
-            L = fmaf(lw, cf, L);
-            Wc[w * R + r] = cf;
-        }
-        Wr[2 * r] = M, Wr[2 * r + 1] = L;
-    }
-    __syncthreads();
-    /* the output: four consecutive elements of a row a thread (the 8 lanes of a group of 32 share
-     * a row), a round of the block 512 elements. Not unrolled: this code runs once a launch and is
-     * fetched cold (the mat-vecs before it keep the L2 busy); unrolled rounds of one element a thread
-     * cost Qwen3-32B 5.7-7.3 us a layer at a short context, from %globaltimer stamps in a probe
-     * build on an H200 (the q, tile, combine phases before it about 2.4 us) */
-    PROBE(4);
-    static_assert(R * D % (4 * AD_THREADS) == 0, "whole rounds of the output");
-#pragma unroll 1
-    for (int k = 0; k < R * D / (4 * AD_THREADS) && k * 4 * AD_THREADS / D < group; k++) {
-        const int e = (k * AD_THREADS + threadIdx.x) * 4, r = e / D, d = e % D;
-        const bool act = r < group; /* rows past the group: computed (their shuffles), not stored */
-        const float M = Wr[2 * r], L = Wr[2 * r + 1];
-        float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-        for (int w = 0; w < AD_WARPS; w++) {
-            const float4 o4 = *(const float4 *)(Wo + (size_t)(w * R + r) * LO + d);
-            const float cf = Wc[w * R + r];
-            O.x = fmaf(o4.x, cf, O.x), O.y = fmaf(o4.y, cf, O.y), O.z = fmaf(o4.z, cf, O.z), O.w = fmaf(o4.w, cf, O.w);
-        }
-        const int h = kvh * group + r;
-        if (out) { /* a group of 32 in 8 lanes: one aligned group of the q8 form (D % 32 == 0) */
-            const size_t i = (size_t)t * ld + (size_t)h * D + d;
-            const float4 y = make_float4(O.x / L, O.y / L, O.z / L, O.w / L);
-            if (act) *(float4 *)(out + i) = y;
-            if (xq) quad_q8(y, xq, xds, (int64_t)i, act);
-        } else if (act) { /* an empty split (p0 > pos[t]) writes l = 0, which the combine skips */
-            const size_t pidx = ((size_t)t * n_head + h) * n_split + split;
-            *(float4 *)(part_o + pidx * D + d) = O;
-            if (d == 0) part_ml[2 * pidx] = L > 0.0f ? M * scale : -INFINITY, part_ml[2 * pidx + 1] = L;
-        }
-    }
-    PROBE(5);
+    ad_finish<D, HB>(
+        o, m, lsum, ad_sm, [](int md, int g, int e) { return md * 16 + g + (e >> 1) * 8; },
+        [&](int k) { PROBE(k); }, out, xq, xds, part_o, part_ml, t, kvh, group, n_head, n_split, split, sl2, scale);
 #endif
 }
 
@@ -451,17 +338,25 @@ extern "C" int attention_decode_supported(const struct cuda_kv *kv, int n_head) 
     const int hd = kv->head_dim;
     if (kv->kv_f32 || kv->n_head_kv <= 0 || n_head <= 0 || n_head % kv->n_head_kv != 0) return 0;
     if (n_head / kv->n_head_kv > AD_HB_MAX * AD_HEADS || kv->kv_dim % 8 != 0) return 0;
+    if (kv->quantized) return attention_decode_q_supported(hd, n_head / kv->n_head_kv);
     return ad_pick(hd) >= 0;
 }
 
 extern "C" void attention_decode_cuda(float *out, int8_t *xq, float *xds, const float *q, const struct cuda_kv *kv, int l,
                                       const int32_t *pos, const int32_t *seq_id, int n_tokens, int n_head, int n_split,
                                       int split_len, float *part_o, float *part_ml, cudaStream_t st) {
+    if (n_tokens <= 0) return;
+    const float scale = kv->attn_scale, sl2 = 1.4426950408889634f * scale; /* log2(e) * scale: exp(x) = 2^(x log2 e) */
+    if (kv->quantized) { /* the quantized cache's kernel (attention_decode_q.cu), the same outputs */
+        attention_decode_q_launch(n_split == 1 ? out : NULL, n_split == 1 ? xq : NULL, (float2 *)xds, part_o, part_ml, q,
+                                  *kv, l, pos, seq_id, n_tokens, n_head, n_split, split_len, sl2, scale, st);
+        if (n_split > 1) attention_combine_cuda(out, xq, xds, part_o, part_ml, n_tokens, n_head, kv->head_dim, n_split, st);
+        return;
+    }
     const int k = ad_pick(kv->head_dim);
-    if (n_tokens <= 0 || k < 0) return;
+    if (k < 0) return;
     PROBE_REGISTER(attn);
     const ad_config &c = ad_configs[k];
-    const float scale = kv->attn_scale, sl2 = 1.4426950408889634f * scale; /* log2(e) * scale: exp(x) = 2^(x log2 e) */
     const dim3 grid((unsigned)n_split, (unsigned)kv->n_head_kv, (unsigned)n_tokens), block(AD_THREADS);
     const size_t smem = ad_smem(c.D, c.BN, c.NS);
     float *direct = n_split == 1 ? out : NULL;

@@ -25,10 +25,18 @@
  * (74 TFLOP/s) against attention_cuda's 712 us; 2048 tokens: 472 us (146 TFLOP/s). Registers (sm_90,
  * no spills): 129 / 168 / 237 for head_dim 64 / 128 / 256.
  *
+ * A quantized cache (--kv-cache-type q8_0 / pxq, kvcache.h) takes the kernel's Q form: each K/V
+ * tile is made f16 in shared memory by the block's threads (pf_fill_q: no cp.async, one stage),
+ * once from the pool's rows where some (query, position) pair of the block is not exact, and once
+ * from the float32 residual where some pair is (kv_exact: the sinks and the recent window), each
+ * pass masking the pairs that are the other's. Only the tiles near the sinks and the block's own
+ * window take two passes.
+ *
  * The tensor-core path needs sm_80 (cp.async, mma m16n8k16 f16): under __CUDA_ARCH__ < 800 the
  * kernel body is empty and attention_prefill_supported returns 0, so callers keep attention_cuda.
  * CPU twin: the attention of forward_cpu.c (attn_range, attention_core), over a prefill step.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -38,6 +46,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/mma.cuh"
+#include "cuda/kv_quant.cuh"
 
 #define PF_BM 64      /* rows (token, head) per block */
 #define PF_THREADS 128 /* 4 warps of 16 rows */
@@ -62,8 +71,47 @@ extern "C" size_t attention_prefill_smem_bytes(int head_dim) {
 }
 
 
-/* grid (n_tiles * group, n_head_kv), block 128; sl2 = log2(e) / sqrt(head_dim). Layout: file comment. */
-template <int D>
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+/* A quantized cache's K/V tile j into one stage as f16 (kv_quant.cuh's rows): exact = 0 the pool's
+ * rows dequantized (each position is quantized when written), exact = 1 the residual's float rows
+ * for the positions some query of the block sees exactly (qmin..p_end: kv_exact), zeros elsewhere
+ * and past p_end (a masked score still multiplies its V row: it must be finite). A thread takes 8
+ * dims of a row at a time. */
+template <int D, int BN, int SD>
+static __device__ __forceinline__ void pf_fill_q(__half *Ks, __half *Vs, const cuda_kv &kv, int l, const int32_t *tab,
+                                                 int sid, int kvh, int j, int p_end, int qmin, int exact) {
+    for (int i = threadIdx.x; i < BN * (D / 8); i += PF_THREADS) {
+        const int r = i / (D / 8), d = (i - r * (D / 8)) * 8, p = j * BN + r;
+        float kk[8], vv[8];
+        const bool some_exact = p < kv.n_sink || (p <= p_end && max(qmin - p, 0) < kv.n_window);
+        if (p > p_end || (exact && !some_exact)) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) kk[e] = vv[e] = 0.0f;
+        } else if (exact) {
+            const float4 *kr = (const float4 *)(kvq_res(kv, KV_K, l, sid, p) + (size_t)kvh * D + d);
+            const float4 *vr = (const float4 *)(kvq_res(kv, KV_V, l, sid, p) + (size_t)kvh * D + d);
+            const float4 a = kr[0], b = kr[1], c = vr[0], e = vr[1];
+            kk[0] = a.x, kk[1] = a.y, kk[2] = a.z, kk[3] = a.w, kk[4] = b.x, kk[5] = b.y, kk[6] = b.z, kk[7] = b.w;
+            vv[0] = c.x, vv[1] = c.y, vv[2] = c.z, vv[3] = c.w, vv[4] = e.x, vv[5] = e.y, vv[6] = e.z, vv[7] = e.w;
+        } else {
+            kvq_pool8(kv, KV_K, l, tab, kvh, p, d, kk);
+            kvq_pool8(kv, KV_V, l, tab, kvh, p, d, vv);
+        }
+        uint4 hk, hv;
+        uint32_t *uk = (uint32_t *)&hk, *uv = (uint32_t *)&hv;
+#pragma unroll
+        for (int e = 0; e < 4; e++) uk[e] = pack_h2(kk[2 * e], kk[2 * e + 1]), uv[e] = pack_h2(vv[2 * e], vv[2 * e + 1]);
+        *(uint4 *)(Ks + r * SD + d) = hk;
+        *(uint4 *)(Vs + r * SD + d) = hv;
+    }
+}
+#endif
+
+/* grid (n_tiles * group, n_head_kv), block 128; sl2 = log2(e) / sqrt(head_dim). Layout: file comment.
+ * Q: the cache is quantized (kvcache.h): each K/V tile is made f16 in shared memory by pf_fill_q,
+ * once from the pool's rows and once from the exact residual where some (query, position) pair of
+ * the block needs each, the scores of the other pairs masked. */
+template <int D, bool Q>
 __global__ void __launch_bounds__(PF_THREADS)
     attention_prefill_kernel(float *__restrict__ out, __half *__restrict__ out16, const float *__restrict__ q,
                              const cuda_kv kv, int l,
@@ -86,7 +134,7 @@ __global__ void __launch_bounds__(PF_THREADS)
     const size_t ld = (size_t)n_head * D; /* q and out token stride */
 
     /* Q rows -> f16; rows past the tile are zero (computed, never stored) */
-    if (tid == 0) *s_pend = 0;
+    if (tid == 0) s_pend[0] = 0, s_pend[1] = INT_MAX;
     __syncthreads();
     for (int i = tid; i < PF_BM * (D / 4); i += PF_THREADS) {
         const int r = i / (D / 4), c = (i - r * (D / 4)) * 4, R = r0 + r, tok = R / group, g = R - tok * group;
@@ -98,10 +146,10 @@ __global__ void __launch_bounds__(PF_THREADS)
     }
     if (tid < PF_BM) {
         const int tok = (r0 + tid) / group;
-        if (tok < n_tok) atomicMax(s_pend, pos[t0 + tok]);
+        if (tok < n_tok) atomicMax(s_pend, pos[t0 + tok]), atomicMin(s_pend + 1, pos[t0 + tok]);
     }
     __syncthreads();
-    const int p_end = *s_pend; /* last K/V position any row of the block needs */
+    const int p_end = s_pend[0], qmin = s_pend[1]; /* last K/V position any row of the block needs; its first query */
 
     /* this thread's two rows: g = lane / 4 and g + 8 of the warp's 16 */
     int rowpos[2];
@@ -138,6 +186,34 @@ __global__ void __launch_bounds__(PF_THREADS)
     float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f}; /* m in score units, lsum per thread */
     const int n_kt = p_end / BN + 1;
 
+    if constexpr (Q) {
+        /* per tile, a pass over the pool's rows where some pair (query, position) of the block is not
+         * exact, and one over the residual where some is (kv_exact), each masking the other pairs */
+        const int sid = seq_id[t0];
+        for (int j = 0; j < n_kt; j++) {
+            const int j0 = j * BN, j1 = min(j0 + BN - 1, p_end), jq = max(j0, kv.n_sink);
+            const bool need[2] = {jq <= j1 && p_end - jq >= kv.n_window,
+                                  j0 < kv.n_sink || max(qmin - j1, 0) < kv.n_window};
+            for (int ex = 0; ex < 2; ex++) {
+                if (!need[ex]) continue;
+                __syncthreads(); /* every warp is done with the stage */
+                pf_fill_q<D, BN, SD>(KVs, KVs + BN * SD, kv, l, tab, sid, kvh, j, p_end, qmin, ex);
+                __syncthreads();
+                float s[BN / 8][4];
+                mma_qkt<D, BN, SD>(s, Qs + a_off, KVs + k_off);
+#pragma unroll
+                for (int nb = 0; nb < BN / 8; nb++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int p = j0 + nb * 8 + 2 * (lane & 3) + (e & 1), q = rowpos[e >> 1];
+                        const bool exact = p < kv.n_sink || q - p < kv.n_window;
+                        if (p > q || exact != (ex == 1)) s[nb][e] = -INFINITY;
+                    }
+                online_softmax_step<D, BN>(s, o, m, lsum, sl2);
+                mma_pv<D, BN, SD>(o, s, KVs + BN * SD + v_off);
+            }
+        }
+    } else {
     load_kv(0, 0);
     cp_async_commit();
     for (int j = 0; j < n_kt; j++) {
@@ -168,6 +244,7 @@ __global__ void __launch_bounds__(PF_THREADS)
         mma_pv<D, BN, SD>(o, s, Vs + v_off);
         __syncthreads(); /* stage j & 1 is refilled by the next iteration's load */
     }
+    }
 
     /* out = O / l, rows of the tile only */
 #pragma unroll
@@ -197,9 +274,9 @@ __global__ void __launch_bounds__(PF_THREADS)
 
 static const void *pf_kernel(int head_dim) {
     switch (head_dim) {
-    case 64: return (const void *)attention_prefill_kernel<64>;
-    case 128: return (const void *)attention_prefill_kernel<128>;
-    case 256: return (const void *)attention_prefill_kernel<256>;
+    case 64: return (const void *)attention_prefill_kernel<64, false>;
+    case 128: return (const void *)attention_prefill_kernel<128, false>;
+    case 256: return (const void *)attention_prefill_kernel<256, false>;
     default: return NULL;
     }
 }
@@ -230,11 +307,21 @@ extern "C" int attention_prefill_supported(const struct cuda_kv *kv, int n_head)
     return pf_device_ok(hd);
 }
 
+static const void *pf_kernel_q(int head_dim) {
+    switch (head_dim) {
+    case 64: return (const void *)attention_prefill_kernel<64, true>;
+    case 128: return (const void *)attention_prefill_kernel<128, true>;
+    case 256: return (const void *)attention_prefill_kernel<256, true>;
+    default: return NULL;
+    }
+}
+
 extern "C" int attention_prefill_prepare(int head_dim) {
-    const void *fn = pf_kernel(head_dim);
+    const void *fn = pf_kernel(head_dim), *fq = pf_kernel_q(head_dim);
     if (!fn || !pf_device_ok(head_dim)) return -1;
-    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attention_prefill_smem_bytes(head_dim)) !=
-        cudaSuccess) {
+    const int smem = (int)attention_prefill_smem_bytes(head_dim);
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
+        cudaFuncSetAttribute(fq, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
         (void)cudaGetLastError();
         return -1;
     }
@@ -269,10 +356,16 @@ extern "C" void attention_prefill_cuda(void *out, int out_half, const float *q, 
     const size_t smem = attention_prefill_smem_bytes(hd);
     float *o32 = out_half ? NULL : (float *)out;
     __half *o16 = out_half ? (__half *)out : NULL;
+#define PF_LAUNCH(D)                                                                                           \
+    (kv->quantized ? attention_prefill_kernel<D, true><<<grid, block, smem, st>>>(o32, o16, q, *kv, l, pos, seq_id, tiles, \
+                                                                                   n_head, sl2)                        \
+                   : attention_prefill_kernel<D, false><<<grid, block, smem, st>>>(o32, o16, q, *kv, l, pos, seq_id,    \
+                                                                                    tiles, n_head, sl2))
     switch (hd) {
-    case 64: attention_prefill_kernel<64><<<grid, block, smem, st>>>(o32, o16, q, *kv, l, pos, seq_id, tiles, n_head, sl2); break;
-    case 128: attention_prefill_kernel<128><<<grid, block, smem, st>>>(o32, o16, q, *kv, l, pos, seq_id, tiles, n_head, sl2); break;
-    case 256: attention_prefill_kernel<256><<<grid, block, smem, st>>>(o32, o16, q, *kv, l, pos, seq_id, tiles, n_head, sl2); break;
+    case 64: PF_LAUNCH(64); break;
+    case 128: PF_LAUNCH(128); break;
+    case 256: PF_LAUNCH(256); break;
     default: break;
     }
+#undef PF_LAUNCH
 }

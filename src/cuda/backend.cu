@@ -507,7 +507,8 @@ static int kv_step(struct pxq_engine *e, cuda_backend *b, char *err, size_t errl
         kv->desc = dd;
         kv->res_k = (float *)arena_get(b, rb * (size_t)e->p.n_seq_max);
         kv->res_v = (float *)arena_get(b, rb * (size_t)e->p.n_seq_max);
-        b->prefill_attn = b->decode_attn = 0; /* the tensor-core kernels read f16 rows: the generic one reads these */
+        /* the tensor-core kernels' quantized forms: attention_decode_q.cu, attention_prefill.cu's Q */
+        b->decode_attn = b->decode_attn && attention_decode_supported(kv, e->hp->n_head);
     }
     if (kv->attn_window) b->prefill_attn = b->decode_attn = 0; /* the generic kernel masks; the others do not */
     return 0;

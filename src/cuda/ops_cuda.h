@@ -262,9 +262,11 @@ void attention_combine_cuda(float *out, int8_t *xq, float *xds, const float *par
 
 /* ---- decode attention on the tensor cores (attention_decode.cu) ---- */
 
-/* 1 if attention_decode_cuda runs these shapes on this device: f16 KV, head_dim 64/128/256,
- * n_head / n_head_kv <= 16, sm_80+ with enough opt-in shared memory for one of its configurations
- * (the opt-in is set here, once: call outside graph capture before the first launch). */
+/* 1 if attention_decode_cuda runs these shapes on this device: f16 KV (attention_decode.cu) or a
+ * quantized one (kv->quantized: attention_decode_q.cu, the codes dequantized in registers),
+ * head_dim 64/128/256, n_head / n_head_kv <= 16, sm_80+ with enough opt-in shared memory for one of
+ * its configurations (the opt-in is set here, once: call outside graph capture before the first
+ * launch). */
 int attention_decode_supported(const struct cuda_kv *kv, int n_head);
 /* Benchmarks only (PXQ_CUDA_DECODE_CFG, tuning.h): the k-th (tile, stages) configuration of
  * head_dim's list instead of the first that fits; set before the first decode attention. -1: the
@@ -295,8 +297,9 @@ void attention_decode_cuda(float *out, int8_t *xq, float *xds, const float *q, c
 int attention_prefill_tiles(int32_t *tiles_host, int cap, const int32_t *pos_host, const int32_t *seq_host,
                             int n_tokens);
 
-/* 1 if attention_prefill_cuda runs these shapes on this device: f16 KV (kv_f32 == 0), head_dim 64,
- * 128 or 256, n_head a multiple of n_head_kv, an sm_80+ device with sm_80+ code in this build and
+/* 1 if attention_prefill_cuda runs these shapes on this device: f16 or quantized KV (kv_f32 == 0;
+ * a quantized cache's tiles are made f16 in shared memory, from the pool's rows or the exact
+ * residual as each (query, position) pair needs: kv_exact), head_dim 64, 128 or 256, n_head a multiple of n_head_kv, an sm_80+ device with sm_80+ code in this build and
  * enough opt-in shared memory (attention_prefill_smem_bytes); 0 otherwise (keep attention_cuda). */
 int attention_prefill_supported(const struct cuda_kv *kv, int n_head);
 

@@ -1,0 +1,388 @@
+/* attention_decode_q.cu - split-K flash-decoding on the tensor cores over the quantized paged KV
+ * cache (--kv-cache-type q8_0 / pxq: K q8_0, V q8_0 or 2-bit non-uniform per head; kvcache.h), for
+ * decode steps. attention_decode_cuda (attention_decode.cu) calls it for a quantized cache; the
+ * semantics are attention_cuda's over kv_quant.cuh's rows: a position a query sees exactly
+ * (kv_exact: the sinks and the recent window) comes from the float32 residual, every other one from
+ * its quantized row. No f16 copy of the cache is made: the codes are dequantized in registers,
+ * straight into the MMA fragments.
+ *
+ * The work and the products are attention_decode.cu's: a block per (split, KV head, token), four warps
+ * with their own tiles of BN = 16 positions through their own ring of NS shared-memory stages filled
+ * by cp.async, S^T = K Q^T with K the A operand (positions x dims) and Q^T the B operand kept in
+ * registers, O^T += V^T P^T with V^T the A operand (dims x positions) and P^T from S^T's accumulator
+ * by movmatrix. What differs is how the A fragments are made. A stage holds a tile's rows as they are
+ * in the pool (kvcache.h: a row's head_dim / 32 f16 scales, then the codes), copied in chunks of
+ * head_dim / 16 bytes (every row size and offset is a multiple of it), each row at a stride of an odd
+ * number of 16 bytes (SK) so that the 8 rows one load touches fall in different banks.
+ *
+ * Permuted dimensions. An MMA's sums do not depend on the order of k, and the rows of O^T can be
+ * stored in any order, so each lane takes dimensions whose codes lie side by side:
+ *  - S^T: in the two k16 steps of group G (dims 32 G .. 32 G + 31), lane (g, c)'s A slots k = 2c, 2c+1
+ *    and 2c+8, 2c+9 of step 2G hold dims 32G + 8c + 0..3, those of step 2G+1 dims + 4..7, for its rows
+ *    g and g + 8: one 8-byte load of int8 codes a row. Q^T's B fragments are loaded the same way.
+ *  - O^T: in the two m16 blocks 2G, 2G+1 of group G, lane (g, c)'s A rows g and g + 8 are dims 32G +
+ *    4g + 0, 1 (block 2G) and + 2, 3 (block 2G+1), at positions 2c, 2c+1, 2c+8, 2c+9: one code byte of
+ *    a q2nu row (4 dims), or 4 bytes of a q8_0 row, per position. The end of the block (ad_finish)
+ *    stores O at the dims they stand for.
+ * int8 -> f16: the biased byte under an f16 exponent (0x6400 | (code ^ 0x80) = 1024 + code + 128, by
+ * prmt), minus 1152, times the group's f16 scale: one rounding, as storing d * code in an f16 cache.
+ * 2-bit -> f16: the head's 4 levels as f16, their low bytes in one register and high bytes in
+ * another; prmt with the selector (c, c + 4) per half picks a level for two positions at once, then
+ * times the two positions' scales.
+ * A tile with a position a query sees exactly (the first n_sink positions, the last n_window
+ * before the query) takes a slower path: each of its rows is read from the residual or dequantized
+ * in float32, as that row is exact or not; it is at most (n_sink + n_window) / 16 + 2 tiles a query.
+ *
+ * Shared memory: per warp NS stages of K [16][SK] and V [16][SK] bytes (V sized for q8_0 rows);
+ * D 64: SK 80, NS 4 (40 KiB); D 128: SK 144, NS 4 (72 KiB); D 256: SK 272, NS 3 (102 KiB); two
+ * blocks per SM. Needs sm_80 (cp.async, mma m16n8k16, movmatrix); below that the body is empty and
+ * attention_decode_q_supported returns 0 (the generic attention_cuda reads the cache instead).
+ * CPU twin: forward_cpu.c's attention over kv_load's rows (kvcache.c).
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include <cuda_fp16.h>
+
+#include "kvcache.h"
+#include "cuda/ops_cuda.h"
+
+#include "cuda/common.cuh"
+#include "cuda/launch.cuh"
+#include "cuda/mma.cuh"
+#include "cuda/kv_quant.cuh"
+#include "cuda/attention_decode.cuh"
+
+#define ADQ_BN 16 /* positions per tile: one m16 block of S^T, one k16 step of O^T */
+
+/* Bytes of a q8_0 row and its stride in a stage: an odd multiple of 16. */
+static constexpr __host__ __device__ int adq_row(int D) { return 17 * D / 16; }
+static constexpr __host__ __device__ int adq_sk(int D) { return ((adq_row(D) + 15) / 16) % 2 ? (adq_row(D) + 15) / 16 * 16 : (adq_row(D) + 15) / 16 * 16 + 16; }
+static constexpr __host__ __device__ int adq_ns(int D) { return D >= 256 ? 3 : 4; }
+static size_t adq_smem(int D, int SK, int NS) {
+    const size_t ring = (size_t)AD_WARPS * NS * 2 * ADQ_BN * SK, comb = ad_finish_smem(D);
+    return ring > comb ? ring : comb;
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+
+/* CB bytes global -> shared, asynchronous (CB 4, 8 or 16); ok == 0 writes zeros and reads nothing. */
+template <int CB> static __device__ __forceinline__ void cp_async_n(void *smem, const void *gmem, int ok) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    if (CB == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(ok ? 16 : 0));
+    else asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(sa), "l"(gmem), "n"(CB), "r"(ok ? CB : 0));
+}
+
+static __device__ __forceinline__ __half2 u2h(uint32_t u) { return *(const __half2 *)&u; }
+static __device__ __forceinline__ uint32_t h2u(__half2 h) { return *(const uint32_t *)&h; }
+
+/* Two int8 codes (bytes lo, hi of x, already xor 0x80, in bytes 0 and 2 of w after the prmt) as f16,
+ * times d2: (1024 + code + 128) - 1152 exactly, then one rounding of the product. */
+static __device__ __forceinline__ uint32_t q8_pair(uint32_t x, unsigned sel, __half2 d2) {
+    const __half2 h = u2h(__byte_perm(x, 0x64646464u, sel));
+    return h2u(__hmul2(__hsub2(h, __float2half2_rn(1152.0f)), d2));
+}
+
+/* The levels of two 2-bit codes, c0 in bits 0-1 and c1 in bits 8-9 of x: prmt selector (c0, c0 + 4,
+ * c1, c1 + 4) over the levels' low bytes (lo) and high bytes (hi). */
+static __device__ __forceinline__ uint32_t q2_pair(uint32_t x, uint32_t lo, uint32_t hi) {
+    const uint32_t t = x & 0x0303u;
+    return __byte_perm(lo, hi, t * 0x11u + 0x4040u);
+}
+
+#endif
+
+/* grid (n_split, n_head_kv, n_tokens), block AD_THREADS; arguments as attention_decode_kernel's. */
+template <int D, int NS, int HB>
+__global__ void __launch_bounds__(AD_THREADS)
+    attention_decode_q_kernel(float *__restrict__ out, int8_t *__restrict__ xq, float2 *__restrict__ xds,
+                              float *__restrict__ part_o, float *__restrict__ part_ml, const float *q, const cuda_kv kv,
+                              int l, const int32_t *__restrict__ pos, const int32_t *__restrict__ seq_id, int n_head,
+                              int n_split, int split_len, float sl2, float scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    constexpr int BN = ADQ_BN, ND = D / 16, NG = D / 32, CB = D / 16, SK = adq_sk(D), STAGE = 2 * BN * SK;
+    constexpr int NK = adq_row(D) / CB, NV2 = 5 * D / 16 / CB; /* chunks of a q8_0 row (17), a q2nu row (5) */
+    constexpr int CO = D / 16;                                  /* bytes of a row's scales: its codes follow */
+    extern __shared__ uint4 adq_sm[];
+    const int split = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int group = n_head / kv.n_head_kv;
+    uint8_t *ring = (uint8_t *)adq_sm + (size_t)warp * NS * STAGE; /* stage s: K rows, then V rows */
+    const int qpos = pos[t], sid = seq_id[t];
+    const int p0 = split * split_len, p1 = min(qpos + 1, p0 + split_len);
+    const int32_t *tab = kv.block_tab + (size_t)sid * kv.max_blocks;
+    const kv_layer_desc *dk = kv.desc + l, *dv = kv.desc + kv.n_layer_kv + l;
+    const bool v2 = dv->type[kvh] == KV_Q2NU;
+    const uint8_t *kbase = (const uint8_t *)kv.k + dk->layer_off + dk->head_off[kvh];
+    const uint8_t *vbase = (const uint8_t *)kv.v + dv->layer_off + dv->head_off[kvh];
+    const size_t slot_k = dk->slot_bytes, slot_v = dv->slot_bytes;
+    const int bs = kv.block_size;
+
+    const int n_tiles = p1 > p0 ? (p1 - p0 + BN - 1) / BN : 0;
+    const int my_n = n_tiles > warp ? (n_tiles - warp + AD_WARPS - 1) / AD_WARPS : 0;
+    auto tile_p0 = [&](int i) { return p0 + (warp + i * AD_WARPS) * BN; };
+    const bool one_block = bs % BN == 0 && split_len % BN == 0; /* a tile inside one KV block */
+    /* this warp's i-th tile into stage s, chunk by chunk; rows at or past p1 zero-filled */
+    auto load = [&](int i, int s) {
+        uint8_t *Kd = ring + s * STAGE, *Vd = Kd + BN * SK;
+        const int j0 = tile_p0(i);
+        const size_t blk = one_block ? (size_t)tab[j0 / bs] : 0;
+        const uint8_t *kt = kbase + blk * kv.block_bytes_k + (size_t)(j0 % bs) * slot_k;
+        const uint8_t *vt = vbase + blk * kv.block_bytes_v + (size_t)(j0 % bs) * slot_v;
+        auto row = [&](const uint8_t *tile, const uint8_t *base, size_t bb, size_t slot, int r) -> const uint8_t * {
+            if (one_block) return tile + (size_t)r * slot;
+            const int p = j0 + r;
+            return base + (size_t)tab[p / bs] * bb + (size_t)(p % bs) * slot;
+        };
+#pragma unroll
+        for (int k = lane; k < BN * NK; k += 32) {
+            const int r = k / NK, ch = k - r * NK, ok = j0 + r < p1;
+            cp_async_n<CB>(Kd + r * SK + ch * CB, ok ? row(kt, kbase, kv.block_bytes_k, slot_k, r) + ch * CB : kbase, ok);
+        }
+        if (v2) {
+#pragma unroll
+            for (int k = lane; k < BN * NV2; k += 32) {
+                const int r = k / NV2, ch = k - r * NV2, ok = j0 + r < p1;
+                cp_async_n<CB>(Vd + r * SK + ch * CB, ok ? row(vt, vbase, kv.block_bytes_v, slot_v, r) + ch * CB : vbase, ok);
+            }
+        } else {
+#pragma unroll
+            for (int k = lane; k < BN * NK; k += 32) {
+                const int r = k / NK, ch = k - r * NK, ok = j0 + r < p1;
+                cp_async_n<CB>(Vd + r * SK + ch * CB, ok ? row(vt, vbase, kv.block_bytes_v, slot_v, r) + ch * CB : vbase, ok);
+            }
+        }
+    };
+    /* the tiles wholly below the positions this step writes are copied before pdl_wait (their rows
+     * came from earlier steps: attention_decode.cu) */
+    const int old_end = qpos - (int)gridDim.z + 1;
+    int n_early = 0;
+    while (n_early < NS && n_early < my_n && tile_p0(n_early) + BN <= old_end) {
+        load(n_early, n_early);
+        cp_async_commit();
+        n_early++;
+    }
+    /* the 2-bit levels of this head as f16: low bytes in lvlo, high bytes in lvhi */
+    uint32_t lvlo = 0, lvhi = 0;
+    float lvf[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        lvf[j] = dv->levels[kvh][j];
+        const unsigned hbits = __half_as_ushort(__float2half_rn(lvf[j]));
+        lvlo |= (hbits & 0xffu) << (8 * j), lvhi |= (hbits >> 8) << (8 * j);
+    }
+    pdl_wait();
+    pdl_launch_dependents(); /* as attention_decode.cu: the o projection stages its weight meanwhile */
+
+    /* Q^T's B fragments, dims permuted (file comment): step kk, register j: dims 32 (kk / 2) + 8c +
+     * 4 (kk % 2) + 2j, +1 of head g of head block hb */
+    float2 qf[HB][ND][2];
+#pragma unroll
+    for (int hb = 0; hb < HB; hb++) {
+        const int hh = hb * AD_HEADS + g;
+        const float *qr = q + (size_t)t * n_head * D + (size_t)(kvh * group + hh) * D + 8 * c;
+#pragma unroll
+        for (int kk = 0; kk < ND; kk++)
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                qf[hb][kk][j] = hh < group ? *(const float2 *)(qr + 32 * (kk >> 1) + 4 * (kk & 1) + 2 * j)
+                                           : make_float2(0.0f, 0.0f);
+    }
+    for (int i = n_early; i < NS; i++) {
+        if (i < my_n) load(i, i);
+        cp_async_commit();
+    }
+    uint32_t qb[HB][ND][2];
+#pragma unroll
+    for (int hb = 0; hb < HB; hb++)
+#pragma unroll
+        for (int kk = 0; kk < ND; kk++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) qb[hb][kk][j] = pack_h2(qf[hb][kk][j].x, qf[hb][kk][j].y);
+
+    float o[ND][HB][4];
+#pragma unroll
+    for (int md = 0; md < ND; md++)
+#pragma unroll
+        for (int hb = 0; hb < HB; hb++) o[md][hb][0] = o[md][hb][1] = o[md][hb][2] = o[md][hb][3] = 0.0f;
+    float m[HB][2], lsum[HB][2];
+#pragma unroll
+    for (int hb = 0; hb < HB; hb++) m[hb][0] = m[hb][1] = -INFINITY, lsum[hb][0] = lsum[hb][1] = 0.0f;
+
+    for (int i = 0; i < my_n; i++) {
+        cp_async_wait<NS - 1>(); /* tile i's group has landed */
+        __syncwarp();
+        const uint8_t *Kr = ring + (i % NS) * STAGE, *Vr = Kr + BN * SK;
+        const int j0 = tile_p0(i);
+        /* some row read exactly (kv_exact), warp-uniform */
+        const bool slow = j0 < kv.n_sink || qpos - (j0 + BN - 1) < kv.n_window;
+        auto exact = [&](int p) { return p < p1 && (p < kv.n_sink || qpos - p < kv.n_window); };
+
+        /* S^T = K Q^T; with one head block the odd k16 steps go to a second accumulator */
+        float s[1][HB][4], s2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int hb = 0; hb < HB; hb++) s[0][hb][0] = s[0][hb][1] = s[0][hb][2] = s[0][hb][3] = 0.0f;
+#pragma unroll
+        for (int G = 0; G < NG; G++) {
+            uint32_t x[2][4]; /* rows g, g + 8: dims 32G + 8c + 0..7 as four half2 */
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                const int r = g + 8 * rr;
+                const uint8_t *row = Kr + r * SK;
+                if (slow && exact(j0 + r)) {
+                    const float4 *f = (const float4 *)(kvq_res(kv, KV_K, l, sid, j0 + r) + (size_t)kvh * D + 32 * G + 8 * c);
+                    const float4 a = f[0], b = f[1];
+                    x[rr][0] = pack_h2(a.x, a.y), x[rr][1] = pack_h2(a.z, a.w);
+                    x[rr][2] = pack_h2(b.x, b.y), x[rr][3] = pack_h2(b.z, b.w);
+                } else {
+                    const uint32_t *cw = (const uint32_t *)(row + CO + 32 * G + 8 * c);
+                    const uint32_t w0 = cw[0] ^ 0x80808080u, w1 = cw[1] ^ 0x80808080u;
+                    const __half2 d2 = __half2half2(((const __half *)row)[G]);
+                    x[rr][0] = q8_pair(w0, 0x4140, d2), x[rr][1] = q8_pair(w0, 0x4342, d2);
+                    x[rr][2] = q8_pair(w1, 0x4140, d2), x[rr][3] = q8_pair(w1, 0x4342, d2);
+                }
+            }
+            const uint32_t a0[4] = {x[0][0], x[1][0], x[0][1], x[1][1]};
+            const uint32_t a1[4] = {x[0][2], x[1][2], x[0][3], x[1][3]};
+#pragma unroll
+            for (int hb = 0; hb < HB; hb++) {
+                mma16816(s[0][hb], a0, qb[hb][2 * G][0], qb[hb][2 * G][1]);
+                if (HB == 1) mma16816(s2, a1, qb[hb][2 * G + 1][0], qb[hb][2 * G + 1][1]);
+                else mma16816(s[0][hb], a1, qb[hb][2 * G + 1][0], qb[hb][2 * G + 1][1]);
+            }
+        }
+        if (HB == 1)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[0][0][e] += s2[e];
+        if (j0 + BN > p1) /* the split's last tile: positions past p1 are -inf rows */
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (j0 + g + (e >> 1) * 8 >= p1)
+#pragma unroll
+                    for (int hb = 0; hb < HB; hb++) s[0][hb][e] = -INFINITY;
+
+        ad_softmax_tile<1, HB, ND>(s, m, lsum, o, sl2);
+        uint32_t b[HB][2];
+#pragma unroll
+        for (int hb = 0; hb < HB; hb++) {
+            b[hb][0] = movmatrix_t(pack_h2(s[0][hb][0], s[0][hb][1]));
+            b[hb][1] = movmatrix_t(pack_h2(s[0][hb][2], s[0][hb][3]));
+        }
+
+        /* O^T += V^T P^T: per group G, positions 2c, 2c+1 (v[0]) and 2c+8, 2c+9 (v[1]), dims 32G + 4g + j
+         * in v[.][j] as half2 (first position low) */
+        const uint8_t *vr[4] = {Vr + 2 * c * SK, Vr + (2 * c + 1) * SK, Vr + (2 * c + 8) * SK, Vr + (2 * c + 9) * SK};
+#pragma unroll
+        for (int G = 0; G < NG; G++) {
+            uint32_t v[2][4];
+            if (slow) {
+                float f[4][4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const int p = j0 + 2 * c + (k & 1) + (k >> 1) * 8;
+                    if (exact(p)) {
+                        const float4 a = *(const float4 *)(kvq_res(kv, KV_V, l, sid, p) + (size_t)kvh * D + 32 * G + 4 * g);
+                        f[k][0] = a.x, f[k][1] = a.y, f[k][2] = a.z, f[k][3] = a.w;
+                    } else {
+                        const float d = __half2float(((const __half *)vr[k])[G]);
+                        if (v2) {
+                            const unsigned cb = vr[k][CO + 8 * G + g];
+#pragma unroll
+                            for (int j = 0; j < 4; j++) f[k][j] = d * lvf[(cb >> (2 * j)) & 3];
+                        } else {
+#pragma unroll
+                            for (int j = 0; j < 4; j++) f[k][j] = d * (float)(int8_t)vr[k][CO + 32 * G + 4 * g + j];
+                        }
+                    }
+                }
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) v[h][j] = pack_h2(f[2 * h][j], f[2 * h + 1][j]);
+            } else if (v2) {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint8_t *ra = vr[2 * h], *rb = vr[2 * h + 1];
+                    const uint32_t xc = ra[CO + 8 * G + g] | (uint32_t)rb[CO + 8 * G + g] << 8;
+                    const __half2 d2 = __halves2half2(((const __half *)ra)[G], ((const __half *)rb)[G]);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) v[h][j] = h2u(__hmul2(u2h(q2_pair(xc >> (2 * j), lvlo, lvhi)), d2));
+                }
+            } else {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint8_t *ra = vr[2 * h], *rb = vr[2 * h + 1];
+                    const uint32_t wa = *(const uint32_t *)(ra + CO + 32 * G + 4 * g) ^ 0x80808080u;
+                    const uint32_t wb = *(const uint32_t *)(rb + CO + 32 * G + 4 * g) ^ 0x80808080u;
+                    const __half2 d2 = __halves2half2(((const __half *)ra)[G], ((const __half *)rb)[G]);
+                    const uint32_t u01 = __byte_perm(wa, wb, 0x5140), u23 = __byte_perm(wa, wb, 0x7362);
+                    v[h][0] = q8_pair(u01, 0x4140, d2), v[h][1] = q8_pair(u01, 0x4342, d2);
+                    v[h][2] = q8_pair(u23, 0x4140, d2), v[h][3] = q8_pair(u23, 0x4342, d2);
+                }
+            }
+            /* block 2G: rows g, g + 8 = dims 4g + 0, 1; block 2G + 1: dims 4g + 2, 3 */
+            const uint32_t a0[4] = {v[0][0], v[0][1], v[1][0], v[1][1]};
+            const uint32_t a1[4] = {v[0][2], v[0][3], v[1][2], v[1][3]};
+#pragma unroll
+            for (int hb = 0; hb < HB; hb++) {
+                mma16816(o[2 * G][hb], a0, b[hb][0], b[hb][1]);
+                mma16816(o[2 * G + 1][hb], a1, b[hb][0], b[hb][1]);
+            }
+        }
+        __syncwarp(); /* every lane is done with stage i % NS: refill it with tile i + NS */
+        if (i + NS < my_n) load(i + NS, i % NS);
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+    ad_finish<D, HB>(
+        o, m, lsum, adq_sm, [](int md, int g, int e) { return 32 * (md >> 1) + 4 * g + 2 * (md & 1) + (e >> 1); },
+        [](int) {}, out, xq, xds, part_o, part_ml, t, kvh, group, n_head, n_split, split, sl2, scale);
+#endif
+}
+
+/* ---- host ---- */
+
+static const void *adq_fn(int D, int hb2) {
+    switch (D) {
+    case 64: return hb2 ? (const void *)attention_decode_q_kernel<64, adq_ns(64), 2> : (const void *)attention_decode_q_kernel<64, adq_ns(64), 1>;
+    case 128: return hb2 ? (const void *)attention_decode_q_kernel<128, adq_ns(128), 2> : (const void *)attention_decode_q_kernel<128, adq_ns(128), 1>;
+    case 256: return hb2 ? (const void *)attention_decode_q_kernel<256, adq_ns(256), 2> : (const void *)attention_decode_q_kernel<256, adq_ns(256), 1>;
+    default: return NULL;
+    }
+}
+static size_t adq_smem_d(int D) { return adq_smem(D, adq_sk(D), adq_ns(D)); }
+
+int attention_decode_q_supported(int D, int group) {
+    static int cached[3][2] = {{-1, -1}, {-1, -1}, {-1, -1}};
+    const int di = D == 64 ? 0 : D == 128 ? 1 : D == 256 ? 2 : -1, hb2 = group > AD_HEADS;
+    if (di < 0 || group < 1 || group > AD_HB_MAX * AD_HEADS) return 0;
+    if (cached[di][hb2] >= 0) return cached[di][hb2];
+    int dev = 0, major = 0, optin = 0, per_sm = 0, ok = 0;
+    const void *fn = adq_fn(D, hb2);
+    const size_t need = adq_smem_d(D);
+    cudaFuncAttributes fa;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8 &&
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
+        cudaFuncGetAttributes(&fa, fn) == cudaSuccess && fa.binaryVersion >= 80 && fa.ptxVersion >= 80 &&
+        (size_t)optin >= need + fa.sharedSizeBytes &&
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need) == cudaSuccess &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, AD_THREADS, need) == cudaSuccess && per_sm >= 2)
+        ok = 1;
+    (void)cudaGetLastError(); /* a build without a fitting image reports an error here: not sticky */
+    cached[di][hb2] = ok;
+    return ok;
+}
+
+void attention_decode_q_launch(float *out, int8_t *xq, float2 *xds, float *part_o, float *part_ml, const float *q,
+                               const cuda_kv &kv, int l, const int32_t *pos, const int32_t *seq_id, int n_tokens,
+                               int n_head, int n_split, int split_len, float sl2, float scale, cudaStream_t st) {
+    const int D = kv.head_dim, group = n_head / kv.n_head_kv;
+    if (!attention_decode_q_supported(D, group)) return;
+    const dim3 grid((unsigned)n_split, (unsigned)kv.n_head_kv, (unsigned)n_tokens), block(AD_THREADS);
+    const cuda_kv kvv = kv;
+    void *args[] = {(void *)&out,    (void *)&xq,      (void *)&xds,       (void *)&part_o, (void *)&part_ml,
+                    (void *)&q,      (void *)&kvv,     (void *)&l,         (void *)&pos,    (void *)&seq_id,
+                    (void *)&n_head, (void *)&n_split, (void *)&split_len, (void *)&sl2,    (void *)&scale};
+    kernel_launch_fn(adq_fn(D, group > AD_HEADS), grid, block, args, adq_smem_d(D), st);
+}
