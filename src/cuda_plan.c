@@ -188,6 +188,8 @@ void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *
     bf->w16 = 2 * (max_mat < w16_max / 2 ? max_mat : w16_max / 2); /* two tile buffers */
     bf->part_o = part_rows * hd;
     bf->part_ml = part_rows * 2;
+    if (p->kv_topk_blocks > 0 && p->attn_window > 0) /* the blocks each token and KV head sees (kv_select.cu) */
+        bf->sel = nb * (size_t)hp->n_head_kv * ((max_blocks + 31) / 32);
 }
 
 void cuda_bufs_bytes(const struct cuda_bufs *bf, size_t *activations, size_t *logits, size_t *workspace,
@@ -200,7 +202,7 @@ void cuda_bufs_bytes(const struct cuda_bufs *bf, size_t *activations, size_t *lo
         if (act[i]) *activations += al(act[i] * 4);
     *logits = bf->logits ? al(bf->logits * 4) : 0;
     *workspace = al(bf->x16 * 2) + al(bf->xq) + al(bf->xds * 4) + al(bf->w16 * 2) + al(bf->part_o * 4) +
-                 al(bf->part_ml * 4) + al(CUDA_CUBLAS_WS);
+                 al(bf->part_ml * 4) + (bf->sel ? al(bf->sel * 4) : 0) + al(CUDA_CUBLAS_WS);
     *state = bf->state ? al(bf->state * 4) : 0;
 }
 
@@ -281,6 +283,8 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
     if (lay->quantized)
         plan->kv += al(2 * (size_t)lay->n_layer_kv * sizeof(struct kv_layer_desc)) +
                     2 * al(kv_layout_residual_bytes(lay) / 2 * (size_t)p->n_seq_max);
+    if (lay->topk_blocks) /* block selection's key bounds, min and max */
+        plan->kv += 2 * al((size_t)p->kv_blocks * kv_layout_bounds_bytes(lay) / 2);
     for (int small = 0; small < 2; small++) { /* whole-matrix tiles, or the small ones if over budget */
         struct cuda_bufs bf;
         plan->w16_max = small ? CUDA_W16_SMALL_ELEMS : CUDA_W16_MAX_ELEMS;

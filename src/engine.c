@@ -104,11 +104,6 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
         free(e);
         return NULL;
     }
-    if (e->p.kv_topk_blocks && e->p.device != PXQ_DEVICE_CPU) {
-        set_err(err, errlen, "--kv-topk-blocks: block selection runs on the CPU backend so far (--device cpu)");
-        free(e);
-        return NULL;
-    }
     if (e->p.spec_mtp && !hp->n_mtp_layer) {
         set_err(err, errlen, "--spec mtp: %s has no MTP layer (Qwen3.5's mtp.* / GGUF nextn tensors)", model_path(m));
         free(e);

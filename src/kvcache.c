@@ -99,7 +99,11 @@ void kv_layout_free(struct kv_layout *lay) {
 }
 
 size_t kv_layout_bytes_per_pos(const struct kv_layout *lay) {
-    return (lay->block_bytes[0] + lay->block_bytes[1]) / (size_t)lay->block_size;
+    return (lay->block_bytes[0] + lay->block_bytes[1] + kv_layout_bounds_bytes(lay)) / (size_t)lay->block_size;
+}
+
+size_t kv_layout_bounds_bytes(const struct kv_layout *lay) {
+    return lay->topk_blocks ? 2 * (size_t)lay->n_layer_kv * (size_t)lay->kv_dim * sizeof(float) : 0;
 }
 
 size_t kv_layout_residual_bytes(const struct kv_layout *lay) {

@@ -110,8 +110,12 @@ struct kv_spec {
 int kv_layout_init(struct kv_layout *lay, int n_layer_kv, int n_head_kv, int head_dim, int block_size,
                    const struct kv_spec *spec, char *err, size_t errlen);
 void kv_layout_free(struct kv_layout *lay);
-/* Pool bytes per position (K and V, every layer) and residual bytes per sequence. */
+/* Pool bytes per position (K and V, every layer, and block selection's key bounds) and residual
+ * bytes per sequence. */
 size_t kv_layout_bytes_per_pos(const struct kv_layout *lay);
+/* Block selection's key bounds per block: min and max of every layer's key channels, float32 (0
+ * when block selection is off). */
+size_t kv_layout_bounds_bytes(const struct kv_layout *lay);
 size_t kv_layout_residual_bytes(const struct kv_layout *lay);
 /* Byte offset of (pool, layer l, head h) of position p in a pool, with the block table of a sequence. */
 static inline size_t kv_row_off(const struct kv_layout *lay, int pool, const int *blocks, int l, int h, int p) {

@@ -510,6 +510,18 @@ static int kv_step(struct pxq_engine *e, cuda_backend *b, char *err, size_t errl
         /* the tensor-core kernels' quantized forms: attention_decode_q.cu, attention_prefill.cu's Q */
         b->decode_attn = b->decode_attn && attention_decode_supported(kv, e->hp->n_head);
     }
+    if (kv->topk_blocks) { /* block selection: the key bounds, the bitmaps (cuda_bufs_of's sel) */
+        const size_t nbd = (size_t)e->kv.n_blocks * kv_layout_bounds_bytes(&e->kv.lay) / 2;
+        kv->kmin = (float *)arena_get(b, nbd), kv->kmax = (float *)arena_get(b, nbd);
+        const int max_blocks = (int)kv_blocks_for(e->p.n_ctx, e->p.kv_block_size);
+        kv->sel_words = (max_blocks + 31) / 32;
+        kv->sel = (uint32_t *)arena_get(b, (size_t)e->p.n_batch * kv->n_head_kv * kv->sel_words * 4);
+        if (kv_select_prepare(max_blocks) != 0) {
+            snprintf(err, errlen, "CUDA: block selection over %d blocks needs more shared memory than this device has",
+                     max_blocks);
+            return -1;
+        }
+    }
     if (kv->attn_window) b->prefill_attn = b->decode_attn = 0; /* the generic kernel masks; the others do not */
     return 0;
 }
@@ -528,6 +540,7 @@ extern "C" int cuda_kv_from_layout(cuda_kv *kv, const struct kv_layout *lay) {
     kv->block_bytes_k = lay->block_bytes[KV_K], kv->block_bytes_v = lay->block_bytes[KV_V];
     kv->n_sink = lay->n_sink, kv->n_window = lay->n_window, kv->n_ring = lay->n_ring;
     kv->attn_window = lay->attn_window, kv->attn_sinks = lay->attn_sinks;
+    kv->topk_blocks = lay->topk_blocks;
     kv->kv_f32 = t0 == KV_F32;
     kv->n_layer_kv = lay->n_layer_kv;
     kv->block_size = lay->block_size;

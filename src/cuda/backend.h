@@ -116,6 +116,7 @@ struct cuda_bufs {
     size_t x16, w16;                     /* halfs: prefill operands */
     size_t xq, xds;                      /* int8 activations and their (d, d * sum) pairs (floats) */
     size_t part_o, part_ml;              /* split-K attention partials */
+    size_t sel;                          /* uint32: block selection's bitmaps [nb][n_head_kv][words] */
     /* recurrent state (qwen35): n_seq_max x rstate floats */
     size_t rstate, state;
 };

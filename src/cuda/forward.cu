@@ -163,6 +163,7 @@ static int attention(cuda_backend *b, const float *q, int l, int n_head, const s
                               s.split_len, b->part_o, b->part_ml, b->st);
         return xq != NULL;
     } else {
+        kv_select_cuda(&b->kv, l, q, b->di.pos, b->di.seq, s.n, n_head, b->st); /* block selection, if on */
         attention_cuda(b->att, q, &b->kv, l, b->di.pos, b->di.seq, s.n, n_head, s.n_split, s.split_len, b->part_o,
                        b->part_ml, b->st);
     }
@@ -211,6 +212,7 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
                                 &b->kv, l, b->di.seq, n, st);
         if (b->kv.quantized) /* the roped k and v quantized into the cache (kv_store_ubatch's twin) */
             kv_store_q_cuda(&b->kv, l, qkv + q_dim, qkv + q_dim + kv_dim, ld, b->di.pos, b->di.seq, n, st);
+        kv_bounds_cuda(&b->kv, l, qkv + q_dim, ld, b->di.pos, b->di.seq, n, st); /* block selection's bounds */
         att_q8 = attention(b, q_out, l, hp->n_head, s, xq_att, !gated);
     } else {
         float *k = b->k, *v = b->v;
@@ -230,6 +232,7 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
         qk_norm_rope_store_cuda(b->q, b->q, k, v, q_dim, kv_dim, L->v[CV_Q_NORM], L->v[CV_K_NORM], hp->rms_eps,
                                 hp->n_head, hp->n_rot, b->di.pos, b->inv_freq, neox, &b->kv, l, b->di.seq, n, st);
         if (b->kv.quantized) kv_store_q_cuda(&b->kv, l, k, v, kv_dim, b->di.pos, b->di.seq, n, st);
+        kv_bounds_cuda(&b->kv, l, k, kv_dim, b->di.pos, b->di.seq, n, st);
         att_q8 = attention(b, b->q, l, hp->n_head, s, xq_att, !gated);
     }
     if (gated) sigmoid_gate_cuda(b->att, xq, b->xds, b->xb2, (int64_t)n * q_dim, st);

@@ -623,16 +623,31 @@ __global__ void attention_kernel(float *__restrict__ out, float *__restrict__ pa
     float m = -INFINITY, lsum = 0.0f;
     float4 o[2] = {make_float4(0, 0, 0, 0), make_float4(0, 0, 0, 0)};
     const int hd8 = hd / 8, hd4 = hd / 4;
-    /* window + sink attention: the positions in [vis_a, vis_b) are not seen (kv_visible) */
+    /* window + sink attention: the positions in [vis_a, vis_b) are not seen (kv_visible), but for the
+     * blocks block selection chose there (kv_select.cu's bitmap of this token and KV head) */
     int vis_a = p1, vis_b = p1;
     if (kv.attn_window && n_kv > kv.attn_sinks + kv.attn_window) vis_a = kv.attn_sinks, vis_b = n_kv - kv.attn_window;
+    const uint32_t *sel = kv.topk_blocks ? kv.sel + ((size_t)t * kv.n_head_kv + kvh) * kv.sel_words : NULL;
+    auto seen = [&](int p) {
+        const int jb = p / kv.block_size;
+        return !(p >= vis_a && p < vis_b) || (sel && (sel[jb >> 5] >> (jb & 31) & 1u));
+    };
     for (int t0 = p0; t0 < p1; t0 += ATT_TILE) {
-        if (t0 >= vis_a && min(t0 + ATT_TILE, p1) <= vis_b) continue; /* a tile it does not see (uniform in the block) */
+        if (t0 >= vis_a && min(t0 + ATT_TILE, p1) <= vis_b) { /* a tile it does not see (uniform in the block)? */
+            bool any = false;
+            if (sel)
+                for (int jb = t0 / kv.block_size; jb <= (min(t0 + ATT_TILE, p1) - 1) / kv.block_size; jb++)
+                    any |= sel[jb >> 5] >> (jb & 31) & 1u;
+            if (!any) continue;
+        }
         __syncthreads();
         for (int idx = threadIdx.x; idx < ATT_TILE * hd8; idx += blockDim.x) {
             int j = idx / hd8, d = (idx - j * hd8) * 8, p = t0 + j;
             float kk[8], vv[8];
-            if (p < p1 && Q) { /* a quantized cache: the residual or the row dequantized (kv_quant.cuh) */
+            if (p < p1 && !seen(p)) { /* not read */
+#pragma unroll
+                for (int e = 0; e < 8; e++) kk[e] = vv[e] = 0.0f;
+            } else if (p < p1 && Q) { /* a quantized cache: the residual or the row dequantized (kv_quant.cuh) */
                 kvq_load8(kv, KV_K, l, tab, seq_id[t], kvh, p, n_kv - 1, d, kk);
                 kvq_load8(kv, KV_V, l, tab, seq_id[t], kvh, p, n_kv - 1, d, vv);
             } else if (p < p1) {
@@ -650,7 +665,7 @@ __global__ void attention_kernel(float *__restrict__ out, float *__restrict__ pa
         __syncthreads();
         const int p = t0 + lane;
         float s = -INFINITY;
-        if (p < p1 && !(p >= vis_a && p < vis_b)) {
+        if (p < p1 && seen(p)) {
             const float4 *kr = (const float4 *)(Ks + lane * ks), *qr = (const float4 *)(Qs + warp * hd);
             float a = 0.0f;
             for (int d = 0; d < hd4; d++) {

@@ -205,6 +205,13 @@ struct cuda_kv {
     float *res_k, *res_v;             /* [n_seq_max][n_layer_kv][n_sink + n_ring][kv_dim] (device) */
     int n_sink, n_window, n_ring;
     int attn_window, attn_sinks;      /* window + sink attention (kv_visible; 0: every position) */
+    /* block selection (Quest; kvcache.h topk_blocks, 0: off): per block, layer and key channel the min
+     * and max of the keys written there [n_blocks][n_layer_kv][kv_dim], and per step token and KV
+     * head the bitmap of the sequence's blocks it sees in the middle [n_batch][n_head_kv][sel_words]
+     * (device; kv_bounds_cuda and kv_select_cuda write them) */
+    int topk_blocks, sel_words;
+    float *kmin, *kmax;
+    uint32_t *sel;
 };
 
 /* The view of lay (k, v, block_tab, max_blocks, desc and the residual left 0 for the caller).
@@ -219,6 +226,21 @@ int cuda_kv_from_layout(struct cuda_kv *kv, const struct kv_layout *lay);
  * residual when the position has a slot there (kv_store). */
 void kv_store_q_cuda(const struct cuda_kv *kv, int l, const float *k, const float *v, int ld, const int32_t *pos,
                      const int32_t *seq_id, int n_tokens, cudaStream_t st);
+
+/* Block selection (Quest, Tang et al. 2024; kv->topk_blocks, else no-ops; kv_select.cu).
+ * kv_bounds_cuda: after the step's keys k[t] (row t at k + t * ld, all heads, after RoPE) are stored
+ * in layer l, fold them into their blocks' per-channel min and max (a block's first slot starts
+ * them afresh: kv_store's rule). kv_select_cuda: for each token t and KV head, the bitmap of the
+ * blocks of the middle (between the sinks and the window) it also attends to: the topk_blocks
+ * largest by the upper bound max over the group's query heads of sum_d max(q_d min_d, q_d max_d)
+ * (q [n_tokens][n_head * head_dim], after RoPE), ties to the earlier block; attention_cuda reads it.
+ * kv_select_prepare: the shared memory opt-in for max_blocks scores (once, outside graph capture);
+ * 0, or -1 if the device has too little. */
+void kv_bounds_cuda(const struct cuda_kv *kv, int l, const float *k, int ld, const int32_t *pos,
+                    const int32_t *seq_id, int n_tokens, cudaStream_t st);
+void kv_select_cuda(const struct cuda_kv *kv, int l, const float *q, const int32_t *pos, const int32_t *seq_id,
+                    int n_tokens, int n_head, cudaStream_t st);
+int kv_select_prepare(int max_blocks);
 
 /* Write k[t], v[t] ([n_tokens][kv_dim]) at (seq_id[t], pos[t]) of layer l. */
 void kv_store_cuda(const struct cuda_kv *kv, int l, const float *k, const float *v, const int32_t *pos,

@@ -1,0 +1,157 @@
+/* kv_select.cu - query-aware block selection on the device (Quest, Tang et al. 2024, arXiv
+ * 2406.10774; kvcache.h topk_blocks): the per-block key bounds, kept as keys are stored, and per
+ * decode or prefill token and KV head the blocks of the middle (between the sinks and the window of
+ * window + sink attention) it also attends to: the topk_blocks blocks with the largest upper bound
+ * of q.k over the GQA group's query heads, sum over channels of max(q_d min_d, q_d max_d), ties to
+ * the earlier block. The generic attention kernel (ops.cu attention_cuda) reads the bitmaps.
+ * CPU twin: kv_store's bounds (kvcache.c) and visible_ranges (forward_cpu.c).
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/ops_cuda.h"
+
+#include "cuda/common.cuh"
+
+#define KS_THREADS 256
+
+/* grid (n_tokens), block KS_THREADS. A token leads its block of the cache (the first of the step's
+ * tokens of its sequence in that block) and folds every such token's key into the block's bounds,
+ * starting them afresh when it is the block's first slot (kv_store's rule); the others return. */
+__global__ void kv_bounds_kernel(const cuda_kv kv, int l, const float *__restrict__ k, int ld,
+                                 const int32_t *__restrict__ pos, const int32_t *__restrict__ seq_id, int n_tokens) {
+    __shared__ int lead;
+    const int t = blockIdx.x, p = pos[t], s = seq_id[t], bs = kv.block_size, jb = p / bs;
+    if (threadIdx.x == 0) {
+        int ld1 = 1;
+        for (int u = 0; u < n_tokens && ld1; u++)
+            if (seq_id[u] == s && pos[u] / bs == jb && pos[u] < p) ld1 = 0;
+        lead = ld1;
+    }
+    __syncthreads();
+    if (!lead) return;
+    const size_t o = ((size_t)kv.block_tab[(size_t)s * kv.max_blocks + jb] * kv.n_layer_kv + l) * kv.kv_dim;
+    for (int i = threadIdx.x; i < kv.kv_dim; i += blockDim.x) {
+        float mn = INFINITY, mx = -INFINITY;
+        if (p % bs) mn = kv.kmin[o + i], mx = kv.kmax[o + i];
+        for (int u = 0; u < n_tokens; u++)
+            if (seq_id[u] == s && pos[u] / bs == jb) {
+                const float x = k[(size_t)u * ld + i];
+                mn = fminf(mn, x), mx = fmaxf(mx, x);
+            }
+        kv.kmin[o + i] = mn, kv.kmax[o + i] = mx;
+    }
+}
+
+/* Order-preserving key of a float: a larger float, a larger unsigned key. */
+static __device__ __forceinline__ uint32_t ks_key(float x) {
+    const uint32_t u = __float_as_uint(x);
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+/* grid (n_tokens, n_head_kv), block KS_THREADS, dynamic shared memory: the scores (max_blocks
+ * floats). The bitmap of (t, kvh) is cleared, then the chosen blocks' bits set (bit j: the
+ * sequence's block j, positions j bs .. j bs + bs - 1). The k-th largest key is found by a radix
+ * select, 8 bits a round; keys above it are taken, and of those equal to it the earliest. */
+__global__ void kv_select_kernel(const cuda_kv kv, int l, const float *__restrict__ q, const int32_t *__restrict__ pos,
+                                 const int32_t *__restrict__ seq_id, int n_head) {
+    extern __shared__ float ks_score[];
+    __shared__ uint32_t hist[256];
+    __shared__ uint32_t s_prefix, s_need, s_taken, s_wcnt[KS_THREADS / 32];
+    const int t = blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int bs = kv.block_size, hd = kv.head_dim, group = n_head / kv.n_head_kv, n_kv = pos[t] + 1;
+    uint32_t *sel = kv.sel + ((size_t)t * kv.n_head_kv + kvh) * kv.sel_words;
+    for (int w = tid; w < kv.sel_words; w += blockDim.x) sel[w] = 0;
+    if (!kv.attn_window || n_kv <= kv.attn_sinks + kv.attn_window) return; /* no middle: nothing to choose */
+    __syncthreads();                                                       /* the clearing before the bits */
+    const int a = kv.attn_sinks, b = n_kv - kv.attn_window, b0 = a / bs, nb = (b - 1) / bs - b0 + 1;
+    const int32_t *tab = kv.block_tab + (size_t)seq_id[t] * kv.max_blocks;
+    if (nb <= kv.topk_blocks) {
+        for (int i = tid; i < nb; i += blockDim.x) atomicOr(sel + ((b0 + i) >> 5), 1u << ((b0 + i) & 31));
+        return;
+    }
+    const float *qt = q + (size_t)t * n_head * hd + (size_t)kvh * group * hd;
+    for (int i = warp; i < nb; i += blockDim.x / 32) {
+        const size_t o = ((size_t)tab[b0 + i] * kv.n_layer_kv + l) * kv.kv_dim + (size_t)kvh * hd;
+        float best = -INFINITY;
+        for (int g = 0; g < group; g++) {
+            float u = 0.0f;
+            for (int d = lane; d < hd; d += 32) {
+                const float qd = qt[(size_t)g * hd + d];
+                u += fmaxf(qd * kv.kmin[o + d], qd * kv.kmax[o + d]);
+            }
+            best = fmaxf(best, warp_sum(u));
+        }
+        if (lane == 0) ks_score[i] = best;
+    }
+    if (tid == 0) s_prefix = 0, s_need = (uint32_t)kv.topk_blocks;
+    __syncthreads();
+    /* radix select: after the round at `shift`, s_prefix holds the top bits of the k-th largest key
+     * and s_need how many keys with those bits are still to take */
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        hist[tid] = 0; /* KS_THREADS == 256 bins */
+        __syncthreads();
+        const uint32_t prefix = s_prefix, hmask = shift == 24 ? 0u : ~0u << (shift + 8);
+        for (int i = tid; i < nb; i += blockDim.x) {
+            const uint32_t key = ks_key(ks_score[i]);
+            if ((key & hmask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1u);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            uint32_t need = s_need, cum = 0;
+            int bin = 255;
+            for (; bin > 0 && cum + hist[bin] < need; bin--) cum += hist[bin];
+            s_prefix = prefix | (uint32_t)bin << shift;
+            s_need = need - cum;
+        }
+        __syncthreads();
+    }
+    /* take the keys above the threshold, and the first s_need equal to it in block order */
+    const uint32_t thr = s_prefix, need = s_need;
+    if (tid == 0) s_taken = 0;
+    __syncthreads();
+    for (int base = 0; base < nb; base += blockDim.x) {
+        const int i = base + tid;
+        const uint32_t key = i < nb ? ks_key(ks_score[i]) : 0u;
+        const bool eq = i < nb && key == thr;
+        const uint32_t ball = __ballot_sync(FULL_MASK, eq);
+        if (lane == 0) s_wcnt[warp] = __popc(ball);
+        __syncthreads();
+        uint32_t before = s_taken + __popc(ball & ((1u << lane) - 1u));
+        for (int w = 0; w < warp; w++) before += s_wcnt[w];
+        if (i < nb && (key > thr || (eq && before < need))) atomicOr(sel + ((b0 + i) >> 5), 1u << ((b0 + i) & 31));
+        __syncthreads();
+        if (tid == 0)
+            for (int w = 0; w < KS_THREADS / 32; w++) s_taken += s_wcnt[w];
+        __syncthreads();
+    }
+}
+
+static size_t ks_smem(int max_blocks) { return (size_t)max_blocks * sizeof(float); }
+
+extern "C" int kv_select_prepare(int max_blocks) {
+    const size_t need = ks_smem(max_blocks);
+    if (need <= 48 * 1024) return 0;
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+        (size_t)optin < need + 2048 ||
+        cudaFuncSetAttribute(kv_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    return 0;
+}
+
+extern "C" void kv_bounds_cuda(const struct cuda_kv *kv, int l, const float *k, int ld, const int32_t *pos,
+                               const int32_t *seq_id, int n_tokens, cudaStream_t st) {
+    if (n_tokens <= 0 || !kv->topk_blocks) return;
+    kv_bounds_kernel<<<n_tokens, KS_THREADS, 0, st>>>(*kv, l, k, ld, pos, seq_id, n_tokens);
+}
+
+extern "C" void kv_select_cuda(const struct cuda_kv *kv, int l, const float *q, const int32_t *pos,
+                               const int32_t *seq_id, int n_tokens, int n_head, cudaStream_t st) {
+    if (n_tokens <= 0 || !kv->topk_blocks) return;
+    kv_select_kernel<<<dim3(n_tokens, kv->n_head_kv), KS_THREADS, ks_smem(kv->max_blocks), st>>>(*kv, l, q, pos, seq_id,
+                                                                                                 n_head);
+}

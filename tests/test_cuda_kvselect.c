@@ -1,0 +1,207 @@
+/* test_cuda_kvselect.c - block selection on the GPU (kv_select.cu) against an oracle written here
+ * from the method (Quest, Tang et al. 2024: per block and key channel the min and max of the keys;
+ * a block's bound max over the group's query heads of sum_d max(q_d min_d, q_d max_d); the k largest
+ * bounds, ties to the earlier block, among the blocks touching the middle between the sinks and the
+ * window).
+ *
+ *   bitmaps    one sequence of 300 positions (19 blocks of 16), f16 cache, window 32 + 4 sinks, top 3:
+ *              kv_bounds_cuda over the whole ubatch in one launch, then kv_select_cuda for every
+ *              token and KV head: each bitmap equal to the oracle's choice; also the keys stored in
+ *              two ubatches split inside a block (the bounds of a block's later slots fold in).
+ *   attention  attention_cuda with the bitmaps against the softmax over the oracle's positions
+ *              (sinks, chosen blocks, window; f16-rounded K and V): normalised error <= 1e-5.
+ *   engine     tiny-qwen3, greedy 24 tokens with window 16 + 4 sinks and 1 block chosen, CPU = CUDA,
+ *              f16 and pxq caches.
+ */
+#define TEST_RNG_SEED 0x7a11c0de5e1ec7edull
+#include "test_cuda_common.h"
+#include "testutil.h"
+
+#ifndef PXQ_CUDA
+int main(void) { return cuda_test_gate("test_cuda_kvselect"); }
+#else
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda/backend.h"
+#include "cuda/ops_cuda.h"
+#include "engine.h"
+#include "kvcache.h"
+#include "util.h"
+
+enum { HD = 64, NKV = 2, GROUP = 2, NH = NKV * GROUP, KVD = NKV * HD, BS = 16, N = 300, NB = (N + BS - 1) / BS };
+enum { SINKS = 4, WINDOW = 32, TOPK = 3, WORDS = (NB + 31) / 32 };
+
+/* The oracle's chosen blocks of token position qp, KV head h: bit j of *bits for block j. */
+static uint32_t oracle(const float *q, const float *k, int qp, int h) {
+    const int n_kv = qp + 1;
+    if (n_kv <= SINKS + WINDOW) return 0;
+    const int a = SINKS, b = n_kv - WINDOW, b0 = a / BS, b1 = (b - 1) / BS, nb = b1 - b0 + 1;
+    double score[NB];
+    for (int i = 0; i < nb; i++) {
+        const int j = b0 + i, p_lo = j * BS, p_hi = j * BS + BS < N ? j * BS + BS : N;
+        double best = -INFINITY;
+        for (int g = 0; g < GROUP; g++) {
+            double u = 0;
+            for (int d = 0; d < HD; d++) {
+                float mn = INFINITY, mx = -INFINITY;
+                for (int p = p_lo; p < p_hi; p++) { /* every key is stored before the selection */
+                    const float x = k[(size_t)p * KVD + h * HD + d];
+                    mn = fminf(mn, x), mx = fmaxf(mx, x);
+                }
+                const double qd = q[(size_t)qp * NH * HD + (size_t)(h * GROUP + g) * HD + d];
+                u += fmax(qd * mn, qd * mx);
+            }
+            best = fmax(best, u);
+        }
+        score[i] = best;
+    }
+    if (nb <= TOPK) return nb >= 32 ? ~0u : (((1u << nb) - 1u) << b0);
+    uint32_t bits = 0;
+    for (int r = 0; r < TOPK; r++) { /* repeated argmax, the earlier block on ties */
+        int best = -1;
+        for (int i = 0; i < nb; i++)
+            if (!(bits >> (b0 + i) & 1u) && (best < 0 || score[i] > score[best])) best = i;
+        bits |= 1u << (b0 + best);
+    }
+    return bits;
+}
+
+static void test_kernels(int split) {
+    struct kv_spec spec = {.type = KV_CACHE_F16, .attn_window = WINDOW, .attn_sinks = SINKS, .topk_blocks = TOPK};
+    struct kv_layout lay;
+    char err[256];
+    CHECK(kv_layout_init(&lay, 1, NKV, HD, BS, &spec, err, sizeof err) == 0, "layout: %s", err);
+    struct cuda_kv kv;
+    CHECK(cuda_kv_from_layout(&kv, &lay) == 0 && kv.topk_blocks == TOPK, "cuda view with block selection");
+    int32_t tab[NB], pos[N], seq[N];
+    rnd_perm(tab, NB); /* the sequence's blocks in a shuffled order */
+    for (int t = 0; t < N; t++) pos[t] = t, seq[t] = 0;
+    float *k = xmalloc((size_t)N * KVD * 4), *v = xmalloc((size_t)N * KVD * 4), *q = xmalloc((size_t)N * NH * HD * 4);
+    fill(k, (size_t)N * KVD, 1.0f), fill(v, (size_t)N * KVD, 1.0f), fill(q, (size_t)N * NH * HD, 1.0f);
+    kv.k = dev_poison_bytes((size_t)NB * lay.block_bytes[KV_K]), kv.v = dev_poison_bytes((size_t)NB * lay.block_bytes[KV_V]);
+    kv.block_tab = dev_put(tab, sizeof tab), kv.max_blocks = NB;
+    kv.kmin = dev_poison((size_t)NB * KVD), kv.kmax = dev_poison((size_t)NB * KVD);
+    kv.sel_words = WORDS;
+    kv.sel = (uint32_t *)dev_poison_bytes((size_t)N * NKV * WORDS * 4);
+    CHECK(kv_select_prepare(NB) == 0, "select smem");
+    float *dk = dev_put(k, (size_t)N * KVD * 4), *dv = dev_put(v, (size_t)N * KVD * 4), *dq = dev_put(q, (size_t)N * NH * HD * 4);
+    int32_t *dpos = dev_put(pos, sizeof pos), *dseq = dev_put(seq, sizeof seq);
+    /* store and fold the bounds: one ubatch, or two split at position `split` (inside a block) */
+    const int cut[3] = {0, split ? split : N, N};
+    for (int c = 0; c < 2 && cut[c] < N; c++) {
+        const int n = cut[c + 1] - cut[c];
+        kv_store_cuda(&kv, 0, dk + (size_t)cut[c] * KVD, dv + (size_t)cut[c] * KVD, dpos + cut[c], dseq + cut[c], n, 0);
+        kv_bounds_cuda(&kv, 0, dk + (size_t)cut[c] * KVD, KVD, dpos + cut[c], dseq + cut[c], n, 0);
+    }
+    kv_select_cuda(&kv, 0, dq, dpos, dseq, N, NH, 0);
+    CK(cudaDeviceSynchronize());
+    uint32_t *bits = xmalloc((size_t)N * NKV * WORDS * 4);
+    dev_get(bits, kv.sel, (size_t)N * NKV * WORDS * 4);
+    int bad = 0, chosen = 0;
+    for (int t = 0; t < N; t++)
+        for (int h = 0; h < NKV; h++) {
+            const uint32_t want = oracle(q, k, t, h), got = bits[((size_t)t * NKV + h) * WORDS];
+            bad += want != got;
+            chosen += __builtin_popcount(got);
+            if (want != got && bad <= 3) printf("  token %d head %d: bitmap %08x, the oracle's %08x\n", t, h, got, want);
+        }
+    printf("block selection%s: %d of %d bitmaps equal to the oracle's (%d blocks chosen)\n",
+           split ? " (two ubatches)" : "", N * NKV - bad, N * NKV, chosen);
+    CHECK(bad == 0, "block selection: %d bitmaps differ from the oracle's", bad);
+    /* attention over the chosen positions, against the same softmax over f16-rounded rows */
+    float *ref = xmalloc((size_t)N * NH * HD * 4), *got = xmalloc((size_t)N * NH * HD * 4), sc[N];
+    for (int t = 0; t < N; t++)
+        for (int hq = 0; hq < NH; hq++) {
+            const int h = hq / GROUP, n_kv = t + 1;
+            const uint32_t sel = oracle(q, k, t, h);
+            float m = -INFINITY, sum = 0;
+            for (int p = 0; p < n_kv; p++) {
+                const int vis = n_kv <= SINKS + WINDOW || p < SINKS || t - p < WINDOW || (sel >> (p / BS) & 1u);
+                double a = 0;
+                for (int d = 0; d < HD && vis; d++)
+                    a += (double)q[((size_t)t * NH + hq) * HD + d] * fp16_to_f32(f32_to_fp16(k[(size_t)p * KVD + h * HD + d]));
+                sc[p] = vis ? (float)a * lay.attn_scale : -INFINITY;
+                m = fmaxf(m, sc[p]);
+            }
+            for (int p = 0; p < n_kv; p++) sum += sc[p] = sc[p] == -INFINITY ? 0.0f : expf(sc[p] - m);
+            float *o = ref + ((size_t)t * NH + hq) * HD;
+            memset(o, 0, HD * 4);
+            for (int p = 0; p < n_kv; p++)
+                for (int d = 0; d < HD; d++) o[d] += sc[p] / sum * fp16_to_f32(f32_to_fp16(v[(size_t)p * KVD + h * HD + d]));
+        }
+    CHECK(attention_cuda_prepare(HD, GROUP) == 0, "attention smem");
+    const int split_len = 64, n_split = (N + split_len - 1) / split_len;
+    float *dout = dev_poison((size_t)N * NH * HD), *po = dev_poison((size_t)N * NH * n_split * HD),
+          *pml = dev_poison((size_t)N * NH * n_split * 2);
+    attention_cuda(dout, dq, &kv, 0, dpos, dseq, N, NH, n_split, split_len, po, pml, 0);
+    attention_combine_cuda(dout, NULL, NULL, po, pml, N, NH, HD, n_split, 0);
+    CK(cudaDeviceSynchronize());
+    dev_get(got, dout, (size_t)N * NH * HD * 4);
+    const double e = norm_err(got, ref, (size_t)N * NH * HD);
+    printf("  attention over the chosen blocks: error %.2e\n", e);
+    CHECK(e <= 1e-5, "attention with block selection: normalised error %.3g", e);
+    cudaFree(kv.k), cudaFree(kv.v), cudaFree((void *)kv.block_tab), cudaFree(kv.kmin), cudaFree(kv.kmax), cudaFree(kv.sel);
+    cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dpos), cudaFree(dseq), cudaFree(dout), cudaFree(po), cudaFree(pml);
+    free(k), free(v), free(q), free(bits), free(ref), free(got);
+    kv_layout_free(&lay);
+}
+
+/* Greedy tokens of tiny-qwen3 with window 16 + 4 sinks and one chosen block. */
+static int greedy(struct pxq_model *m, int device, int kv_type, int32_t *out, int n_gen) {
+    struct pxq_engine_params ep = pxq_engine_default_params();
+    ep.n_ctx = 256, ep.device = device, ep.kv_type = kv_type, ep.n_threads = 2;
+    ep.attn_window = 16, ep.attn_sinks = 4, ep.kv_topk_blocks = 1;
+    char err[256];
+    struct pxq_engine *e = pxq_engine_new(m, &ep, err, sizeof err);
+    CHECK(e != NULL, "engine (device %d): %s", device, err);
+    if (!e) return -1;
+    int32_t toks[64] = {785, 1216, 315, 279, 1879, 572, 911, 264, 1042, 13, 576, 3250, 11, 1052, 6, 99, 1500, 42, 7, 8};
+    int n = 20, s = pxq_seq_new(e);
+    int32_t pos[64], seq[64];
+    for (int i = 0; i < 64; i++) pos[i] = i, seq[i] = s;
+    struct pxq_batch b = {n, toks, pos, seq, NULL};
+    int rc = pxq_decode(e, &b, err, sizeof err);
+    for (int g = 0; rc == 0 && g < n_gen; g++) {
+        const float *lg = pxq_logits(e, 0);
+        int best = 0;
+        for (int vv = 1; vv < 8192; vv++) best = lg[vv] > lg[best] ? vv : best;
+        out[g] = best;
+        struct pxq_batch b1 = {1, &out[g], &pos[n + g], &seq[0], NULL};
+        rc = pxq_decode(e, &b1, err, sizeof err);
+    }
+    CHECK(rc == 0, "decode: %s", err);
+    pxq_engine_free(e);
+    return rc;
+}
+
+static void test_engine(void) {
+    char err[512], p[1024];
+    snprintf(p, sizeof p, "%s/tiny-qwen3", test_data_dir());
+    struct pxq_model *m = model_open(p, err, sizeof err);
+    CHECK(m != NULL, "open %s: %s", p, err);
+    if (!m) return;
+    const int types[2] = {KV_CACHE_F16, KV_CACHE_PXQ};
+    for (int i = 0; i < 2; i++) {
+        int32_t a[24], b[24];
+        if (greedy(m, PXQ_DEVICE_CPU, types[i], a, 24) || greedy(m, PXQ_DEVICE_CUDA, types[i], b, 24)) continue;
+        int same = 0;
+        while (same < 24 && a[same] == b[same]) same++;
+        printf("engine %s, window 16 + 4 sinks + 1 chosen block: CPU and CUDA agree on %d of 24 greedy tokens\n",
+               kv_cache_type_name(types[i]), same);
+        CHECK(same == 24, "engine %s with block selection: greedy tokens differ at %d", kv_cache_type_name(types[i]), same);
+    }
+    model_free(m);
+}
+
+int main(void) {
+    int gate = cuda_test_gate("test_cuda_kvselect");
+    if (gate >= 0) return gate;
+    test_kernels(0);
+    test_kernels(40); /* the second ubatch starts inside block 2 */
+    test_engine();
+    return test_summary("test_cuda_kvselect");
+}
+#endif
