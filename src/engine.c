@@ -109,7 +109,13 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
         free(e);
         return NULL;
     }
-    if (e->p.kv_blocks <= 0) e->p.kv_blocks = (int)kv_blocks_for(e->p.n_ctx, e->p.kv_block_size) * e->p.n_seq_max;
+    /* window attention without block selection: each sequence's blocks past its window are given back
+     * as it advances (engine_window_step), so the pool holds a window's worth a sequence */
+    e->window_free = e->p.attn_window > 0 && !e->p.kv_topk_blocks && !e->p.kv_keep_past_window;
+    const int64_t per_seq = e->window_free ? kv_blocks_per_seq(e->p.n_ctx, e->p.kv_block_size, e->p.attn_window,
+                                                               e->p.attn_sinks, 0, e->p.n_batch)
+                                           : kv_blocks_for(e->p.n_ctx, e->p.kv_block_size);
+    if (e->p.kv_blocks <= 0) e->p.kv_blocks = (int)per_seq * e->p.n_seq_max;
     int n_kv = 0;
     for (int il = 0; il < hp->n_layer; il++) e->kv_layer[il] = hp->layer_kind[il] == LAYER_ATTN ? n_kv++ : -1;
     e->n_lw = hp->n_layer + (e->p.spec_mtp ? hp->n_mtp_layer : 0);
@@ -132,6 +138,7 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
         return NULL;
     }
     e->kv.prefix = e->p.prefix_caching && !e->kv.lay.quantized && pxq_engine_can_share_kv(e);
+    if (e->window_free) e->kv.seq_blocks_max = (int)per_seq;
     e->tp = threadpool_new(e->p.n_threads);
     e->seqs = xcalloc((size_t)e->p.n_seq_max, sizeof *e->seqs);
     e->lw = xcalloc((size_t)e->n_lw, sizeof *e->lw);
@@ -409,6 +416,23 @@ int *engine_outputs(struct pxq_engine *e, const struct pxq_batch *b) {
     return out_idx;
 }
 
+/* Window attention without block selection (e->window_free): before a ubatch, the blocks of its
+ * positions; after it, the blocks wholly before the first position any later query sees, less a
+ * step's rollback (n_batch), given back. The reservations cannot fail: pxq_decode checked each
+ * sequence's growth against the pool with the cap of kv_blocks_per_seq, which no sequence exceeds. */
+static void window_step(struct pxq_engine *e, const struct ubatch *ub, int before) {
+    for (int i = 0; i < ub->n; i++) {
+        const int s = ub->seq_id[i];
+        if (i + 1 < ub->n && ub->seq_id[i + 1] == s && ub->pos[i + 1] > ub->pos[i]) continue; /* its last token here */
+        struct kv_seq *kv = &e->seqs[s].kv;
+        if (before) {
+            if (kv_seq_reserve(&e->kv, kv, ub->pos[i] + 1) != 0) die("KV reserve in a window step");
+        } else {
+            kv_seq_release_before(&e->kv, kv, e->seqs[s].n_pos - e->p.attn_window - e->p.n_batch);
+        }
+    }
+}
+
 /* Forward over the batch's tokens idx[0..m) (batch order, each sequence's in position order), in
  * ubatches of n_batch; hidden states (spec_mtp) go to their batch rows of e->hidden. */
 static void run_tokens(struct pxq_engine *e, const struct pxq_batch *b, const int *out_idx, const int *idx, int m) {
@@ -430,12 +454,14 @@ static void run_tokens(struct pxq_engine *e, const struct pxq_batch *b, const in
                             contiguous ? b->token + k + i0 : tok + i0, contiguous ? b->pos + k + i0 : pos + i0,
                             contiguous ? b->seq_id + k + i0 : sid + i0, contiguous ? out_idx + k + i0 : oi + i0,
                             !e->p.spec_mtp ? NULL : contiguous ? e->hidden + (size_t)(k + i0) * d : hid + (size_t)i0 * d, NULL};
+        if (e->window_free) window_step(e, &ub, 1);
 #ifdef PXQ_CUDA
         if (e->backend) forward_cuda(e, &ub);
         else
 #endif
             forward_cpu(e, &ub);
         for (int i = 0; i < ub.n; i++) e->seqs[ub.seq_id[i]].n_pos++;
+        if (e->window_free) window_step(e, &ub, 0);
     }
     if (hid)
         for (int i = 0; i < m; i++) memcpy(e->hidden + (size_t)idx[i] * d, hid + (size_t)i * d, d * sizeof *hid);
@@ -515,7 +541,7 @@ int pxq_decode(struct pxq_engine *e, const struct pxq_batch *b, char *err, size_
         set_err(err, errlen, "KV cache full: the batch needs %d blocks, %d free", need, e->kv.n_free);
         goto out;
     }
-    for (int s = 0; s < e->p.n_seq_max; s++)
+    for (int s = 0; s < e->p.n_seq_max && !e->window_free; s++) /* window_free: per ubatch (window_step) */
         if (added[s] && kv_seq_reserve(&e->kv, &e->seqs[s].kv, e->seqs[s].n_pos + added[s]) != 0) die("KV reserve after check");
     int *out_idx = engine_outputs(e, b);
     int two_passes = 0;

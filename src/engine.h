@@ -28,6 +28,9 @@ struct pxq_engine_params {
     int attn_window, attn_sinks; /* window + sink attention: a query sees the first attn_sinks and its last
                                     attn_window positions (0: full attention, the default) */
     int kv_topk_blocks;          /* with a window: also the top k blocks by Quest's bound (0: off) */
+    int kv_keep_past_window;     /* window attention without block selection gives back each sequence's
+                                    blocks past its window (kv_blocks_per_seq); 1 keeps them (a test's
+                                    reference) */
     /* pxq cache: per (attention layer, KV head), layer-major, 1 = keep V at 8 bits ([n_layer_kv][n_head_kv]),
      * and the 2-bit levels ([n_layer_kv][n_head_kv][4]). NULL: the model's calibration (pxq.kv.* GGUF
      * keys, kv_calib.h), else none (no 8-bit heads, uniform levels). Calibration sets them. */

@@ -41,6 +41,7 @@ struct pxq_engine {
     struct pxq_model *m;
     const struct pxq_hparams *hp;
     struct pxq_engine_params p;
+    int window_free; /* window attention gives back the blocks past each sequence's window (engine.c) */
     struct threadpool *tp;
     struct kv_cache kv;
     int kv_layer[PXQ_MAX_LAYERS];   /* layer -> index among attention layers, or -1 */

@@ -327,12 +327,38 @@ static size_t residual_floats(const struct kv_cache *c) {
 }
 
 int kv_seq_blocks_needed(const struct kv_cache *c, const struct kv_seq *s, int n_pos) {
-    int want = (int)kv_blocks_for(n_pos, c->lay.block_size);
-    return want > s->n_blocks ? want - s->n_blocks : 0;
+    int want = (int)kv_blocks_for(n_pos, c->lay.block_size) - s->n_blocks;
+    if (want <= 0) return 0;
+    if (c->seq_blocks_max > 0) {
+        int live = 0;
+        for (int j = 0; j < s->n_blocks; j++) live += s->blocks[j] >= 0;
+        if (want > c->seq_blocks_max - live) want = c->seq_blocks_max - live > 0 ? c->seq_blocks_max - live : 0;
+    }
+    return want;
+}
+
+int64_t kv_blocks_per_seq(int64_t n_ctx, int block_size, int attn_window, int attn_sinks, int topk_blocks, int n_batch) {
+    const int64_t all = kv_blocks_for(n_ctx, block_size);
+    if (attn_window <= 0 || topk_blocks > 0) return all;
+    const int64_t w = kv_blocks_for(attn_sinks, block_size) + kv_blocks_for((int64_t)attn_window + 2 * (int64_t)n_batch, block_size) + 4;
+    return w < all ? w : all;
+}
+
+int kv_seq_release_before(struct kv_cache *c, struct kv_seq *s, int p_keep) {
+    const int bs = c->lay.block_size;
+    int n = 0;
+    for (int j = (int)kv_blocks_for(c->lay.attn_sinks, bs); j < s->n_blocks && (int64_t)(j + 1) * bs <= p_keep; j++)
+        if (s->blocks[j] >= 0) {
+            block_release(c, s->blocks[j]);
+            s->blocks[j] = -1;
+            n++;
+        }
+    return n;
 }
 
 int kv_seq_reserve(struct kv_cache *c, struct kv_seq *s, int n_pos) {
-    int need = kv_seq_blocks_needed(c, s, n_pos);
+    int need = (int)kv_blocks_for(n_pos, c->lay.block_size) - s->n_blocks; /* every entry, uncapped */
+    if (need < 0) need = 0;
     if (need > c->n_free) return -1;
     seq_grow(s, s->n_blocks + need);
     for (int i = 0; i < need; i++) s->blocks[s->n_blocks++] = block_alloc(c);
@@ -346,13 +372,21 @@ int kv_seq_reserve(struct kv_cache *c, struct kv_seq *s, int n_pos) {
 
 int kv_seq_shrink(struct kv_cache *c, struct kv_seq *s, int n_pos) {
     const int bs = c->lay.block_size, keep = (int)kv_blocks_for(n_pos, bs);
+    if (n_pos > 0 && c->lay.attn_window) { /* the blocks a query at n_pos sees must still be there */
+        const int lo = n_pos - c->lay.attn_window > 0 ? (n_pos - c->lay.attn_window) / bs : 0;
+        for (int j = lo; j < keep && j < s->n_blocks; j++)
+            if (s->blocks[j] < 0) return -1;
+    }
     int last = n_pos % bs && keep <= s->n_blocks ? s->blocks[keep - 1] : -1; /* kept, and written again */
     if (last >= 0 && c->ref[last] > 1) {
         int freed = 0;
         for (int j = keep; j < s->n_blocks; j++) freed += c->ref[s->blocks[j]] == 1;
         if (!c->pool[0] || c->n_free + freed < 1) return -1;
     }
-    while (s->n_blocks > keep) block_release(c, s->blocks[--s->n_blocks]);
+    while (s->n_blocks > keep) {
+        const int b = s->blocks[--s->n_blocks];
+        if (b >= 0) block_release(c, b);
+    }
     if (last >= 0 && c->ref[last] > 1) { /* copy on write */
         int b = block_alloc(c);
         block_copy(c, b, last);
@@ -382,7 +416,7 @@ int kv_seq_fork(struct kv_cache *c, struct kv_seq *dst, const struct kv_seq *src
     if (c->lay.quantized && (!c->pool[0] || !src->res[0])) return -1;
     seq_grow(dst, full + part);
     for (int j = 0; j < full; j++) {
-        block_retain(c, src->blocks[j]);
+        if (src->blocks[j] >= 0) block_retain(c, src->blocks[j]); /* a block given back stays a hole */
         dst->blocks[j] = src->blocks[j];
         dst->bh[j] = src->bh[j];
     }
@@ -425,6 +459,10 @@ void kv_prefix_commit(struct kv_cache *c, struct kv_seq *s, const int32_t *tok, 
     int full = n_tok / bs;
     if (full > s->n_blocks) full = s->n_blocks;
     for (int j = s->n_hashed; j < full; j++) {
+        if (s->blocks[j] < 0) { /* given back: the chain stops here */
+            full = j;
+            break;
+        }
         uint64_t h = kv_block_hash(j ? s->bh[j - 1] : 0, tok + (size_t)j * bs, bs);
         s->bh[j] = h;
         int b = s->blocks[j];

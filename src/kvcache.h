@@ -90,6 +90,13 @@ int kv_cache_type_parse(const char *s);
 /* Blocks that hold n_pos positions: ceil(n_pos / block_size). The one place the formula lives. */
 static inline int64_t kv_blocks_for(int64_t n_pos, int block_size) { return (n_pos + block_size - 1) / block_size; }
 
+/* Blocks a sequence of up to n_ctx positions holds at once: all its blocks; or, with window + sink
+ * attention and no block selection (topk_blocks 0), whose blocks wholly past the window are given
+ * back (kv_seq_release_before), the sinks' blocks, those of the window and of two steps of n_batch
+ * positions (the step being written, and a rollback of one), and 4 for the blocks cut at the
+ * edges. The pool is sized by it and the memory plan counts it. */
+int64_t kv_blocks_per_seq(int64_t n_ctx, int block_size, int attn_window, int attn_sinks, int topk_blocks, int n_batch);
+
 /* Per-head choices for a layout: the element type of K and V of each (layer, KV head) and the
  * Q2NU levels. NULL levels mean the uniform levels {-1, -1/3, 1/3, 1}. */
 struct kv_spec {
@@ -172,10 +179,13 @@ struct kv_cache {
     int *lru_prev, *lru_next;       /* [n_blocks] cached blocks of refcount 0, oldest at lru_head */
     int lru_head, lru_tail, n_cached;
     uint64_t n_evicted;             /* cached blocks reused for other content */
+    int seq_blocks_max;             /* window + sink attention: kv_blocks_per_seq, the blocks a sequence
+                                       holds at most (its blocks past the window given back); 0: no cap */
 };
 
 struct kv_seq {
-    int *blocks;      /* block table: position p lives in blocks[p / block_size], slot p % block_size */
+    int *blocks;      /* block table: position p lives in blocks[p / block_size], slot p % block_size;
+                         -1: given back (a block no query will see again: kv_seq_release_before) */
     int n_blocks, cap;
     uint64_t *bh;     /* [cap] chain hash of block j, for j < n_hashed */
     int n_hashed;     /* leading full blocks whose hash is known */
@@ -191,12 +201,18 @@ void kv_cache_free(struct kv_cache *c);
 /* Make sure seq has blocks for positions [0, n_pos). Returns 0, or -1 (seq unchanged) if the pool
  * has too few free blocks (cached blocks are evicted, oldest first, when no empty one is left). */
 int  kv_seq_reserve(struct kv_cache *c, struct kv_seq *s, int n_pos);
+/* Window + sink attention: give back s's blocks that hold no sink and end at or before position
+ * p_keep (entries become -1). Returns how many. The caller keeps p_keep at or before the first
+ * position any later query sees. */
+int  kv_seq_release_before(struct kv_cache *c, struct kv_seq *s, int p_keep);
 /* Give back the blocks beyond those needed for n_pos positions (n_pos 0 frees all, residual too).
  * The block holding position n_pos, if kept, is made private (unhashed; copied when shared, host
  * storage only). Returns 0, or -1 (seq unchanged) if that block is shared and cannot be copied
- * (no free block, or no host storage). */
+ * (no free block, or no host storage), or if a block the window of a query at n_pos sees was given
+ * back. */
 int  kv_seq_shrink(struct kv_cache *c, struct kv_seq *s, int n_pos);
-/* Blocks still needed to hold n_pos positions for s. */
+/* Blocks still needed to hold n_pos positions for s: at most seq_blocks_max less the blocks s holds
+ * when the cache has that cap (blocks past the window are given back as the positions advance). */
 int  kv_seq_blocks_needed(const struct kv_cache *c, const struct kv_seq *s, int n_pos);
 /* dst (empty) becomes a copy of src's first n_pos positions: the full blocks by reference, the
  * partly filled last block copied into a new block (host storage), and a quantized cache's residual

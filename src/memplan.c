@@ -82,6 +82,9 @@ int memplan_kv_layout(struct kv_layout *lay, const struct pxq_hparams *hp, const
     spec.n_sink = p->kv_sink;
     spec.n_window = p->kv_window;
     spec.n_batch = p->n_batch;
+    spec.attn_window = p->attn_window;
+    spec.attn_sinks = p->attn_sinks;
+    spec.topk_blocks = p->topk_blocks;
     return kv_layout_init(lay, hparams_n_attn_layers(hp), hp->n_head_kv, hp->head_dim, p->kv_block_size, &spec, err, errlen);
 }
 
@@ -117,6 +120,12 @@ size_t memplan_arena_weight_bytes(const struct memplan *mp, const struct pxq_hpa
     return (hp->tie_embd ? mp->device_weight_bytes : mp->device_weight_bytes - mp->token_embd_device_bytes) + inv_freq;
 }
 
+/* The KV blocks a sequence of n_ctx positions holds (kv_blocks_per_seq: fewer with window attention,
+ * whose blocks past the window are given back). */
+static int64_t memplan_seq_blocks(const struct memplan_params *p, int n_ctx) {
+    return kv_blocks_per_seq(n_ctx, p->kv_block_size, p->attn_window, p->attn_sinks, p->topk_blocks, p->n_batch);
+}
+
 /* The arena at context n_ctx per sequence: weights + KV + the CUDA backend's own buffers
  * (cuda_bufs_of: activations, logits rows, workspace, recurrent state), each rounded as the backend
  * allocates it; the --workspace bytes stand for the cuBLAS workspace. Fills mp's terms. */
@@ -128,9 +137,10 @@ static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const s
     ep.n_batch = p->n_batch;
     ep.kv_block_size = p->kv_block_size;
     ep.spec_checkpoint = p->spec;
+    ep.attn_window = p->attn_window, ep.attn_sinks = p->attn_sinks, ep.kv_topk_blocks = p->topk_blocks;
     size_t max_in, max_mat, state;
     cuda_widths_of(hp, &max_in, &max_mat);
-    const int64_t positions = kv_blocks_for(n_ctx, p->kv_block_size) * p->kv_block_size * p->n_seq;
+    const int64_t positions = memplan_seq_blocks(p, n_ctx) * p->kv_block_size * p->n_seq;
     const size_t kv = mp->kv_bytes_per_token * (size_t)positions + mp->kv_residual_per_seq * (size_t)p->n_seq;
     size_t total = 0;
     for (int small = 0; small < 1 + allow_small; small++) { /* the backend's choice (cuda_mem_plan): small tiles if over budget */
@@ -162,7 +172,7 @@ int memplan_compute(struct memplan *mp, const struct pxq_hparams *hp, const stru
     mp->kv_residual_per_seq = kv_layout_residual_bytes(&lay);
     mp->kv_sink = lay.n_sink, mp->kv_window = lay.n_window, mp->kv_ring = lay.n_ring;
     kv_layout_free(&lay);
-    mp->kv_positions = kv_blocks_for(p->n_ctx, p->kv_block_size) * p->kv_block_size * p->n_seq;
+    mp->kv_positions = memplan_seq_blocks(p, p->n_ctx) * p->kv_block_size * p->n_seq;
     /* the same account in double first: -c 2^30 x 2^15 sequences of a 32B model is 2^64 bytes of KV,
      * which in size_t wraps to 0 and would "fit" */
     double approx = (double)mp->weight_bytes + (double)mp->kv_bytes_per_token * (double)mp->kv_positions +
@@ -237,6 +247,11 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
             "KV cache", hsize(a, sizeof a, (double)mp->kv_bytes), hsize(b, sizeof b, (double)mp->kv_bytes_per_token), mp->n_layer_kv,
             hp->n_head_kv, hp->head_dim, kvt, p->kv_type == KV_CACHE_PXQ ? ": K q8_0, V 2-bit" : "",
             (long long)mp->kv_positions, p->n_ctx, p->kv_block_size, p->n_seq);
+    if (p->attn_window && !p->topk_blocks && mp->kv_positions < kv_blocks_for(p->n_ctx, p->kv_block_size) * p->kv_block_size * p->n_seq)
+        fprintf(f, " (--attention-window %d, %d sinks: the blocks past a sequence's window are given back, so it holds its "
+                "sinks, the window and two steps of %d)", p->attn_window, p->attn_sinks, p->n_batch);
+    else if (p->topk_blocks)
+        fprintf(f, " (block selection: every position kept, and per block the keys' min and max)");
     if (mp->kv_residual_per_seq)
         fprintf(f, " + %s/seq exact residual (%d sink + %d window + %d batch positions, float32)", hsize(c, sizeof c, (double)mp->kv_residual_per_seq),
                 mp->kv_sink, mp->kv_window, mp->kv_ring - mp->kv_window);

@@ -52,6 +52,8 @@ struct memplan_params {
     size_t workspace;       /* bytes */
     size_t cuda_context;    /* bytes, an estimate */
     int spec;               /* speculative decoding: a checkpoint copy of each sequence's recurrent state */
+    int attn_window, attn_sinks, topk_blocks; /* window + sink attention and block selection (engine.h):
+                                               * the blocks a sequence holds are kv_blocks_per_seq's */
 };
 
 struct memplan {

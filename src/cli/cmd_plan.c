@@ -29,6 +29,10 @@ static const char *usage =
     "  --kv-sink N             quantized caches: first N positions kept exact (default 4)\n"
     "  --kv-window W           quantized caches: last W positions kept exact (default 128)\n"
     "  --kv-block-size N       positions per KV block (default 16)\n"
+    "  --attention-window W    window + sink attention (as pxq run): a sequence holds its sinks and the\n"
+    "                          last W positions' blocks (those past the window are given back)\n"
+    "  --attention-sinks N     the first N positions every query sees (with a window)\n"
+    "  --kv-topk-blocks K      block selection (with a window): every block kept, with its key bounds\n"
     "  --workspace SIZE        cuBLAS workspace (default 32MiB)\n"
     "  --cuda-context SIZE     CUDA context estimate (default 500MiB)\n"
     "  --spec D                speculative decoding (ngram, draft, mtp): count the recurrent state's checkpoint\n";
@@ -59,6 +63,9 @@ int cmd_plan(int argc, char **argv) {
         else if (!strcmp(f, "--kv-sink")) p.kv_sink = (int)arg_int(&a, 0, 1 << 20);
         else if (!strcmp(f, "--kv-window")) p.kv_window = (int)arg_int(&a, 0, 1 << 20);
         else if (!strcmp(f, "--kv-block-size")) p.kv_block_size = (int)arg_int(&a, 1, 1 << 16);
+        else if (!strcmp(f, "--attention-window")) p.attn_window = (int)arg_int(&a, 0, 1 << 30);
+        else if (!strcmp(f, "--attention-sinks")) p.attn_sinks = (int)arg_int(&a, 0, 1 << 30);
+        else if (!strcmp(f, "--kv-topk-blocks")) p.topk_blocks = (int)arg_int(&a, 0, 1 << 30);
         else if (!strcmp(f, "--workspace")) p.workspace = arg_size(&a, 0);
         else if (!strcmp(f, "--cuda-context")) p.cuda_context = arg_size(&a, 0);
         else if (!strcmp(f, "--spec")) { /* counts the checkpoint of speculation's rollback (docs/SPEC.md) */
@@ -90,6 +97,9 @@ int cmd_plan(int argc, char **argv) {
         snprintf(title, sizeof title, "%s", model_path(m));
     }
     if (p.n_ctx <= 0) p.n_ctx = pxq_default_n_ctx(&hp);
+    if (p.attn_window >= p.n_ctx || (p.attn_sinks && !p.attn_window) || (p.topk_blocks && !p.attn_window))
+        fail(&a, 2, "--attention-window %d, --attention-sinks %d, --kv-topk-blocks %d: the window must be in [1, the context "
+             "%d), and sinks and block selection need a window", p.attn_window, p.attn_sinks, p.topk_blocks, p.n_ctx);
     if (memplan_compute(&mp, &hp, &p, err, sizeof err) != 0) fail(&a, 1, "%s", err);
     memplan_print(stdout, &mp, &hp, &p, title);
     model_free(m);

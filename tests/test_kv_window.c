@@ -1,0 +1,97 @@
+/* test_kv_window.c - window + sink attention gives back the blocks past each sequence's window, so
+ * its memory stops growing with the context (kv_blocks_per_seq, kv_seq_release_before).
+ * tiny-qwen3 (HF dir), CPU, window 48 + 4 sinks, ubatches of 64, context 2048, f16 and pxq caches:
+ *   - the pool holds kv_blocks_per_seq blocks a sequence (16 here), not the context's 128;
+ *   - two sequences, prompts of 600 and 300 tokens in one batch, then 40 greedy steps together: the
+ *     same tokens as with every block kept (kv_keep_past_window, a pool for the whole context), and
+ *     the blocks in use stay within the cap all along;
+ *   - rolling back past a given-back block is refused (pxq_seq_truncate), a rollback inside the
+ *     window is not.
+ */
+#include <string.h>
+
+#include "engine.h"
+#include "kvcache.h"
+#include "testutil.h"
+#include "util.h"
+
+#define N_GEN 40
+enum { WIN = 48, SINKS = 4, UB = 64, CTX = 2048 };
+static const int LEN[2] = {600, 300};
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++) b = x[i] > x[b] ? i : b;
+    return b;
+}
+
+/* Greedy tokens of both sequences run together; the most blocks in use at once in *peak. */
+static int run(struct pxq_model *m, int kv_type, int keep, int32_t out[2][N_GEN], int *peak, int *pool) {
+    struct pxq_engine_params ep = pxq_engine_default_params();
+    ep.n_ctx = CTX, ep.n_seq_max = 2, ep.n_threads = 2, ep.n_batch = UB, ep.kv_type = kv_type;
+    ep.attn_window = WIN, ep.attn_sinks = SINKS, ep.kv_keep_past_window = keep;
+    char err[256];
+    struct pxq_engine *e = pxq_engine_new(m, &ep, err, sizeof err);
+    CHECK(e != NULL, "engine: %s", err);
+    if (!e) return -1;
+    *pool = pxq_kv_blocks_total(e);
+    int32_t *tok = xmalloc(1024 * 4), *pos = xmalloc(1024 * 4), *seq = xmalloc(1024 * 4), id[2];
+    int8_t *lg = xmalloc(1024);
+    int n = 0;
+    for (int s = 0; s < 2; s++) {
+        id[s] = pxq_seq_new(e);
+        for (int i = 0; i < LEN[s]; i++)
+            tok[n] = (int32_t)((i * 131 + s * 977 + 7) % 8000 + 1), pos[n] = i, seq[n] = id[s], lg[n] = i == LEN[s] - 1, n++;
+    }
+    struct pxq_batch b = {n, tok, pos, seq, lg};
+    int rc = pxq_decode(e, &b, err, sizeof err);
+    *peak = pxq_kv_blocks_total(e) - pxq_kv_blocks_free(e);
+    for (int g = 0; rc == 0 && g < N_GEN; g++) {
+        for (int s = 0; s < 2; s++) {
+            out[s][g] = argmax(pxq_logits(e, s), 8192);
+            tok[s] = out[s][g], pos[s] = LEN[s] + g, seq[s] = id[s], lg[s] = 1;
+        }
+        struct pxq_batch b1 = {2, tok, pos, seq, lg};
+        rc = pxq_decode(e, &b1, err, sizeof err);
+        const int used = pxq_kv_blocks_total(e) - pxq_kv_blocks_free(e);
+        if (used > *peak) *peak = used;
+    }
+    CHECK(rc == 0, "decode: %s", err);
+    if (!keep && rc == 0) { /* sequence 0 is at 640: a rollback inside the window, then one past it */
+        const int n0 = pxq_seq_len(e, id[0]);
+        CHECK(pxq_seq_truncate(e, id[0], n0 - 8) == 0, "a rollback of 8 positions inside the window is allowed");
+        CHECK(pxq_seq_truncate(e, id[0], 100) != 0, "a rollback to 100, whose window was given back, is refused");
+    }
+    free(tok), free(pos), free(seq), free(lg);
+    pxq_engine_free(e);
+    return rc;
+}
+
+int main(void) {
+    char err[512], p[1024];
+    snprintf(p, sizeof p, "%s/tiny-qwen3", test_data_dir());
+    struct pxq_model *m = model_open(p, err, sizeof err);
+    CHECK(m != NULL, "open %s: %s", p, err);
+    if (!m) return test_summary("test_kv_window");
+    const int64_t cap = kv_blocks_per_seq(CTX, KV_BLOCK_SIZE_DEFAULT, WIN, SINKS, 0, UB);
+    CHECK(cap == 1 + 11 + 4, "kv_blocks_per_seq: %lld blocks, expected 16 (sinks 1, window and two steps 11, edges 4)",
+          (long long)cap);
+    CHECK(kv_blocks_per_seq(CTX, KV_BLOCK_SIZE_DEFAULT, WIN, SINKS, 2, UB) == CTX / KV_BLOCK_SIZE_DEFAULT,
+          "block selection keeps every block");
+    const int types[2] = {KV_CACHE_F16, KV_CACHE_PXQ};
+    for (int t = 0; t < 2; t++) {
+        int32_t freed[2][N_GEN], kept[2][N_GEN];
+        int peak_f = 0, peak_k = 0, pool_f = 0, pool_k = 0;
+        if (run(m, types[t], 0, freed, &peak_f, &pool_f) || run(m, types[t], 1, kept, &peak_k, &pool_k)) continue;
+        printf("%s: pool %d blocks (every block kept: %d); most in use %d (kept: %d)\n", kv_cache_type_name(types[t]),
+               pool_f, pool_k, peak_f, peak_k);
+        CHECK(pool_f == 2 * cap && pool_k == 2 * CTX / KV_BLOCK_SIZE_DEFAULT, "%s: pool sizes %d and %d",
+              kv_cache_type_name(types[t]), pool_f, pool_k);
+        CHECK(peak_f <= 2 * cap && peak_k > 2 * cap, "%s: blocks in use %d within the cap %lld (kept: %d)",
+              kv_cache_type_name(types[t]), peak_f, (long long)(2 * cap), peak_k);
+        CHECK(!memcmp(freed, kept, sizeof freed), "%s: giving back the blocks past the window changes no token",
+              kv_cache_type_name(types[t]));
+    }
+    model_free(m);
+    return test_summary("test_kv_window");
+}
