@@ -29,17 +29,14 @@ typedef int att_i16 __attribute__((vector_size(64)));
  * lane d - B : its own lane d; lane d of the high row (d & B) ? its own lane d : the low row's d + B
  * (indices 16..31 name the second operand, the high row). */
 #define ATT_M(B, d, lo) ((lo) ? (((d) & (B)) ? 16 + (d) - (B) : (d)) : (((d) & (B)) ? 16 + (d) : (d) + (B)))
-#define ATT_MASK(B, lo) {ATT_M(B, 0, lo), ATT_M(B, 1, lo), ATT_M(B, 2, lo), ATT_M(B, 3, lo), ATT_M(B, 4, lo), \
+#define ATT_IDX(B, lo) ATT_M(B, 0, lo), ATT_M(B, 1, lo), ATT_M(B, 2, lo), ATT_M(B, 3, lo), ATT_M(B, 4, lo), \
     ATT_M(B, 5, lo), ATT_M(B, 6, lo), ATT_M(B, 7, lo), ATT_M(B, 8, lo), ATT_M(B, 9, lo), ATT_M(B, 10, lo),    \
-    ATT_M(B, 11, lo), ATT_M(B, 12, lo), ATT_M(B, 13, lo), ATT_M(B, 14, lo), ATT_M(B, 15, lo)}
-#define ATT_LO8 ATT_MASK(8, 1)
-#define ATT_HI8 ATT_MASK(8, 0)
-#define ATT_LO4 ATT_MASK(4, 1)
-#define ATT_HI4 ATT_MASK(4, 0)
-#define ATT_LO2 ATT_MASK(2, 1)
-#define ATT_HI2 ATT_MASK(2, 0)
-#define ATT_LO1 ATT_MASK(1, 1)
-#define ATT_HI1 ATT_MASK(1, 0)
+    ATT_M(B, 11, lo), ATT_M(B, 12, lo), ATT_M(B, 13, lo), ATT_M(B, 14, lo), ATT_M(B, 15, lo)
+#if defined(__clang__) || __GNUC__ >= 12 /* clang has no __builtin_shuffle; GCC has __builtin_shufflevector from 12 */
+#define ATT_SHUF(a, c, B, lo) __builtin_shufflevector(a, c, ATT_IDX(B, lo))
+#else
+#define ATT_SHUF(a, c, B, lo) __builtin_shuffle(a, c, (att_i16){ATT_IDX(B, lo)})
+#endif
 
 #define ATT_LD(v, p) memcpy(&(v), (p), sizeof(att_v16)) /* a macro: a 64-byte vector return would change the ABI */
 
@@ -149,16 +146,16 @@ ATT_INLINE void att_transpose(float *kt, const float *const *k, int nb, int hd) 
             if (j < nb) ATT_LD(r[j], k[j] + d0);
             else r[j] = (att_v16){0};
         }
-#define ATT_ROUND(B, LO, HI)                                                                       \
+#define ATT_ROUND(B)                                                                               \
     _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++)                                          \
         if (!(i & B)) {                                                                            \
             const att_v16 a = r[i], c = r[i + B];                                                 \
-            r[i] = __builtin_shuffle(a, c, (att_i16)LO), r[i + B] = __builtin_shuffle(a, c, (att_i16)HI); \
+            r[i] = ATT_SHUF(a, c, B, 1), r[i + B] = ATT_SHUF(a, c, B, 0);                          \
         }
-        ATT_ROUND(8, ATT_LO8, ATT_HI8)
-        ATT_ROUND(4, ATT_LO4, ATT_HI4)
-        ATT_ROUND(2, ATT_LO2, ATT_HI2)
-        ATT_ROUND(1, ATT_LO1, ATT_HI1)
+        ATT_ROUND(8)
+        ATT_ROUND(4)
+        ATT_ROUND(2)
+        ATT_ROUND(1)
 #undef ATT_ROUND
 #pragma GCC unroll 16
         for (int d = 0; d < 16; d++) memcpy(kt + 16 * (size_t)(d0 + d), &r[d], sizeof r[d]);

@@ -26,8 +26,8 @@
  *   acc  = fma(dw_j, f, acc)         (acc from 0, blocks in order)
  * which is dw*dx*sum(q*qx) of quant_q8.c's reference up to float rounding.
  */
-#if defined(__x86_64__) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__) && \
-    defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(__x86_64__) && (defined(__AMX_TILE__) || defined(__AMXTILE__)) && /* GCC's and clang's names */ \
+    (defined(__AMX_INT8__) || defined(__AMXINT8__)) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include "quant.h"
 
 #include <immintrin.h>
@@ -178,16 +178,23 @@ static void tile_scales(float *dx, float *ns, const uint8_t *xq, size_t stride, 
     }
 }
 
-/* C tile c of block j into acc: f = fma(C, dx, -off s), acc = fma(dw, f, acc), per token m. */
+/* The 16 accumulators (token m: acc##m) are named variables, not an array: GCC's tile intrinsics
+ * are asm with a memory clobber, and an array of them went through the stack at each one. */
+#define ACC_ALL(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
+#define ACC_DECL(m) __m512 acc##m = _mm512_setzero_ps();
+#define ACC_STEP(m)                                                                                               \
+    acc##m = _mm512_fmadd_ps(dwj, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb + 16 * (m))),         \
+                                                  _mm512_set1_ps(dxj[m]), _mm512_set1_ps(nsj[m])), acc##m);
+#define ACC_STORE(m) _mm512_storeu_ps(y + (size_t)(m) * ys, acc##m);
+
+/* C tile c of block j into the accumulators: f = fma(C, dx, -off s), acc = fma(dw, f, acc), per token m. */
 #define TILE_DRAIN(c, j)                                                                                          \
     do {                                                                                                          \
         _tile_stored(c, cbuf[c], 64);                                                                             \
         const __m512 dwj = _mm512_load_ps(dw + 16 * (j));                                                         \
         const float *dxj = dx + 16 * (j), *nsj = ns + 16 * (j);                                                   \
-        _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++) {                                                   \
-            const __m512 v = _mm512_cvtepi32_ps(_mm512_load_si512(cbuf[c] + 16 * m));                             \
-            acc[m] = _mm512_fmadd_ps(dwj, _mm512_fmadd_ps(v, _mm512_set1_ps(dxj[m]), _mm512_set1_ps(nsj[m])), acc[m]); \
-        }                                                                                                         \
+        const int32_t *cb = cbuf[c];                                                                              \
+        ACC_ALL(ACC_STEP)                                                                                         \
     } while (0)
 #define TILE_ISSUE(c, a, b, j)                                                                                    \
     do {                                                                                                          \
@@ -202,8 +209,7 @@ static void tile_scales(float *dx, float *ns, const uint8_t *xq, size_t stride, 
 static void tile_group(const uint8_t *B, const float *dw, const float *dx, const float *ns, int64_t nb, const uint8_t *xq,
                        size_t stride, float *y, size_t ys) {
     int32_t cbuf[4][256] __attribute__((aligned(64)));
-    __m512 acc[16];
-    for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
+    ACC_ALL(ACC_DECL)
     TILE_ISSUE(0, 4, 6, 0);
     if (nb > 1) TILE_ISSUE(1, 5, 7, 1);
     for (int64_t j = 0; j < nb; j += 4) {
@@ -216,7 +222,7 @@ static void tile_group(const uint8_t *B, const float *dw, const float *dx, const
         if (j + 2 < nb) TILE_DRAIN(2, j + 2);
         if (j + 3 < nb) TILE_DRAIN(3, j + 3);
     }
-    for (int m = 0; m < 16; m++) _mm512_storeu_ps(y + (size_t)m * ys, acc[m]);
+    ACC_ALL(ACC_STORE)
 }
 
 static __thread uint8_t *tbuf;
