@@ -14,9 +14,11 @@
  *              tensor-core prefill kernel over the same ubatch, within 4e-3.
  *   engine     tiny-qwen3 (HF dir), greedy 24 tokens on CPU and CUDA with --kv-cache-type q8_0 and
  *              pxq (defaults, and every position quantized), and with window + sink attention
- *              (window 16, 4 sinks; f16 and pxq), and with YaRN x4 (f16): the same tokens.
+ *              (window 16, 4 sinks; f16 and pxq), and with YaRN x4 (f16): the same tokens, or parting
+ *              only at a tie (the CPU's top-2 logits within 0.1: the tensor-core kernels' f16).
  */
 #define TEST_RNG_SEED 0x51ed2701a3c2f8e5ull
+#define TIE 0.1f /* largest top-2 logit margin at which CPU and CUDA (default mode) may part: a tie */
 #include "test_cuda_common.h"
 #include "testutil.h"
 
@@ -200,8 +202,10 @@ static void test_store_attention(int hd, int n_head_kv, int group, int n0) {
     kv_cache_free(&c);
 }
 
-/* Greedy tokens of tiny-qwen3 on one device with a cache type. */
-static int greedy(struct pxq_model *m, int device, int kv_type, int window, int attn_window, int32_t *out, int n_gen) {
+/* Greedy tokens of tiny-qwen3 on one device with a cache type; gap[g] (if not NULL): the top-1 minus
+ * top-2 logit of step g. */
+static int greedy(struct pxq_model *m, int device, int kv_type, int window, int attn_window, int32_t *out, int n_gen,
+                  float *gap) {
     struct pxq_engine_params ep = pxq_engine_default_params();
     ep.n_ctx = 256, ep.device = device, ep.kv_type = kv_type, ep.n_threads = 2;
     ep.attn_window = attn_window, ep.attn_sinks = attn_window ? 4 : 0;
@@ -218,9 +222,12 @@ static int greedy(struct pxq_model *m, int device, int kv_type, int window, int 
     int rc = pxq_decode(e, &b, err, sizeof err);
     for (int g = 0; rc == 0 && g < n_gen; g++) {
         const float *lg = pxq_logits(e, 0);
-        int best = 0;
+        int best = 0, second = -1;
         for (int v = 1; v < 8192; v++) best = lg[v] > lg[best] ? v : best;
+        for (int v = 0; v < 8192; v++)
+            if (v != best && (second < 0 || lg[v] > lg[second])) second = v;
         out[g] = best;
+        if (gap) gap[g] = lg[best] - lg[second];
         struct pxq_batch b1 = {1, &out[g], &pos[n + g], &seq[0], NULL};
         rc = pxq_decode(e, &b1, err, sizeof err);
     }
@@ -241,20 +248,27 @@ static void test_engine(void) {
         {KV_CACHE_PXQ, 0, 16, "pxq all quantized, attention window 16 + 4 sinks"}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         int32_t a[24], b[24];
-        if (greedy(m, PXQ_DEVICE_CPU, cases[i].type, cases[i].window, cases[i].attn_window, a, 24) ||
-            greedy(m, PXQ_DEVICE_CUDA, cases[i].type, cases[i].window, cases[i].attn_window, b, 24))
+        float gap[24];
+        if (greedy(m, PXQ_DEVICE_CPU, cases[i].type, cases[i].window, cases[i].attn_window, a, 24, gap) ||
+            greedy(m, PXQ_DEVICE_CUDA, cases[i].type, cases[i].window, cases[i].attn_window, b, 24, NULL))
             continue;
         int same = 0;
         while (same < 24 && a[same] == b[same]) same++;
-        printf("engine %s: CPU and CUDA agree on %d of 24 greedy tokens\n", cases[i].name, same);
-        CHECK(same == 24, "engine %s: greedy tokens differ at %d", cases[i].name, same);
+        /* the tensor-core kernels round K, V and P to f16 (test_cuda_model's bounds): the tokens may
+         * part only where the CPU's top two logits are within TIE of each other */
+        printf("engine %s: CPU and CUDA agree on %d of 24 greedy tokens%s\n", cases[i].name, same,
+               same < 24 && gap[same] < TIE ? " (then a tie)" : "");
+        if (same < 24) printf("  the CPU's top-2 margin there: %.4g\n", gap[same]);
+        CHECK(same == 24 || gap[same] < TIE, "engine %s: greedy tokens differ at %d, top-2 margin %.3g", cases[i].name, same,
+              gap[same]);
     }
     /* YaRN x4 from a 16-position original context (so the prompt runs past it): the CUDA rope kernels
      * read the same table (frequencies and attention factor) as the CPU */
     struct rope_scaling y = {.type = ROPE_SCALING_YARN, .factor = 4, .orig_ctx = 16};
     CHECK(model_set_rope_scaling(m, &y, err, sizeof err) == 0, "yarn: %s", err);
     int32_t a[24], b[24];
-    if (!greedy(m, PXQ_DEVICE_CPU, KV_CACHE_F16, 128, 0, a, 24) && !greedy(m, PXQ_DEVICE_CUDA, KV_CACHE_F16, 128, 0, b, 24)) {
+    if (!greedy(m, PXQ_DEVICE_CPU, KV_CACHE_F16, 128, 0, a, 24, NULL) &&
+        !greedy(m, PXQ_DEVICE_CUDA, KV_CACHE_F16, 128, 0, b, 24, NULL)) {
         int same = 0;
         while (same < 24 && a[same] == b[same]) same++;
         printf("engine yarn x4: CPU and CUDA agree on %d of 24 greedy tokens\n", same);
