@@ -137,7 +137,9 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
         free(e);
         return NULL;
     }
-    e->kv.prefix = e->p.prefix_caching && !e->kv.lay.quantized && pxq_engine_can_share_kv(e);
+    /* not with a quantized cache (its residual is per sequence), nor where blocks past the window are
+     * given back (a matched prefix would hold more blocks than the window's cap) */
+    e->kv.prefix = e->p.prefix_caching && !e->kv.lay.quantized && pxq_engine_can_share_kv(e) && !e->window_free;
     if (e->window_free) e->kv.seq_blocks_max = (int)per_seq;
     e->tp = threadpool_new(e->p.n_threads);
     e->seqs = xcalloc((size_t)e->p.n_seq_max, sizeof *e->seqs);

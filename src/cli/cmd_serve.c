@@ -194,6 +194,7 @@ int cmd_serve(int argc, char **argv) {
     const char *prefix_why = pxq_prefix_caching(e) ? "on"
                              : !prefix_caching ? "off"
                              : !pxq_engine_can_share_kv(e) ? "off (recurrent layers)"
+                             : ep->attn_window && !ep->kv_topk_blocks ? "off (window attention gives back the blocks past the window)"
                                                            : "off (quantized KV cache)";
     if (prefix_asked && !pxq_prefix_caching(e)) /* asked for by name: say why it is off, not just on the start line */
         warn_user(&a, "--enable-prefix-caching has no effect here: prefix caching is %s", prefix_why);
