@@ -81,7 +81,7 @@ INLINE void x16_group(enum pxq_type t, const uint8_t *g, int64_t nb, const struc
     const size_t cb = x16_cb(t);
     const float off = q4 ? 8.0f : 128.0f;
     const uint8_t *sc = g + (size_t)nb * cb;
-    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i m4 = _mm512_set1_epi8(15), h4 = _mm512_set1_epi8((char)0xF0);
     __m512 acc[4];
     for (int c = 0; c < 4; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t j = 0; j < nb; j++) {
@@ -89,12 +89,12 @@ INLINE void x16_group(enum pxq_type t, const uint8_t *g, int64_t nb, const struc
         for (size_t o = 0; o < cb; o += 64) _mm_prefetch((const char *)b + 2048 + o, _MM_HINT_T0);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + 32 * j)));
         __m512i u[8];
-        if (q4) {
+        if (q4) { /* high nibbles left in place (16 x the code): their chain's sum is shifted down once */
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 const __m512i v = _mm512_loadu_si512(b + 64 * k);
                 u[k] = _mm512_and_si512(v, m4);
-                u[k + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                u[k + 4] = _mm512_and_si512(v, h4);
             }
         } else {
 #pragma GCC unroll 8
@@ -108,7 +108,7 @@ INLINE void x16_group(enum pxq_type t, const uint8_t *g, int64_t nb, const struc
 #pragma GCC unroll 3
             for (int k = 1; k < 4; k++) /* two chains: their int32 sum is the same */
                 s0 = _mm512_dpbusd_epi32(s0, u[k], bcast4(x + 4 * k)), s1 = _mm512_dpbusd_epi32(s1, u[k + 4], bcast4(x + 16 + 4 * k));
-            const __m512i s = _mm512_add_epi32(s0, s1);
+            const __m512i s = _mm512_add_epi32(s0, q4 ? _mm512_srai_epi32(s1, 4) : s1); /* exact: s1 = 16 x the sum */
             const __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(a->d[c][j]), _mm512_set1_ps(-off * a->s[c][j]));
             acc[c] = _mm512_fmadd_ps(d, f, acc[c]);
         }
