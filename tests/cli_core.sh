@@ -209,5 +209,16 @@ check "serve --enable-prefix-caching with a quantized cache: a warning naming wh
     'grep -q "enable-prefix-caching has no effect here: prefix caching is off (quantized KV cache)" $log'
 rm -f $log
 
+# bench --preset seed: the claim's four rows, each its own bench process (the tiny config and short
+# shapes given after it stand in for the 27B preset's: later flags win)
+dry=$($PXQ bench --preset seed --dry-run --device cuda)
+check "bench --preset seed --dry-run: four rows, the last 131072 + 1024 with window attention" \
+    '[ "$(printf "%s\n" "$dry" | wc -l)" = 4 ] && printf "%s" "$dry" | tail -n 1 | grep -q -- "-p 131072 -n 1024 -b 1 --attention-window 4096 --attention-sinks 4 --device cuda"'
+bad=$($PXQ bench --preset nope 2>&1; echo "rc=$?")
+check "bench --preset with an unknown name lists the presets" 'printf "%s" "$bad" | grep -q "the presets are: seed" && printf "%s" "$bad" | grep -q "rc=2"'
+seed=$($PXQ bench --preset seed --config tests/data/tiny-qwen3/config.json -p 32 -n 4 -b 2 --attention-window 16 2>/dev/null)
+check "bench --preset seed runs its rows and prints them beside the claim" \
+    '[ "$(printf "%s\n" "$seed" | grep -c "^| 32 x 2 | 4 |")" = 4 ] && printf "%s" "$seed" | tail -n 1 | grep -q "| 280 (" && printf "%s" "$seed" | grep -q "no host KV tier"'
+
 exit $fail
 

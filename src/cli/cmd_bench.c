@@ -38,6 +38,8 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "cli/bench_seed.h"
+
 #include "args.h"
 #include "engine.h"
 #include "load_opts.h"
@@ -67,7 +69,11 @@ static const char *usage =
     "  --spec-acceptance A    project decode tok/s from the verify passes at draft acceptance A (0..1)\n"
     "  --spec D, --spec-k K   tg rows decode greedily with speculation (ngram, draft --model-draft M, mtp)\n"
     "  --no-warmup            skip the untimed run before each test\n"
-    "  --json                 JSON array of rows instead of markdown\n";
+    "  --json                 JSON array of rows instead of markdown\n"
+    "  --preset seed          the widely shared 27B-on-a-V100 claim's four rows (512 x 16, 2048 x 8, 16384 x 1,\n"
+    "                         131072 + 1024 x 1) on presets/qwen3.5-27b.json, dummy q4_0, --gpu-mem 15.2GiB,\n"
+    "                         pxq KV, each its own bench process, beside the claim (give --device cuda;\n"
+    "                         --dry-run prints the commands)\n";
 
 struct opts {
     const char *model;
@@ -374,6 +380,8 @@ static void json_str(FILE *f, const char *s) {
 }
 
 int cmd_bench(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--preset")) return bench_preset(argc, argv); /* rows of their own processes */
     struct args a = {argc, argv, 0, "bench", cmd_bench};
     struct opts o;
     memset(&o, 0, sizeof o);
