@@ -21,6 +21,7 @@
 #define TIE 0.1f /* largest top-2 logit margin at which CPU and CUDA (default mode) may part: a tie */
 #include "test_cuda_common.h"
 #include "testutil.h"
+#include "test_greedy.h"
 
 #ifndef PXQ_CUDA
 int main(void) { return cuda_test_gate("test_cuda_kvquant"); }
@@ -210,30 +211,8 @@ static int greedy(struct pxq_model *m, int device, int kv_type, int window, int 
     ep.n_ctx = 256, ep.device = device, ep.kv_type = kv_type, ep.n_threads = 2;
     ep.attn_window = attn_window, ep.attn_sinks = attn_window ? 4 : 0;
     if (window == 0) ep.kv_window = 0, ep.kv_sink = 0;
-    char err[256];
-    struct pxq_engine *e = pxq_engine_new(m, &ep, err, sizeof err);
-    CHECK(e != NULL, "engine (device %d, kv %d): %s", device, kv_type, err);
-    if (!e) return -1;
-    int32_t toks[64] = {785, 1216, 315, 279, 1879, 572, 911, 264, 1042, 13, 576, 3250, 11, 1052}; /* ids < 8192 */
-    int n = 14, s = pxq_seq_new(e);
-    int32_t pos[64], seq[64];
-    for (int i = 0; i < 64; i++) pos[i] = i, seq[i] = s;
-    struct pxq_batch b = {n, toks, pos, seq, NULL};
-    int rc = pxq_decode(e, &b, err, sizeof err);
-    for (int g = 0; rc == 0 && g < n_gen; g++) {
-        const float *lg = pxq_logits(e, 0);
-        int best = 0, second = -1;
-        for (int v = 1; v < 8192; v++) best = lg[v] > lg[best] ? v : best;
-        for (int v = 0; v < 8192; v++)
-            if (v != best && (second < 0 || lg[v] > lg[second])) second = v;
-        out[g] = best;
-        if (gap) gap[g] = lg[best] - lg[second];
-        struct pxq_batch b1 = {1, &out[g], &pos[n + g], &seq[0], NULL};
-        rc = pxq_decode(e, &b1, err, sizeof err);
-    }
-    CHECK(rc == 0, "decode: %s", err);
-    pxq_engine_free(e);
-    return rc;
+    static const int32_t prompt[] = {785, 1216, 315, 279, 1879, 572, 911, 264, 1042, 13, 576, 3250, 11, 1052}; /* ids < 8192 */
+    return test_greedy(m, &ep, prompt, 14, 8192, out, n_gen, gap);
 }
 
 static void test_engine(void) {

@@ -16,6 +16,7 @@
 #define TEST_RNG_SEED 0x7a11c0de5e1ec7edull
 #include "test_cuda_common.h"
 #include "testutil.h"
+#include "test_greedy.h"
 
 #ifndef PXQ_CUDA
 int main(void) { return cuda_test_gate("test_cuda_kvselect"); }
@@ -154,27 +155,8 @@ static int greedy(struct pxq_model *m, int device, int kv_type, int32_t *out, in
     struct pxq_engine_params ep = pxq_engine_default_params();
     ep.n_ctx = 256, ep.device = device, ep.kv_type = kv_type, ep.n_threads = 2;
     ep.attn_window = 16, ep.attn_sinks = 4, ep.kv_topk_blocks = 1;
-    char err[256];
-    struct pxq_engine *e = pxq_engine_new(m, &ep, err, sizeof err);
-    CHECK(e != NULL, "engine (device %d): %s", device, err);
-    if (!e) return -1;
-    int32_t toks[64] = {785, 1216, 315, 279, 1879, 572, 911, 264, 1042, 13, 576, 3250, 11, 1052, 6, 99, 1500, 42, 7, 8};
-    int n = 20, s = pxq_seq_new(e);
-    int32_t pos[64], seq[64];
-    for (int i = 0; i < 64; i++) pos[i] = i, seq[i] = s;
-    struct pxq_batch b = {n, toks, pos, seq, NULL};
-    int rc = pxq_decode(e, &b, err, sizeof err);
-    for (int g = 0; rc == 0 && g < n_gen; g++) {
-        const float *lg = pxq_logits(e, 0);
-        int best = 0;
-        for (int vv = 1; vv < 8192; vv++) best = lg[vv] > lg[best] ? vv : best;
-        out[g] = best;
-        struct pxq_batch b1 = {1, &out[g], &pos[n + g], &seq[0], NULL};
-        rc = pxq_decode(e, &b1, err, sizeof err);
-    }
-    CHECK(rc == 0, "decode: %s", err);
-    pxq_engine_free(e);
-    return rc;
+    static const int32_t prompt[] = {785, 1216, 315, 279, 1879, 572, 911, 264, 1042, 13, 576, 3250, 11, 1052, 6, 99, 1500, 42, 7, 8};
+    return test_greedy(m, &ep, prompt, 20, 8192, out, n_gen, NULL);
 }
 
 static void test_engine(void) {
