@@ -110,7 +110,7 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
         return NULL;
     }
     /* window attention without block selection: each sequence's blocks past its window are given back
-     * as it advances (engine_window_step), so the pool holds a window's worth a sequence */
+     * as it advances (window_step), so the pool holds a window's worth a sequence */
     e->window_free = e->p.attn_window > 0 && !e->p.kv_topk_blocks && !e->p.kv_keep_past_window;
     const int64_t per_seq = e->window_free ? kv_blocks_per_seq(e->p.n_ctx, e->p.kv_block_size, e->p.attn_window,
                                                                e->p.attn_sinks, 0, e->p.n_batch)
