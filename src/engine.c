@@ -9,6 +9,7 @@
 #include "forward_qwen35.h"
 #include "kv_calib.h"
 #include "ops_cpu.h"
+#include "spec.h"
 #include "util.h"
 
 int pxq_default_n_ctx(const struct pxq_hparams *hp) {
@@ -381,6 +382,17 @@ int pxq_prefix_match(struct pxq_engine *e, int seq, const int32_t *tokens, int n
 int pxq_kv_blocks_total(const struct pxq_engine *e) { return e->kv.n_blocks; }
 int pxq_kv_blocks_free(const struct pxq_engine *e) { return e->kv.n_free; }
 int pxq_kv_block_size(const struct pxq_engine *e) { return e->kv.lay.block_size; }
+int pxq_kv_blocks_for_seq(const struct pxq_engine *e, int n_pos) {
+    int64_t n = kv_blocks_for(n_pos, e->kv.lay.block_size);
+    if (e->kv.seq_blocks_max > 0 && n > e->kv.seq_blocks_max) n = e->kv.seq_blocks_max;
+    return (int)n;
+}
+
+int pxq_kv_seq_positions(const struct pxq_engine *e) {
+    if (e->kv.seq_blocks_max > 0 && e->kv.n_blocks >= e->kv.seq_blocks_max) return e->p.n_ctx;
+    return e->kv.n_blocks * e->kv.lay.block_size;
+}
+
 int pxq_kv_blocks_needed(const struct pxq_engine *e, int seq, int n_pos) {
     if (seq < 0 || seq >= e->p.n_seq_max) return -1;
     return kv_seq_blocks_needed(&e->kv, &e->seqs[seq].kv, n_pos);
@@ -418,9 +430,11 @@ int *engine_outputs(struct pxq_engine *e, const struct pxq_batch *b) {
     return out_idx;
 }
 
+_Static_assert(SPEC_K_MAX + 1 <= KV_ROLLBACK_MIN, "a speculative rollback stays within the window's margin");
+
 /* Window attention without block selection (e->window_free): before a ubatch, the blocks of its
- * positions; after it, the blocks wholly before the first position any later query sees, less a
- * step's rollback (n_batch), given back. The reservations cannot fail: pxq_decode checked each
+ * positions; after it, the blocks wholly before the first position any later query sees, less the
+ * rollback margin (kv_window_margin), given back. The reservations cannot fail: pxq_decode checked each
  * sequence's growth against the pool with the cap of kv_blocks_per_seq, which no sequence exceeds. */
 static void window_step(struct pxq_engine *e, const struct ubatch *ub, int before) {
     for (int i = 0; i < ub->n; i++) {
@@ -430,7 +444,7 @@ static void window_step(struct pxq_engine *e, const struct ubatch *ub, int befor
         if (before) {
             if (kv_seq_reserve(&e->kv, kv, ub->pos[i] + 1) != 0) die("KV reserve in a window step");
         } else {
-            kv_seq_release_before(&e->kv, kv, e->seqs[s].n_pos - e->p.attn_window - e->p.n_batch);
+            kv_seq_release_before(&e->kv, kv, e->seqs[s].n_pos - e->p.attn_window - kv_window_margin(e->p.n_batch));
         }
     }
 }

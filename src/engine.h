@@ -150,6 +150,11 @@ int pxq_kv_blocks_free(const struct pxq_engine *e);
 int pxq_kv_block_size(const struct pxq_engine *e);
 /* Blocks the sequence would need to grow to n_pos positions. */
 int pxq_kv_blocks_needed(const struct pxq_engine *e, int seq, int n_pos);
+/* Blocks a new sequence of n_pos positions holds at most (fewer than the positions' blocks where
+ * window attention gives back the blocks past the window: kv_blocks_per_seq), and the most
+ * positions one sequence can reach in the pool (then the context). */
+int pxq_kv_blocks_for_seq(const struct pxq_engine *e, int n_pos);
+int pxq_kv_seq_positions(const struct pxq_engine *e);
 
 /* Device backend facts for `pxq bench` rows (the CPU backend answers 0 / "cpu"). The memory plan
  * itself is memplan.h's; the CUDA backend refuses a model that exceeds --gpu-mem before loading it.

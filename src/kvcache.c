@@ -340,7 +340,8 @@ int kv_seq_blocks_needed(const struct kv_cache *c, const struct kv_seq *s, int n
 int64_t kv_blocks_per_seq(int64_t n_ctx, int block_size, int attn_window, int attn_sinks, int topk_blocks, int n_batch) {
     const int64_t all = kv_blocks_for(n_ctx, block_size);
     if (attn_window <= 0 || topk_blocks > 0) return all;
-    const int64_t w = kv_blocks_for(attn_sinks, block_size) + kv_blocks_for((int64_t)attn_window + 2 * (int64_t)n_batch, block_size) + 4;
+    const int64_t w = kv_blocks_for(attn_sinks, block_size) +
+                      kv_blocks_for((int64_t)attn_window + n_batch + kv_window_margin(n_batch), block_size) + 4;
     return w < all ? w : all;
 }
 

@@ -90,11 +90,17 @@ int kv_cache_type_parse(const char *s);
 /* Blocks that hold n_pos positions: ceil(n_pos / block_size). The one place the formula lives. */
 static inline int64_t kv_blocks_for(int64_t n_pos, int block_size) { return (n_pos + block_size - 1) / block_size; }
 
+/* Window + sink attention gives back a sequence's blocks past its window less a margin for a
+ * rollback: the larger of a step (n_batch positions) and KV_ROLLBACK_MIN (speculation rolls back
+ * its drafts, up to SPEC_K_MAX + 1 positions, whatever the step size). */
+#define KV_ROLLBACK_MIN 64
+static inline int kv_window_margin(int n_batch) { return n_batch > KV_ROLLBACK_MIN ? n_batch : KV_ROLLBACK_MIN; }
+
 /* Blocks a sequence of up to n_ctx positions holds at once: all its blocks; or, with window + sink
  * attention and no block selection (topk_blocks 0), whose blocks wholly past the window are given
- * back (kv_seq_release_before), the sinks' blocks, those of the window and of two steps of n_batch
- * positions (the step being written, and a rollback of one), and 4 for the blocks cut at the
- * edges. The pool is sized by it and the memory plan counts it. */
+ * back (kv_seq_release_before), the sinks' blocks, those of the window, of a step of n_batch
+ * positions being written and of the rollback margin (kv_window_margin), and 4 for the blocks cut
+ * at the edges. The pool is sized by it and the memory plan counts it. */
 int64_t kv_blocks_per_seq(int64_t n_ctx, int block_size, int attn_window, int attn_sinks, int topk_blocks, int n_batch);
 
 /* Per-head choices for a layout: the element type of K and V of each (layer, KV head) and the

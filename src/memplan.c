@@ -249,7 +249,8 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
             (long long)mp->kv_positions, p->n_ctx, p->kv_block_size, p->n_seq);
     if (p->attn_window && !p->topk_blocks && mp->kv_positions < kv_blocks_for(p->n_ctx, p->kv_block_size) * p->kv_block_size * p->n_seq)
         fprintf(f, " (--attention-window %d, %d sinks: the blocks past a sequence's window are given back, so it holds its "
-                "sinks, the window and two steps of %d)", p->attn_window, p->attn_sinks, p->n_batch);
+                "sinks, the window, a step of %d and a rollback margin of %d)", p->attn_window, p->attn_sinks, p->n_batch,
+                kv_window_margin(p->n_batch));
     else if (p->topk_blocks)
         fprintf(f, " (block selection: every position kept, and per block the keys' min and max)");
     if (mp->kv_residual_per_seq)

@@ -209,6 +209,14 @@ check "serve --enable-prefix-caching with a quantized cache: a warning naming wh
     'grep -q "enable-prefix-caching has no effect here: prefix caching is off (quantized KV cache)" $log'
 rm -f $log
 
+# window attention gives back the blocks past the window, less a margin a speculative rollback fits
+# in even with steps of one token: the same text as without speculation
+head -c 1500 tests/data/frankenstein.txt > /tmp/pxq-win.$$
+w0=$($PXQ run -m tests/data/tiny-qwen3 --temp 0 -f /tmp/pxq-win.$$ -n 40 -c 1024 -b 1 --attention-window 32 --attention-sinks 4 2>/dev/null)
+w1=$($PXQ run -m tests/data/tiny-qwen3 --temp 0 -f /tmp/pxq-win.$$ -n 40 -c 1024 -b 1 --attention-window 32 --attention-sinks 4 --spec ngram --spec-k 16 2>/dev/null)
+check "speculation with -b 1 beside a window: the text of plain decoding" '[ -n "$w0" ] && [ "$w0" = "$w1" ]'
+rm -f /tmp/pxq-win.$$
+
 # bench --preset seed: the claim's four rows, each its own bench process (the tiny config and short
 # shapes given after it stand in for the 27B preset's: later flags win)
 dry=$($PXQ bench --preset seed --dry-run --device cuda)

@@ -6,7 +6,10 @@
  *     same tokens as with every block kept (kv_keep_past_window, a pool for the whole context), and
  *     the blocks in use stay within the cap all along;
  *   - rolling back past a given-back block is refused (pxq_seq_truncate), a rollback inside the
- *     window is not.
+ *     window is not;
+ *   - a sequence may reach the whole context (pxq_kv_seq_positions, what serve admits by) while
+ *     holding the cap (pxq_kv_blocks_for_seq).
+ * cli_core.sh runs speculation with steps of one token beside a window (the rollback margin).
  */
 #include <string.h>
 
@@ -35,6 +38,11 @@ static int run(struct pxq_model *m, int kv_type, int keep, int32_t out[2][N_GEN]
     CHECK(e != NULL, "engine: %s", err);
     if (!e) return -1;
     *pool = pxq_kv_blocks_total(e);
+    if (!keep) { /* what a server admits by: a sequence reaches the whole context in a window's blocks */
+        CHECK(pxq_kv_seq_positions(e) == CTX, "one sequence reaches the context: %d positions", pxq_kv_seq_positions(e));
+        CHECK(pxq_kv_blocks_for_seq(e, CTX) == *pool / 2, "a new sequence of the whole context holds the cap: %d blocks",
+              pxq_kv_blocks_for_seq(e, CTX));
+    }
     int32_t *tok = xmalloc(1024 * 4), *pos = xmalloc(1024 * 4), *seq = xmalloc(1024 * 4), id[2];
     int8_t *lg = xmalloc(1024);
     int n = 0;

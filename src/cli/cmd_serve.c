@@ -189,7 +189,7 @@ int cmd_serve(int argc, char **argv) {
     struct scheduler *sched = sched_new(e, tok, &sc, met, err, sizeof err);
     if (!sched) fail(&a, 1, "%s", err);
     struct srv_limits lim = {served, tok, model_hparams(m)->n_vocab, ep->n_ctx,
-                             pxq_kv_blocks_total(e) * pxq_kv_block_size(e), reasoning_parser, tool_parser,
+                             pxq_kv_seq_positions(e), reasoning_parser, tool_parser,
                              pxq_engine_can_share_kv(e) ? SRV_MAX_N : 1};
     const char *prefix_why = pxq_prefix_caching(e) ? "on"
                              : !prefix_caching ? "off"

@@ -40,7 +40,8 @@ struct srv_limits {
     const struct pxq_tokenizer *tok;
     int n_vocab;
     int max_model_len;      /* prompt + max_tokens may not exceed it */
-    int kv_positions;       /* positions the whole KV pool holds (a prompt beyond it can never run) */
+    int kv_positions;       /* positions one sequence can reach in the KV pool (pxq_kv_seq_positions: a prompt beyond
+                               it can never run) */
     int reasoning_parser;   /* --reasoning-parser qwen3: split <think>...</think> into reasoning_content */
     int tool_parser;        /* --tool-call-parser hermes: tool_choice "auto" parses <tool_call> blocks */
     int max_n;              /* largest "n": SRV_MAX_N, or 1 where sequences cannot share KV (hybrid models) */

@@ -390,7 +390,7 @@ static void step(struct scheduler *s) {
     while (s->n_waiting && s->n_running < s->cfg.max_num_seqs && budget > 0) {
         struct srv_req *r = s->waiting[0];
         int upto = r->n_all + 1 < s->n_ctx ? r->n_all + 1 : s->n_ctx;
-        int need = (int)kv_blocks_for(upto, s->block_size);
+        int need = pxq_kv_blocks_for_seq(s->e, upto); /* a window's worth where blocks past it are given back */
         if (need > avail) break;
         int seq = pxq_seq_new(s->e);
         if (seq < 0) break;
