@@ -37,10 +37,30 @@ static const struct seed_row {
 };
 #define N_ROWS ((int)(sizeof rows / sizeof *rows))
 
+#define SEED_CONFIG "presets/qwen3.5-27b.json"
+
+/* The preset's config: SEED_CONFIG under the current directory, else beside the binary (./pxq) or
+ * one up from it (build/pxq); NULL if none. into: PATH_MAX bytes. */
+static const char *seed_config(char *into) {
+    if (access(SEED_CONFIG, R_OK) == 0) return SEED_CONFIG;
+    char exe[3000]; /* bounded below PATH_MAX with the suffix: no truncation */
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return NULL;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash) return NULL;
+    *slash = 0;
+    for (int up = 0; up < 2; up++) {
+        snprintf(into, 4096, "%s%s/%s", exe, up ? "/.." : "", SEED_CONFIG);
+        if (access(into, R_OK) == 0) return into;
+    }
+    return NULL;
+}
+
 /* The child's arguments: the preset's, the row's, then the user's (later flags win), NULL-ended. */
-static void row_argv(const char **av, int cap, const struct seed_row *r, int n_user, char **user) {
-    static const char *base[] = {"pxq", "bench", "--load-format", "dummy", "--config", "presets/qwen3.5-27b.json",
-                                 "--dtype", "q4_0", "--gpu-mem", "15.2GiB", "--kv-cache-type", "pxq", "-r", "1", "--json"};
+static void row_argv(const char **av, int cap, const struct seed_row *r, const char *config, int n_user, char **user) {
+    const char *base[] = {"pxq", "bench", "--load-format", "dummy", "--config", config,
+                          "--dtype", "q4_0", "--gpu-mem", "15.2GiB", "--kv-cache-type", "pxq", "-r", "1", "--json"};
     int n = 0;
     for (size_t i = 0; i < sizeof base / sizeof *base; i++) av[n++] = base[i];
     const char *row[] = {"-p", r->prompt, "-n", r->gen, "-b", r->batch};
@@ -119,10 +139,26 @@ int bench_preset(int argc, char **argv) {
         free(user);
         return 2;
     }
+    char cfg_path[4096];
+    int has_config = 0, shapes = 0;
+    for (int i = 0; i < n_user; i++) {
+        has_config |= !strcmp(user[i], "--config");
+        shapes |= !strcmp(user[i], "-p") || !strcmp(user[i], "-n") || !strcmp(user[i], "-b") || !strcmp(user[i], "-d");
+    }
+    const char *config = has_config ? SEED_CONFIG : seed_config(cfg_path);
+    if (!config) {
+        fprintf(stderr, "pxq bench --preset seed: %s is not under the current directory nor beside this binary: run it "
+                "from the source tree, or give --config FILE.json\n", SEED_CONFIG);
+        free(user);
+        return 1;
+    }
+    if (shapes && !dry_run)
+        fprintf(stderr, "pxq bench --preset seed: warning: -p/-n/-b/-d given: every row runs those shapes, not the "
+                "claim's, so the claim columns compare other shapes\n");
     const char *av[72];
     if (dry_run) {
         for (int r = 0; r < N_ROWS; r++) {
-            row_argv(av, 72, &rows[r], n_user, user);
+            row_argv(av, 72, &rows[r], config, n_user, user);
             for (int i = 0; av[i]; i++) printf("%s%s", i ? " " : "", av[i]);
             printf("\n");
         }
@@ -135,7 +171,7 @@ int bench_preset(int argc, char **argv) {
     fflush(stdout);
     int failed = 0;
     for (int r = 0; r < N_ROWS; r++) {
-        row_argv(av, 72, &rows[r], n_user, user);
+        row_argv(av, 72, &rows[r], config, n_user, user);
         char *out = NULL;
         const int rc = run_child(av, &out);
         cJSON *arr = rc == 0 && out ? cJSON_Parse(out) : NULL;
