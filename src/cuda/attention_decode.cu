@@ -1,5 +1,7 @@
 /* attention_decode.cu - split-K flash-decoding on the tensor cores over the paged f16 KV cache, for
- * decode steps (ops_cuda.h attention_decode_cuda; the semantics of attention_cuda in ops.cu).
+ * decode steps (ops_cuda.h attention_decode_cuda; the semantics of attention_cuda in ops.cu). A
+ * quantized cache goes to attention_decode_q.cu's kernel from the same entry point; the online
+ * softmax and the block's end are attention_decode.cuh's, shared by both.
  *
  * Flash-decoding (Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context inference"):
  * the positions 0..pos[t] of a query token are cut into n_split chunks of split_len positions, each
