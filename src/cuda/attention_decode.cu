@@ -157,27 +157,13 @@ __global__ void __launch_bounds__(AD_THREADS)
      * past the group are zero columns (never stored). Every load issued, then the first tiles'
      * copies, then the conversion. */
     float2 qf[HB][ND][2];
-#pragma unroll
-    for (int hb = 0; hb < HB; hb++) {
-        const int hh = hb * AD_HEADS + g;
-        const float *qr = q + (size_t)t * ld + (size_t)(kvh * group + hh) * D + 2 * c;
-#pragma unroll
-        for (int kk = 0; kk < ND; kk++)
-#pragma unroll
-            for (int j = 0; j < 2; j++)
-                qf[hb][kk][j] = hh < group ? *(const float2 *)(qr + kk * 16 + j * 8) : make_float2(0.0f, 0.0f);
-    }
+    ad_load_q<HB, ND>(qf, q + (size_t)t * ld, kvh * group, 2 * c, D, group, [](int kk, int j) { return kk * 16 + j * 8; });
     for (int i = n_early; i < NS; i++) {
         if (i < my_n) load(i, i, base[i]);
         cp_async_commit();
     }
     uint32_t qb[HB][ND][2];
-#pragma unroll
-    for (int hb = 0; hb < HB; hb++)
-#pragma unroll
-        for (int kk = 0; kk < ND; kk++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) qb[hb][kk][j] = pack_h2(qf[hb][kk][j].x, qf[hb][kk][j].y);
+    ad_pack_q<HB, ND>(qb, qf);
     PROBE(2);
 
     /* ldmatrix row addresses (halves): K as the row-major A operand (matrix i: rows 8 (i & 1),
@@ -188,13 +174,8 @@ __global__ void __launch_bounds__(AD_THREADS)
 
     /* O^T fragments: o[md][hb]: dims 16 md + g (+ 8 for e >= 2), heads 8 hb + 2c + (e & 1) */
     float o[ND][HB][4];
-#pragma unroll
-    for (int md = 0; md < ND; md++)
-#pragma unroll
-        for (int hb = 0; hb < HB; hb++) o[md][hb][0] = o[md][hb][1] = o[md][hb][2] = o[md][hb][3] = 0.0f;
     float m[HB][2], lsum[HB][2]; /* per column 2c + j of each head block; m in raw score units */
-#pragma unroll
-    for (int hb = 0; hb < HB; hb++) m[hb][0] = m[hb][1] = -INFINITY, lsum[hb][0] = lsum[hb][1] = 0.0f;
+    ad_init_acc<HB, ND>(o, m, lsum);
 
     for (int i = 0; i < my_n; i++) {
         cp_async_wait<NS - 1>(); /* NS + i groups committed (some empty): group i, tile i, has landed */

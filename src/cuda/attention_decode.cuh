@@ -39,6 +39,46 @@ void attention_decode_q_launch(float *out, int8_t *xq, float2 *xds, float *part_
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 
+/* Q^T as the MMA's B operand, kept in registers for the whole split. ad_load_q: head g of each head
+ * block (8 hb + g; zero columns past the group, never stored) at dims qdim(kk, j), + 1 for k16 step
+ * kk, register j, as floats; qt is q's row of the token, head0 the group's first head and lane_off
+ * the lane's own dim offset. The
+ * callers issue their first tiles' copies between the loads and ad_pack_q's conversion to f16
+ * pairs. ad_init_acc: O^T, the running max and sums before the first tile. */
+template <int HB, int ND, typename QDim>
+static __device__ __forceinline__ void ad_load_q(float2 (&qf)[HB][ND][2], const float *qt, int head0, int lane_off, int D,
+                                                 int group, QDim qdim) {
+    const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+    for (int hb = 0; hb < HB; hb++) {
+        const int hh = hb * AD_HEADS + g;
+        const float *qr = qt + (size_t)(head0 + hh) * D + lane_off;
+#pragma unroll
+        for (int kk = 0; kk < ND; kk++)
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                qf[hb][kk][j] = hh < group ? *(const float2 *)(qr + qdim(kk, j)) : make_float2(0.0f, 0.0f);
+    }
+}
+template <int HB, int ND>
+static __device__ __forceinline__ void ad_pack_q(uint32_t (&qb)[HB][ND][2], const float2 (&qf)[HB][ND][2]) {
+#pragma unroll
+    for (int hb = 0; hb < HB; hb++)
+#pragma unroll
+        for (int kk = 0; kk < ND; kk++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) qb[hb][kk][j] = pack_h2(qf[hb][kk][j].x, qf[hb][kk][j].y);
+}
+template <int HB, int ND>
+static __device__ __forceinline__ void ad_init_acc(float (&o)[ND][HB][4], float (&m)[HB][2], float (&lsum)[HB][2]) {
+#pragma unroll
+    for (int md = 0; md < ND; md++)
+#pragma unroll
+        for (int hb = 0; hb < HB; hb++) o[md][hb][0] = o[md][hb][1] = o[md][hb][2] = o[md][hb][3] = 0.0f;
+#pragma unroll
+    for (int hb = 0; hb < HB; hb++) m[hb][0] = m[hb][1] = -INFINITY, lsum[hb][0] = lsum[hb][1] = 0.0f;
+}
+
 /* One tile's online softmax (Milakov & Gimelshein 2018) per column (query head) of S^T
  * s[MB][HB][4] (rows: positions 16 mb + g, + 8; columns: heads 8 hb + 2c, + 1; raw scores, rows past
  * the sequence already -inf, every column with a finite score): the column max over the thread's

@@ -177,37 +177,16 @@ __global__ void __launch_bounds__(AD_THREADS)
     /* Q^T's B fragments, dims permuted (file comment): step kk, register j: dims 32 (kk / 2) + 8c +
      * 4 (kk % 2) + 2j, +1 of head g of head block hb */
     float2 qf[HB][ND][2];
-#pragma unroll
-    for (int hb = 0; hb < HB; hb++) {
-        const int hh = hb * AD_HEADS + g;
-        const float *qr = q + (size_t)t * n_head * D + (size_t)(kvh * group + hh) * D + 8 * c;
-#pragma unroll
-        for (int kk = 0; kk < ND; kk++)
-#pragma unroll
-            for (int j = 0; j < 2; j++)
-                qf[hb][kk][j] = hh < group ? *(const float2 *)(qr + 32 * (kk >> 1) + 4 * (kk & 1) + 2 * j)
-                                           : make_float2(0.0f, 0.0f);
-    }
+    ad_load_q<HB, ND>(qf, q + (size_t)t * n_head * D, kvh * group, 8 * c, D, group,
+                      [](int kk, int j) { return 32 * (kk >> 1) + 4 * (kk & 1) + 2 * j; });
     for (int i = n_early; i < NS; i++) {
         if (i < my_n) load(i, i);
         cp_async_commit();
     }
     uint32_t qb[HB][ND][2];
-#pragma unroll
-    for (int hb = 0; hb < HB; hb++)
-#pragma unroll
-        for (int kk = 0; kk < ND; kk++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) qb[hb][kk][j] = pack_h2(qf[hb][kk][j].x, qf[hb][kk][j].y);
-
-    float o[ND][HB][4];
-#pragma unroll
-    for (int md = 0; md < ND; md++)
-#pragma unroll
-        for (int hb = 0; hb < HB; hb++) o[md][hb][0] = o[md][hb][1] = o[md][hb][2] = o[md][hb][3] = 0.0f;
-    float m[HB][2], lsum[HB][2];
-#pragma unroll
-    for (int hb = 0; hb < HB; hb++) m[hb][0] = m[hb][1] = -INFINITY, lsum[hb][0] = lsum[hb][1] = 0.0f;
+    ad_pack_q<HB, ND>(qb, qf);
+    float o[ND][HB][4], m[HB][2], lsum[HB][2];
+    ad_init_acc<HB, ND>(o, m, lsum);
 
     for (int i = 0; i < my_n; i++) {
         cp_async_wait<NS - 1>(); /* tile i's group has landed */
