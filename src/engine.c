@@ -92,16 +92,7 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
         return NULL;
     }
 #endif
-    if (e->p.attn_window < 0 || e->p.attn_sinks < 0 || e->p.attn_window >= e->p.n_ctx ||
-        (e->p.attn_sinks && !e->p.attn_window)) {
-        set_err(err, errlen, "--attention-window %d, --attention-sinks %d: the window must be in [1, the context %d) and "
-                "sinks need a window", e->p.attn_window, e->p.attn_sinks, e->p.n_ctx);
-        free(e);
-        return NULL;
-    }
-    if (e->p.kv_topk_blocks < 0 || (e->p.kv_topk_blocks && !e->p.attn_window)) {
-        set_err(err, errlen, "--kv-topk-blocks %d needs --attention-window W (the recent positions every query sees)",
-                e->p.kv_topk_blocks);
+    if (kv_attention_check(e->p.n_ctx, e->p.attn_window, e->p.attn_sinks, e->p.kv_topk_blocks, err, errlen) != 0) {
         free(e);
         return NULL;
     }

@@ -111,6 +111,16 @@ size_t kv_layout_residual_bytes(const struct kv_layout *lay) {
     return 2 * (size_t)lay->n_layer_kv * (size_t)(lay->n_sink + lay->n_ring) * (size_t)lay->kv_dim * sizeof(float);
 }
 
+int kv_attention_check(int n_ctx, int attn_window, int attn_sinks, int topk_blocks, char *err, size_t errlen) {
+    if (attn_window < 0 || attn_sinks < 0 || attn_window >= n_ctx || (attn_sinks && !attn_window))
+        return set_err(err, errlen, "--attention-window %d, --attention-sinks %d: the window must be in [1, the context "
+                       "%d) and sinks need a window", attn_window, attn_sinks, n_ctx);
+    if (topk_blocks < 0 || (topk_blocks && !attn_window))
+        return set_err(err, errlen, "--kv-topk-blocks %d needs --attention-window W (the recent positions every query "
+                       "sees)", topk_blocks);
+    return 0;
+}
+
 int kv_levels_valid(const float lv[4]) {
     for (int i = 0; i < 4; i++)
         if (!(lv[i] >= -1.0f && lv[i] <= 1.0f) || (i && !(lv[i] > lv[i - 1]))) return 0;

@@ -145,6 +145,11 @@ static inline int kv_exact(const struct kv_layout *lay, int p, int q) {
     return !lay->quantized || p < lay->n_sink || q - p < lay->n_window;
 }
 
+/* The attention mode's flags against a context of n_ctx positions: the window in [1, n_ctx) or 0,
+ * sinks and block selection only with a window, none negative. Returns 0, or -1 with a message that
+ * names the flags (--attention-window, --attention-sinks, --kv-topk-blocks). */
+int kv_attention_check(int n_ctx, int attn_window, int attn_sinks, int topk_blocks, char *err, size_t errlen);
+
 /* 1 if the 4 levels of a q2nu head are ascending in [-1, 1] (NaN fails), else 0. */
 int kv_levels_valid(const float levels[4]);
 

@@ -97,9 +97,7 @@ int cmd_plan(int argc, char **argv) {
         snprintf(title, sizeof title, "%s", model_path(m));
     }
     if (p.n_ctx <= 0) p.n_ctx = pxq_default_n_ctx(&hp);
-    if (p.attn_window >= p.n_ctx || (p.attn_sinks && !p.attn_window) || (p.topk_blocks && !p.attn_window))
-        fail(&a, 2, "--attention-window %d, --attention-sinks %d, --kv-topk-blocks %d: the window must be in [1, the context "
-             "%d), and sinks and block selection need a window", p.attn_window, p.attn_sinks, p.topk_blocks, p.n_ctx);
+    if (kv_attention_check(p.n_ctx, p.attn_window, p.attn_sinks, p.topk_blocks, err, sizeof err) != 0) fail(&a, 2, "%s", err);
     if (memplan_compute(&mp, &hp, &p, err, sizeof err) != 0) fail(&a, 1, "%s", err);
     memplan_print(stdout, &mp, &hp, &p, title);
     model_free(m);
