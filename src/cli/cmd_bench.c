@@ -451,10 +451,8 @@ int cmd_bench(int argc, char **argv) {
         max_b = o.b[i] > max_b ? o.b[i] : max_b;
         for (int j = 0; j < o.nd; j++) {
             int ctx = (o.d[j] > 0 ? o.d[j] : 1) + max_len + 1 + (o.so.kind ? SPEC_K_MAX + 1 : 0); /* spec: drafts past N */
-            int need = o.b[i] * (int)(o.ep.kv_keep_past_window
-                                          ? kv_blocks_for(ctx, bs)
-                                          : kv_blocks_per_seq(ctx, bs, o.ep.attn_window, o.ep.attn_sinks,
-                                                              o.ep.kv_topk_blocks, o.ep.n_batch > 0 ? o.ep.n_batch : 512));
+            int need = o.b[i] * (int)kv_blocks_per_seq(ctx, bs, o.ep.attn_window, o.ep.attn_sinks, o.ep.kv_topk_blocks,
+                                                       o.ep.n_batch); /* a window's worth where blocks past it go back */
             kv_blocks = need > kv_blocks ? need : kv_blocks;
             max_ctx = ctx > max_ctx ? ctx : max_ctx;
         }
