@@ -131,8 +131,19 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
     }
     /* not with a quantized cache (its residual is per sequence), nor where blocks past the window are
      * given back (a matched prefix would hold more blocks than the window's cap) */
-    e->kv.prefix = e->p.prefix_caching && !e->kv.lay.quantized && pxq_engine_can_share_kv(e) && !e->window_free;
+    e->kv.prefix = e->p.prefix_caching && !e->kv.lay.quantized && pxq_engine_can_share_kv(e) && !e->window_free &&
+                   !e->p.kv_offload; /* a block moved to the host tier leaves the hash table */
     if (e->window_free) e->kv.seq_blocks_max = (int)per_seq;
+    e->ubatch_blocks = e->window_free || e->p.kv_offload;
+    if (e->p.kv_offload && e->p.device == PXQ_DEVICE_CPU && e->p.kv_dev_blocks > 0 &&
+        e->p.kv_dev_blocks < e->kv.n_blocks) { /* the CPU's tiers share host memory: the reference of the policy */
+        if (kv_tier_check(&e->kv.lay, e->kv.n_blocks, e->p.kv_dev_blocks, e->p.swap_space, err, errlen) != 0 ||
+            kv_cache_tier(&e->kv, e->p.kv_dev_blocks) != 0) {
+            kv_cache_free(&e->kv);
+            free(e);
+            return NULL;
+        }
+    }
     e->tp = threadpool_new(e->p.n_threads);
     e->seqs = xcalloc((size_t)e->p.n_seq_max, sizeof *e->seqs);
     e->lw = xcalloc((size_t)e->n_lw, sizeof *e->lw);
@@ -384,6 +395,19 @@ int pxq_kv_seq_positions(const struct pxq_engine *e) {
     return e->kv.n_blocks * e->kv.lay.block_size;
 }
 
+void pxq_kv_tier_stats(const struct pxq_engine *e, struct pxq_kv_tier_stats *st) {
+    const struct kv_cache *c = &e->kv;
+    const size_t kv = c->lay.block_bytes[KV_K] + c->lay.block_bytes[KV_V], bounds = kv_layout_bounds_bytes(&c->lay);
+    memset(st, 0, sizeof *st);
+    st->n_dev = c->n_dev, st->n_host = c->n_blocks - c->n_dev, st->host_used = st->n_host - c->n_empty_host;
+    st->moved = c->n_offloaded;
+    for (int s = 0; s < e->p.n_seq_max; s++) {
+        if (!e->seqs[s].in_use) continue;
+        const int h = kv_seq_host_blocks(c, &e->seqs[s].kv), k = e->p.kv_topk_blocks;
+        st->host_read_step += k ? (double)h * bounds + (double)(h < k ? h : k) * kv : (double)h * kv;
+    }
+}
+
 int pxq_kv_blocks_needed(const struct pxq_engine *e, int seq, int n_pos) {
     if (seq < 0 || seq >= e->p.n_seq_max) return -1;
     return kv_seq_blocks_needed(&e->kv, &e->seqs[seq].kv, n_pos);
@@ -423,18 +447,46 @@ int *engine_outputs(struct pxq_engine *e, const struct pxq_batch *b) {
 
 _Static_assert(SPEC_K_MAX + 1 <= KV_ROLLBACK_MIN, "a speculative rollback stays within the window's margin");
 
-/* Window attention without block selection (e->window_free): before a ubatch, the blocks of its
- * positions; after it, the blocks wholly before the first position any later query sees, less the
- * rollback margin (kv_window_margin), given back. The reservations cannot fail: pxq_decode checked each
- * sequence's growth against the pool with the cap of kv_blocks_per_seq, which no sequence exceeds. */
-static void window_step(struct pxq_engine *e, const struct ubatch *ub, int before) {
+/* The host tier (kv_offload): before a ubatch, room in the device tier for its new blocks, made by
+ * moving the oldest cold blocks of the sequences (those before their window, or before the rollback
+ * margin under full attention) to the host tier; the CUDA backend copies them (cuda_kv_move). */
+static void offload_for(struct pxq_engine *e, int want) {
+    int short_ = want - e->kv.n_empty;
+    if (short_ <= 0 || e->kv.n_dev == e->kv.n_blocks) return;
+    struct kv_move *mv = xmalloc((size_t)short_ * sizeof *mv);
+    for (int s = 0; s < e->p.n_seq_max && short_ > 0; s++) {
+        if (!e->seqs[s].in_use) continue;
+        const int keep = e->seqs[s].n_pos - e->p.attn_window - kv_window_margin(e->p.n_batch);
+        const int n = kv_seq_offload(&e->kv, &e->seqs[s].kv, keep, short_, mv);
+#ifdef PXQ_CUDA
+        if (n && e->backend) cuda_kv_move(e, mv, n);
+#endif
+        short_ -= n;
+    }
+    free(mv);
+}
+
+/* Blocks reserved per ubatch (e->ubatch_blocks): before it, the blocks of its positions (with the host
+ * tier, after making room on the device: offload_for); after it, with window attention without block
+ * selection (e->window_free), the blocks wholly before the first position any later query sees, less
+ * the rollback margin (kv_window_margin), given back. The reservations cannot fail: pxq_decode checked
+ * each sequence's growth against the pool (with the cap of kv_blocks_per_seq, which no sequence
+ * exceeds, where blocks are given back). */
+static void ubatch_kv(struct pxq_engine *e, const struct ubatch *ub, int before) {
+    if (before && e->p.kv_offload) {
+        int want = 0;
+        for (int i = 0; i < ub->n; i++)
+            if (!(i + 1 < ub->n && ub->seq_id[i + 1] == ub->seq_id[i] && ub->pos[i + 1] > ub->pos[i]))
+                want += kv_seq_blocks_needed(&e->kv, &e->seqs[ub->seq_id[i]].kv, ub->pos[i] + 1);
+        offload_for(e, want);
+    }
     for (int i = 0; i < ub->n; i++) {
         const int s = ub->seq_id[i];
         if (i + 1 < ub->n && ub->seq_id[i + 1] == s && ub->pos[i + 1] > ub->pos[i]) continue; /* its last token here */
         struct kv_seq *kv = &e->seqs[s].kv;
         if (before) {
-            if (kv_seq_reserve(&e->kv, kv, ub->pos[i] + 1) != 0) die("KV reserve in a window step");
-        } else {
+            if (kv_seq_reserve(&e->kv, kv, ub->pos[i] + 1) != 0) die("KV reserve in a ubatch");
+        } else if (e->window_free) {
             kv_seq_release_before(&e->kv, kv, e->seqs[s].n_pos - e->p.attn_window - kv_window_margin(e->p.n_batch));
         }
     }
@@ -461,14 +513,14 @@ static void run_tokens(struct pxq_engine *e, const struct pxq_batch *b, const in
                             contiguous ? b->token + k + i0 : tok + i0, contiguous ? b->pos + k + i0 : pos + i0,
                             contiguous ? b->seq_id + k + i0 : sid + i0, contiguous ? out_idx + k + i0 : oi + i0,
                             !e->p.spec_mtp ? NULL : contiguous ? e->hidden + (size_t)(k + i0) * d : hid + (size_t)i0 * d, NULL};
-        if (e->window_free) window_step(e, &ub, 1);
+        if (e->ubatch_blocks) ubatch_kv(e, &ub, 1);
 #ifdef PXQ_CUDA
         if (e->backend) forward_cuda(e, &ub);
         else
 #endif
             forward_cpu(e, &ub);
         for (int i = 0; i < ub.n; i++) e->seqs[ub.seq_id[i]].n_pos++;
-        if (e->window_free) window_step(e, &ub, 0);
+        if (e->window_free) ubatch_kv(e, &ub, 0);
     }
     if (hid)
         for (int i = 0; i < m; i++) memcpy(e->hidden + (size_t)idx[i] * d, hid + (size_t)i * d, d * sizeof *hid);
@@ -548,7 +600,7 @@ int pxq_decode(struct pxq_engine *e, const struct pxq_batch *b, char *err, size_
         set_err(err, errlen, "KV cache full: the batch needs %d blocks, %d free", need, e->kv.n_free);
         goto out;
     }
-    for (int s = 0; s < e->p.n_seq_max && !e->window_free; s++) /* window_free: per ubatch (window_step) */
+    for (int s = 0; s < e->p.n_seq_max && !e->ubatch_blocks; s++) /* else per ubatch (ubatch_kv) */
         if (added[s] && kv_seq_reserve(&e->kv, &e->seqs[s].kv, e->seqs[s].n_pos + added[s]) != 0) die("KV reserve after check");
     int *out_idx = engine_outputs(e, b);
     int two_passes = 0;

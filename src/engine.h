@@ -42,6 +42,12 @@ struct pxq_engine_params {
     int spec_checkpoint;/* speculative decoding will checkpoint sequences (pxq_seq_checkpoint): the CUDA arena
                            holds a copy slot of the recurrent state per sequence (0: allocated outside it at the
                            first checkpoint) */
+    int kv_offload;     /* the host KV tier (--kv-offload, kvcache.h kv_cache_tier): the pool holds every sequence's
+                           whole context; blocks past the device tier live in pinned host memory, read in place,
+                           and before each step the oldest cold blocks move there to make room for new ones */
+    int kv_dev_blocks;  /* with kv_offload: blocks of the device tier (0: the CUDA backend fits as many as its
+                           --gpu-mem arena leaves room for; the CPU backend keeps them all, no tier) */
+    size_t swap_space;  /* with kv_offload: the host tier's budget in bytes (vLLM's --swap-space; 0: no bound) */
     int prefix_caching; /* automatic prefix caching (kvcache.h): reuse cached full blocks of earlier sequences
                            (default 0; only for f16 caches of models whose layers are all attention) */
     enum pxq_device device;
@@ -148,6 +154,13 @@ const float *pxq_logits(const struct pxq_engine *e, int i);
 int pxq_kv_blocks_total(const struct pxq_engine *e);
 int pxq_kv_blocks_free(const struct pxq_engine *e);
 int pxq_kv_block_size(const struct pxq_engine *e);
+/* The host KV tier (params kv_offload): the device tier's blocks and the host tier's (n_host 0: no
+ * tier), the host blocks in use, blocks moved there so far, and the most bytes one decode step of the
+ * sequences as they stand reads from the host tier: the key bounds of every host block and at most
+ * kv_topk_blocks host blocks per sequence with block selection, else every host block (the tier has
+ * no device cache: a host block is read in place each step it is seen). */
+struct pxq_kv_tier_stats { int n_dev, n_host, host_used; uint64_t moved; double host_read_step; };
+void pxq_kv_tier_stats(const struct pxq_engine *e, struct pxq_kv_tier_stats *st);
 /* Blocks the sequence would need to grow to n_pos positions. */
 int pxq_kv_blocks_needed(const struct pxq_engine *e, int seq, int n_pos);
 /* Blocks a new sequence of n_pos positions holds at most (fewer than the positions' blocks where

@@ -42,6 +42,7 @@ struct pxq_engine {
     const struct pxq_hparams *hp;
     struct pxq_engine_params p;
     int window_free; /* window attention gives back the blocks past each sequence's window (engine.c) */
+    int ubatch_blocks; /* blocks are reserved per ubatch (window_free or the host tier: ubatch_kv) */
     struct threadpool *tp;
     struct kv_cache kv;
     int kv_layer[PXQ_MAX_LAYERS];   /* layer -> index among attention layers, or -1 */

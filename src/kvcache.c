@@ -223,6 +223,7 @@ int kv_cache_init(struct kv_cache *c, const struct kv_layout *lay, int n_blocks,
     c->free_list = xmalloc(nb * sizeof *c->free_list);
     for (int i = 0; i < n_blocks; i++) c->free_list[i] = n_blocks - 1 - i; /* pop gives 0, 1, 2, ... */
     c->n_empty = c->n_free = n_blocks;
+    c->n_dev = n_blocks;
     c->ref = xcalloc(nb, sizeof *c->ref);
     c->hash = xcalloc(nb, sizeof *c->hash);
     c->hnext = xmalloc(nb * sizeof *c->hnext);
@@ -241,6 +242,7 @@ void kv_cache_free(struct kv_cache *c) {
     free(c->kmin);
     free(c->kmax);
     free(c->free_list);
+    free(c->free_host);
     free(c->ref), free(c->hash), free(c->hnext), free(c->bucket), free(c->lru_prev), free(c->lru_next);
     kv_layout_free(&c->lay);
     memset(c, 0, sizeof *c);
@@ -284,11 +286,14 @@ static void lru_unlink(struct kv_cache *c, int b) {
     c->n_cached--;
 }
 
-/* A block for one holder: an empty one, else the least recently released cached one. n_free > 0. */
+/* A block for one holder: an empty one of the device tier, else of the host tier, else the least
+ * recently released cached one. n_free > 0. */
 static int block_alloc(struct kv_cache *c) {
     int b;
     if (c->n_empty) {
         b = c->free_list[--c->n_empty];
+    } else if (c->n_empty_host) {
+        b = c->free_host[--c->n_empty_host];
     } else {
         b = c->lru_head;
         lru_unlink(c, b);
@@ -310,7 +315,8 @@ static void block_retain(struct kv_cache *c, int b) {
 static void block_release(struct kv_cache *c, int b) {
     if (--c->ref[b] > 0) return;
     if (c->hash[b]) lru_push(c, b); /* its content stays findable until evicted */
-    else c->free_list[c->n_empty++] = b;
+    else if (b < c->n_dev) c->free_list[c->n_empty++] = b;
+    else c->free_host[c->n_empty_host++] = b;
     c->n_free++;
 }
 
@@ -364,6 +370,55 @@ int kv_seq_release_before(struct kv_cache *c, struct kv_seq *s, int p_keep) {
             s->blocks[j] = -1;
             n++;
         }
+    return n;
+}
+
+int kv_cache_tier(struct kv_cache *c, int n_dev) {
+    if (n_dev < 1 || n_dev > c->n_blocks || c->n_empty != c->n_blocks || c->n_dev != c->n_blocks) return -1;
+    const int n_host = c->n_blocks - n_dev;
+    c->free_host = xmalloc((size_t)(n_host ? n_host : 1) * sizeof *c->free_host);
+    for (int i = 0; i < n_host; i++) c->free_host[i] = c->n_blocks - 1 - i; /* pop gives n_dev, n_dev + 1, ... */
+    c->n_empty_host = n_host;
+    for (int i = 0; i < n_dev; i++) c->free_list[i] = n_dev - 1 - i;
+    c->n_empty = n_dev;
+    c->n_dev = n_dev;
+    return 0;
+}
+
+int kv_tier_check(const struct kv_layout *lay, int n_blocks, int n_dev, size_t swap_space, char *err, size_t errlen) {
+    const size_t per_block = lay->block_bytes[KV_K] + lay->block_bytes[KV_V] + kv_layout_bounds_bytes(lay);
+    const double need = (double)(n_blocks - n_dev) * (double)per_block, gib = 1073741824.0;
+    if (swap_space && need > (double)swap_space)
+        return set_err(err, errlen, "--swap-space %.2f GiB: the host KV tier needs %.2f GiB (%d blocks of %zu bytes past the "
+                       "device's %d); raise it, or lower -c or --max-num-seqs", swap_space / gib, need / gib,
+                       n_blocks - n_dev, per_block, n_dev);
+    return 0;
+}
+
+int kv_seq_host_blocks(const struct kv_cache *c, const struct kv_seq *s) {
+    int n = 0;
+    for (int j = 0; j < s->n_blocks; j++) n += s->blocks[j] >= c->n_dev;
+    return n;
+}
+
+int kv_seq_offload(struct kv_cache *c, struct kv_seq *s, int p_keep, int max_moves, struct kv_move *mv) {
+    const int bs = c->lay.block_size;
+    int n = 0;
+    for (int j = (int)kv_blocks_for(c->lay.attn_sinks, bs); j < s->n_blocks && (int64_t)(j + 1) * bs <= p_keep; j++) {
+        const int b = s->blocks[j];
+        if (b < 0 || b >= c->n_dev || c->ref[b] != 1) continue;
+        if (n == max_moves || !c->n_empty_host) break;
+        const int h = c->free_host[--c->n_empty_host];
+        c->ref[h] = 1;
+        if (c->pool[0]) block_copy(c, h, b);
+        if (c->hash[b]) table_remove(c, b); /* the content now lives at h, unhashed */
+        c->ref[b] = 0;
+        c->free_list[c->n_empty++] = b;
+        s->blocks[j] = h;
+        mv[n].src = b, mv[n].dst = h;
+        n++;
+    }
+    c->n_offloaded += (uint64_t)n;
     return n;
 }
 

@@ -192,7 +192,20 @@ struct kv_cache {
     uint64_t n_evicted;             /* cached blocks reused for other content */
     int seq_blocks_max;             /* window + sink attention: kv_blocks_per_seq, the blocks a sequence
                                        holds at most (its blocks past the window given back); 0: no cap */
+    /* The host tier (--kv-offload, kv_cache_tier): blocks [0, n_dev) are the device's, [n_dev, n_blocks)
+     * live in pinned host memory that the device reads in place (n_dev == n_blocks: no tier). A new
+     * block comes from the device tier while it has an empty one, else from the host tier;
+     * kv_seq_offload moves a sequence's cold blocks to the host tier. free_list holds the device
+     * tier's empty ids, free_host the host tier's. */
+    int n_dev;
+    int *free_host;
+    int n_empty_host;
+    uint64_t n_offloaded;           /* blocks moved to the host tier so far */
 };
+
+/* One block's move between tiers (kv_seq_offload): every pool's bytes and key bounds of block src
+ * go to block dst. */
+struct kv_move { int src, dst; };
 
 struct kv_seq {
     int *blocks;      /* block table: position p lives in blocks[p / block_size], slot p % block_size;
@@ -209,6 +222,20 @@ struct kv_seq {
 int  kv_cache_init(struct kv_cache *c, const struct kv_layout *lay, int n_blocks, int storage, char *err, size_t errlen);
 void kv_cache_free(struct kv_cache *c);
 
+/* Split the pool into tiers: blocks [0, n_dev) on the device, the rest in the host tier (see struct
+ * kv_cache). Only before any block is taken. Returns 0, or -1 if n_dev is not in [1, n_blocks] or a
+ * block is in use. */
+int  kv_cache_tier(struct kv_cache *c, int n_dev);
+/* The host tier's budget: n_blocks - n_dev blocks of the layout's bytes (K, V, key bounds) against
+ * swap_space bytes (0: no bound). 0, or -1 with a message naming --swap-space. */
+int  kv_tier_check(const struct kv_layout *lay, int n_blocks, int n_dev, size_t swap_space, char *err, size_t errlen);
+/* Blocks of s in the host tier. */
+int  kv_seq_host_blocks(const struct kv_cache *c, const struct kv_seq *s);
+/* Move up to max_moves of s's device-tier blocks that hold no sink, end at or before position p_keep
+ * and have no other holder to empty host-tier blocks, oldest first; the block table points to the
+ * new ids. With host storage the bytes are copied here; a device backend copies them itself from
+ * mv[0..n) (src, dst), before its next step reads the table. Returns n, the moves made. */
+int  kv_seq_offload(struct kv_cache *c, struct kv_seq *s, int p_keep, int max_moves, struct kv_move *mv);
 /* Make sure seq has blocks for positions [0, n_pos). Returns 0, or -1 (seq unchanged) if the pool
  * has too few free blocks (cached blocks are evicted, oldest first, when no empty one is left). */
 int  kv_seq_reserve(struct kv_cache *c, struct kv_seq *s, int n_pos);
