@@ -279,12 +279,14 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
     /* the KV pools as the backend allocates them (kv_step), from the cache's layout */
     plan->kv_per_token = kv_layout_bytes_per_pos(lay);
     plan->kv_tokens = (int64_t)p->kv_blocks * p->kv_block_size;
-    plan->kv = al((size_t)p->kv_blocks * lay->block_bytes[KV_K]) + al((size_t)p->kv_blocks * lay->block_bytes[KV_V]);
+    const size_t bnd = kv_layout_bounds_bytes(lay) / 2; /* block selection's key minima (or maxima) per block */
+    const size_t per_block = lay->block_bytes[KV_K] + lay->block_bytes[KV_V] + 2 * bnd;
+    size_t kv_fixed = 0; /* what does not grow with the blocks */
     if (lay->quantized)
-        plan->kv += al(2 * (size_t)lay->n_layer_kv * sizeof(struct kv_layer_desc)) +
-                    2 * al(kv_layout_residual_bytes(lay) / 2 * (size_t)p->n_seq_max);
-    if (lay->topk_blocks) /* block selection's key bounds, min and max */
-        plan->kv += 2 * al((size_t)p->kv_blocks * kv_layout_bounds_bytes(lay) / 2);
+        kv_fixed = al(2 * (size_t)lay->n_layer_kv * sizeof(struct kv_layer_desc)) +
+                   2 * al(kv_layout_residual_bytes(lay) / 2 * (size_t)p->n_seq_max);
+    const size_t pools = al((size_t)p->kv_blocks * lay->block_bytes[KV_K]) + al((size_t)p->kv_blocks * lay->block_bytes[KV_V]) +
+                         (bnd ? 2 * al((size_t)p->kv_blocks * bnd) : 0);
     for (int small = 0; small < 2; small++) { /* whole-matrix tiles, or the small ones if over budget */
         struct cuda_bufs bf;
         plan->w16_max = small ? CUDA_W16_SMALL_ELEMS : CUDA_W16_MAX_ELEMS;
@@ -292,7 +294,21 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
         size_t logits;
         cuda_bufs_bytes(&bf, &plan->activations, &logits, &plan->workspace, &plan->state);
         plan->activations += logits;
-        plan->total = plan->weights + plan->kv + plan->state + plan->activations + plan->workspace;
+        const size_t other = plan->weights + kv_fixed + plan->state + plan->activations + plan->workspace;
+        plan->kv = kv_fixed + pools, plan->kv_dev_blocks = p->kv_blocks, plan->kv_tier_dev = plan->kv_host = 0;
+        if (p->kv_offload) { /* the device tier: the blocks given, else as many as the budget leaves room for */
+            int64_t n_dev = p->kv_dev_blocks;
+            if (n_dev <= 0)
+                n_dev = p->gpu_mem > other + CUDA_TIER_SLACK ? (int64_t)((p->gpu_mem - other - CUDA_TIER_SLACK) / per_block) : 1;
+            if (n_dev < 1) n_dev = 1;
+            if (n_dev < p->kv_blocks) {
+                plan->kv_dev_blocks = (int)n_dev;
+                plan->kv_tier_dev = (size_t)n_dev * per_block + CUDA_TIER_SLACK;
+                plan->kv_host = (size_t)(p->kv_blocks - n_dev) * per_block;
+                plan->kv = kv_fixed + plan->kv_tier_dev;
+            }
+        }
+        plan->total = other + plan->kv - kv_fixed;
         if (!p->gpu_mem || plan->total <= p->gpu_mem) break;
     }
     return 0;
@@ -300,11 +316,14 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
 
 void cuda_mem_plan_str(const struct cuda_plan *plan, char *out, size_t cap) {
     const double gib = 1024.0 * 1024.0 * 1024.0, mib = 1024.0 * 1024.0;
-    snprintf(out, cap,
-             "weights %.2f GiB + KV %.2f GiB (%.1f KiB/token x %lld tokens) + state %.1f MiB + activations %.1f MiB"
-             " + workspace %.1f MiB = %.2f GiB",
-             plan->weights / gib, plan->kv / gib, plan->kv_per_token / 1024.0, (long long)plan->kv_tokens,
-             plan->state / mib, plan->activations / mib, plan->workspace / mib, plan->total / gib);
+    int n = snprintf(out, cap,
+                     "weights %.2f GiB + KV %.2f GiB (%.1f KiB/token x %lld tokens) + state %.1f MiB + activations %.1f MiB"
+                     " + workspace %.1f MiB = %.2f GiB",
+                     plan->weights / gib, plan->kv / gib, plan->kv_per_token / 1024.0, (long long)plan->kv_tokens,
+                     plan->state / mib, plan->activations / mib, plan->workspace / mib, plan->total / gib);
+    if (plan->kv_host && n > 0 && (size_t)n < cap)
+        snprintf(out + n, cap - (size_t)n, "; KV host tier %.2f GiB (device tier %d blocks)", plan->kv_host / gib,
+                 plan->kv_dev_blocks);
 }
 
 size_t pxq_engine_device_mem_peak(const struct pxq_engine *e) {

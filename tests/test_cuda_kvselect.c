@@ -12,6 +12,10 @@
  *              (sinks, chosen blocks, window; f16-rounded K and V): normalised error <= 1e-5.
  *   engine     tiny-qwen3, greedy 24 tokens with window 16 + 4 sinks and 1 block chosen, CPU = CUDA,
  *              f16 and pxq caches.
+ *   offload    the host tier (--kv-offload, kv_tier.cu): a 200-token prompt in ubatches of 64, then 24
+ *              greedy tokens, with a device tier of 2 blocks (the rest written, moved and read in
+ *              pinned host memory): CUDA = the CPU without a tier, f16 under full attention and pxq
+ *              with block selection.
  */
 #define TEST_RNG_SEED 0x7a11c0de5e1ec7edull
 #include "test_cuda_common.h"
@@ -178,12 +182,39 @@ static void test_engine(void) {
     model_free(m);
 }
 
+/* The host tier on the device against the CPU without one (see the header). */
+static void test_offload(void) {
+    char err[512], p[1024];
+    snprintf(p, sizeof p, "%s/tiny-qwen3", test_data_dir());
+    struct pxq_model *m = model_open(p, err, sizeof err);
+    CHECK(m != NULL, "open %s: %s", p, err);
+    if (!m) return;
+    int32_t prompt[200];
+    for (int i = 0; i < 200; i++) prompt[i] = (i * 131 + 7) % 8000 + 1;
+    for (int mode = 0; mode < 2; mode++) {
+        struct pxq_engine_params ep = pxq_engine_default_params();
+        ep.n_ctx = 256, ep.n_threads = 2, ep.n_batch = 64, ep.kv_type = mode ? KV_CACHE_PXQ : KV_CACHE_F16;
+        if (mode) ep.attn_window = 16, ep.attn_sinks = 4, ep.kv_topk_blocks = 2;
+        int32_t a[24], b[24];
+        if (test_greedy(m, &ep, prompt, 200, 8192, a, 24, NULL)) continue;
+        ep.device = PXQ_DEVICE_CUDA, ep.kv_offload = 1, ep.kv_dev_blocks = 2;
+        if (test_greedy(m, &ep, prompt, 200, 8192, b, 24, NULL)) continue;
+        int same = 0;
+        while (same < 24 && a[same] == b[same]) same++;
+        printf("engine %s%s, host tier (device tier 2 blocks): CUDA agrees with the CPU on %d of 24 greedy tokens\n",
+               kv_cache_type_name((enum kv_cache_type)ep.kv_type), mode ? " + block selection" : "", same);
+        CHECK(same == 24, "host tier, %s: greedy tokens differ at %d", kv_cache_type_name((enum kv_cache_type)ep.kv_type), same);
+    }
+    model_free(m);
+}
+
 int main(void) {
     int gate = cuda_test_gate("test_cuda_kvselect");
     if (gate >= 0) return gate;
     test_kernels(0);
     test_kernels(40); /* the second ubatch starts inside block 2 */
     test_engine();
+    test_offload();
     return test_summary("test_cuda_kvselect");
 }
 #endif

@@ -491,14 +491,36 @@ static void upload_step(struct pxq_engine *e, cuda_backend *b, size_t *max_in, s
 
 /* KV: the paged cache in the engine's layout (kvcache.h), f16 (f32 in exact mode, which the layout
  * then says too). Its block tables are the step inputs' (buffers_step). */
-static int kv_step(struct pxq_engine *e, cuda_backend *b, char *err, size_t errlen) {
+static int kv_step(struct pxq_engine *e, cuda_backend *b, const struct cuda_plan *plan, char *err, size_t errlen) {
     cuda_kv *kv = &b->kv;
     if (cuda_kv_from_layout(kv, &e->kv.lay) != 0) {
         snprintf(err, errlen, "CUDA: the KV cache's element types are not ones the CUDA kernels read (f16 or f32)");
         return -1;
     }
-    kv->k = arena_get(b, (size_t)e->kv.n_blocks * e->kv.lay.block_bytes[KV_K]);
-    kv->v = arena_get(b, (size_t)e->kv.n_blocks * e->kv.lay.block_bytes[KV_V]);
+    const int n_dev = plan->kv_dev_blocks, tiered = n_dev < e->kv.n_blocks;
+    const size_t bnd = kv_layout_bounds_bytes(&e->kv.lay) / 2;
+    if (tiered) { /* the host tier: K, V and the key bounds, each device memory then host memory (kv_tier.cu) */
+        if (kv_tier_check(&e->kv.lay, e->kv.n_blocks, n_dev, e->p.swap_space, err, errlen) != 0 ||
+            kv_cache_tier(&e->kv, n_dev) != 0)
+            return -1;
+        const size_t per[4] = {e->kv.lay.block_bytes[KV_K], e->kv.lay.block_bytes[KV_V], bnd, bnd};
+        for (int i = 0; i < 4; i++) {
+            if (!per[i]) continue;
+            if (cuda_tier_alloc(&b->tier[i], (size_t)n_dev * per[i], (size_t)e->kv.n_blocks * per[i], err, errlen) != 0)
+                return -1;
+            b->tier_dev_bytes += b->tier[i].dev_bytes;
+        }
+        if (b->tier_dev_bytes > plan->kv_tier_dev) {
+            snprintf(err, errlen, "--kv-offload: the device tier takes %zu bytes, more than the plan's %zu (the driver's "
+                     "granularity is over %zu)", b->tier_dev_bytes, plan->kv_tier_dev, CUDA_TIER_GRAN);
+            return -1;
+        }
+        kv->k = b->tier[0].va, kv->v = b->tier[1].va;
+        kv->kmin = (float *)b->tier[2].va, kv->kmax = (float *)b->tier[3].va;
+    } else {
+        kv->k = arena_get(b, (size_t)e->kv.n_blocks * e->kv.lay.block_bytes[KV_K]);
+        kv->v = arena_get(b, (size_t)e->kv.n_blocks * e->kv.lay.block_bytes[KV_V]);
+    }
     if (kv->quantized) { /* the per-layer descriptors, and the residual of every sequence slot */
         const size_t nd = (size_t)e->kv.lay.n_layer_kv, rb = kv_layout_residual_bytes(&e->kv.lay) / 2;
         kv_layer_desc *dd = (kv_layer_desc *)arena_get(b, 2 * nd * sizeof(kv_layer_desc));
@@ -511,8 +533,7 @@ static int kv_step(struct pxq_engine *e, cuda_backend *b, char *err, size_t errl
         b->decode_attn = b->decode_attn && attention_decode_supported(kv, e->hp->n_head);
     }
     if (kv->topk_blocks) { /* block selection: the key bounds, the bitmaps (cuda_bufs_of's sel) */
-        const size_t nbd = (size_t)e->kv.n_blocks * kv_layout_bounds_bytes(&e->kv.lay) / 2;
-        kv->kmin = (float *)arena_get(b, nbd), kv->kmax = (float *)arena_get(b, nbd);
+        if (!tiered) kv->kmin = (float *)arena_get(b, (size_t)e->kv.n_blocks * bnd), kv->kmax = (float *)arena_get(b, (size_t)e->kv.n_blocks * bnd);
         const int max_blocks = (int)kv_blocks_for(e->p.n_ctx, e->p.kv_block_size);
         kv->sel_words = (max_blocks + 31) / 32;
         kv->sel = (uint32_t *)arena_get(b, (size_t)e->p.n_batch * kv->n_head_kv * kv->sel_words * 4);
@@ -647,15 +668,16 @@ extern "C" int cuda_backend_new(struct pxq_engine *e, char *err, size_t errlen) 
     struct cuda_plan plan;
     size_t arena_size = 0, max_in = 0, max_mat = 0;
     if (plan_step(e, tune.exact, &plan, &arena_size, err, errlen)) return -1;
+    arena_size -= plan.kv_tier_dev; /* the host tier's device part is its own allocation (kv_tier.cu) */
     cuda_backend *b = arena_step(e, &tune, arena_size, err, errlen);
     if (!b) return -1;
     upload_step(e, b, &max_in, &max_mat);
-    if (kv_step(e, b, err, errlen)) {
+    if (kv_step(e, b, &plan, err, errlen)) {
         cuda_backend_free(e);
         return -1;
     }
     buffers_step(e, b, max_in, max_mat, plan.w16_max);
-    if (b->peak > plan.total) die("CUDA arena: used %zu bytes, plan %zu", b->peak, plan.total);
+    if (b->peak + plan.kv_tier_dev > plan.total) die("CUDA arena: used %zu bytes, plan %zu", b->peak, plan.total);
     snprintf(b->path, sizeof b->path, "cuda");
     return 0;
 }
@@ -672,6 +694,7 @@ extern "C" void cuda_backend_free(struct pxq_engine *e) {
     cudaStreamDestroy(b->st_deq);
     cudaStreamDestroy(b->st);
     cudaFree(b->arena);
+    for (int i = 0; i < 4; i++) cuda_tier_free(&b->tier[i]);
     if (b->rstate_ck && !e->p.spec_checkpoint) cudaFree(b->rstate_ck); /* allocated at the first checkpoint */
     if (b->embd_host) cudaFreeHost(b->embd_host);
     cudaFreeHost(b->in_h);
@@ -715,6 +738,6 @@ extern "C" void cuda_host_free(void *p) {
     if (p) (void)cudaFreeHost(p);
 }
 
-extern "C" size_t cuda_backend_peak(const struct pxq_engine *e) { return B(e)->peak; }
+extern "C" size_t cuda_backend_peak(const struct pxq_engine *e) { return B(e)->peak + B(e)->tier_dev_bytes; }
 extern "C" const char *cuda_backend_device(const struct pxq_engine *e) { return B(e)->name; }
 extern "C" const char *cuda_backend_path(const struct pxq_engine *e) { return B(e)->path; }

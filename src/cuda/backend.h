@@ -38,6 +38,10 @@ void cuda_weight_sizes(int fmt, int64_t n_in, int64_t n_out, size_t *q_bytes, si
 
 /* Every device allocation is rounded up to this (16-byte loads, coalesced rows). */
 #define CUDA_ALIGN 256
+/* The host tier's arrays (kv_tier.cu) are backed in units of the driver's granularity (2 MiB): the
+ * plan counts that rounding, for each of the four arrays. */
+#define CUDA_TIER_GRAN ((size_t)2 << 20)
+#define CUDA_TIER_SLACK (4 * CUDA_TIER_GRAN)
 /* Prefill: weight rows are dequantized to f16 in two alternating tile buffers of at most half this
  * many elements each (the next tile's dequantization overlaps the running GEMM): whole matrices up
  * to 192 M weights (fewer, larger GEMMs: Qwen3-32B pp512 on an H200 6155 t/s against 5725 with
@@ -136,6 +140,11 @@ void cuda_widths_of(const struct pxq_hparams *hp, size_t *max_in, size_t *max_ma
 struct cuda_plan {
     size_t weights, kv, kv_per_token, state, activations, workspace, total;
     int64_t kv_tokens;
+    /* the host tier (params kv_offload): the device tier's blocks (the whole pool without a tier: no
+     * --kv-offload, or every block fits), the device bytes of its arrays (kv_tier.cu, outside the arena;
+     * 0 without a tier) and the host tier's bytes */
+    int kv_dev_blocks;
+    size_t kv_tier_dev, kv_host;
     size_t w16_max;     /* the prefill tile buffers' elements (CUDA_W16_MAX_ELEMS or _SMALL_ELEMS) */
 };
 /* The plan for model m under params p resolved as pxq_engine_new resolves them, with the KV cache
@@ -182,6 +191,10 @@ int cuda_inner_checkpoints(const struct pxq_engine *e);
 void forward_cuda(struct pxq_engine *e, const struct ubatch *ub);
 /* The MTP head's step (mtp.c's twin): ub->hidden_in in, logits and ub->hidden out. */
 void forward_mtp_cuda(struct pxq_engine *e, const struct ubatch *ub);
+/* The host tier's moves (engine.c offload_for, kvcache.h kv_seq_offload): copy each block mv[i].src's
+ * K and V bytes and key bounds to block mv[i].dst, on the step stream, before the next step. */
+struct kv_move;
+void cuda_kv_move(struct pxq_engine *e, const struct kv_move *mv, int n);
 size_t cuda_backend_peak(const struct pxq_engine *e);
 const char *cuda_backend_device(const struct pxq_engine *e);
 const char *cuda_backend_path(const struct pxq_engine *e);

@@ -56,6 +56,20 @@ struct step_inputs {
     int32_t *tok, *pos, *seq, *rows, *run_seq, *run_off, *run_tok, *tiles, *run_snap, *tab;
 };
 
+/* One array of the KV pool with a host tier (kv_tier.cu): a device address range whose first dev_bytes
+ * are device memory and the rest pinned host memory. */
+struct cuda_tier {
+    void *va;
+    size_t va_bytes, dev_bytes, host_bytes;
+    unsigned long long h_dev, h_host; /* CUmemGenericAllocationHandle */
+    int mapped;
+};
+/* Reserve bytes of addresses, back the first dev_bytes (rounded up to the granularity) with device
+ * memory and the rest with pinned host memory. 0, or -1 with a message (no driver support, host
+ * memory that cannot be pinned). cuda_tier_free undoes it (a zeroed one is a no-op). */
+extern "C" int cuda_tier_alloc(struct cuda_tier *t, size_t dev_bytes, size_t bytes, char *err, size_t errlen);
+extern "C" void cuda_tier_free(struct cuda_tier *t);
+
 struct cuda_backend {
     char name[256];
     char *arena;
@@ -69,6 +83,9 @@ struct cuda_backend {
     cuda_weight mtp_fc;     /* spec_mtp: the MTP head's eh_proj [2 n_embd -> n_embd] */
     float *mtp_norm[3];     /* spec_mtp: its enorm, hnorm, shared_head_norm (1 + w folded, as the CPU's) */
     cuda_kv kv;
+    struct cuda_tier tier[4]; /* the host tier (--kv-offload): K, V, key minima, key maxima; unused: zeroed */
+    size_t tier_dev_bytes;    /* their device parts, outside the arena */
+    uint64_t tier_moved;      /* blocks moved to the host tier (cuda_kv_move) */
     int32_t *in_d, *in_h;
     step_inputs di, hi;     /* the arrays in in_d and in in_h */
     int nb, n_tab, max_blocks, max_splits;
