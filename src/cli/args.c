@@ -222,6 +222,9 @@ void common_help(int width, int with_ctx) {
         {"--attention-window W", "window + sink attention: each query sees its last W positions (0: all)"},
         {"--attention-sinks N", "... and the first N positions (StreamingLLM; default 0)"},
         {"--kv-topk-blocks K", "with a window: also the K blocks of the middle with the largest Quest bound"},
+        {"--kv-offload", "host KV tier: blocks past the device's room live in pinned host memory (docs/KVCACHE.md)"},
+        {"--swap-space GIB", "the host tier's budget in GiB (vLLM's flag; implies --kv-offload)"},
+        {"--kv-device-blocks N", "with --kv-offload: the device tier's blocks (default: what --gpu-mem leaves)"},
         {"--rope-scaling T", "none, linear, yarn or llama3, over the model file's (also llama.cpp's spelling)"},
         {"--rope-factor F", "the scaling factor (alias --rope-scale)"},
         {"--original-max-position-embeddings N", "the trained context the scaling starts from (alias --yarn-orig-ctx)"},
@@ -317,6 +320,13 @@ int device_parse(struct args *a, struct pxq_engine_params *ep) {
         ep->attn_window = (int)arg_int(a, 0, 1 << 30);
     } else if (!strcmp(f, "--kv-topk-blocks")) {
         ep->kv_topk_blocks = (int)arg_int(a, 0, 1 << 24);
+    } else if (!strcmp(f, "--kv-offload")) {
+        ep->kv_offload = 1;
+    } else if (!strcmp(f, "--swap-space")) {
+        ep->swap_space = (size_t)(arg_num(a, 1.0 / 1024, 1 << 20) * 1073741824.0);
+        ep->kv_offload = 1;
+    } else if (!strcmp(f, "--kv-device-blocks")) {
+        ep->kv_dev_blocks = (int)arg_int(a, 1, 1 << 30);
     } else if (!strcmp(f, "--attention-sinks")) {
         ep->attn_sinks = (int)arg_int(a, 0, 1 << 30);
     } else if (!strcmp(f, "--kv-sink")) {
@@ -356,6 +366,11 @@ void common_warn_unused(const struct args *a, const struct pxq_engine_params *ep
     if (kv_residual_given && ep->kv_type == KV_CACHE_F16)
         warn_user(a, "--kv-sink and --kv-window have no effect with the f16 KV cache (they keep positions exact in a "
                      "quantized one: --kv-cache-type q8_0 or pxq)");
+    if (ep->kv_dev_blocks && !ep->kv_offload)
+        warn_user(a, "--kv-device-blocks has no effect without --kv-offload (it sizes the device tier of the KV cache)");
+    if (ep->kv_offload && ep->device == PXQ_DEVICE_CPU && !ep->kv_dev_blocks)
+        warn_user(a, "--kv-offload: the CPU backend's KV cache is in host memory already; it splits the pool into tiers "
+                     "only with --kv-device-blocks N");
     if (ep->device == PXQ_DEVICE_CPU && ep->gpu_mem)
         warn_user(a, "--gpu-mem has no effect on the CPU backend (it sizes the CUDA arena; add --device cuda to use it)");
 }

@@ -294,6 +294,8 @@ out:
 }
 
 /* One repetition; returns seconds of the timed part, or -1. */
+static struct pxq_kv_tier_stats last_tier; /* the host tier as the last run_once left it, before its sequences go */
+
 static double run_once(struct pxq_engine *e, struct batchbuf *bb, const char *kind, int b, int len, int depth, char *err, size_t errlen) {
     int seqs[1024];
     double t = -1;
@@ -323,6 +325,7 @@ static double run_once(struct pxq_engine *e, struct batchbuf *bb, const char *ki
     }
     (void)pxq_logits(e, 0); /* the step is complete when pxq_decode returns (logits are on the host) */
     t = now_sec() - t0;
+    pxq_kv_tier_stats(e, &last_tier);
 out:
     for (int s = 0; s < made; s++) pxq_seq_free(e, seqs[s]);
     return t;
@@ -563,7 +566,7 @@ int cmd_bench(int argc, char **argv) {
                                      ? "f32 dots"
                                      : "int8 activations x quantized weights, f32 dots for float weights",
                                  pxq_engine_params(e)->n_threads);
-                    char test[128], kvdesc[96]; /* the KV cache type and the attention mode of the row */
+                    char test[128], kvdesc[256]; /* the KV cache type and the attention mode of the row */
                     snprintf(test, sizeof test, "%s%d", r.kind, r.len);
                     if (spec_row) /* the acceptance of the timed repetitions */
                         snprintf(test, sizeof test, "%s%d spec %s k%d: acceptance %.3f, %.2f tokens/pass", r.kind, r.len,
@@ -573,7 +576,11 @@ int cmd_bench(int argc, char **argv) {
                     int kl = snprintf(kvdesc, sizeof kvdesc, "%s", kv_cache_type_name((enum kv_cache_type)pp->kv_type));
                     if (pp->attn_window)
                         kl += snprintf(kvdesc + kl, sizeof kvdesc - (size_t)kl, ", window %d + %d sinks", pp->attn_window, pp->attn_sinks);
-                    if (pp->kv_topk_blocks) snprintf(kvdesc + kl, sizeof kvdesc - (size_t)kl, " + top %d blocks", pp->kv_topk_blocks);
+                    if (pp->kv_topk_blocks) kl += snprintf(kvdesc + kl, sizeof kvdesc - (size_t)kl, " + top %d blocks", pp->kv_topk_blocks);
+                    const struct pxq_kv_tier_stats ts = last_tier; /* after the row's last step: its sequences at their deepest */
+                    if (ts.n_host && !spec_row)
+                        snprintf(kvdesc + kl, sizeof kvdesc - (size_t)kl, ", host tier: %d blocks in use (device %d), <= %.1f MiB "
+                                 "read from host a step", ts.host_used, ts.n_dev, ts.host_read_step / 1048576.0);
                     if (o.json) {
                         printf("%s  {\"model\": ", n_rows ? ",\n" : "");
                         json_str(stdout, model_name);
