@@ -341,7 +341,9 @@ __global__ void kv_store_kernel(const cuda_kv kv, int l, const float *k, const f
 __global__ void kv_store_q_kernel(const cuda_kv kv, int l, const float *k, const float *v, int ld, const int32_t *pos,
                                   const int32_t *seq_id) {
     const int t = blockIdx.x, h = blockIdx.y, pool = blockIdx.z, i = threadIdx.x, lane = i & 31, g = i >> 5;
-    const int p = pos[t], s = seq_id[t];
+    pdl_launch_dependents(); /* the attention after it waits for it to finish (pdl_wait) */
+    const int p = pos[t], s = seq_id[t]; /* step inputs: copied before the step's first kernel */
+    pdl_wait();                          /* k and v are the kernel before's output */
     const float x = (pool ? v : k)[(size_t)t * ld + (size_t)h * kv.head_dim + i];
     const int32_t *tab = kv.block_tab + (size_t)s * kv.max_blocks;
     const kv_layer_desc *d;
@@ -374,7 +376,10 @@ __global__ void kv_store_q_kernel(const cuda_kv kv, int l, const float *k, const
 extern "C" void kv_store_q_cuda(const struct cuda_kv *kv, int l, const float *k, const float *v, int ld,
                                 const int32_t *pos, const int32_t *seq_id, int n_tokens, cudaStream_t st) {
     if (n_tokens <= 0) return;
-    kv_store_q_kernel<<<dim3(n_tokens, kv->n_head_kv, 2), kv->head_dim, 0, st>>>(*kv, l, k, v, ld, pos, seq_id);
+    /* in the decode step's PDL chain (launch.cuh): launched plainly, it held the attention kernel's
+     * launch until it ended */
+    kernel_launch(kv_store_q_kernel, dim3(n_tokens, kv->n_head_kv, 2), dim3(kv->head_dim), 0, st, *kv, l, k, v, ld, pos,
+                  seq_id);
 }
 
 extern "C" void kv_store_cuda(const struct cuda_kv *kv, int l, const float *k, const float *v, const int32_t *pos,
