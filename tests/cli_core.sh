@@ -217,16 +217,19 @@ w1=$($PXQ run -m tests/data/tiny-qwen3 --temp 0 -f /tmp/pxq-win.$$ -n 40 -c 1024
 check "speculation with -b 1 beside a window: the text of plain decoding" '[ -n "$w0" ] && [ "$w0" = "$w1" ]'
 rm -f /tmp/pxq-win.$$
 
-# bench --preset seed: the claim's four rows, each its own bench process (the tiny config and short
-# shapes given after it stand in for the 27B preset's: later flags win)
-dry=$($PXQ bench --preset seed --dry-run --device cuda)
-check "bench --preset seed --dry-run: four rows, the last 131072 + 1024 with window attention" \
-    '[ "$(printf "%s\n" "$dry" | wc -l)" = 4 ] && printf "%s" "$dry" | tail -n 1 | grep -q -- "-p 131072 -n 1024 -b 1 --attention-window 4096 --attention-sinks 4 --device cuda"'
+# bench --preset seed: the claim's four rows, each a prefill and a decode-after-the-prompt bench
+# process on CUDA (the tiny config, the CPU and short shapes given after it stand in for the 27B
+# preset's: later flags win)
+dry=$($PXQ bench --preset seed --dry-run --kv-offload)
+check "bench --preset seed --dry-run: four rows of two processes on CUDA, the last 131072 + 1024 at depth 131072 with window attention" \
+    '[ "$(printf "%s\n" "$dry" | wc -l)" = 8 ] && [ "$(printf "%s\n" "$dry" | grep -c -- "--device cuda")" = 8 ] &&
+     printf "%s" "$dry" | tail -n 2 | head -n 1 | grep -q -- "-p 131072 -n 0 -b 1 --no-warmup --attention-window 4096 --attention-sinks 4 --kv-offload" &&
+     printf "%s" "$dry" | tail -n 1 | grep -q -- "-p 0 -n 1024 -d 131072 -b 1 --no-warmup --attention-window 4096 --attention-sinks 4 --kv-offload"'
 bad=$($PXQ bench --preset nope 2>&1; echo "rc=$?")
 check "bench --preset with an unknown name lists the presets" 'printf "%s" "$bad" | grep -q "the presets are: seed" && printf "%s" "$bad" | grep -q "rc=2"'
-seed=$($PXQ bench --preset seed --config tests/data/tiny-qwen3/config.json -p 32 -n 4 -b 2 --attention-window 16 2>/dev/null)
+seed=$($PXQ bench --preset seed --config tests/data/tiny-qwen3/config.json --device cpu -p 32 -n 4 -d 8 -b 2 --attention-window 16 2>/dev/null)
 check "bench --preset seed runs its rows and prints them beside the claim" \
-    '[ "$(printf "%s\n" "$seed" | grep -c "^| 32 x 2 | 4 |")" = 4 ] && printf "%s" "$seed" | tail -n 1 | grep -q "| 280 (" && printf "%s" "$seed" | grep -q "no host KV tier"'
+    '[ "$(printf "%s\n" "$seed" | grep -c "^| 32 x 2 | 4 at depth 8 |")" = 4 ] && printf "%s" "$seed" | tail -n 1 | grep -q "| 280 (" && printf "%s" "$seed" | grep -q "0 B (KV and weights on the device)"'
 
 exit $fail
 

@@ -1,17 +1,21 @@
 /* bench_seed.c - `pxq bench --preset seed`: the widely shared claim's table, measured. The claim: a 27B
  * Qwen on one 16 GB V100 at prompt 512 x batch 16, 2048 x 8, 16384 x 1 and 131072 (+ 1024 generated) x
  * 1, with prefill 1245 / 886 / 1310 / 280 tok/s and decode 118 (total) / 86 / 62 / 58 tok/s. Each row
- * runs as its own `pxq bench --json` process (its own engine, KV pool and arena, as a server sized
- * for that load would be) on the Qwen3.5-27B preset, dummy Q4_0 weights, --gpu-mem 15.2GiB (the V100's
- * 16 GB less its CUDA context), the pxq KV cache, one timed repetition after the warm-up. The last
- * row's full-attention KV does not fit beside the weights in 15.2 GiB (pxq plan: 46,992 positions at
- * most) and no host KV tier is built, so it runs window attention (4096 + 4 sinks), whose blocks past
- * the window are given back; its recall cost is docs/PERF.md's passkey table. The table printed
- * names, per row, the prompt and batch, prefill and decode tok/s with their % of the roofline beside
- * the claim, whether the weights are resident, the kernels, the KV type and attention, the host
- * traffic (none: every byte is on the device) and the peak device memory.
+ * runs as two `pxq bench --json --device cuda` processes (each its own engine, KV pool and arena, as a
+ * server sized for that load would be) on the Qwen3.5-27B preset, dummy Q4_0 weights, --gpu-mem
+ * 15.2GiB (the V100's 16 GB less its CUDA context), the pxq KV cache: the prompt's prefill (-p P), then
+ * the decode after it (-n N -d P: the P positions filled untimed, then N steps), one timed repetition
+ * each. Rows 1-3 warm up first; the last row does not, since each 131,072-token fill is most of its
+ * time (a decode graph is captured within the timed steps then). The last row's full-attention KV
+ * does not fit beside the weights in 15.2 GiB (pxq plan: 46,992 positions at most), so it runs window
+ * attention (4096 + 4 sinks), whose blocks past the window are given back; its recall cost is
+ * docs/PERF.md's passkey table. (--kv-offload with full attention would fit it, reading the whole
+ * host tier each step.) The table printed names, per row, the prompt and batch, prefill and decode
+ * tok/s with their % of the roofline beside the claim, whether the weights are resident, the kernels,
+ * the KV type and attention, the host traffic of a decode step and the peak device memory.
  */
 #include <errno.h>
+#include <math.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,11 +33,12 @@ extern char **environ;
 static const struct seed_row {
     const char *prompt, *gen, *batch, *attention;
     double claim_pp, claim_tg;
+    int warm; /* a warm-up before the timed repetition */
 } rows[] = {
-    {"512", "128", "16", NULL, 1245, 118},
-    {"2048", "128", "8", NULL, 886, 86},
-    {"16384", "128", "1", NULL, 1310, 62},
-    {"131072", "1024", "1", "4096", 280, 58},
+    {"512", "128", "16", NULL, 1245, 118, 1},
+    {"2048", "128", "8", NULL, 886, 86, 1},
+    {"16384", "128", "1", NULL, 1310, 62, 1},
+    {"131072", "1024", "1", "4096", 280, 58, 0},
 };
 #define N_ROWS ((int)(sizeof rows / sizeof *rows))
 
@@ -57,14 +62,20 @@ static const char *seed_config(char *into) {
     return NULL;
 }
 
-/* The child's arguments: the preset's, the row's, then the user's (later flags win), NULL-ended. */
-static void row_argv(const char **av, int cap, const struct seed_row *r, const char *config, int n_user, char **user) {
-    const char *base[] = {"pxq", "bench", "--load-format", "dummy", "--config", config,
+/* A child's arguments: the preset's, the row's prefill (decode 0) or its decode after the prompt
+ * (prefill 0, depth the prompt), then the user's (later flags win), NULL-ended. */
+static void row_argv(const char **av, int cap, const struct seed_row *r, int decode, const char *config, int n_user,
+                     char **user) {
+    const char *base[] = {"pxq", "bench", "--load-format", "dummy", "--config", config, "--device", "cuda",
                           "--dtype", "q4_0", "--gpu-mem", "15.2GiB", "--kv-cache-type", "pxq", "-r", "1", "--json"};
     int n = 0;
     for (size_t i = 0; i < sizeof base / sizeof *base; i++) av[n++] = base[i];
-    const char *row[] = {"-p", r->prompt, "-n", r->gen, "-b", r->batch};
-    for (size_t i = 0; i < sizeof row / sizeof *row; i++) av[n++] = row[i];
+    const char *pp[] = {"-p", r->prompt, "-n", "0", "-b", r->batch}, *tg[] = {"-p", "0", "-n", r->gen, "-d", r->prompt, "-b", r->batch};
+    if (decode)
+        for (size_t i = 0; i < sizeof tg / sizeof *tg; i++) av[n++] = tg[i];
+    else
+        for (size_t i = 0; i < sizeof pp / sizeof *pp; i++) av[n++] = pp[i];
+    if (!r->warm) av[n++] = "--no-warmup";
     if (r->attention) av[n++] = "--attention-window", av[n++] = r->attention, av[n++] = "--attention-sinks", av[n++] = "4";
     for (int i = 0; i < n_user && n < cap - 1; i++) av[n++] = user[i];
     av[n] = NULL;
@@ -157,8 +168,8 @@ int bench_preset(int argc, char **argv) {
                 "claim's, so the claim columns compare other shapes\n");
     const char *av[72];
     if (dry_run) {
-        for (int r = 0; r < N_ROWS; r++) {
-            row_argv(av, 72, &rows[r], config, n_user, user);
+        for (int r = 0; r < 2 * N_ROWS; r++) {
+            row_argv(av, 72, &rows[r / 2], r % 2, config, n_user, user);
             for (int i = 0; av[i]; i++) printf("%s%s", i ? " " : "", av[i]);
             printf("\n");
         }
@@ -171,11 +182,15 @@ int bench_preset(int argc, char **argv) {
     fflush(stdout);
     int failed = 0;
     for (int r = 0; r < N_ROWS; r++) {
-        row_argv(av, 72, &rows[r], config, n_user, user);
-        char *out = NULL;
-        const int rc = run_child(av, &out);
-        cJSON *arr = rc == 0 && out ? cJSON_Parse(out) : NULL;
-        const cJSON *pp = find_test(arr, "pp"), *tg = find_test(arr, "tg");
+        char *out[2] = {NULL, NULL};
+        cJSON *arr[2] = {NULL, NULL};
+        int rc = 0;
+        for (int k = 0; k < 2 && rc == 0; k++) { /* the prefill, then the decode after the prompt */
+            row_argv(av, 72, &rows[r], k, config, n_user, user);
+            rc = run_child(av, &out[k]);
+            arr[k] = rc == 0 && out[k] ? cJSON_Parse(out[k]) : NULL;
+        }
+        const cJSON *pp = find_test(arr[0], "pp"), *tg = find_test(arr[1], "tg");
         if (!pp || !tg) {
             printf("| %s x %s | %s | failed (exit %d) | %.0f | - | %.0f | - | - | - | - | - |\n", rows[r].prompt,
                    rows[r].batch, rows[r].gen, rc, rows[r].claim_pp, rows[r].claim_tg);
@@ -183,16 +198,20 @@ int bench_preset(int argc, char **argv) {
         } else { /* the claim over the roofline in tok/s that this row's figure and % imply */
             const double pp_roof = num(pp, "avg_ts") / (num(pp, "roofline_pct") / 100.0);
             const double tg_roof = num(tg, "avg_ts") / (num(tg, "roofline_pct") / 100.0);
-            printf("| %.0f x %.0f | %.0f | %.2f (%.1f%%) | %.0f (%.1f%%) | %.2f (%.1f%%) | %.0f (%.1f%%) | %s | %s | "
-                   "0 B (no host KV tier) | %.2f GiB | %s |\n",
-                   num(pp, "n_prompt"), num(pp, "batch"), num(tg, "n_gen"), num(pp, "avg_ts"), num(pp, "roofline_pct"),
-                   rows[r].claim_pp, 100.0 * rows[r].claim_pp / pp_roof, num(tg, "avg_ts"), num(tg, "roofline_pct"),
-                   rows[r].claim_tg, 100.0 * rows[r].claim_tg / tg_roof, str(tg, "kv_cache"),
-                   str(tg, "weights_resident"), num(tg, "peak_mem_bytes") / 1073741824.0, str(tg, "kernel_path"));
+            const double host = num(tg, "kv_host_read_step_bytes");
+            char traffic[64];
+            if (host > 0) snprintf(traffic, sizeof traffic, "%.1f MiB a decode step", host / 1048576.0);
+            else snprintf(traffic, sizeof traffic, "0 B (KV and weights on the device)");
+            printf("| %.0f x %.0f | %.0f at depth %.0f | %.2f (%.1f%%) | %.0f (%.1f%%) | %.2f (%.1f%%) | %.0f (%.1f%%) | %s | %s | "
+                   "%s | %.2f GiB | %s |\n",
+                   num(pp, "n_prompt"), num(pp, "batch"), num(tg, "n_gen"), num(tg, "depth"), num(pp, "avg_ts"),
+                   num(pp, "roofline_pct"), rows[r].claim_pp, 100.0 * rows[r].claim_pp / pp_roof, num(tg, "avg_ts"),
+                   num(tg, "roofline_pct"), rows[r].claim_tg, 100.0 * rows[r].claim_tg / tg_roof, str(tg, "kv_cache"),
+                   str(tg, "weights_resident"), traffic,
+                   fmax(num(pp, "peak_mem_bytes"), num(tg, "peak_mem_bytes")) / 1073741824.0, str(tg, "kernel_path"));
         }
         fflush(stdout);
-        cJSON_Delete(arr);
-        free(out);
+        for (int k = 0; k < 2; k++) cJSON_Delete(arr[k]), free(out[k]);
     }
     free(user);
     return failed;

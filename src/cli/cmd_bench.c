@@ -602,6 +602,7 @@ int cmd_bench(int argc, char **argv) {
                         json_str(stdout, kind ? rl.copy_method : rl.gemm_method);
                         printf(", \"weight_bytes\": %zu, \"peak_mem_bytes\": %zu, \"peak_mem_kind\": \"%s\"", mp.weight_bytes, r.peak,
                                dev == PXQ_DEVICE_CUDA ? "device arena" : "host RSS");
+                        printf(", \"kv_host_blocks\": %d, \"kv_host_read_step_bytes\": %.0f", ts.host_used, ts.host_read_step);
                         if (spec_row)
                             printf(", \"spec\": {\"drafter\": \"%s\", \"k\": %d, \"passes\": %ld, \"drafted\": %ld, \"accepted\": %ld}",
                                    spec_kind_name(o.sp.kind), o.sp.k, sst.passes, sst.drafted, sst.accepted);
