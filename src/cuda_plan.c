@@ -309,6 +309,9 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
             }
         }
         plan->total = other + plan->kv - kv_fixed;
+        if (!small && plan->kv_dev_blocks < p->kv_blocks && !p->kv_dev_blocks &&
+            plan->kv_dev_blocks < kv_hot_blocks(p->n_seq_max, p->kv_block_size, p->attn_window, p->attn_sinks, p->n_batch))
+            continue; /* the host tier would hold the blocks every step reads: the small tiles leave room for them */
         if (!p->gpu_mem || plan->total <= p->gpu_mem) break;
     }
     return 0;

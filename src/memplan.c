@@ -140,8 +140,8 @@ static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const s
     ep.attn_window = p->attn_window, ep.attn_sinks = p->attn_sinks, ep.kv_topk_blocks = p->topk_blocks;
     size_t max_in, max_mat, state;
     cuda_widths_of(hp, &max_in, &max_mat);
-    const int64_t positions = memplan_seq_blocks(p, n_ctx) * p->kv_block_size * p->n_seq;
-    const size_t kv = mp->kv_bytes_per_token * (size_t)positions + mp->kv_residual_per_seq * (size_t)p->n_seq;
+    const int64_t blocks = memplan_seq_blocks(p, n_ctx) * p->n_seq;
+    const size_t pool = mp->kv_bytes_per_block * (size_t)blocks, fixed = mp->kv_residual_per_seq * (size_t)p->n_seq;
     size_t total = 0;
     for (int small = 0; small < 1 + allow_small; small++) { /* the backend's choice (cuda_mem_plan): small tiles if over budget */
         struct cuda_bufs bf;
@@ -151,11 +151,43 @@ static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const s
         mp->w16_elems = bf.w16, mp->w16_small = small;
         mp->workspace = mp->workspace - CUDA_CUBLAS_WS + p->workspace;
         mp->state_bytes = state;
-        total = memplan_arena_weight_bytes(mp, hp) + kv + mp->state_bytes + mp->act_bytes + mp->logits_bytes + mp->workspace;
+        const size_t other = memplan_arena_weight_bytes(mp, hp) + fixed + mp->state_bytes + mp->act_bytes + mp->logits_bytes +
+                             mp->workspace;
+        mp->kv_blocks = mp->kv_dev_blocks = blocks, mp->kv_host_bytes = 0;
+        size_t kv = pool;
+        if (p->kv_offload && (p->budget || p->kv_dev_blocks)) { /* the device tier: what the budget leaves (cuda_plan.c) */
+            int64_t n_dev = p->kv_dev_blocks;
+            if (n_dev <= 0)
+                n_dev = p->budget > other + CUDA_TIER_SLACK ? (int64_t)((p->budget - other - CUDA_TIER_SLACK) / mp->kv_bytes_per_block) : 0;
+            if (n_dev < blocks) {
+                mp->kv_dev_blocks = n_dev;
+                mp->kv_host_bytes = mp->kv_bytes_per_block * (size_t)(blocks - n_dev);
+                kv = mp->kv_bytes_per_block * (size_t)n_dev + CUDA_TIER_SLACK;
+            }
+        }
+        total = other + kv;
+        if (allow_small && !small && mp->kv_dev_blocks < blocks && !p->kv_dev_blocks &&
+            mp->kv_dev_blocks < kv_hot_blocks(p->n_seq, p->kv_block_size, p->attn_window, p->attn_sinks, p->n_batch))
+            continue; /* as cuda_mem_plan: the small tiles leave the device tier room for the blocks every step reads */
         /* decided as the backend does, with its own cuBLAS workspace (--workspace only changes the account) */
         if (!p->budget || total - p->workspace + CUDA_CUBLAS_WS <= p->budget) break;
     }
+    mp->kv_bytes = (mp->kv_dev_blocks < blocks ? mp->kv_bytes_per_block * (size_t)mp->kv_dev_blocks + CUDA_TIER_SLACK : pool) + fixed;
     return total;
+}
+
+/* The host tier's own limits at a context (arena_at filled mp): a device tier of at least a step's
+ * blocks per sequence, and a host tier within --swap-space. 1 if they hold (or there is no tier). */
+static int tier_ok(const struct memplan *mp, const struct memplan_params *p) {
+    if (mp->kv_dev_blocks == mp->kv_blocks) return 1;
+    const int64_t step = (kv_blocks_for(p->n_batch, p->kv_block_size) + 1) * p->n_seq;
+    return mp->kv_dev_blocks >= step && (!p->swap_space || mp->kv_host_bytes <= p->swap_space);
+}
+
+/* arena_at, with a context the host tier cannot hold counted as over any budget */
+static size_t arena_fit(struct memplan *mp, const struct pxq_hparams *hp, const struct memplan_params *p, int n_ctx, int small) {
+    const size_t a = arena_at(mp, hp, p, n_ctx, small);
+    return tier_ok(mp, p) ? a : SIZE_MAX;
 }
 
 int memplan_compute(struct memplan *mp, const struct pxq_hparams *hp, const struct memplan_params *p, char *err,
@@ -169,6 +201,7 @@ int memplan_compute(struct memplan *mp, const struct pxq_hparams *hp, const stru
     mp->n_layer_kv = hparams_n_attn_layers(hp);
     mp->n_layer_ssm = hp->arch == ARCH_QWEN35 ? hp->n_layer - mp->n_layer_kv : 0;
     mp->kv_bytes_per_token = kv_layout_bytes_per_pos(&lay);
+    mp->kv_bytes_per_block = lay.block_bytes[KV_K] + lay.block_bytes[KV_V] + kv_layout_bounds_bytes(&lay);
     mp->kv_residual_per_seq = kv_layout_residual_bytes(&lay);
     mp->kv_sink = lay.n_sink, mp->kv_window = lay.n_window, mp->kv_ring = lay.n_ring;
     kv_layout_free(&lay);
@@ -181,28 +214,27 @@ int memplan_compute(struct memplan *mp, const struct pxq_hparams *hp, const stru
     if (approx > 0x1p62)
         return set_err(err, errlen, "memory plan: %.3g bytes (KV cache %.3g) is beyond any device: lower -c or --max-num-seqs",
                        approx, (double)mp->kv_bytes_per_token * (double)mp->kv_positions);
-    mp->kv_bytes = mp->kv_bytes_per_token * (size_t)mp->kv_positions + mp->kv_residual_per_seq * (size_t)p->n_seq;
     mp->state_bytes_per_seq = memplan_state_bytes_per_seq(hp);
     mp->cuda_context = p->cuda_context;
-    mp->total = arena_at(mp, hp, p, p->n_ctx, 1);
+    mp->total = arena_at(mp, hp, p, p->n_ctx, 1); /* and kv_bytes, the host tier */
     mp->act_floats_per_token = mp->act_bytes / ((size_t)p->n_batch * sizeof(float));
     mp->device_total = mp->total + mp->cuda_context;
     mp->budget = p->budget;
-    mp->fits = p->budget == 0 || mp->total <= p->budget;
+    mp->fits = (p->budget == 0 || mp->total <= p->budget) && tier_ok(mp, p);
     if (p->budget == 0) {
         mp->max_ctx = 0;
     } else { /* the arena grows with the context (KV, block tables, attention partials): bisect */
         struct memplan probe = *mp;
         mp->max_ctx_whole = -1;
-        if (arena_at(&probe, hp, p, 1, 1) > p->budget) mp->max_ctx = -1;
+        if (arena_fit(&probe, hp, p, 1, 1) > p->budget) mp->max_ctx = -1;
         else if (mp->kv_bytes_per_token == 0) mp->max_ctx = INT64_MAX;
         else {
             for (int small = 1; small >= 0; small--) { /* any tiles, then the whole-matrix ones only */
-                if (arena_at(&probe, hp, p, 1, small) > p->budget) continue;
+                if (arena_fit(&probe, hp, p, 1, small) > p->budget) continue;
                 int64_t lo = 1, hi = (int64_t)1 << 30; /* positions: lo fits */
                 while (lo < hi) {
                     const int64_t mid = lo + (hi - lo + 1) / 2;
-                    if (arena_at(&probe, hp, p, (int)mid, small) <= p->budget) lo = mid;
+                    if (arena_fit(&probe, hp, p, (int)mid, small) <= p->budget) lo = mid;
                     else hi = mid - 1;
                 }
                 if (small) mp->max_ctx = lo;
@@ -257,6 +289,14 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
         fprintf(f, " + %s/seq exact residual (%d sink + %d window + %d batch positions, float32)", hsize(c, sizeof c, (double)mp->kv_residual_per_seq),
                 mp->kv_sink, mp->kv_window, mp->kv_ring - mp->kv_window);
     fprintf(f, "\n");
+    if (mp->kv_dev_blocks < mp->kv_blocks)
+        fprintf(f, "  %-18s %12s  --kv-offload: %lld of the %lld blocks (%s each) in pinned host memory, outside the arena "
+                "(the device tier holds %lld blocks = %lld positions, what the budget leaves; the KV line above is that tier, "
+                "with the mapping's rounding)%s%s\n",
+                "KV host tier", hsize(a, sizeof a, (double)mp->kv_host_bytes), (long long)(mp->kv_blocks - mp->kv_dev_blocks),
+                (long long)mp->kv_blocks, hsize(b, sizeof b, (double)mp->kv_bytes_per_block), (long long)mp->kv_dev_blocks,
+                (long long)mp->kv_dev_blocks * p->kv_block_size, p->swap_space ? "; --swap-space " : "",
+                p->swap_space ? hsize(c, sizeof c, (double)p->swap_space) : "");
     if (mp->n_layer_ssm) {
         size_t conv_dim = 2 * (size_t)hp->ssm_n_k_head * hp->ssm_head_k_dim + (size_t)hp->ssm_n_v_head * hp->ssm_head_v_dim;
         fprintf(f, "  %-18s %12s  %s/seq x %d seq%s = %d DeltaNet layers x ((%d-1) x %zu conv + %d x %d x %d state) x 4 B\n",
@@ -286,13 +326,27 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
         return;
     }
     fprintf(f, "  %-18s %12s  %lld bytes\n", "budget (--gpu-mem)", hsize(a, sizeof a, (double)mp->budget), (long long)mp->budget);
-    if (mp->fits)
+    const int64_t step = (kv_blocks_for(p->n_batch, p->kv_block_size) + 1) * p->n_seq;
+    if (mp->fits && mp->kv_dev_blocks < mp->kv_blocks)
+        fprintf(f, "fits with the host tier: %.2f GiB to spare in the arena, %.2f GiB of KV in host memory (the card must "
+                "have the device total, %.2f GiB)\n", (double)(mp->budget - mp->total) / GiB, (double)mp->kv_host_bytes / GiB,
+                (double)mp->device_total / GiB);
+    else if (mp->fits)
         fprintf(f, "fits: %.2f GiB to spare in the arena (the card must have the device total, %.2f GiB)\n",
                 (double)(mp->budget - mp->total) / GiB, (double)mp->device_total / GiB);
+    else if (mp->kv_dev_blocks < mp->kv_blocks && mp->kv_dev_blocks < step)
+        fprintf(f, "does not fit: the device tier holds %lld blocks, less than a step's %lld\n", (long long)mp->kv_dev_blocks,
+                (long long)step);
+    else if (mp->kv_dev_blocks < mp->kv_blocks && p->swap_space && mp->kv_host_bytes > p->swap_space)
+        fprintf(f, "does not fit: the host tier needs %.2f GiB, more than --swap-space %.2f GiB\n",
+                (double)mp->kv_host_bytes / GiB, (double)p->swap_space / GiB);
     else
         fprintf(f, "does not fit: short by %.2f GiB\n", (double)(mp->total - mp->budget) / GiB);
     if (mp->max_ctx == INT64_MAX)
         fprintf(f, "largest context that fits: no limit from memory (no KV cache)\n");
+    else if (p->kv_offload && !p->swap_space && mp->max_ctx >= (int64_t)1 << 30)
+        fprintf(f, "largest context that fits: no limit from the device with --kv-offload (the host tier grows with it; "
+                "--swap-space bounds it)\n");
     else if (mp->max_ctx < 0)
         fprintf(f, "largest context that fits: none (weights, state, activations and workspace alone exceed the budget)\n");
     else {

@@ -21,6 +21,10 @@
  *                tokens, logits for at most CUDA_LOGITS_ROWS rows, f16 prefill weight tiles, int8
  *                activations, attention partials (grow with the context), the cuBLAS workspace
  *                (--workspace, default 32 MiB); the largest context is found by bisection
+ *   host tier    with kv_offload: the device tier is the blocks the budget leaves room for after the
+ *                other terms (less CUDA_TIER_SLACK, the mapping's rounding), at least a step's blocks
+ *                per sequence; the rest of the pool is pinned host memory (kv_host_bytes), bounded by
+ *                swap_space when given. The largest context is then bounded by swap_space alone.
  *   CUDA context an estimate (default 500 MiB): driver context, module images, library handles. Not
  *                measured. It lives outside the arena, so it is not counted against the budget (the
  *                arena is sized by --gpu-mem, as the CUDA backend does); it is added to device_total,
@@ -54,6 +58,10 @@ struct memplan_params {
     int spec;               /* speculative decoding: a checkpoint copy of each sequence's recurrent state */
     int attn_window, attn_sinks, topk_blocks; /* window + sink attention and block selection (engine.h):
                                                * the blocks a sequence holds are kv_blocks_per_seq's */
+    int kv_offload;         /* the host KV tier (engine.h kv_offload): the pool's blocks beyond what the budget
+                             * leaves room for on the device live in pinned host memory */
+    int kv_dev_blocks;      /* with kv_offload: the device tier's blocks (0: as many as the budget allows) */
+    size_t swap_space;      /* with kv_offload: the host tier's budget in bytes (0: no bound) */
 };
 
 struct memplan {
@@ -69,6 +77,9 @@ struct memplan {
     /* the rest, filled by memplan_compute */
     int n_layer_kv, n_layer_ssm;
     size_t kv_bytes_per_token, kv_bytes;
+    size_t kv_bytes_per_block;    /* K, V and block selection's key bounds of one block */
+    int64_t kv_blocks, kv_dev_blocks; /* the pool, and its device tier (kv_blocks without a host tier) */
+    size_t kv_host_bytes;         /* the host tier (kv_offload): pinned host memory, outside the arena */
     size_t kv_residual_per_seq;   /* quantized caches: the exact residual of a sequence */
     int kv_sink, kv_window, kv_ring; /* its positions, as the layout bounds them (kvcache.h n_sink, n_window, n_ring) */
     int64_t kv_positions;         /* n_ctx rounded up to blocks, x n_seq */
