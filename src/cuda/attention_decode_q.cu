@@ -196,6 +196,26 @@ __global__ void __launch_bounds__(AD_THREADS)
         /* some row read exactly (kv_exact), warp-uniform */
         const bool slow = j0 < kv.n_sink || qpos - (j0 + BN - 1) < kv.n_window;
         auto exact = [&](int p) { return p < p1 && (p < kv.n_sink || qpos - p < kv.n_window); };
+        /* a slow tile's residual rows: this lane's K rows g, g + 8 and V rows 2c, 2c + 1, 2c + 8, 2c + 9,
+         * each the row itself where exact, else position 0's (any row that exists: its values are not
+         * used). The loads below then take no branch, and the unrolled groups issue them together
+         * instead of one dependent round trip to memory a group. */
+        const float *rk[2] = {NULL, NULL}, *rv[4] = {NULL, NULL, NULL, NULL};
+        bool ek[2] = {false, false}, ev[4] = {false, false, false, false};
+        if (slow) {
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                const int p = j0 + g + 8 * rr;
+                ek[rr] = exact(p);
+                rk[rr] = kvq_res(kv, KV_K, l, sid, ek[rr] ? p : 0) + (size_t)kvh * D + 8 * c;
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int p = j0 + 2 * c + (k & 1) + (k >> 1) * 8;
+                ev[k] = exact(p);
+                rv[k] = kvq_res(kv, KV_V, l, sid, ev[k] ? p : 0) + (size_t)kvh * D + 4 * g;
+            }
+        }
 
         /* S^T = K Q^T; with one head block the odd k16 steps go to a second accumulator */
         float s[1][HB][4], s2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -208,17 +228,18 @@ __global__ void __launch_bounds__(AD_THREADS)
             for (int rr = 0; rr < 2; rr++) {
                 const int r = g + 8 * rr;
                 const uint8_t *row = Kr + r * SK;
-                if (slow && exact(j0 + r)) {
-                    const float4 *f = (const float4 *)(kvq_res(kv, KV_K, l, sid, j0 + r) + (size_t)kvh * D + 32 * G + 8 * c);
+                const uint32_t *cw = (const uint32_t *)(row + CO + 32 * G + 8 * c);
+                const uint32_t w0 = cw[0] ^ 0x80808080u, w1 = cw[1] ^ 0x80808080u;
+                const __half2 d2 = __half2half2(((const __half *)row)[G]);
+                x[rr][0] = q8_pair(w0, 0x4140, d2), x[rr][1] = q8_pair(w0, 0x4342, d2);
+                x[rr][2] = q8_pair(w1, 0x4140, d2), x[rr][3] = q8_pair(w1, 0x4342, d2);
+                if (slow) {
+                    const float4 *f = (const float4 *)(rk[rr] + 32 * G);
                     const float4 a = f[0], b = f[1];
-                    x[rr][0] = pack_h2(a.x, a.y), x[rr][1] = pack_h2(a.z, a.w);
-                    x[rr][2] = pack_h2(b.x, b.y), x[rr][3] = pack_h2(b.z, b.w);
-                } else {
-                    const uint32_t *cw = (const uint32_t *)(row + CO + 32 * G + 8 * c);
-                    const uint32_t w0 = cw[0] ^ 0x80808080u, w1 = cw[1] ^ 0x80808080u;
-                    const __half2 d2 = __half2half2(((const __half *)row)[G]);
-                    x[rr][0] = q8_pair(w0, 0x4140, d2), x[rr][1] = q8_pair(w0, 0x4342, d2);
-                    x[rr][2] = q8_pair(w1, 0x4140, d2), x[rr][3] = q8_pair(w1, 0x4342, d2);
+                    if (ek[rr]) {
+                        x[rr][0] = pack_h2(a.x, a.y), x[rr][1] = pack_h2(a.z, a.w);
+                        x[rr][2] = pack_h2(b.x, b.y), x[rr][3] = pack_h2(b.z, b.w);
+                    }
                 }
             }
             const uint32_t a0[4] = {x[0][0], x[1][0], x[0][1], x[1][1]};
@@ -258,9 +279,8 @@ __global__ void __launch_bounds__(AD_THREADS)
                 float f[4][4];
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
-                    const int p = j0 + 2 * c + (k & 1) + (k >> 1) * 8;
-                    if (exact(p)) {
-                        const float4 a = *(const float4 *)(kvq_res(kv, KV_V, l, sid, p) + (size_t)kvh * D + 32 * G + 4 * g);
+                    const float4 a = *(const float4 *)(rv[k] + 32 * G);
+                    if (ev[k]) {
                         f[k][0] = a.x, f[k][1] = a.y, f[k][2] = a.z, f[k][3] = a.w;
                     } else {
                         const float d = __half2float(((const __half *)vr[k])[G]);
