@@ -313,11 +313,11 @@ struct pxq_model *model_open_dummy(const char *config_json_path, enum pxq_type d
         int64_t ne = d[i].ne[0] * d[i].ne[1] * d[i].ne[2];
         total += (type_row_bytes(d[i].type, ne) + 63) & ~(size_t)63;
     }
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    if (pages > 0 && page > 0 && (double)total > (double)pages * (double)page) { /* fail here, not in the OOM killer */
+    const size_t ram = host_memory_bytes();
+    if (ram && total > ram) { /* fail here, not in the OOM killer */
         free(d);
         set_err(err, errlen, "dummy weights need %.2f GiB of host memory, this machine has %.2f GiB (pxq plan gives the account "
-                "without allocating weights)", total / 1073741824.0, (double)pages * page / 1073741824.0);
+                "without allocating weights)", total / 1073741824.0, ram / 1073741824.0);
         return NULL;
     }
     uint8_t *data = NULL;

@@ -93,6 +93,8 @@ double now_sec(void);
 
 /* Number of CPUs this process may run on (its affinity mask: taskset, cpusets; as nproc counts),
  * else of online CPUs; at least 1. The default thread count. */
+/* This machine's physical memory in bytes (sysconf), or 0 where unknown. */
+size_t host_memory_bytes(void);
 int n_cpus(void);
 
 #endif

@@ -93,6 +93,23 @@ run -c 4096 >/dev/null 2>"$T/w.err"
 check "run -c 4096: warns past the trained 2048 without RoPE scaling" 'grep -q "warning: the context (4096) passes the model.s trained 2048" "$T/w.err"'
 run -c 4096 --rope-scaling yarn --rope-factor 2 >/dev/null 2>"$T/w.err"
 check "run -c 4096 --rope-scaling yarn: no warning" '! grep -q "passes the model" "$T/w.err"'
+# the host KV tier's flags (docs/KVCACHE.md): the same text with a 2-block device tier on the CPU
+run > "$T/base.out" 2>/dev/null
+run --kv-offload --kv-device-blocks 2 -c 256 > "$T/tier.out" 2>/dev/null
+check "run --kv-offload --kv-device-blocks 2: the text of the run without a tier" 'cmp -s "$T/base.out" "$T/tier.out"'
+out=$(run --swap-space 100000 2>&1; echo "rc=$?")
+check "run --swap-space beyond the machine's memory: refused" 'printf "%s" "$out" | grep -q "swap-space 100000.00 GiB: this machine has" && printf "%s" "$out" | grep -q "rc=2"'
+out=$(run -c 256 --swap-space 0.001 --kv-device-blocks 2 2>&1; echo "rc=$?")
+check "run with a host tier over --swap-space: refused, naming it" 'printf "%s" "$out" | grep -q "swap-space 0.00 GiB: the host KV tier needs" && printf "%s" "$out" | grep -q "rc=1"'
+out=$(run --kv-device-blocks 4 2>&1 >/dev/null)
+check "run --kv-device-blocks without --kv-offload: a warning" 'printf "%s" "$out" | grep -q "kv-device-blocks has no effect without --kv-offload"'
+out=$($PXQ plan --kv-offload 2>&1; echo "rc=$?")
+check "plan --kv-offload without --gpu-mem: refused" 'printf "%s" "$out" | grep -q "give --gpu-mem" && printf "%s" "$out" | grep -q "rc=2"'
+out=$($PXQ plan --load-format dummy --config presets/qwen3.5-27b.json --dtype q4_0 --gpu-mem 15.2GiB --kv-cache-type pxq -c 262144 --kv-offload; echo "rc=$?")
+check "plan Qwen3.5-27B at 262144 in 15.2 GiB with --kv-offload: fits, with the host tier's line" \
+    'printf "%s" "$out" | grep -q "^  KV host tier .*GiB  --kv-offload" && printf "%s" "$out" | grep -q "^fits with the host tier" && printf "%s" "$out" | grep -q "rc=0"'
+out=$($PXQ plan --load-format dummy --config presets/qwen3.5-27b.json --dtype q4_0 --gpu-mem 15.2GiB --kv-cache-type pxq -c 262144 --swap-space 2; echo "rc=$?")
+check "plan ... --swap-space 2: does not fit, the host tier over it" 'printf "%s" "$out" | grep -q "more than --swap-space 2.00 GiB" && printf "%s" "$out" | grep -q "rc=1"'
 serve_log() { # ARGS...: start pxq serve, wait for it to listen, SIGTERM it; its stderr in $T/s.err
     $PXQ serve --port 0 -t 1 --max-num-seqs 1 "$@" 2>"$T/s.err" &
     pid=$!

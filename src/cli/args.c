@@ -325,6 +325,10 @@ int device_parse(struct args *a, struct pxq_engine_params *ep) {
     } else if (!strcmp(f, "--swap-space")) {
         ep->swap_space = (size_t)(arg_num(a, 1.0 / 1024, 1 << 20) * 1073741824.0);
         ep->kv_offload = 1;
+        const size_t ram = host_memory_bytes();
+        if (ram && ep->swap_space > ram) /* the host tier is pinned: it cannot exceed the machine */
+            fail(a, 2, "--swap-space %.2f GiB: this machine has %.2f GiB of memory, and the host KV tier is pinned in it",
+                 ep->swap_space / 1073741824.0, ram / 1073741824.0);
     } else if (!strcmp(f, "--kv-device-blocks")) {
         ep->kv_dev_blocks = (int)arg_int(a, 1, 1 << 30);
     } else if (!strcmp(f, "--attention-sinks")) {
