@@ -22,8 +22,11 @@
  * Figures (formulas also printed in the header):
  *   decode GB/s = bytes per step x steps / t, bytes per step = weights read (all but token_embd, which
  *     is a row gather; MoE: shared weights + expected distinct experts b' = E(1-(1-k/E)^b) per layer,
- *     uniform routing) + KV read (b x kv_bytes/token x (d + (N+1)/2) average positions) + recurrent
- *     state read + written (2 x b x state bytes/seq). % of roofline = GB/s / copy bandwidth.
+ *     uniform routing) + KV read (b x the K and V bytes of the positions each step's query reads,
+ *     averaged over the N steps: every position before it; with window attention at most the sinks
+ *     and the window; with block selection those and the top k blocks, plus every block's key
+ *     bounds) + recurrent state read + written (2 x b x state bytes/seq). % of roofline = GB/s / copy
+ *     bandwidth.
  *   prefill TFLOP/s = FLOPs / t, FLOPs = 2 x (matmul params per token: layers, MoE active experts
  *     only) x b*P + 2 x n_vocab x n_embd x b (lm_head on the outputs) + attention 4 x n_head x
  *     head_dim x sum of context lengths x attention layers. % of roofline = TFLOP/s / GEMM rate.
@@ -115,7 +118,9 @@ struct model_account {
     double dense_params;     /* matmul params per token, without lm_head and experts */
     double expert_params;
     double head_params;      /* n_vocab x n_embd */
-    double kv_per_token;     /* bytes, at the backend's KV element size */
+    double kv_row;           /* K and V bytes of one position, all layers */
+    double kv_bounds_block;  /* block selection: the key bounds of one block, all layers */
+    int block_size, attn_window, attn_sinks, topk_blocks;
     double state_per_seq;    /* bytes */
     int n_attn;
 };
@@ -148,10 +153,33 @@ static void account(struct model_account *ma, const struct pxq_model *m, const s
     }
     ma->head_params = (double)hp->n_vocab * hp->n_embd;
     struct kv_layout lay; /* the engine's own layout: the bytes a position's K and V take in the cache */
-    ma->kv_per_token = pxq_kv_layout(&lay, m, ep, NULL, 0) == 0 ? (double)kv_layout_bytes_per_pos(&lay) : 0;
+    if (pxq_kv_layout(&lay, m, ep, NULL, 0) == 0) {
+        ma->kv_row = (double)(lay.block_bytes[0] + lay.block_bytes[1]) / lay.block_size;
+        ma->kv_bounds_block = (double)kv_layout_bounds_bytes(&lay);
+        ma->block_size = lay.block_size;
+    }
     kv_layout_free(&lay);
+    ma->attn_window = ep->attn_window, ma->attn_sinks = ep->attn_sinks, ma->topk_blocks = ep->kv_topk_blocks;
     ma->state_per_seq = (double)memplan_state_bytes_per_seq(hp);
     ma->n_attn = hparams_n_attn_layers(hp);
+}
+
+/* KV bytes one query at position n - 1 reads (n positions before and at it; header's rule). */
+static double kv_read_bytes(const struct model_account *ma, double n) {
+    if (!ma->attn_window || n <= ma->attn_sinks + ma->attn_window) return ma->kv_row * n;
+    double seen = ma->attn_sinks + ma->attn_window, bounds = 0;
+    if (ma->topk_blocks) {
+        seen += (double)ma->topk_blocks * ma->block_size;
+        bounds = ceil(n / ma->block_size) * ma->kv_bounds_block;
+    }
+    return ma->kv_row * (seen < n ? seen : n) + bounds;
+}
+
+/* The mean over steps i = 0 .. len - 1 of kv_read_bytes at depth + i + 1 positions. */
+static double kv_read_mean(const struct model_account *ma, int depth, int len) {
+    double sum = 0;
+    for (int i = 0; i < len; i++) sum += kv_read_bytes(ma, (double)depth + i + 1);
+    return len > 0 ? sum / len : 0;
 }
 
 /* Expected weight bytes read by one decode step of b tokens. */
@@ -536,13 +564,13 @@ int cmd_bench(int argc, char **argv) {
                     for (int i = 0; i < r.n_ts; i++) r.sd += (r.ts[i] - r.mean) * (r.ts[i] - r.mean);
                     r.sd = r.n_ts > 1 ? sqrt(r.sd / (r.n_ts - 1)) : 0;
                     if (kind == 1) { /* decode: bytes per step x steps per second */
-                        double bytes = step_weight_bytes(&ma, hp, r.b) + r.b * ma.kv_per_token * (r.depth + (r.len + 1) / 2.0) +
+                        double bytes = step_weight_bytes(&ma, hp, r.b) + r.b * kv_read_mean(&ma, r.depth, r.len) +
                                        2.0 * r.b * ma.state_per_seq;
                         r.value = bytes * (r.mean / r.b) / 1e9;
                         r.pct = 100.0 * r.value / rl.copy_gbs;
                     } else if (kind == 2) { /* a pass: a decode step of K tokens per sequence, plus the checkpoint's copy */
                         double bytes = step_weight_bytes(&ma, hp, r.b) +
-                                       r.b * ma.kv_per_token * r.len * (r.depth + r.len * (VERIFY_PASSES + 1) / 2.0) +
+                                       r.b * r.len * kv_read_bytes(&ma, r.depth + r.len * (VERIFY_PASSES + 1) / 2.0) +
                                        4.0 * r.b * ma.state_per_seq;
                         r.value = bytes * (r.mean / (r.b * r.len)) / 1e9;
                         r.pct = 100.0 * r.value / rl.copy_gbs;
