@@ -208,6 +208,14 @@ kill $spid 2>/dev/null; wait $spid 2>/dev/null
 check "serve --enable-prefix-caching with a quantized cache: a warning naming why it is off" \
     'grep -q "enable-prefix-caching has no effect here: prefix caching is off (quantized KV cache)" $log'
 rm -f $log
+log=$(mktemp /tmp/pxq-serve.XXXXXX)
+$PXQ serve --port 0 --kv-offload --kv-device-blocks 8 --enable-prefix-caching 2>$log &
+spid=$!
+for i in $(seq 50); do grep -q listening $log && break; sleep 0.1; done
+kill $spid 2>/dev/null; wait $spid 2>/dev/null
+check "serve --enable-prefix-caching with the host KV tier: a warning naming the tier, not a quantized cache" \
+    'grep -q "enable-prefix-caching has no effect here: prefix caching is off (the host KV tier" $log'
+rm -f $log
 
 # window attention gives back the blocks past the window, less a margin a speculative rollback fits
 # in even with steps of one token: the same text as without speculation
