@@ -284,8 +284,8 @@ int pxq_seq_truncate(struct pxq_engine *e, int seq, int n_pos) {
     if (seq < 0 || seq >= e->p.n_seq_max || !e->seqs[seq].in_use) return -1;
     struct pxq_seq *s = &e->seqs[seq];
     if (n_pos < 0 || n_pos > s->n_pos) return -1;
-    /* a quantized cache's residual ring holds n_batch positions beyond the window: a longer rollback
-     * would read exact rows that later positions overwrote */
+    /* a quantized cache's residual ring holds max(n_batch, 64) positions beyond the window: a longer
+     * rollback would read exact rows that later positions overwrote */
     if (e->kv.lay.quantized && e->kv.lay.n_ring && n_pos && s->n_pos - n_pos > e->kv.lay.n_ring - e->kv.lay.n_window) return -1;
     if (s->rstate_live && n_pos != s->n_pos && n_pos != 0) return -1; /* recurrent state cannot rewind */
     if (n_pos == 0 && s->rstate_live) { /* recreated, zeroed, by the next forward */

@@ -62,7 +62,7 @@ int kv_layout_init(struct kv_layout *lay, int n_layer_kv, int n_head_kv, int hea
     if (lay->quantized) { /* past the context a sink or window keeps every position exact already */
         lay->n_sink = spec->n_sink > 0 ? spec->n_ctx > 0 && spec->n_sink > spec->n_ctx ? spec->n_ctx : spec->n_sink : 0;
         lay->n_window = spec->n_window > 0 ? spec->n_ctx > 0 && spec->n_window > spec->n_ctx ? spec->n_ctx : spec->n_window : 0;
-        lay->n_ring = lay->n_window ? lay->n_window + (spec->n_batch > 0 ? spec->n_batch : 1) : 0;
+        lay->n_ring = lay->n_window ? lay->n_window + kv_window_margin(spec->n_batch) : 0; /* a step, or a rollback */
     }
     for (int pool = 0; pool < 2; pool++) {
         lay->layer[pool] = xcalloc((size_t)(n_layer_kv > 0 ? n_layer_kv : 1), sizeof(struct kv_layer_desc));

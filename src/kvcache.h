@@ -28,8 +28,10 @@
  * full-precision residual: the key or value at position p seen by a query at position q is exact
  * when p < n_sink or q - p < n_window, and the pool's quantized row otherwise. Every position is
  * quantized when written: the per-token quantization gives the same codes as quantizing it when it
- * leaves the window. The residual of a sequence holds n_sink + n_window + n_batch positions, so a
- * step can write all its positions before its queries read (ring slot n_sink + p % ring).
+ * leaves the window. The residual of a sequence holds n_sink + n_window + max(n_batch, 64) positions
+ * (kv_window_margin), so a step can write all its positions before its queries read, and a
+ * speculative rollback of its drafts (up to SPEC_K_MAX + 1 positions) finds its window's rows still
+ * there whatever the step size (ring slot n_sink + p % ring).
  */
 #ifndef PXQ_KVCACHE_H
 #define PXQ_KVCACHE_H

@@ -223,6 +223,10 @@ head -c 1500 tests/data/frankenstein.txt > /tmp/pxq-win.$$
 w0=$($PXQ run -m tests/data/tiny-qwen3 --temp 0 -f /tmp/pxq-win.$$ -n 40 -c 1024 -b 1 --attention-window 32 --attention-sinks 4 2>/dev/null)
 w1=$($PXQ run -m tests/data/tiny-qwen3 --temp 0 -f /tmp/pxq-win.$$ -n 40 -c 1024 -b 1 --attention-window 32 --attention-sinks 4 --spec ngram --spec-k 16 2>/dev/null)
 check "speculation with -b 1 beside a window: the text of plain decoding" '[ -n "$w0" ] && [ "$w0" = "$w1" ]'
+# a quantized cache's exact ring holds a rollback of the drafts whatever the step: -b 5 below --spec-k 16
+q0=$($PXQ run -m tests/data/tiny-qwen3 --temp 0 -f /tmp/pxq-win.$$ -n 60 -c 1024 -b 5 --kv-cache-type q8_0 2>/dev/null)
+q1=$($PXQ run -m tests/data/tiny-qwen3 --temp 0 -f /tmp/pxq-win.$$ -n 60 -c 1024 -b 5 --kv-cache-type q8_0 --spec ngram --spec-k 16 2>/dev/null) && qrc=0 || qrc=$?
+check "speculation with -b 5 below --spec-k 16 on a q8_0 cache: the text of plain decoding" '[ "$qrc" = 0 ] && [ -n "$q0" ] && [ "$q0" = "$q1" ]'
 rm -f /tmp/pxq-win.$$
 
 # bench --preset seed: the claim's four rows, each a prefill and a decode-after-the-prompt bench

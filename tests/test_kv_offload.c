@@ -6,7 +6,7 @@
  *   - two sequences, prompts of 600 and 300 tokens in one batch, then 40 greedy steps together: the
  *     same tokens as without a tier, for f16 and pxq caches, under full attention and under block
  *     selection (window 48 + 4 sinks + top 2 blocks); blocks did move, and the host tier holds them;
- *   - a rollback (into the host tier with f16; of n_batch positions with pxq, as far as its exact
+ *   - a rollback (into the host tier with f16; of max(n_batch, 64) positions with pxq, as far as its exact
  *     ring allows), then decoding again, gives the tokens of the run without a tier;
  *   - kv_cache_tier refuses a pool in use or a tier out of range; a --swap-space below the host
  *     tier's bytes is refused with a message naming it.
@@ -59,7 +59,7 @@ static int run(struct pxq_model *m, int kv_type, int topk, int offload, int32_t 
         rc = pxq_decode(e, &b1, err, sizeof err);
     }
     pxq_kv_tier_stats(e, st);
-    /* a quantized cache's exact ring allows a rollback of n_batch positions (pxq_seq_truncate) */
+    /* a quantized cache's exact ring allows a rollback of max(n_batch, 64) positions (pxq_seq_truncate) */
     const int back = kv_type == KV_CACHE_F16 ? 200 : LEN[0] + N_GEN - UB;
     if (rc == 0) rc = pxq_seq_truncate(e, id[0], back);
     for (int g = 0; rc == 0 && g < 8; g++) {
