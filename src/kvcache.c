@@ -387,10 +387,10 @@ int kv_cache_tier(struct kv_cache *c, int n_dev) {
 
 int kv_tier_check(const struct kv_layout *lay, int n_blocks, int n_dev, size_t swap_space, char *err, size_t errlen) {
     const size_t per_block = lay->block_bytes[KV_K] + lay->block_bytes[KV_V] + kv_layout_bounds_bytes(lay);
-    const double need = (double)(n_blocks - n_dev) * (double)per_block, gib = 1073741824.0;
+    const double need = (double)(n_blocks - n_dev) * (double)per_block, mib = 1048576.0;
     if (swap_space && need > (double)swap_space)
-        return set_err(err, errlen, "--swap-space %.2f GiB: the host KV tier needs %.2f GiB (%d blocks of %zu bytes past the "
-                       "device's %d); raise it, or lower -c or --max-num-seqs", swap_space / gib, need / gib,
+        return set_err(err, errlen, "--swap-space %.1f MiB: the host KV tier needs %.1f MiB (%d blocks of %zu bytes past the "
+                       "device's %d); raise it, or lower -c or --max-num-seqs", swap_space / mib, need / mib,
                        n_blocks - n_dev, per_block, n_dev);
     return 0;
 }

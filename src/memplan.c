@@ -286,16 +286,20 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
     else if (p->topk_blocks)
         fprintf(f, " (block selection: every position kept, and per block the keys' min and max)");
     if (mp->kv_residual_per_seq)
-        fprintf(f, " + %s/seq exact residual (%d sink + %d window + %d batch positions, float32)", hsize(c, sizeof c, (double)mp->kv_residual_per_seq),
+        fprintf(f, " + %s/seq exact residual (%d sink + %d window + %d positions of a step or a rollback, float32)", hsize(c, sizeof c, (double)mp->kv_residual_per_seq),
                 mp->kv_sink, mp->kv_window, mp->kv_ring - mp->kv_window);
     fprintf(f, "\n");
+    if (p->kv_offload && mp->kv_dev_blocks == mp->kv_blocks)
+        fprintf(f, "  %-18s %12s  --kv-offload: every one of the %lld blocks fits the device tier, no host tier\n",
+                "KV host tier", "0 B", (long long)mp->kv_blocks);
     if (mp->kv_dev_blocks < mp->kv_blocks)
         fprintf(f, "  %-18s %12s  --kv-offload: %lld of the %lld blocks (%s each) in pinned host memory, outside the arena "
-                "(the device tier holds %lld blocks = %lld positions, what the budget leaves; the KV line above is that tier, "
+                "(the device tier holds %lld blocks = %lld positions, %s; the KV line above is that tier, "
                 "with the mapping's rounding)%s%s\n",
                 "KV host tier", hsize(a, sizeof a, (double)mp->kv_host_bytes), (long long)(mp->kv_blocks - mp->kv_dev_blocks),
                 (long long)mp->kv_blocks, hsize(b, sizeof b, (double)mp->kv_bytes_per_block), (long long)mp->kv_dev_blocks,
-                (long long)mp->kv_dev_blocks * p->kv_block_size, p->swap_space ? "; --swap-space " : "",
+                (long long)mp->kv_dev_blocks * p->kv_block_size, p->kv_dev_blocks ? "--kv-device-blocks" : "what the budget leaves",
+                p->swap_space ? "; --swap-space " : "",
                 p->swap_space ? hsize(c, sizeof c, (double)p->swap_space) : "");
     if (mp->n_layer_ssm) {
         size_t conv_dim = 2 * (size_t)hp->ssm_n_k_head * hp->ssm_head_k_dim + (size_t)hp->ssm_n_v_head * hp->ssm_head_v_dim;

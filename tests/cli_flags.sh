@@ -99,8 +99,8 @@ run --kv-offload --kv-device-blocks 2 -c 256 > "$T/tier.out" 2>/dev/null
 check "run --kv-offload --kv-device-blocks 2: the text of the run without a tier" 'cmp -s "$T/base.out" "$T/tier.out"'
 out=$(run --swap-space 100000 2>&1; echo "rc=$?")
 check "run --swap-space beyond the machine's memory: refused" 'printf "%s" "$out" | grep -q "swap-space 100000.00 GiB: this machine has" && printf "%s" "$out" | grep -q "rc=2"'
-out=$(run -c 256 --swap-space 0.001 --kv-device-blocks 2 2>&1; echo "rc=$?")
-check "run with a host tier over --swap-space: refused, naming it" 'printf "%s" "$out" | grep -q "swap-space 0.00 GiB: the host KV tier needs" && printf "%s" "$out" | grep -q "rc=1"'
+out=$(run -c 256 --swap-space 0.0009765625 --kv-device-blocks 2 2>&1; echo "rc=$?")
+check "run with a host tier over --swap-space: refused, naming it" 'printf "%s" "$out" | grep -q "swap-space 1.0 MiB: the host KV tier needs" && printf "%s" "$out" | grep -q "rc=1"'
 out=$(run --kv-device-blocks 4 2>&1 >/dev/null)
 check "run --kv-device-blocks without --kv-offload: a warning" 'printf "%s" "$out" | grep -q "kv-device-blocks has no effect without --kv-offload"'
 out=$($PXQ plan --kv-offload 2>&1; echo "rc=$?")
