@@ -36,4 +36,38 @@ static inline int test_greedy(struct pxq_model *m, const struct pxq_engine_param
     return rc;
 }
 
+/* Two sequences on e: prompts of len[0] and len[1] tokens (ids from the position and the sequence) in
+ * one batch, then n_gen greedy steps of both together; tokens into out[s * n_gen + g], the sequences'
+ * ids into id[2], and (if peak is not NULL) the most KV blocks in use after any step. tok, pos, seq
+ * and lg are the caller's batch arrays of len[0] + len[1] entries at least. Returns 0, or -1 with a
+ * failed check. */
+static inline int test_greedy_pair(struct pxq_engine *e, const int len[2], int n_gen, int n_vocab, int32_t *out, int id[2],
+                                   int *peak, int32_t *tok, int32_t *pos, int32_t *seq, int8_t *lg) {
+    char err[256];
+    int n = 0;
+    for (int s = 0; s < 2; s++) {
+        id[s] = pxq_seq_new(e);
+        for (int i = 0; i < len[s]; i++)
+            tok[n] = (int32_t)((i * 131 + s * 977 + 7) % 8000 + 1), pos[n] = i, seq[n] = id[s], lg[n] = i == len[s] - 1, n++;
+    }
+    struct pxq_batch b = {n, tok, pos, seq, lg};
+    int rc = pxq_decode(e, &b, err, sizeof err);
+    if (peak) *peak = pxq_kv_blocks_total(e) - pxq_kv_blocks_free(e);
+    for (int g = 0; rc == 0 && g < n_gen; g++) {
+        for (int s = 0; s < 2; s++) {
+            const float *lgt = pxq_logits(e, s);
+            int best = 0;
+            for (int v = 1; v < n_vocab; v++) best = lgt[v] > lgt[best] ? v : best;
+            out[s * n_gen + g] = best;
+            tok[s] = best, pos[s] = len[s] + g, seq[s] = id[s], lg[s] = 1;
+        }
+        struct pxq_batch b1 = {2, tok, pos, seq, lg};
+        rc = pxq_decode(e, &b1, err, sizeof err);
+        const int used = pxq_kv_blocks_total(e) - pxq_kv_blocks_free(e);
+        if (peak && used > *peak) *peak = used;
+    }
+    CHECK(rc == 0, "decode: %s", err);
+    return rc;
+}
+
 #endif

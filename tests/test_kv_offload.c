@@ -15,6 +15,7 @@
 
 #include "engine.h"
 #include "kvcache.h"
+#include "test_greedy.h"
 #include "testutil.h"
 #include "util.h"
 
@@ -40,24 +41,10 @@ static int run(struct pxq_model *m, int kv_type, int topk, int offload, int32_t 
     struct pxq_engine *e = pxq_engine_new(m, &ep, err, sizeof err);
     CHECK(e != NULL, "engine: %s", err);
     if (!e) return -1;
-    int32_t *tok = xmalloc(1024 * 4), *pos = xmalloc(1024 * 4), *seq = xmalloc(1024 * 4), id[2];
+    int32_t *tok = xmalloc(1024 * 4), *pos = xmalloc(1024 * 4), *seq = xmalloc(1024 * 4);
     int8_t *lg = xmalloc(1024);
-    int n = 0;
-    for (int s = 0; s < 2; s++) {
-        id[s] = pxq_seq_new(e);
-        for (int i = 0; i < LEN[s]; i++)
-            tok[n] = (int32_t)((i * 131 + s * 977 + 7) % 8000 + 1), pos[n] = i, seq[n] = id[s], lg[n] = i == LEN[s] - 1, n++;
-    }
-    struct pxq_batch b = {n, tok, pos, seq, lg};
-    int rc = pxq_decode(e, &b, err, sizeof err);
-    for (int g = 0; rc == 0 && g < N_GEN; g++) {
-        for (int s = 0; s < 2; s++) {
-            out[s][g] = argmax(pxq_logits(e, s), 8192);
-            tok[s] = out[s][g], pos[s] = LEN[s] + g, seq[s] = id[s], lg[s] = 1;
-        }
-        struct pxq_batch b1 = {2, tok, pos, seq, lg};
-        rc = pxq_decode(e, &b1, err, sizeof err);
-    }
+    int id[2];
+    int rc = test_greedy_pair(e, LEN, N_GEN, 8192, &out[0][0], id, NULL, tok, pos, seq, lg);
     pxq_kv_tier_stats(e, st);
     /* a quantized cache's exact ring allows a rollback of max(n_batch, 64) positions (pxq_seq_truncate) */
     const int back = kv_type == KV_CACHE_F16 ? 200 : LEN[0] + N_GEN - UB;

@@ -15,18 +15,13 @@
 
 #include "engine.h"
 #include "kvcache.h"
+#include "test_greedy.h"
 #include "testutil.h"
 #include "util.h"
 
 #define N_GEN 40
 enum { WIN = 48, SINKS = 4, UB = 64, CTX = 2048 };
 static const int LEN[2] = {600, 300};
-
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++) b = x[i] > x[b] ? i : b;
-    return b;
-}
 
 /* Greedy tokens of both sequences run together; the most blocks in use at once in *peak. */
 static int run(struct pxq_model *m, int kv_type, int keep, int32_t out[2][N_GEN], int *peak, int *pool) {
@@ -43,28 +38,10 @@ static int run(struct pxq_model *m, int kv_type, int keep, int32_t out[2][N_GEN]
         CHECK(pxq_kv_blocks_for_seq(e, CTX) == *pool / 2, "a new sequence of the whole context holds the cap: %d blocks",
               pxq_kv_blocks_for_seq(e, CTX));
     }
-    int32_t *tok = xmalloc(1024 * 4), *pos = xmalloc(1024 * 4), *seq = xmalloc(1024 * 4), id[2];
+    int32_t *tok = xmalloc(1024 * 4), *pos = xmalloc(1024 * 4), *seq = xmalloc(1024 * 4);
     int8_t *lg = xmalloc(1024);
-    int n = 0;
-    for (int s = 0; s < 2; s++) {
-        id[s] = pxq_seq_new(e);
-        for (int i = 0; i < LEN[s]; i++)
-            tok[n] = (int32_t)((i * 131 + s * 977 + 7) % 8000 + 1), pos[n] = i, seq[n] = id[s], lg[n] = i == LEN[s] - 1, n++;
-    }
-    struct pxq_batch b = {n, tok, pos, seq, lg};
-    int rc = pxq_decode(e, &b, err, sizeof err);
-    *peak = pxq_kv_blocks_total(e) - pxq_kv_blocks_free(e);
-    for (int g = 0; rc == 0 && g < N_GEN; g++) {
-        for (int s = 0; s < 2; s++) {
-            out[s][g] = argmax(pxq_logits(e, s), 8192);
-            tok[s] = out[s][g], pos[s] = LEN[s] + g, seq[s] = id[s], lg[s] = 1;
-        }
-        struct pxq_batch b1 = {2, tok, pos, seq, lg};
-        rc = pxq_decode(e, &b1, err, sizeof err);
-        const int used = pxq_kv_blocks_total(e) - pxq_kv_blocks_free(e);
-        if (used > *peak) *peak = used;
-    }
-    CHECK(rc == 0, "decode: %s", err);
+    int id[2];
+    const int rc = test_greedy_pair(e, LEN, N_GEN, 8192, &out[0][0], id, peak, tok, pos, seq, lg);
     if (!keep && rc == 0) { /* sequence 0 is at 640: a rollback inside the window, then one past it */
         const int n0 = pxq_seq_len(e, id[0]);
         CHECK(pxq_seq_truncate(e, id[0], n0 - 8) == 0, "a rollback of 8 positions inside the window is allowed");
