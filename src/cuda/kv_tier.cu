@@ -12,7 +12,9 @@
  * Moves: engine.c's offload_for moves a sequence's cold blocks to the host tier before a step;
  * cuda_kv_move copies their bytes on the step stream, so the step that follows sees them.
  *
- * The driver's functions come through cudaGetDriverEntryPointByVersion: no link to libcuda.
+ * The driver's functions come through cudaGetDriverEntryPoint(ByVersion): no link to libcuda. Host
+ * locations for cuMemCreate came with CUDA 12.2; an older toolkit (the sm_70 build's 11.8) builds a
+ * backend whose --kv-offload is refused with a message.
  */
 #include <cuda.h>
 #include <stdio.h>
@@ -21,6 +23,7 @@
 #include "cuda/backend_impl.cuh"
 #include "kvcache.h"
 
+#if CUDART_VERSION >= 12020 /* host locations for cuMemCreate */
 typedef CUresult (*fn_granularity)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
 typedef CUresult (*fn_reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
 typedef CUresult (*fn_create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
@@ -53,7 +56,11 @@ static int drv_load(void) {
     };
     for (size_t i = 0; i < sizeof s / sizeof *s; i++) {
         cudaDriverEntryPointQueryResult q;
+#if CUDART_VERSION >= 12050
         if (cudaGetDriverEntryPointByVersion(s[i].name, s[i].fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+#else
+        if (cudaGetDriverEntryPoint(s[i].name, s[i].fn, cudaEnableDefault, &q) != cudaSuccess ||
+#endif
             q != cudaDriverEntryPointSuccess || !*s[i].fn)
             return -1;
     }
@@ -127,6 +134,16 @@ extern "C" int cuda_tier_alloc(struct cuda_tier *t, size_t dev_bytes, size_t byt
     }
     return 0;
 }
+#else
+extern "C" void cuda_tier_free(struct cuda_tier *t) { (void)t; }
+extern "C" int cuda_tier_alloc(struct cuda_tier *t, size_t dev_bytes, size_t bytes, char *err, size_t errlen) {
+    (void)dev_bytes, (void)bytes;
+    memset(t, 0, sizeof *t);
+    snprintf(err, errlen, "--kv-offload: this build's CUDA %d.%d maps no host memory into device addresses (12.2 or "
+             "later does)", CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+    return -1;
+}
+#endif
 
 #define MOVES_PER_LAUNCH 32
 
