@@ -129,14 +129,18 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
         free(e);
         return NULL;
     }
-    /* not with a quantized cache (its residual is per sequence), nor where blocks past the window are
-     * given back (a matched prefix would hold more blocks than the window's cap) */
-    e->kv.prefix = e->p.prefix_caching && !e->kv.lay.quantized && pxq_engine_can_share_kv(e) && !e->window_free &&
-                   !e->p.kv_offload; /* a block moved to the host tier leaves the hash table */
+    /* a host tier: the CUDA backend's (if the budget leaves too little room), or the CPU's with
+     * --kv-device-blocks below the pool (its tiers share host memory: the reference of the policy) */
+    const int cpu_tier = e->p.kv_offload && e->p.device == PXQ_DEVICE_CPU && e->p.kv_dev_blocks > 0 &&
+                         e->p.kv_dev_blocks < e->kv.n_blocks;
+    const int tier = cpu_tier || (e->p.kv_offload && e->p.device != PXQ_DEVICE_CPU);
+    /* prefix caching: not with a quantized cache (its residual is per sequence), nor where blocks past
+     * the window are given back (a matched prefix would hold more blocks than the window's cap), nor
+     * with a host tier (a block moved to it leaves the hash table) */
+    e->kv.prefix = e->p.prefix_caching && !e->kv.lay.quantized && pxq_engine_can_share_kv(e) && !e->window_free && !tier;
     if (e->window_free) e->kv.seq_blocks_max = (int)per_seq;
-    e->ubatch_blocks = e->window_free || e->p.kv_offload;
-    if (e->p.kv_offload && e->p.device == PXQ_DEVICE_CPU && e->p.kv_dev_blocks > 0 &&
-        e->p.kv_dev_blocks < e->kv.n_blocks) { /* the CPU's tiers share host memory: the reference of the policy */
+    e->ubatch_blocks = e->window_free || tier;
+    if (cpu_tier) {
         if (kv_tier_check(&e->kv.lay, e->kv.n_blocks, e->p.kv_dev_blocks, e->p.swap_space, err, errlen) != 0 ||
             kv_cache_tier(&e->kv, e->p.kv_dev_blocks) != 0) {
             kv_cache_free(&e->kv);
@@ -473,7 +477,7 @@ static void offload_for(struct pxq_engine *e, int want) {
  * each sequence's growth against the pool (with the cap of kv_blocks_per_seq, which no sequence
  * exceeds, where blocks are given back). */
 static void ubatch_kv(struct pxq_engine *e, const struct ubatch *ub, int before) {
-    if (before && e->p.kv_offload) {
+    if (before && e->kv.n_dev < e->kv.n_blocks) { /* a host tier */
         int want = 0;
         for (int i = 0; i < ub->n; i++)
             if (!(i + 1 < ub->n && ub->seq_id[i + 1] == ub->seq_id[i] && ub->pos[i + 1] > ub->pos[i]))

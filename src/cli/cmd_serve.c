@@ -195,7 +195,8 @@ int cmd_serve(int argc, char **argv) {
                              : !prefix_caching ? "off"
                              : !pxq_engine_can_share_kv(e) ? "off (recurrent layers)"
                              : ep->attn_window && !ep->kv_topk_blocks ? "off (window attention gives back the blocks past the window)"
-                             : ep->kv_offload ? "off (the host KV tier: a block moved to it leaves the hash table)"
+                             : ep->kv_offload && (ep->device != PXQ_DEVICE_CPU || ep->kv_dev_blocks)
+                                 ? "off (the host KV tier: a block moved to it leaves the hash table)"
                                                            : "off (quantized KV cache)";
     if (prefix_asked && !pxq_prefix_caching(e)) /* asked for by name: say why it is off, not just on the start line */
         warn_user(&a, "--enable-prefix-caching has no effect here: prefix caching is %s", prefix_why);
