@@ -216,10 +216,8 @@ static int greedy(struct pxq_model *m, int device, int kv_type, int window, int 
 }
 
 static void test_engine(void) {
-    char err[512], p[1024];
-    snprintf(p, sizeof p, "%s/tiny-qwen3", test_data_dir());
-    struct pxq_model *m = model_open(p, err, sizeof err);
-    CHECK(m != NULL, "open %s: %s", p, err);
+    char err[512];
+    struct pxq_model *m = test_open_tiny_qwen3();
     if (!m) return;
     static const struct { int type, window, attn_window; const char *name; } cases[] = {
         {KV_CACHE_Q8_0, 128, 0, "q8_0"}, {KV_CACHE_PXQ, 128, 0, "pxq"}, {KV_CACHE_Q8_0, 0, 0, "q8_0, all quantized"},

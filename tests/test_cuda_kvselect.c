@@ -164,10 +164,7 @@ static int greedy(struct pxq_model *m, int device, int kv_type, int32_t *out, in
 }
 
 static void test_engine(void) {
-    char err[512], p[1024];
-    snprintf(p, sizeof p, "%s/tiny-qwen3", test_data_dir());
-    struct pxq_model *m = model_open(p, err, sizeof err);
-    CHECK(m != NULL, "open %s: %s", p, err);
+    struct pxq_model *m = test_open_tiny_qwen3();
     if (!m) return;
     const int types[2] = {KV_CACHE_F16, KV_CACHE_PXQ};
     for (int i = 0; i < 2; i++) {
@@ -184,10 +181,7 @@ static void test_engine(void) {
 
 /* The host tier on the device against the CPU without one (see the header). */
 static void test_offload(void) {
-    char err[512], p[1024];
-    snprintf(p, sizeof p, "%s/tiny-qwen3", test_data_dir());
-    struct pxq_model *m = model_open(p, err, sizeof err);
-    CHECK(m != NULL, "open %s: %s", p, err);
+    struct pxq_model *m = test_open_tiny_qwen3();
     if (!m) return;
     int32_t prompt[200];
     for (int i = 0; i < 200; i++) prompt[i] = (i * 131 + 7) % 8000 + 1;

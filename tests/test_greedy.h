@@ -1,10 +1,20 @@
 /* test_greedy.h - greedy decoding of a tiny model through engine.h, for the tests that compare
- * backends or cache modes token by token (test_cuda_kvquant, test_cuda_kvselect). */
+ * backends or cache modes token by token (test_cuda_kvquant, test_cuda_kvselect, test_kv_window,
+ * test_kv_offload, test_kv_batch), and the model they open. */
 #ifndef PXQ_TEST_GREEDY_H
 #define PXQ_TEST_GREEDY_H
 
 #include "engine.h"
 #include "testutil.h"
+
+/* The tiny trained Qwen3 of tests/data (an HF directory), or NULL with a failed check. */
+static inline struct pxq_model *test_open_tiny_qwen3(void) {
+    char err[512], p[1024];
+    snprintf(p, sizeof p, "%s/tiny-qwen3", test_data_dir());
+    struct pxq_model *m = model_open(p, err, sizeof err);
+    CHECK(m != NULL, "open %s: %s", p, err);
+    return m;
+}
 
 /* A fresh engine with ep; the prompt tok[0..n) (ids below n_vocab, n + n_gen <= 256), then n_gen
  * greedy tokens into out (argmax over the first n_vocab logits); gap[g] (if not NULL) the top-1

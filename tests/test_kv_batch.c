@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "test_greedy.h"
 #include "testutil.h"
 #include "util.h"
 
@@ -57,10 +58,7 @@ static int run(struct pxq_model *m, const struct pxq_engine_params *ep, unsigned
 }
 
 int main(void) {
-    char err[512], p[1024];
-    snprintf(p, sizeof p, "%s/tiny-qwen3", test_data_dir());
-    struct pxq_model *m = model_open(p, err, sizeof err);
-    CHECK(m != NULL, "open %s: %s", p, err);
+    struct pxq_model *m = test_open_tiny_qwen3();
     if (!m) return test_summary("test_kv_batch");
     static const struct { int type, kv_window, attn_window, topk; const char *name; } cases[] = {
         {KV_CACHE_F16, 128, 0, 0, "f16"},

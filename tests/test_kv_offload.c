@@ -62,10 +62,8 @@ static int run(struct pxq_model *m, int kv_type, int topk, int offload, int32_t 
 }
 
 int main(void) {
-    char err[512], p[1024];
-    snprintf(p, sizeof p, "%s/tiny-qwen3", test_data_dir());
-    struct pxq_model *m = model_open(p, err, sizeof err);
-    CHECK(m != NULL, "open %s: %s", p, err);
+    char err[512];
+    struct pxq_model *m = test_open_tiny_qwen3();
     if (!m) return test_summary("test_kv_offload");
     const int types[2] = {KV_CACHE_F16, KV_CACHE_PXQ};
     for (int t = 0; t < 2; t++)

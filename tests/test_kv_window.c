@@ -53,10 +53,7 @@ static int run(struct pxq_model *m, int kv_type, int keep, int32_t out[2][N_GEN]
 }
 
 int main(void) {
-    char err[512], p[1024];
-    snprintf(p, sizeof p, "%s/tiny-qwen3", test_data_dir());
-    struct pxq_model *m = model_open(p, err, sizeof err);
-    CHECK(m != NULL, "open %s: %s", p, err);
+    struct pxq_model *m = test_open_tiny_qwen3();
     if (!m) return test_summary("test_kv_window");
     const int64_t cap = kv_blocks_per_seq(CTX, KV_BLOCK_SIZE_DEFAULT, WIN, SINKS, 0, UB);
     CHECK(cap == 1 + 11 + 4, "kv_blocks_per_seq: %lld blocks, expected 16 (sinks 1, window and two steps 11, edges 4)",
