@@ -280,7 +280,7 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
     plan->kv_per_token = kv_layout_bytes_per_pos(lay);
     plan->kv_tokens = (int64_t)p->kv_blocks * p->kv_block_size;
     const size_t bnd = kv_layout_bounds_bytes(lay) / 2; /* block selection's key minima (or maxima) per block */
-    const size_t per_block = lay->block_bytes[KV_K] + lay->block_bytes[KV_V] + 2 * bnd;
+    const size_t per_block = kv_layout_block_bytes(lay);
     size_t kv_fixed = 0; /* what does not grow with the blocks */
     if (lay->quantized)
         kv_fixed = al(2 * (size_t)lay->n_layer_kv * sizeof(struct kv_layer_desc)) +
@@ -297,9 +297,7 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
         const size_t other = plan->weights + kv_fixed + plan->state + plan->activations + plan->workspace;
         plan->kv = kv_fixed + pools, plan->kv_dev_blocks = p->kv_blocks, plan->kv_tier_dev = plan->kv_host = 0;
         if (p->kv_offload) { /* the device tier: the blocks given, else as many as the budget leaves room for */
-            int64_t n_dev = p->kv_dev_blocks;
-            if (n_dev <= 0)
-                n_dev = p->gpu_mem > other + CUDA_TIER_SLACK ? (int64_t)((p->gpu_mem - other - CUDA_TIER_SLACK) / per_block) : 1;
+            int64_t n_dev = cuda_tier_dev_blocks(p->kv_dev_blocks, p->gpu_mem, other, per_block);
             if (n_dev < 1) n_dev = 1;
             if (n_dev < p->kv_blocks) {
                 plan->kv_dev_blocks = (int)n_dev;

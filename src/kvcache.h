@@ -138,6 +138,8 @@ void kv_layout_free(struct kv_layout *lay);
 /* Pool bytes per position (K and V, every layer, and block selection's key bounds) and residual
  * bytes per sequence. */
 size_t kv_layout_bytes_per_pos(const struct kv_layout *lay);
+/* Bytes of one block in every pool: K, V and block selection's key bounds. */
+size_t kv_layout_block_bytes(const struct kv_layout *lay);
 /* Block selection's key bounds per block: min and max of every layer's key channels, float32 (0
  * when block selection is off). */
 size_t kv_layout_bounds_bytes(const struct kv_layout *lay);

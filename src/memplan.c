@@ -142,7 +142,7 @@ static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const s
     cuda_widths_of(hp, &max_in, &max_mat);
     const int64_t blocks = memplan_seq_blocks(p, n_ctx) * p->n_seq;
     const size_t pool = mp->kv_bytes_per_block * (size_t)blocks, fixed = mp->kv_residual_per_seq * (size_t)p->n_seq;
-    size_t total = 0;
+    size_t total = 0, kv = pool;
     for (int small = 0; small < 1 + allow_small; small++) { /* the backend's choice (cuda_mem_plan): small tiles if over budget */
         struct cuda_bufs bf;
         mp->w16_elems = small ? CUDA_W16_SMALL_ELEMS : CUDA_W16_MAX_ELEMS;
@@ -154,11 +154,9 @@ static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const s
         const size_t other = memplan_arena_weight_bytes(mp, hp) + fixed + mp->state_bytes + mp->act_bytes + mp->logits_bytes +
                              mp->workspace;
         mp->kv_blocks = mp->kv_dev_blocks = blocks, mp->kv_host_bytes = 0;
-        size_t kv = pool;
+        kv = pool;
         if (p->kv_offload && (p->budget || p->kv_dev_blocks)) { /* the device tier: what the budget leaves (cuda_plan.c) */
-            int64_t n_dev = p->kv_dev_blocks;
-            if (n_dev <= 0)
-                n_dev = p->budget > other + CUDA_TIER_SLACK ? (int64_t)((p->budget - other - CUDA_TIER_SLACK) / mp->kv_bytes_per_block) : 0;
+            const int64_t n_dev = cuda_tier_dev_blocks(p->kv_dev_blocks, p->budget, other, mp->kv_bytes_per_block);
             if (n_dev < blocks) {
                 mp->kv_dev_blocks = n_dev;
                 mp->kv_host_bytes = mp->kv_bytes_per_block * (size_t)(blocks - n_dev);
@@ -172,7 +170,7 @@ static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const s
         /* decided as the backend does, with its own cuBLAS workspace (--workspace only changes the account) */
         if (!p->budget || total - p->workspace + CUDA_CUBLAS_WS <= p->budget) break;
     }
-    mp->kv_bytes = (mp->kv_dev_blocks < blocks ? mp->kv_bytes_per_block * (size_t)mp->kv_dev_blocks + CUDA_TIER_SLACK : pool) + fixed;
+    mp->kv_bytes = kv + fixed;
     return total;
 }
 
@@ -201,7 +199,7 @@ int memplan_compute(struct memplan *mp, const struct pxq_hparams *hp, const stru
     mp->n_layer_kv = hparams_n_attn_layers(hp);
     mp->n_layer_ssm = hp->arch == ARCH_QWEN35 ? hp->n_layer - mp->n_layer_kv : 0;
     mp->kv_bytes_per_token = kv_layout_bytes_per_pos(&lay);
-    mp->kv_bytes_per_block = lay.block_bytes[KV_K] + lay.block_bytes[KV_V] + kv_layout_bounds_bytes(&lay);
+    mp->kv_bytes_per_block = kv_layout_block_bytes(&lay);
     mp->kv_residual_per_seq = kv_layout_residual_bytes(&lay);
     mp->kv_sink = lay.n_sink, mp->kv_window = lay.n_window, mp->kv_ring = lay.n_ring;
     kv_layout_free(&lay);

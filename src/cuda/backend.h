@@ -42,6 +42,13 @@ void cuda_weight_sizes(int fmt, int64_t n_in, int64_t n_out, size_t *q_bytes, si
  * plan counts that rounding, for each of the four arrays. */
 #define CUDA_TIER_GRAN ((size_t)2 << 20)
 #define CUDA_TIER_SLACK (4 * CUDA_TIER_GRAN)
+/* The host tier's device blocks (params kv_offload), for both plans (cuda_plan.c, memplan.c): those
+ * given (--kv-device-blocks), else as many blocks of per_block bytes as budget leaves after the
+ * arena's other bytes and the mapping's rounding (0 where it leaves none). */
+static inline int64_t cuda_tier_dev_blocks(int64_t given, size_t budget, size_t other, size_t per_block) {
+    if (given > 0) return given;
+    return budget > other + CUDA_TIER_SLACK ? (int64_t)((budget - other - CUDA_TIER_SLACK) / per_block) : 0;
+}
 /* Prefill: weight rows are dequantized to f16 in two alternating tile buffers of at most half this
  * many elements each (the next tile's dequantization overlaps the running GEMM): whole matrices up
  * to 192 M weights (fewer, larger GEMMs: Qwen3-32B pp512 on an H200 6155 t/s against 5725 with
