@@ -476,17 +476,20 @@ static void offload_for(struct pxq_engine *e, int want) {
  * the rollback margin (kv_window_margin), given back. The reservations cannot fail: pxq_decode checked
  * each sequence's growth against the pool (with the cap of kv_blocks_per_seq, which no sequence
  * exceeds, where blocks are given back). */
+static int last_of_seq(const struct ubatch *ub, int i) { /* token i is its sequence's last in ub */
+    return !(i + 1 < ub->n && ub->seq_id[i + 1] == ub->seq_id[i] && ub->pos[i + 1] > ub->pos[i]);
+}
+
 static void ubatch_kv(struct pxq_engine *e, const struct ubatch *ub, int before) {
     if (before && e->kv.n_dev < e->kv.n_blocks) { /* a host tier */
         int want = 0;
         for (int i = 0; i < ub->n; i++)
-            if (!(i + 1 < ub->n && ub->seq_id[i + 1] == ub->seq_id[i] && ub->pos[i + 1] > ub->pos[i]))
-                want += kv_seq_blocks_needed(&e->kv, &e->seqs[ub->seq_id[i]].kv, ub->pos[i] + 1);
+            if (last_of_seq(ub, i)) want += kv_seq_blocks_needed(&e->kv, &e->seqs[ub->seq_id[i]].kv, ub->pos[i] + 1);
         offload_for(e, want);
     }
     for (int i = 0; i < ub->n; i++) {
         const int s = ub->seq_id[i];
-        if (i + 1 < ub->n && ub->seq_id[i + 1] == s && ub->pos[i + 1] > ub->pos[i]) continue; /* its last token here */
+        if (!last_of_seq(ub, i)) continue;
         struct kv_seq *kv = &e->seqs[s].kv;
         if (before) {
             if (kv_seq_reserve(&e->kv, kv, ub->pos[i] + 1) != 0) die("KV reserve in a ubatch");
