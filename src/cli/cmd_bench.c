@@ -321,9 +321,9 @@ out:
     return t;
 }
 
-/* One repetition; returns seconds of the timed part, or -1. */
 static struct pxq_kv_tier_stats last_tier; /* the host tier as the last run_once left it, before its sequences go */
 
+/* One repetition; returns seconds of the timed part, or -1. */
 static double run_once(struct pxq_engine *e, struct batchbuf *bb, const char *kind, int b, int len, int depth, char *err, size_t errlen) {
     int seqs[1024];
     double t = -1;
