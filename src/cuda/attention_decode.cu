@@ -61,6 +61,7 @@
 #include "cuda/launch.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/attention_decode.cuh"
+#include "cuda/attention_sparse.cuh"
 
 static size_t ad_smem(int D, int BN, int NS) {
     const size_t ring = (size_t)AD_WARPS * NS * 2 * BN * (D + 8) * 2, comb = ad_finish_smem(D);
@@ -69,8 +70,9 @@ static size_t ad_smem(int D, int BN, int NS) {
 
 /* grid (n_split, n_head_kv, n_tokens), block AD_THREADS; sl2 = log2(e) / sqrt(D), scale = 1 / sqrt(D).
  * out != NULL (one split): normalised output; else part_o / part_ml as attention_cuda's. HB: head
- * blocks of 8 (group <= 8 HB). */
-template <int D, int BN, int NS, int HB>
+ * blocks of 8 (group <= 8 HB). SP: window + sink attention or block selection (attention_sparse.cuh):
+ * the splits cut the query's visible blocks, not its positions (block_size a multiple of BN). */
+template <int D, int BN, int NS, int HB, bool SP>
 __global__ void __launch_bounds__(AD_THREADS)
     attention_decode_kernel(float *__restrict__ out, int8_t *__restrict__ xq, float2 *__restrict__ xds,
                             float *__restrict__ part_o, float *__restrict__ part_ml,
@@ -90,7 +92,12 @@ __global__ void __launch_bounds__(AD_THREADS)
     /* pos, seq_id and the block tables are step inputs (copied before the step's first kernel), so
      * they and the first tiles' addresses are read before pdl_wait (common.cuh); q and this step's
      * K/V come from the kernel before. */
-    const int p0 = split * split_len, p1 = min(pos[t] + 1, p0 + split_len);
+    const int qpos = pos[t];
+    if (SP && kv.topk_blocks) pdl_wait(); /* the step's kv_select_cuda wrote the list */
+    const attn_vis vis = SP ? attn_vis_of(kv, t, kvh, qpos, true) : attn_vis{};
+    /* p0, p1: the split's (virtual, under SP) positions; apos: the position v stands for */
+    const int p0 = split * split_len, p1 = min(SP ? vis.n_vb * kv.block_size : qpos + 1, p0 + split_len);
+    auto apos = [&](int v) { return SP ? vis.pos(v) : v; };
     const int32_t *tab = kv.block_tab + (size_t)seq_id[t] * kv.max_blocks;
     const size_t ld = (size_t)n_head * D;
 
@@ -102,15 +109,15 @@ __global__ void __launch_bounds__(AD_THREADS)
      * tile ahead of its copies), rows at kv_dim strides */
     const bool one_block = kv.block_size % BN == 0 && split_len % BN == 0;
     auto tile_base = [&](int i) -> size_t {
-        return one_block && i < my_n ? kv_off(kv, l, tab, tile_p0(i)) + (size_t)kvh * D : 0;
+        return one_block && i < my_n ? kv_off(kv, l, tab, apos(tile_p0(i))) + (size_t)kvh * D : 0;
     };
     /* copy k of the tile: row lr + k RPI, 16-byte chunk cc of it (the same for every tile) */
     const int lr = lane / CPR, cc = (lane % CPR) * 8;
     const size_t lane_g = (size_t)lr * kv.kv_dim + cc, step_g = (size_t)RPI * kv.kv_dim;
     auto load = [&](int i, int s, size_t base) { /* this warp's i-th tile into stage s; positions >= p1 zero-filled */
         __half *Kd = ring + s * 2 * BN * SD, *Vd = Kd + BN * SD;
-        const int j0 = tile_p0(i);
-        if (one_block && j0 + BN <= p1) {
+        const int j0 = tile_p0(i), a0 = apos(j0); /* rows past the query's position: zero-filled too */
+        if (one_block && j0 + BN <= p1 && (!SP || a0 + BN - 1 <= qpos)) {
             const __half *kg = (const __half *)kv.k + base + lane_g, *vg = (const __half *)kv.v + base + lane_g;
 #pragma unroll
             for (int k = 0; k < BN / RPI; k++) {
@@ -121,8 +128,8 @@ __global__ void __launch_bounds__(AD_THREADS)
         }
 #pragma unroll
         for (int k = 0; k < BN / RPI; k++) {
-            const int r = lr + k * RPI, p = j0 + r, ok = p < p1;
-            const size_t off = !ok ? 0 : one_block ? base + (size_t)r * kv.kv_dim + cc : kv_off(kv, l, tab, p) + (size_t)kvh * D + cc;
+            const int r = lr + k * RPI, ok = j0 + r < p1 && (!SP || a0 + r <= qpos);
+            const size_t off = !ok ? 0 : one_block ? base + (size_t)r * kv.kv_dim + cc : kv_off(kv, l, tab, a0 + r) + (size_t)kvh * D + cc;
             cp_async16(Kd + r * SD + cc, (const __half *)kv.k + off, ok);
             cp_async16(Vd + r * SD + cc, (const __half *)kv.v + off, ok);
         }
@@ -137,9 +144,9 @@ __global__ void __launch_bounds__(AD_THREADS)
      * KV store, and the q|k|v mat-vec, which lets them launch at its start: forward.cu). A step's
      * tokens of one sequence are consecutive positions, so those it writes up to pos[t] are
      * >= pos[t] - n_tokens + 1. */
-    const int old_end = pos[t] - (int)gridDim.z + 1;
+    const int old_end = qpos - (int)gridDim.z + 1;
     int n_early = 0;
-    while (n_early < NS && n_early < my_n && tile_p0(n_early) + BN <= old_end) {
+    while (n_early < NS && n_early < my_n && apos(tile_p0(n_early)) + BN <= old_end) {
         load(n_early, n_early, base[n_early]);
         cp_async_commit();
         n_early++;
@@ -208,7 +215,19 @@ __global__ void __launch_bounds__(AD_THREADS)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[0][0][e] += s2[e];
         const int j0 = tile_p0(i);
-        if (j0 + BN > p1) { /* the split's last tile: positions past p1 are -inf rows */
+        if (SP) { /* past p1 or the query, or unseen: -inf rows; a listed middle block is seen whole */
+            const int a0 = apos(j0);
+            if (j0 + BN > p1 || a0 + BN - 1 > qpos || !(vis.whole(j0 / kv.block_size) || a0 + BN <= vis.a || a0 >= vis.b))
+#pragma unroll
+                for (int mb = 0; mb < MB; mb++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int r = mb * 16 + g + (e >> 1) * 8;
+                        if (j0 + r >= p1 || a0 + r > qpos || !vis.sees(a0 + r))
+#pragma unroll
+                            for (int hb = 0; hb < HB; hb++) s[mb][hb][e] = -INFINITY;
+                    }
+        } else if (j0 + BN > p1) { /* the split's last tile: positions past p1 are -inf rows */
 #pragma unroll
             for (int mb = 0; mb < MB; mb++)
 #pragma unroll
@@ -262,11 +281,13 @@ PROBE_HOST(attn, probe_names_ad)
 
 struct ad_config {
     int D, BN, NS;
-    const void *fn[AD_HB_MAX]; /* by head blocks: groups up to 8, up to 16 */
+    const void *fn[2][AD_HB_MAX]; /* full / window or selection (SP), by head blocks: groups up to 8, up to 16 */
 };
 
-#define AD_CFG(D, BN, NS) \
-    {D, BN, NS, {(const void *)attention_decode_kernel<D, BN, NS, 1>, (const void *)attention_decode_kernel<D, BN, NS, 2>}}
+#define AD_CFG(D, BN, NS)                                                                                          \
+    {D, BN, NS,                                                                                                    \
+     {{(const void *)attention_decode_kernel<D, BN, NS, 1, false>, (const void *)attention_decode_kernel<D, BN, NS, 2, false>}, \
+      {(const void *)attention_decode_kernel<D, BN, NS, 1, true>, (const void *)attention_decode_kernel<D, BN, NS, 2, true>}}}
 static const ad_config ad_configs[] = {
     AD_CFG(64, 32, 3),  AD_CFG(64, 64, 3),  AD_CFG(64, 32, 2),  AD_CFG(128, 16, 3),
     AD_CFG(128, 16, 2), AD_CFG(128, 32, 3), AD_CFG(256, 16, 3), AD_CFG(256, 16, 2),
@@ -297,14 +318,15 @@ static int ad_pick(int D) {
                 if (c.D != D) continue;
                 const size_t need = ad_smem(c.D, c.BN, c.NS);
                 int ok = fk < 0 || fk == k;
-                for (int h = 0; h < AD_HB_MAX && ok; h++) {
+                for (int h = 0; h < 2 * AD_HB_MAX && ok; h++) {
+                    const void *fn = c.fn[h / AD_HB_MAX][h % AD_HB_MAX];
                     cudaFuncAttributes fa;
                     int per_sm = 0;
-                    ok = cudaFuncGetAttributes(&fa, c.fn[h]) == cudaSuccess && fa.binaryVersion >= 80 &&
+                    ok = cudaFuncGetAttributes(&fa, fn) == cudaSuccess && fa.binaryVersion >= 80 &&
                          fa.ptxVersion >= 80 && (size_t)optin >= need + fa.sharedSizeBytes &&
-                         cudaFuncSetAttribute(c.fn[h], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need) ==
+                         cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need) ==
                              cudaSuccess &&
-                         (pass == 1 || (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, c.fn[h], AD_THREADS,
+                         (pass == 1 || (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, AD_THREADS,
                                                                                      need) == cudaSuccess &&
                                         per_sm >= 2));
                 }
@@ -321,8 +343,11 @@ extern "C" int attention_decode_supported(const struct cuda_kv *kv, int n_head) 
     const int hd = kv->head_dim;
     if (kv->kv_f32 || kv->n_head_kv <= 0 || n_head <= 0 || n_head % kv->n_head_kv != 0) return 0;
     if (n_head / kv->n_head_kv > AD_HB_MAX * AD_HEADS || kv->kv_dim % 8 != 0) return 0;
-    if (kv->quantized) return attention_decode_q_supported(hd, n_head / kv->n_head_kv);
-    return ad_pick(hd) >= 0;
+    if (kv->attn_window && kv->block_size <= 0) return 0;
+    if (kv->quantized) /* tiles of 16 positions: inside one block under window or selection */
+        return attention_decode_q_supported(hd, n_head / kv->n_head_kv) && (!kv->attn_window || kv->block_size % 16 == 0);
+    const int k = ad_pick(hd);
+    return k >= 0 && (!kv->attn_window || kv->block_size % ad_configs[k].BN == 0);
 }
 
 extern "C" void attention_decode_cuda(float *out, int8_t *xq, float *xds, const float *q, const struct cuda_kv *kv, int l,
@@ -349,6 +374,6 @@ extern "C" void attention_decode_cuda(float *out, int8_t *xq, float *xds, const 
     void *args[] = {(void *)&direct, (void *)&xq1,    (void *)&xds1,   (void *)&part_o,    (void *)&part_ml,
                     (void *)&q,      (void *)&kvv,    (void *)&l,      (void *)&pos,       (void *)&seq_id,
                     (void *)&n_head, (void *)&n_split, (void *)&split_len, (void *)&sl2,   (void *)&scale};
-    kernel_launch_fn(c.fn[n_head / kv->n_head_kv > AD_HEADS], grid, block, args, smem, st);
+    kernel_launch_fn(c.fn[kv->attn_window != 0][n_head / kv->n_head_kv > AD_HEADS], grid, block, args, smem, st);
     if (n_split > 1) attention_combine_cuda(out, xq, xds, part_o, part_ml, n_tokens, n_head, c.D, n_split, st);
 }

@@ -52,6 +52,7 @@
 #include "cuda/mma.cuh"
 #include "cuda/kv_quant.cuh"
 #include "cuda/attention_decode.cuh"
+#include "cuda/attention_sparse.cuh"
 
 #define ADQ_BN 16 /* positions per tile: one m16 block of S^T, one k16 step of O^T */
 
@@ -92,8 +93,8 @@ static __device__ __forceinline__ uint32_t q2_pair(uint32_t x, uint32_t lo, uint
 
 #endif
 
-/* grid (n_split, n_head_kv, n_tokens), block AD_THREADS; arguments as attention_decode_kernel's. */
-template <int D, int NS, int HB>
+/* grid (n_split, n_head_kv, n_tokens), block AD_THREADS; arguments and SP as attention_decode_kernel's. */
+template <int D, int NS, int HB, bool SP>
 __global__ void __launch_bounds__(AD_THREADS)
     attention_decode_q_kernel(float *__restrict__ out, int8_t *__restrict__ xq, float2 *__restrict__ xds,
                               float *__restrict__ part_o, float *__restrict__ part_ml, const float *q, const cuda_kv kv,
@@ -109,7 +110,11 @@ __global__ void __launch_bounds__(AD_THREADS)
     const int group = n_head / kv.n_head_kv;
     uint8_t *ring = (uint8_t *)adq_sm + (size_t)warp * NS * STAGE; /* stage s: K rows, then V rows */
     const int qpos = pos[t], sid = seq_id[t];
-    const int p0 = split * split_len, p1 = min(qpos + 1, p0 + split_len);
+    if (SP && kv.topk_blocks) pdl_wait(); /* the step's kv_select_cuda wrote the list */
+    const attn_vis vis = SP ? attn_vis_of(kv, t, kvh, qpos, true) : attn_vis{};
+    /* p0, p1: the split's (virtual, under SP) positions; apos: the position v stands for */
+    const int p0 = split * split_len, p1 = min(SP ? vis.n_vb * kv.block_size : qpos + 1, p0 + split_len);
+    auto apos = [&](int v) { return SP ? vis.pos(v) : v; };
     const int32_t *tab = kv.block_tab + (size_t)sid * kv.max_blocks;
     const kv_layer_desc *dk = kv.desc + l, *dv = kv.desc + kv.n_layer_kv + l;
     const bool v2 = dv->type[kvh] == KV_Q2NU;
@@ -125,30 +130,30 @@ __global__ void __launch_bounds__(AD_THREADS)
     /* this warp's i-th tile into stage s, chunk by chunk; rows at or past p1 zero-filled */
     auto load = [&](int i, int s) {
         uint8_t *Kd = ring + s * STAGE, *Vd = Kd + BN * SK;
-        const int j0 = tile_p0(i);
-        const size_t blk = one_block ? (size_t)tab[j0 / bs] : 0;
-        const uint8_t *kt = kbase + blk * kv.block_bytes_k + (size_t)(j0 % bs) * slot_k;
-        const uint8_t *vt = vbase + blk * kv.block_bytes_v + (size_t)(j0 % bs) * slot_v;
+        const int j0 = tile_p0(i), a0 = apos(j0), pend = SP ? qpos + 1 - a0 : BN; /* rows from pend: zero */
+        const size_t blk = one_block ? (size_t)tab[a0 / bs] : 0;
+        const uint8_t *kt = kbase + blk * kv.block_bytes_k + (size_t)(a0 % bs) * slot_k;
+        const uint8_t *vt = vbase + blk * kv.block_bytes_v + (size_t)(a0 % bs) * slot_v;
         auto row = [&](const uint8_t *tile, const uint8_t *base, size_t bb, size_t slot, int r) -> const uint8_t * {
             if (one_block) return tile + (size_t)r * slot;
-            const int p = j0 + r;
+            const int p = a0 + r;
             return base + (size_t)tab[p / bs] * bb + (size_t)(p % bs) * slot;
         };
 #pragma unroll
         for (int k = lane; k < BN * NK; k += 32) {
-            const int r = k / NK, ch = k - r * NK, ok = j0 + r < p1;
+            const int r = k / NK, ch = k - r * NK, ok = j0 + r < p1 && r < pend;
             cp_async_n<CB>(Kd + r * SK + ch * CB, ok ? row(kt, kbase, kv.block_bytes_k, slot_k, r) + ch * CB : kbase, ok);
         }
         if (v2) {
 #pragma unroll
             for (int k = lane; k < BN * NV2; k += 32) {
-                const int r = k / NV2, ch = k - r * NV2, ok = j0 + r < p1;
+                const int r = k / NV2, ch = k - r * NV2, ok = j0 + r < p1 && r < pend;
                 cp_async_n<CB>(Vd + r * SK + ch * CB, ok ? row(vt, vbase, kv.block_bytes_v, slot_v, r) + ch * CB : vbase, ok);
             }
         } else {
 #pragma unroll
             for (int k = lane; k < BN * NK; k += 32) {
-                const int r = k / NK, ch = k - r * NK, ok = j0 + r < p1;
+                const int r = k / NK, ch = k - r * NK, ok = j0 + r < p1 && r < pend;
                 cp_async_n<CB>(Vd + r * SK + ch * CB, ok ? row(vt, vbase, kv.block_bytes_v, slot_v, r) + ch * CB : vbase, ok);
             }
         }
@@ -157,7 +162,7 @@ __global__ void __launch_bounds__(AD_THREADS)
      * came from earlier steps: attention_decode.cu) */
     const int old_end = qpos - (int)gridDim.z + 1;
     int n_early = 0;
-    while (n_early < NS && n_early < my_n && tile_p0(n_early) + BN <= old_end) {
+    while (n_early < NS && n_early < my_n && apos(tile_p0(n_early)) + BN <= old_end) {
         load(n_early, n_early);
         cp_async_commit();
         n_early++;
@@ -192,10 +197,12 @@ __global__ void __launch_bounds__(AD_THREADS)
         cp_async_wait<NS - 1>(); /* tile i's group has landed */
         __syncwarp();
         const uint8_t *Kr = ring + (i % NS) * STAGE, *Vr = Kr + BN * SK;
-        const int j0 = tile_p0(i);
+        const int j0 = tile_p0(i), a0 = apos(j0); /* a0 + r: row r's position */
         /* some row read exactly (kv_exact), warp-uniform */
-        const bool slow = j0 < kv.n_sink || qpos - (j0 + BN - 1) < kv.n_window;
-        auto exact = [&](int p) { return p < p1 && (p < kv.n_sink || qpos - p < kv.n_window); };
+        const bool slow = a0 < kv.n_sink || qpos - (a0 + BN - 1) < kv.n_window;
+        auto exact = [&](int r) {
+            return j0 + r < p1 && a0 + r <= qpos && (a0 + r < kv.n_sink || qpos - (a0 + r) < kv.n_window);
+        };
         /* a slow tile's residual rows: this lane's K rows g, g + 8 and V rows 2c, 2c + 1, 2c + 8, 2c + 9,
          * each the row itself where exact, else position 0's (any row that exists: its values are not
          * used). The loads below then take no branch, and the unrolled groups issue them together
@@ -205,15 +212,15 @@ __global__ void __launch_bounds__(AD_THREADS)
         if (slow) {
 #pragma unroll
             for (int rr = 0; rr < 2; rr++) {
-                const int p = j0 + g + 8 * rr;
-                ek[rr] = exact(p);
-                rk[rr] = kvq_res(kv, KV_K, l, sid, ek[rr] ? p : 0) + (size_t)kvh * D + 8 * c;
+                const int r = g + 8 * rr;
+                ek[rr] = exact(r);
+                rk[rr] = kvq_res(kv, KV_K, l, sid, ek[rr] ? a0 + r : 0) + (size_t)kvh * D + 8 * c;
             }
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                const int p = j0 + 2 * c + (k & 1) + (k >> 1) * 8;
-                ev[k] = exact(p);
-                rv[k] = kvq_res(kv, KV_V, l, sid, ev[k] ? p : 0) + (size_t)kvh * D + 4 * g;
+                const int r = 2 * c + (k & 1) + (k >> 1) * 8;
+                ev[k] = exact(r);
+                rv[k] = kvq_res(kv, KV_V, l, sid, ev[k] ? a0 + r : 0) + (size_t)kvh * D + 4 * g;
             }
         }
 
@@ -254,7 +261,16 @@ __global__ void __launch_bounds__(AD_THREADS)
         if (HB == 1)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[0][0][e] += s2[e];
-        if (j0 + BN > p1) /* the split's last tile: positions past p1 are -inf rows */
+        if (SP) { /* past p1 or the query, or unseen: -inf rows; a listed middle block is seen whole */
+            if (j0 + BN > p1 || a0 + BN - 1 > qpos || !(vis.whole(j0 / bs) || a0 + BN <= vis.a || a0 >= vis.b))
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = g + (e >> 1) * 8;
+                    if (j0 + r >= p1 || a0 + r > qpos || !vis.sees(a0 + r))
+#pragma unroll
+                        for (int hb = 0; hb < HB; hb++) s[0][hb][e] = -INFINITY;
+                }
+        } else if (j0 + BN > p1) /* the split's last tile: positions past p1 are -inf rows */
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 if (j0 + g + (e >> 1) * 8 >= p1)
@@ -341,11 +357,16 @@ __global__ void __launch_bounds__(AD_THREADS)
 
 /* ---- host ---- */
 
-static const void *adq_fn(int D, int hb2) {
+template <int D> static const void *adq_fn_d(int hb2, int sp) {
+    if (sp) return hb2 ? (const void *)attention_decode_q_kernel<D, adq_ns(D), 2, true> : (const void *)attention_decode_q_kernel<D, adq_ns(D), 1, true>;
+    return hb2 ? (const void *)attention_decode_q_kernel<D, adq_ns(D), 2, false> : (const void *)attention_decode_q_kernel<D, adq_ns(D), 1, false>;
+}
+/* the kernel for head_dim D, groups over 8 (hb2), window or selection (sp) */
+static const void *adq_fn(int D, int hb2, int sp) {
     switch (D) {
-    case 64: return hb2 ? (const void *)attention_decode_q_kernel<64, adq_ns(64), 2> : (const void *)attention_decode_q_kernel<64, adq_ns(64), 1>;
-    case 128: return hb2 ? (const void *)attention_decode_q_kernel<128, adq_ns(128), 2> : (const void *)attention_decode_q_kernel<128, adq_ns(128), 1>;
-    case 256: return hb2 ? (const void *)attention_decode_q_kernel<256, adq_ns(256), 2> : (const void *)attention_decode_q_kernel<256, adq_ns(256), 1>;
+    case 64: return adq_fn_d<64>(hb2, sp);
+    case 128: return adq_fn_d<128>(hb2, sp);
+    case 256: return adq_fn_d<256>(hb2, sp);
     default: return NULL;
     }
 }
@@ -356,18 +377,20 @@ int attention_decode_q_supported(int D, int group) {
     const int di = D == 64 ? 0 : D == 128 ? 1 : D == 256 ? 2 : -1, hb2 = group > AD_HEADS;
     if (di < 0 || group < 1 || group > AD_HB_MAX * AD_HEADS) return 0;
     if (cached[di][hb2] >= 0) return cached[di][hb2];
-    int dev = 0, major = 0, optin = 0, per_sm = 0, ok = 0;
-    const void *fn = adq_fn(D, hb2);
+    int dev = 0, major = 0, optin = 0, ok = 1;
     const size_t need = adq_smem_d(D);
-    cudaFuncAttributes fa;
-    if (cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8 &&
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
-        cudaFuncGetAttributes(&fa, fn) == cudaSuccess && fa.binaryVersion >= 80 && fa.ptxVersion >= 80 &&
-        (size_t)optin >= need + fa.sharedSizeBytes &&
-        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need) == cudaSuccess &&
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, AD_THREADS, need) == cudaSuccess && per_sm >= 2)
-        ok = 1;
+    for (int sp = 0; sp < 2 && ok; sp++) { /* full, and window or selection: both run two blocks per SM */
+        const void *fn = adq_fn(D, hb2, sp);
+        cudaFuncAttributes fa;
+        int per_sm = 0;
+        ok = cudaGetDevice(&dev) == cudaSuccess &&
+             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8 &&
+             cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
+             cudaFuncGetAttributes(&fa, fn) == cudaSuccess && fa.binaryVersion >= 80 && fa.ptxVersion >= 80 &&
+             (size_t)optin >= need + fa.sharedSizeBytes &&
+             cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need) == cudaSuccess &&
+             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, AD_THREADS, need) == cudaSuccess && per_sm >= 2;
+    }
     (void)cudaGetLastError(); /* a build without a fitting image reports an error here: not sticky */
     cached[di][hb2] = ok;
     return ok;
@@ -383,5 +406,5 @@ void attention_decode_q_launch(float *out, int8_t *xq, float2 *xds, float *part_
     void *args[] = {(void *)&out,    (void *)&xq,      (void *)&xds,       (void *)&part_o, (void *)&part_ml,
                     (void *)&q,      (void *)&kvv,     (void *)&l,         (void *)&pos,    (void *)&seq_id,
                     (void *)&n_head, (void *)&n_split, (void *)&split_len, (void *)&sl2,    (void *)&scale};
-    kernel_launch_fn(adq_fn(D, group > AD_HEADS), grid, block, args, adq_smem_d(D), st);
+    kernel_launch_fn(adq_fn(D, group > AD_HEADS, kv.attn_window != 0), grid, block, args, adq_smem_d(D), st);
 }

@@ -77,14 +77,14 @@ extern "C" size_t attention_prefill_smem_bytes(int head_dim) {
  * for the positions some query of the block sees exactly (qmin..p_end: kv_exact), zeros elsewhere
  * and past p_end (a masked score still multiplies its V row: it must be finite). A thread takes 8
  * dims of a row at a time. */
-template <int D, int BN, int SD>
+template <int D, int BN, int SD, typename Seen>
 static __device__ __forceinline__ void pf_fill_q(__half *Ks, __half *Vs, const cuda_kv &kv, int l, const int32_t *tab,
-                                                 int sid, int kvh, int j, int p_end, int qmin, int exact) {
+                                                 int sid, int kvh, int j, int p_end, int qmin, int exact, Seen seen) {
     for (int i = threadIdx.x; i < BN * (D / 8); i += PF_THREADS) {
         const int r = i / (D / 8), d = (i - r * (D / 8)) * 8, p = j * BN + r;
         float kk[8], vv[8];
         const bool some_exact = p < kv.n_sink || (p <= p_end && max(qmin - p, 0) < kv.n_window);
-        if (p > p_end || (exact && !some_exact)) {
+        if (p > p_end || !seen(p) || (exact && !some_exact)) {
 #pragma unroll
             for (int e = 0; e < 8; e++) kk[e] = vv[e] = 0.0f;
         } else if (exact) {
@@ -110,8 +110,11 @@ static __device__ __forceinline__ void pf_fill_q(__half *Ks, __half *Vs, const c
 /* grid (n_tiles * group, n_head_kv), block 128; sl2 = log2(e) / sqrt(head_dim). Layout: file comment.
  * Q: the cache is quantized (kvcache.h): each K/V tile is made f16 in shared memory by pf_fill_q,
  * once from the pool's rows and once from the exact residual where some (query, position) pair of
- * the block needs each, the scores of the other pairs masked. */
-template <int D, bool Q>
+ * the block needs each, the scores of the other pairs masked. SP: window + sink attention or block
+ * selection (attention_sparse.cuh's rule per row): the block visits only the tiles some row sees
+ * (the sinks, from the earliest row's window on, and the blocks any row chose: their bitmaps' union
+ * in shared memory after the stages) and loads only the positions some row sees. */
+template <int D, bool Q, bool SP>
 __global__ void __launch_bounds__(PF_THREADS)
     attention_prefill_kernel(float *__restrict__ out, __half *__restrict__ out16, const float *__restrict__ q,
                              const cuda_kv kv, int l,
@@ -150,6 +153,49 @@ __global__ void __launch_bounds__(PF_THREADS)
     }
     __syncthreads();
     const int p_end = s_pend[0], qmin = s_pend[1]; /* last K/V position any row of the block needs; its first query */
+    const int bs = kv.block_size;
+    /* SP: a position some row sees is below sa (the sinks), at or past bmin (the earliest window;
+     * 0 where a row sees everything before it) or in a block whose bit is set in the union us */
+    int sa = 0, bmin = 0;
+    uint32_t *us = NULL;
+    if (SP) {
+        if (kv.attn_window && qmin + 1 > kv.attn_sinks + kv.attn_window) sa = kv.attn_sinks, bmin = qmin + 1 - kv.attn_window;
+        if (kv.topk_blocks) {
+            us = (uint32_t *)(KVs + 4 * BN * SD);
+            const int tok0 = r0 / group, tok1 = min((r0 + PF_BM - 1) / group, n_tok - 1);
+            for (int w = tid; w < kv.sel_words; w += PF_THREADS) {
+                uint32_t u = 0;
+                for (int tok = tok0; tok <= tok1 && bmin > 0; tok++)
+                    u |= kv.sel[((size_t)(t0 + tok) * kv.n_head_kv + kvh) * kv.sel_words + w];
+                us[w] = u;
+            }
+            __syncthreads();
+        }
+    }
+    auto seen_any = [&](int p) {
+        if (!SP || p < sa || p >= bmin) return true;
+        const int k = p / bs;
+        return us && ((us[k >> 5] >> (k & 31)) & 1u);
+    };
+    /* the first tile at or after j that some row sees (n_kt: none): a tile touching the sinks or the
+     * earliest window, else the first with a chosen block (whole empty words skipped) */
+    auto next_vis = [&](int j, int n_kt) -> int {
+        if (!SP || j >= n_kt) return j;
+        const int lo = j * BN, hi = lo + BN - 1;
+        if (lo < sa || hi >= bmin) return j;
+        int jn = bmin / BN;
+        if (us)
+            for (int k = lo / bs, kend = (bmin - 1) / bs; k <= kend;) {
+                const uint32_t w = us[k >> 5] >> (k & 31);
+                if (w) {
+                    k += __ffs(w) - 1;
+                    if (k <= kend) jn = min(jn, max(j, k * bs / BN));
+                    break;
+                }
+                k = (k | 31) + 1;
+            }
+        return jn;
+    };
 
     /* this thread's two rows: g = lane / 4 and g + 8 of the warp's 16 */
     int rowpos[2];
@@ -159,6 +205,33 @@ __global__ void __launch_bounds__(PF_THREADS)
         rowpos[i] = tok < n_tok ? pos[t0 + tok] : p_end;
     }
     const int minpos = min(rowpos[0], rowpos[1]);
+    /* SP: each of the two rows' own rule: it sees p <= its position if p < ra or p >= rb, or its
+     * bitmap rsel has p's block; padding rows see every position loaded */
+    int ra[2] = {0, 0}, rb[2] = {0, 0};
+    const uint32_t *rsel[2] = {NULL, NULL};
+    if (SP)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int tok = (r0 + warp * 16 + (lane >> 2) + 8 * i) / group, qp = rowpos[i];
+            if (tok < n_tok && kv.attn_window && qp + 1 > kv.attn_sinks + kv.attn_window) {
+                ra[i] = kv.attn_sinks, rb[i] = qp + 1 - kv.attn_window;
+                if (kv.topk_blocks) rsel[i] = kv.sel + ((size_t)(t0 + tok) * kv.n_head_kv + kvh) * kv.sel_words;
+            }
+        }
+    /* SP: the rows' bitmap words of the tile at j0 (its blocks share a word: block sizes are powers
+     * of two), or 0; whether both rows see the whole tile */
+    auto sp_words = [&](int j0, uint32_t (&wd)[2]) {
+        bool all = true;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            all = all && j0 + BN - 1 <= rowpos[i] && (j0 + BN <= ra[i] || j0 >= rb[i]);
+            wd[i] = rsel[i] ? rsel[i][(j0 / bs) >> 5] : 0u;
+        }
+        return all;
+    };
+    auto sp_sees = [&](int i, int p, const uint32_t (&wd)[2]) {
+        return p <= rowpos[i] && (p < ra[i] || p >= rb[i] || ((wd[i] >> ((p / bs) & 31)) & 1u));
+    };
 
     /* K/V tile j -> stage st: BN rows of D halves, 16 bytes per cp.async */
     auto load_kv = [&](int j, int st) {
@@ -166,7 +239,8 @@ __global__ void __launch_bounds__(PF_THREADS)
         static_assert(BN * (D / 8) % PF_THREADS == 0, "whole rounds of 16-byte copies");
 #pragma unroll
         for (int it = 0; it < BN * (D / 8) / PF_THREADS; it++) {
-            const int i = tid + it * PF_THREADS, r = i / (D / 8), c = (i - r * (D / 8)) * 8, p = j * BN + r, ok = p <= p_end;
+            const int i = tid + it * PF_THREADS, r = i / (D / 8), c = (i - r * (D / 8)) * 8, p = j * BN + r;
+            const int ok = p <= p_end && seen_any(p); /* SP: a block no row sees may be given back */
             const size_t off = ok ? kv_off(kv, l, tab, p) + (size_t)kvh * D + c : 0;
             cp_async16(Ks + r * SD + c, (const __half *)kv.k + off, ok);
             cp_async16(Vs + r * SD + c, (const __half *)kv.v + off, ok);
@@ -190,46 +264,59 @@ __global__ void __launch_bounds__(PF_THREADS)
         /* per tile, a pass over the pool's rows where some pair (query, position) of the block is not
          * exact, and one over the residual where some is (kv_exact), each masking the other pairs */
         const int sid = seq_id[t0];
-        for (int j = 0; j < n_kt; j++) {
+        for (int j = next_vis(0, n_kt); j < n_kt; j = next_vis(j + 1, n_kt)) {
             const int j0 = j * BN, j1 = min(j0 + BN - 1, p_end), jq = max(j0, kv.n_sink);
             const bool need[2] = {jq <= j1 && p_end - jq >= kv.n_window,
                                   j0 < kv.n_sink || max(qmin - j1, 0) < kv.n_window};
             for (int ex = 0; ex < 2; ex++) {
                 if (!need[ex]) continue;
                 __syncthreads(); /* every warp is done with the stage */
-                pf_fill_q<D, BN, SD>(KVs, KVs + BN * SD, kv, l, tab, sid, kvh, j, p_end, qmin, ex);
+                pf_fill_q<D, BN, SD>(KVs, KVs + BN * SD, kv, l, tab, sid, kvh, j, p_end, qmin, ex, seen_any);
                 __syncthreads();
                 float s[BN / 8][4];
                 mma_qkt<D, BN, SD>(s, Qs + a_off, KVs + k_off);
+                uint32_t wd[2];
+                const bool all = !SP || sp_words(j0, wd);
 #pragma unroll
                 for (int nb = 0; nb < BN / 8; nb++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int p = j0 + nb * 8 + 2 * (lane & 3) + (e & 1), q = rowpos[e >> 1];
                         const bool exact = p < kv.n_sink || q - p < kv.n_window;
-                        if (p > q || exact != (ex == 1)) s[nb][e] = -INFINITY;
+                        if (p > q || exact != (ex == 1) || (!all && !sp_sees(e >> 1, p, wd))) s[nb][e] = -INFINITY;
                     }
                 online_softmax_step<D, BN>(s, o, m, lsum, sl2);
                 mma_pv<D, BN, SD>(o, s, KVs + BN * SD + v_off);
             }
         }
     } else {
-    load_kv(0, 0);
+    /* tile j in stage it & 1, the it-th tile visited (SP: only those some row sees) */
+    int j = next_vis(0, n_kt);
+    if (j < n_kt) load_kv(j, 0);
     cp_async_commit();
-    for (int j = 0; j < n_kt; j++) {
-        if (j + 1 < n_kt) load_kv(j + 1, (j + 1) & 1);
+    for (int it = 0; j < n_kt; it++) {
+        const int jn = next_vis(j + 1, n_kt);
+        if (jn < n_kt) load_kv(jn, (it + 1) & 1);
         cp_async_commit(); /* possibly empty: wait_group 1 then always means "tile j has landed" */
         cp_async_wait1();
         __syncthreads();
-        const __half *Ks = KVs + (j & 1) * 2 * BN * SD, *Vs = Ks + BN * SD;
+        const __half *Ks = KVs + (it & 1) * 2 * BN * SD, *Vs = Ks + BN * SD;
 
         /* S = Q K^T, 16 x BN per warp */
         float s[BN / 8][4];
         mma_qkt<D, BN, SD>(s, Qs + a_off, Ks + k_off);
 
-        /* causal mask by each row's own position (also hides the zero-filled rows past p_end) */
+        /* causal mask by each row's own position (also hides the zero-filled rows past p_end); SP:
+         * each row's own window, sinks and chosen blocks */
         const int j0 = j * BN;
-        if (j0 + BN - 1 > minpos) {
+        uint32_t wd[2];
+        if (SP && !sp_words(j0, wd)) {
+#pragma unroll
+            for (int nb = 0; nb < BN / 8; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (!sp_sees(e >> 1, j0 + nb * 8 + 2 * (lane & 3) + (e & 1), wd)) s[nb][e] = -INFINITY;
+        } else if (!SP && j0 + BN - 1 > minpos) {
 #pragma unroll
             for (int nb = 0; nb < BN / 8; nb++)
 #pragma unroll
@@ -242,7 +329,8 @@ __global__ void __launch_bounds__(PF_THREADS)
 
         /* O += P V: the S accumulator of two n-blocks is the A fragment of one k16 step */
         mma_pv<D, BN, SD>(o, s, Vs + v_off);
-        __syncthreads(); /* stage j & 1 is refilled by the next iteration's load */
+        __syncthreads(); /* stage it & 1 is refilled by the next iteration's load */
+        j = jn;
     }
     }
 
@@ -272,13 +360,23 @@ __global__ void __launch_bounds__(PF_THREADS)
 
 /* ---- host ---- */
 
-static const void *pf_kernel(int head_dim) {
+/* The kernel for head_dim, quantized cache (q), window or selection (sp); NULL for another head_dim. */
+template <int D> static const void *pf_kernel_d(int q, int sp) {
+    if (sp) return q ? (const void *)attention_prefill_kernel<D, true, true> : (const void *)attention_prefill_kernel<D, false, true>;
+    return q ? (const void *)attention_prefill_kernel<D, true, false> : (const void *)attention_prefill_kernel<D, false, false>;
+}
+static const void *pf_kernel(int head_dim, int q, int sp) {
     switch (head_dim) {
-    case 64: return (const void *)attention_prefill_kernel<64, false>;
-    case 128: return (const void *)attention_prefill_kernel<128, false>;
-    case 256: return (const void *)attention_prefill_kernel<256, false>;
+    case 64: return pf_kernel_d<64>(q, sp);
+    case 128: return pf_kernel_d<128>(q, sp);
+    case 256: return pf_kernel_d<256>(q, sp);
     default: return NULL;
     }
+}
+
+/* Shared memory of a launch: the stages, and under block selection the bitmaps' union. */
+static size_t pf_smem_kv(const struct cuda_kv *kv) {
+    return attention_prefill_smem_bytes(kv->head_dim) + (kv->attn_window && kv->topk_blocks ? (size_t)kv->sel_words * 4 : 0);
 }
 
 /* 1 if this build holds sm_80+ code for the kernel on the current device (major >= 8) and the
@@ -292,7 +390,7 @@ static int pf_device_ok(int head_dim) {
         int ok = cudaGetDevice(&dev) == cudaSuccess &&
                  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8 &&
                  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
-                 cudaFuncGetAttributes(&fa, pf_kernel(head_dim)) == cudaSuccess && fa.binaryVersion >= 80 &&
+                 cudaFuncGetAttributes(&fa, pf_kernel(head_dim, 0, 0)) == cudaSuccess && fa.binaryVersion >= 80 &&
                  fa.ptxVersion >= 80 && (size_t)optin >= attention_prefill_smem_bytes(head_dim) + fa.sharedSizeBytes;
         (void)cudaGetLastError(); /* a build without a fitting image reports an error here: not sticky */
         cached[i] = ok;
@@ -307,24 +405,33 @@ extern "C" int attention_prefill_supported(const struct cuda_kv *kv, int n_head)
     return pf_device_ok(hd);
 }
 
-static const void *pf_kernel_q(int head_dim) {
-    switch (head_dim) {
-    case 64: return (const void *)attention_prefill_kernel<64, true>;
-    case 128: return (const void *)attention_prefill_kernel<128, true>;
-    case 256: return (const void *)attention_prefill_kernel<256, true>;
-    default: return NULL;
-    }
+extern "C" int attention_prefill_prepare(int head_dim) {
+    if (!pf_kernel(head_dim, 0, 0) || !pf_device_ok(head_dim)) return -1;
+    const int smem = (int)attention_prefill_smem_bytes(head_dim);
+    for (int k = 0; k < 2; k++)
+        if (cudaFuncSetAttribute(pf_kernel(head_dim, k, 0), cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return -1;
+        }
+    return 0;
 }
 
-extern "C" int attention_prefill_prepare(int head_dim) {
-    const void *fn = pf_kernel(head_dim), *fq = pf_kernel_q(head_dim);
-    if (!fn || !pf_device_ok(head_dim)) return -1;
-    const int smem = (int)attention_prefill_smem_bytes(head_dim);
-    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
-        cudaFuncSetAttribute(fq, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
+extern "C" int attention_prefill_sparse_prepare(const struct cuda_kv *kv) {
+    const int bs = kv->block_size;
+    if (!pf_kernel(kv->head_dim, 0, 1) || !pf_device_ok(kv->head_dim) || bs <= 0 || (bs & (bs - 1))) return -1;
+    int dev = 0, optin = 0;
+    const size_t smem = pf_smem_kv(kv);
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || (size_t)optin < smem) {
         (void)cudaGetLastError();
         return -1;
     }
+    for (int k = 0; k < 2; k++)
+        if (cudaFuncSetAttribute(pf_kernel(kv->head_dim, k, 1), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+            cudaSuccess) {
+            (void)cudaGetLastError();
+            return -1;
+        }
     return 0;
 }
 
@@ -353,19 +460,12 @@ extern "C" void attention_prefill_cuda(void *out, int out_half, const float *q, 
     const int hd = kv->head_dim, group = n_head / kv->n_head_kv;
     const float sl2 = 1.4426950408889634f * kv->attn_scale; /* log2(e) * scale: exp(x) = 2^(x log2 e) */
     const dim3 grid((unsigned)(n_tiles * group), (unsigned)kv->n_head_kv), block(PF_THREADS);
-    const size_t smem = attention_prefill_smem_bytes(hd);
+    const size_t smem = pf_smem_kv(kv);
     float *o32 = out_half ? NULL : (float *)out;
     __half *o16 = out_half ? (__half *)out : NULL;
-#define PF_LAUNCH(D)                                                                                           \
-    (kv->quantized ? attention_prefill_kernel<D, true><<<grid, block, smem, st>>>(o32, o16, q, *kv, l, pos, seq_id, tiles, \
-                                                                                   n_head, sl2)                        \
-                   : attention_prefill_kernel<D, false><<<grid, block, smem, st>>>(o32, o16, q, *kv, l, pos, seq_id,    \
-                                                                                    tiles, n_head, sl2))
-    switch (hd) {
-    case 64: PF_LAUNCH(64); break;
-    case 128: PF_LAUNCH(128); break;
-    case 256: PF_LAUNCH(256); break;
-    default: break;
-    }
-#undef PF_LAUNCH
+    const cuda_kv kvv = *kv;
+    void *args[] = {(void *)&o32, (void *)&o16,    (void *)&q,     (void *)&kvv,    (void *)&l,
+                    (void *)&pos, (void *)&seq_id, (void *)&tiles, (void *)&n_head, (void *)&sl2};
+    const void *fn = pf_kernel(hd, kv->quantized, kv->attn_window != 0);
+    if (fn) (void)cudaLaunchKernel(fn, grid, block, args, smem, st); /* errors as a <<<>>> launch: the next check */
 }

@@ -537,13 +537,18 @@ static int kv_step(struct pxq_engine *e, cuda_backend *b, const struct cuda_plan
         const int max_blocks = (int)kv_blocks_for(e->p.n_ctx, e->p.kv_block_size);
         kv->sel_words = (max_blocks + 31) / 32;
         kv->sel = (uint32_t *)arena_get(b, (size_t)e->p.n_batch * kv->n_head_kv * kv->sel_words * 4);
+        kv->mid_tokens = CUDA_DECODE_MAX, kv->mid_cap = kv->topk_blocks; /* a decode step's lists */
+        kv->mid = (int32_t *)arena_get(b, (size_t)CUDA_DECODE_MAX * kv->n_head_kv * (kv->mid_cap + 1) * 4);
         if (kv_select_prepare(max_blocks) != 0) {
             snprintf(err, errlen, "CUDA: block selection over %d blocks needs more shared memory than this device has",
                      max_blocks);
             return -1;
         }
     }
-    if (kv->attn_window) b->prefill_attn = b->decode_attn = 0; /* the generic kernel masks; the others do not */
+    if (kv->attn_window) { /* the tensor-core kernels walk the visible blocks (attention_sparse.cuh) where they can */
+        b->decode_attn = b->decode_attn && attention_decode_supported(kv, e->hp->n_head);
+        b->prefill_attn = b->prefill_attn && attention_prefill_sparse_prepare(kv) == 0;
+    }
     return 0;
 }
 

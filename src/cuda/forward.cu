@@ -153,6 +153,7 @@ struct step {
  * its half operand (b->x16) instead of b->att. Returns 1 if it also wrote xq (b->xds), the q8 form
  * of b->att (xq != NULL and the tensor-core decode kernel ran). */
 static int attention(cuda_backend *b, const float *q, int l, int n_head, const step &s, int8_t *xq, int to_gemm) {
+    kv_select_cuda(&b->kv, l, q, b->di.pos, b->di.seq, s.n, n_head, b->st); /* block selection, if on */
     if (s.n_tiles > 0 && to_gemm && !b->exact && s.n > CUDA_DECODE_MAX) {
         attention_prefill_cuda(b->x16, 1, q, &b->kv, l, b->di.pos, b->di.seq, b->di.tiles, s.n_tiles, n_head, b->st);
         b->x16_src = b->att; /* matmul_ld: x16 holds att's half form */
@@ -163,7 +164,6 @@ static int attention(cuda_backend *b, const float *q, int l, int n_head, const s
                               s.split_len, b->part_o, b->part_ml, b->st);
         return xq != NULL;
     } else {
-        kv_select_cuda(&b->kv, l, q, b->di.pos, b->di.seq, s.n, n_head, b->st); /* block selection, if on */
         attention_cuda(b->att, q, &b->kv, l, b->di.pos, b->di.seq, s.n, n_head, s.n_split, s.split_len, b->part_o,
                        b->part_ml, b->st);
     }
@@ -415,8 +415,10 @@ static void gemm_in_norm(cuda_backend *b, const float *w, int d, int n, float ep
  * they end together: Qwen3-32B at 32K on an H200 (33 splits of 1024 positions, 264 blocks)
  * 104.9-105.2 t/s, against 101.9 for the earlier rule (split_len 256 x 2^k, at most 4 blocks per
  * SM: 64 of 512, 512 blocks, a second wave of the 396 slots). (n_split, split_len) keys the step's
- * graph: a growing context changes it at each power of two, then eight times an octave. */
+ * graph: a growing context changes it at each power of two, then eight times an octave (under window
+ * attention or block selection it stops growing at the visible blocks' bound). */
 static void decode_splits(const cuda_backend *b, const struct pxq_hparams *hp, int n_tok, int n_kv, step *s) {
+    if (b->decode_attn) n_kv = attention_sparse_len(&b->kv, n_kv); /* window or selection: the visible blocks */
     cuda_decode_splits(n_kv, n_tok, hp->n_head_kv, b->decode_attn, b->split_blocks, b->n_sm, b->max_splits, &s->n_split,
                        &s->split_len);
 }

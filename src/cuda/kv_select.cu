@@ -3,7 +3,8 @@
  * decode or prefill token and KV head the blocks of the middle (between the sinks and the window of
  * window + sink attention) it also attends to: the topk_blocks blocks with the largest upper bound
  * of q.k over the GQA group's query heads, sum over channels of max(q_d min_d, q_d max_d), ties to
- * the earlier block. The generic attention kernel (ops.cu attention_cuda) reads the bitmaps.
+ * the earlier block. The attention kernels read the bitmaps, and for a decode step the tensor-core
+ * ones the list of the chosen blocks (attention_sparse.cuh).
  * CPU twin: kv_store's bounds (kvcache.c) and visible_ranges (forward_cpu.c).
  */
 #include <math.h>
@@ -49,25 +50,65 @@ static __device__ __forceinline__ uint32_t ks_key(float x) {
     return u & 0x80000000u ? ~u : u | 0x80000000u;
 }
 
+/* The blocks lo .. hi - 1 whose bit is set in sel, ascending, into out[1 ..], their count into
+ * out[0]; by the whole block (KS_THREADS threads, a contiguous run of words each, their counts
+ * scanned in scan[]). sel was written by this block: call after a barrier. */
+static __device__ void ks_list(const uint32_t *sel, int lo, int hi, int32_t *out, uint32_t *scan) {
+    const int tid = threadIdx.x;
+    const int w0 = lo >> 5, nw = hi > lo ? ((hi - 1) >> 5) - w0 + 1 : 0, per = (nw + KS_THREADS - 1) / KS_THREADS;
+    const int wa = w0 + min(tid * per, nw), wb = w0 + min(tid * per + per, nw);
+    auto word = [&](int w) { /* word w's bits of blocks lo .. hi - 1 */
+        uint32_t x = sel[w];
+        const int base = w << 5;
+        if (base < lo) x &= ~0u << (lo - base);
+        if (hi - base < 32) x &= (1u << (hi - base)) - 1u;
+        return x;
+    };
+    uint32_t cnt = 0;
+    for (int w = wa; w < wb; w++) cnt += __popc(word(w));
+    scan[tid] = cnt;
+    __syncthreads();
+    for (int d = 1; d < KS_THREADS; d *= 2) { /* inclusive scan (Hillis-Steele) */
+        const uint32_t x = tid >= d ? scan[tid - d] : 0u;
+        __syncthreads();
+        scan[tid] += x;
+        __syncthreads();
+    }
+    int at = 1 + (int)(scan[tid] - cnt);
+    for (int w = wa; w < wb; w++)
+        for (uint32_t x = word(w); x; x &= x - 1) out[at++] = (w << 5) + __ffs(x) - 1;
+    if (tid == KS_THREADS - 1) out[0] = (int32_t)scan[tid];
+}
+
 /* grid (n_tokens, n_head_kv), block KS_THREADS, dynamic shared memory: the scores (max_blocks
  * floats). The bitmap of (t, kvh) is cleared, then the chosen blocks' bits set (bit j: the
  * sequence's block j, positions j bs .. j bs + bs - 1). The k-th largest key is found by a radix
- * select, 8 bits a round; keys above it are taken, and of those equal to it the earliest. */
+ * select, 8 bits a round; keys above it are taken, and of those equal to it the earliest. list:
+ * also kv.mid's list of (t, kvh) (attention_sparse.cuh: the chosen blocks wholly inside the middle). */
 __global__ void kv_select_kernel(const cuda_kv kv, int l, const float *__restrict__ q, const int32_t *__restrict__ pos,
-                                 const int32_t *__restrict__ seq_id, int n_head) {
+                                 const int32_t *__restrict__ seq_id, int n_head, int list) {
     extern __shared__ float ks_score[];
     __shared__ uint32_t hist[256];
     __shared__ uint32_t s_prefix, s_need, s_taken, s_wcnt[KS_THREADS / 32];
     const int t = blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int bs = kv.block_size, hd = kv.head_dim, group = n_head / kv.n_head_kv, n_kv = pos[t] + 1;
     uint32_t *sel = kv.sel + ((size_t)t * kv.n_head_kv + kvh) * kv.sel_words;
+    int32_t *mid = list ? kv.mid + ((size_t)t * kv.n_head_kv + kvh) * (size_t)(kv.mid_cap + 1) : NULL;
     for (int w = tid; w < kv.sel_words; w += blockDim.x) sel[w] = 0;
-    if (!kv.attn_window || n_kv <= kv.attn_sinks + kv.attn_window) return; /* no middle: nothing to choose */
-    __syncthreads();                                                       /* the clearing before the bits */
+    if (!kv.attn_window || n_kv <= kv.attn_sinks + kv.attn_window) { /* no middle: nothing to choose */
+        if (mid && tid == 0) mid[0] = 0;
+        return;
+    }
+    __syncthreads(); /* the clearing before the bits */
     const int a = kv.attn_sinks, b = n_kv - kv.attn_window, b0 = a / bs, nb = (b - 1) / bs - b0 + 1;
+    const int nsb = (a + bs - 1) / bs, wb0 = max(b / bs, nsb); /* the listed blocks: nsb .. wb0 - 1 */
     const int32_t *tab = kv.block_tab + (size_t)seq_id[t] * kv.max_blocks;
     if (nb <= kv.topk_blocks) {
         for (int i = tid; i < nb; i += blockDim.x) atomicOr(sel + ((b0 + i) >> 5), 1u << ((b0 + i) & 31));
+        if (mid) {
+            __syncthreads();
+            ks_list(sel, nsb, wb0, mid, hist);
+        }
         return;
     }
     const float *qt = q + (size_t)t * n_head * hd + (size_t)kvh * group * hd;
@@ -125,6 +166,7 @@ __global__ void kv_select_kernel(const cuda_kv kv, int l, const float *__restric
             for (int w = 0; w < KS_THREADS / 32; w++) s_taken += s_wcnt[w];
         __syncthreads();
     }
+    if (mid) ks_list(sel, nsb, wb0, mid, hist); /* after the loop's last barrier */
 }
 
 static size_t ks_smem(int max_blocks) { return (size_t)max_blocks * sizeof(float); }
@@ -152,6 +194,7 @@ extern "C" void kv_bounds_cuda(const struct cuda_kv *kv, int l, const float *k, 
 extern "C" void kv_select_cuda(const struct cuda_kv *kv, int l, const float *q, const int32_t *pos,
                                const int32_t *seq_id, int n_tokens, int n_head, cudaStream_t st) {
     if (n_tokens <= 0 || !kv->topk_blocks) return;
+    const int list = kv->mid && n_tokens <= kv->mid_tokens;
     kv_select_kernel<<<dim3(n_tokens, kv->n_head_kv), KS_THREADS, ks_smem(kv->max_blocks), st>>>(*kv, l, q, pos, seq_id,
-                                                                                                 n_head);
+                                                                                                 n_head, list);
 }

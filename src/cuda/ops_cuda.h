@@ -212,6 +212,12 @@ struct cuda_kv {
     int topk_blocks, sel_words;
     float *kmin, *kmax;
     uint32_t *sel;
+    /* and for a decode step (at most mid_tokens tokens), per token and KV head the chosen middle
+     * blocks wholly inside the middle, ascending: [mid_tokens][n_head_kv][1 + mid_cap], the count
+     * first (kv_select_cuda writes it; the tensor-core decode kernels walk it: attention_sparse.cuh).
+     * NULL: not kept (the generic kernel reads the bitmaps only) */
+    int32_t *mid;
+    int mid_cap, mid_tokens;
 };
 
 /* The view of lay (k, v, block_tab, max_blocks, desc and the residual left 0 for the caller).
@@ -233,8 +239,9 @@ void kv_store_q_cuda(const struct cuda_kv *kv, int l, const float *k, const floa
  * them afresh: kv_store's rule). kv_select_cuda: for each token t and KV head, the bitmap of the
  * blocks of the middle (between the sinks and the window) it also attends to: the topk_blocks
  * largest by the upper bound max over the group's query heads of sum_d max(q_d min_d, q_d max_d)
- * (q [n_tokens][n_head * head_dim], after RoPE), ties to the earlier block; attention_cuda reads it.
- * kv_select_prepare: the shared memory opt-in for max_blocks scores (once, outside graph capture);
+ * (q [n_tokens][n_head * head_dim], after RoPE), ties to the earlier block; the attention kernels
+ * read it. With kv->mid and n_tokens <= kv->mid_tokens it also lists the chosen blocks wholly
+ * inside the middle (kv->mid's layout) for the tensor-core decode kernels. kv_select_prepare: the shared memory opt-in for max_blocks scores (once, outside graph capture);
  * 0, or -1 if the device has too little. */
 void kv_bounds_cuda(const struct cuda_kv *kv, int l, const float *k, int ld, const int32_t *pos,
                     const int32_t *seq_id, int n_tokens, cudaStream_t st);
@@ -288,8 +295,19 @@ void attention_combine_cuda(float *out, int8_t *xq, float *xds, const float *par
  * quantized one (kv->quantized: attention_decode_q.cu, the codes dequantized in registers),
  * head_dim 64/128/256, n_head / n_head_kv <= 16, sm_80+ with enough opt-in shared memory for one of
  * its configurations (the opt-in is set here, once: call outside graph capture before the first
- * launch). */
+ * launch). Under window + sink attention or block selection (kv->attn_window) the block size must
+ * be a multiple of the kernel's tile (16 positions, or the f16 configuration's); the splits then
+ * cut the visible blocks (attention_sparse.cuh: attention_sparse_len bounds them). */
 int attention_decode_supported(const struct cuda_kv *kv, int n_head);
+/* The (virtual) positions attention_decode_cuda's splits must cover for queries up to n_kv
+ * positions: n_kv without window attention; else the visible blocks' bound (attention_sparse.cuh)
+ * in positions, min(ceil(n_kv / bs), ceil(sinks / bs) + topk_blocks + (window - 1) / bs + 2) x bs. */
+static inline int attention_sparse_len(const struct cuda_kv *kv, int n_kv) {
+    if (!kv->attn_window) return n_kv;
+    const int bs = kv->block_size, all = (n_kv + bs - 1) / bs;
+    const int most = (kv->attn_sinks + bs - 1) / bs + kv->topk_blocks + (kv->attn_window - 1) / bs + 2;
+    return (all < most ? all : most) * bs;
+}
 /* Benchmarks only (PXQ_CUDA_DECODE_CFG, tuning.h): the k-th (tile, stages) configuration of
  * head_dim's list instead of the first that fits; set before the first decode attention. -1: the
  * first that fits. Process-wide. */
@@ -330,6 +348,11 @@ int attention_prefill_supported(const struct cuda_kv *kv, int n_head);
  * attention_prefill_cuda; 0, or -1 if unsupported here. */
 size_t attention_prefill_smem_bytes(int head_dim);
 int attention_prefill_prepare(int head_dim);
+/* Window + sink attention or block selection (kv->attn_window; attention_sparse.cuh's rule): the
+ * opt-in for kv's launches (the bitmaps' union beside the stages under selection). Once, outside
+ * graph capture, after attention_prefill_prepare; 0, or -1 where this device or kv's block size
+ * (a power of two) does not allow it (keep attention_cuda). */
+int attention_prefill_sparse_prepare(const struct cuda_kv *kv);
 
 /* attention_cuda's semantics for prefill: out [n_tokens][n_head * head_dim] (fp32, or with out_half
  * f16: the same values rounded to nearest, the o projection's GEMM operand), for each
