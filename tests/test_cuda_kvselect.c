@@ -9,7 +9,10 @@
  *              token and KV head: each bitmap equal to the oracle's choice; also the keys stored in
  *              two ubatches split inside a block (the bounds of a block's later slots fold in).
  *   attention  attention_cuda with the bitmaps against the softmax over the oracle's positions
- *              (sinks, chosen blocks, window; f16-rounded K and V): normalised error <= 1e-5.
+ *              (sinks, chosen blocks, window; f16-rounded K and V): normalised error <= 1e-5; the
+ *              tensor-core prefill (tiles of 64 tokens) and decode (steps of 16 tokens, the splits
+ *              over the visible blocks) against the same: <= 3e-3 (f16 Q and P). head_dim 64 and
+ *              128 (the f16 decode kernel takes 128 only: its tile at 64 spans two blocks).
  *   engine     tiny-qwen3, greedy 24 tokens with window 16 + 4 sinks and 1 block chosen, CPU = CUDA,
  *              f16 and pxq caches.
  *   offload    the host tier (--kv-offload, kv_tier.cu): a 200-token prompt in ubatches of 64, then 24
@@ -36,8 +39,9 @@ int main(void) { return cuda_test_gate("test_cuda_kvselect"); }
 #include "kvcache.h"
 #include "util.h"
 
-enum { HD = 64, NKV = 2, GROUP = 2, NH = NKV * GROUP, KVD = NKV * HD, BS = 16, N = 300, NB = (N + BS - 1) / BS };
+enum { NKV = 2, GROUP = 2, NH = NKV * GROUP, BS = 16, N = 300, NB = (N + BS - 1) / BS };
 enum { SINKS = 4, WINDOW = 32, TOPK = 3, WORDS = (NB + 31) / 32 };
+static int HD = 64, KVD = 2 * 64; /* head_dim (test_kernels' argument), n_head_kv x head_dim */
 
 /* The oracle's chosen blocks of token position qp, KV head h: bit j of *bits for block j. */
 static uint32_t oracle(const float *q, const float *k, int qp, int h) {
@@ -74,7 +78,58 @@ static uint32_t oracle(const float *q, const float *k, int qp, int h) {
     return bits;
 }
 
-static void test_kernels(int split) {
+/* The tensor-core kernels with the bitmaps against ref (the oracle's softmax, [N][NH][HD]):
+ * attention_prefill_cuda over the whole sequence in tiles, and attention_decode_cuda over steps of
+ * 16 consecutive tokens (kv_select_cuda first: the steps' lists), each where the device takes it. */
+static void test_tensor_cores(struct cuda_kv *kv, const float *dq, const int32_t *pos, const int32_t *seq,
+                              const int32_t *dpos, const int32_t *dseq, const float *ref) {
+    const size_t n_out = (size_t)N * NH * HD;
+    float *got = xmalloc(n_out * 4), *dout = dev_poison(n_out);
+    if (attention_prefill_supported(kv, NH) && attention_prefill_prepare(HD) == 0 && attention_prefill_sparse_prepare(kv) == 0) {
+        int32_t tiles[2 * N];
+        const int n_tiles = attention_prefill_tiles(tiles, N, pos, seq, N);
+        int32_t *dt = dev_put(tiles, sizeof tiles);
+        attention_prefill_cuda(dout, 0, dq, kv, 0, dpos, dseq, dt, n_tiles, NH, 0);
+        CK(cudaDeviceSynchronize());
+        dev_get(got, dout, n_out * 4);
+        const double e = norm_err(got, ref, n_out);
+        printf("  tensor-core prefill (head_dim %d) over the chosen blocks: error %.2e\n", HD, e);
+        CHECK(e <= 3e-3, "prefill attention with block selection, head_dim %d: normalised error %.3g", HD, e);
+        cudaFree(dt);
+    } else {
+        printf("  tensor-core prefill (head_dim %d): not on this device, not run\n", HD);
+    }
+    if (attention_decode_supported(kv, NH)) {
+        enum { STEP = 16 };
+        kv->mid_tokens = STEP, kv->mid_cap = TOPK;
+        kv->mid = (int32_t *)dev_poison_bytes((size_t)STEP * NKV * (TOPK + 1) * 4);
+        const int split_len = 64, n_split = (attention_sparse_len(kv, N) + split_len - 1) / split_len;
+        float *po = dev_poison((size_t)STEP * NH * n_split * HD), *pml = dev_poison((size_t)STEP * NH * n_split * 2);
+        CK(cudaMemset(dout, 0xff, n_out * 4));
+        for (int t0 = 0; t0 < N; t0 += STEP) { /* a decode step of the tokens t0 .. t0 + 15 */
+            const int n = N - t0 < STEP ? N - t0 : STEP;
+            const float *q = dq + (size_t)t0 * NH * HD;
+            kv_select_cuda(kv, 0, q, dpos + t0, dseq + t0, n, NH, 0);
+            attention_decode_cuda(dout + (size_t)t0 * NH * HD, NULL, NULL, q, kv, 0, dpos + t0, dseq + t0, n, NH, n_split,
+                                  split_len, po, pml, 0);
+        }
+        CK(cudaDeviceSynchronize());
+        dev_get(got, dout, n_out * 4);
+        const double e = norm_err(got, ref, n_out);
+        printf("  tensor-core decode (head_dim %d, %d splits of %d visible positions) over the chosen blocks: error %.2e\n",
+               HD, n_split, split_len, e);
+        CHECK(e <= 3e-3, "decode attention with block selection, head_dim %d: normalised error %.3g", HD, e);
+        cudaFree(kv->mid), cudaFree(po), cudaFree(pml);
+        kv->mid = NULL;
+    } else {
+        printf("  tensor-core decode (head_dim %d): not for this block size and head_dim, not run\n", HD);
+    }
+    cudaFree(dout);
+    free(got);
+}
+
+static void test_kernels(int split, int hd) {
+    HD = hd, KVD = NKV * hd;
     struct kv_spec spec = {.type = KV_CACHE_F16, .attn_window = WINDOW, .attn_sinks = SINKS, .topk_blocks = TOPK};
     struct kv_layout lay;
     char err[256];
@@ -118,6 +173,7 @@ static void test_kernels(int split) {
     CHECK(bad == 0, "block selection: %d bitmaps differ from the oracle's", bad);
     /* attention over the chosen positions, against the same softmax over f16-rounded rows */
     float *ref = xmalloc((size_t)N * NH * HD * 4), *got = xmalloc((size_t)N * NH * HD * 4), sc[N];
+    printf("head_dim %d:\n", HD);
     for (int t = 0; t < N; t++)
         for (int hq = 0; hq < NH; hq++) {
             const int h = hq / GROUP, n_kv = t + 1;
@@ -148,6 +204,7 @@ static void test_kernels(int split) {
     const double e = norm_err(got, ref, (size_t)N * NH * HD);
     printf("  attention over the chosen blocks: error %.2e\n", e);
     CHECK(e <= 1e-5, "attention with block selection: normalised error %.3g", e);
+    test_tensor_cores(&kv, dq, pos, seq, dpos, dseq, ref);
     cudaFree(kv.k), cudaFree(kv.v), cudaFree((void *)kv.block_tab), cudaFree(kv.kmin), cudaFree(kv.kmax), cudaFree(kv.sel);
     cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dpos), cudaFree(dseq), cudaFree(dout), cudaFree(po), cudaFree(pml);
     free(k), free(v), free(q), free(bits), free(ref), free(got);
@@ -205,8 +262,9 @@ static void test_offload(void) {
 int main(void) {
     int gate = cuda_test_gate("test_cuda_kvselect");
     if (gate >= 0) return gate;
-    test_kernels(0);
-    test_kernels(40); /* the second ubatch starts inside block 2 */
+    test_kernels(0, 64);
+    test_kernels(40, 64); /* the second ubatch starts inside block 2 */
+    test_kernels(0, 128); /* the f16 decode kernel's tile of 16 positions: a block holds whole tiles */
     test_engine();
     test_offload();
     return test_summary("test_cuda_kvselect");
