@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""serve_long.py - long contexts held at once by a running `pxq serve` (docs/KVCACHE.md, "The host
+tier"): SEQS greedy /v1/completions of about TOKENS prompt tokens each, sent together, then each
+again alone. Every text sent together must equal its text alone (the batch, the scheduler's prefill
+chunks and the host tier change no token). The prompts are cut from tests/data/frankenstein.txt at
+SEQS different offsets (wrapping round the text), 0.65 words a token (English runs 0.7-0.8).
+
+Prints each sequence's prompt tokens (the server's usage), the wall time of the concurrent round
+and of the alone round, and whether the texts agree; exits 1 if any differs or a request fails.
+
+Usage: python3 tools/serve_long.py --port PORT [--seqs 8] [--tokens 32000] [--max-tokens 16]
+Standard library only.
+"""
+import argparse
+import http.client
+import json
+import os
+import sys
+import threading
+import time
+
+
+def prompts(root, n, tokens):
+    words = open(os.path.join(root, "tests/data/frankenstein.txt"), encoding="utf-8").read().split()
+    k = max(1, int(tokens * 0.65))
+    out = []
+    for i in range(n):
+        s = i * len(words) // n
+        out.append(" ".join(words[(s + j) % len(words)] for j in range(k)))
+    return out
+
+
+def complete(port, prompt, max_tokens):
+    """One greedy request; returns (text, prompt_tokens) or raises."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
+    c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    d = json.loads(r.read())
+    if r.status != 200:
+        raise RuntimeError(f"HTTP {r.status}: {d}")
+    return d["choices"][0]["text"], d["usage"]["prompt_tokens"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--seqs", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=32000)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    a = ap.parse_args()
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    ps = prompts(root, a.seqs, a.tokens)
+    together = [None] * a.seqs
+
+    def one(i):
+        try:
+            together[i] = complete(a.port, ps[i], a.max_tokens)
+        except Exception as ex:  # reported below, as a failed sequence
+            together[i] = ex
+
+    t0 = time.monotonic()
+    th = [threading.Thread(target=one, args=(i,)) for i in range(a.seqs)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    t_together = time.monotonic() - t0
+    t0 = time.monotonic()
+    alone = []
+    for p in ps:
+        try:
+            alone.append(complete(a.port, p, a.max_tokens))
+        except Exception as ex:
+            alone.append(ex)
+    t_alone = time.monotonic() - t0
+    bad = 0
+    for i in range(a.seqs):
+        g, s = together[i], alone[i]
+        if isinstance(g, Exception) or isinstance(s, Exception):
+            print(f"seq {i}: failed: {g if isinstance(g, Exception) else s}")
+            bad += 1
+            continue
+        same = g[0] == s[0]
+        bad += not same
+        print(f"seq {i}: {g[1]} prompt tokens, together {'==' if same else '!='} alone: {g[0]!r}"
+              + ("" if same else f" vs {s[0]!r}"))
+    print(f"{a.seqs} sequences together: {t_together:.1f} s; each alone: {t_alone:.1f} s in all; "
+          f"{a.seqs - bad} of {a.seqs} equal")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
