@@ -282,13 +282,14 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
     plan->kv_per_token = kv_layout_bytes_per_pos(lay);
     plan->kv_tokens = (int64_t)p->kv_blocks * p->kv_block_size;
     const size_t bnd = kv_layout_bounds_bytes(lay) / 2; /* block selection's key minima (or maxima) per block */
-    const size_t per_block = kv_layout_block_bytes(lay);
+    const size_t per_block = kv_layout_tier_block_bytes(lay); /* a block's bytes in the tiers */
+    const size_t bounds = bnd ? 2 * al((size_t)p->kv_blocks * bnd) : 0; /* on the device for every block */
     size_t kv_fixed = 0; /* what does not grow with the blocks */
     if (lay->quantized)
         kv_fixed = al(2 * (size_t)lay->n_layer_kv * sizeof(struct kv_layer_desc)) +
                    2 * al(kv_layout_residual_bytes(lay) / 2 * (size_t)p->n_seq_max);
     const size_t pools = al((size_t)p->kv_blocks * lay->block_bytes[KV_K]) + al((size_t)p->kv_blocks * lay->block_bytes[KV_V]) +
-                         (bnd ? 2 * al((size_t)p->kv_blocks * bnd) : 0);
+                         bounds;
     for (int small = 0; small < 2; small++) { /* whole-matrix tiles, or the small ones if over budget */
         struct cuda_bufs bf;
         plan->w16_max = small ? CUDA_W16_SMALL_ELEMS : CUDA_W16_MAX_ELEMS;
@@ -299,13 +300,13 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
         const size_t other = plan->weights + kv_fixed + plan->state + plan->activations + plan->workspace;
         plan->kv = kv_fixed + pools, plan->kv_dev_blocks = p->kv_blocks, plan->kv_tier_dev = plan->kv_host = 0;
         if (p->kv_offload) { /* the device tier: the blocks given, else as many as the budget leaves room for */
-            int64_t n_dev = cuda_tier_dev_blocks(p->kv_dev_blocks, p->gpu_mem, other, per_block);
+            int64_t n_dev = cuda_tier_dev_blocks(p->kv_dev_blocks, p->gpu_mem, other + bounds, per_block);
             if (n_dev < 1) n_dev = 1;
             if (n_dev < p->kv_blocks) {
                 plan->kv_dev_blocks = (int)n_dev;
                 plan->kv_tier_dev = (size_t)n_dev * per_block + CUDA_TIER_SLACK;
                 plan->kv_host = (size_t)(p->kv_blocks - n_dev) * per_block;
-                plan->kv = kv_fixed + plan->kv_tier_dev;
+                plan->kv = kv_fixed + bounds + plan->kv_tier_dev;
             }
         }
         plan->total = other + plan->kv - kv_fixed;

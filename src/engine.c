@@ -401,14 +401,14 @@ int pxq_kv_seq_positions(const struct pxq_engine *e) {
 
 void pxq_kv_tier_stats(const struct pxq_engine *e, struct pxq_kv_tier_stats *st) {
     const struct kv_cache *c = &e->kv;
-    const size_t kv = c->lay.block_bytes[KV_K] + c->lay.block_bytes[KV_V], bounds = kv_layout_bounds_bytes(&c->lay);
+    const size_t kv = kv_layout_tier_block_bytes(&c->lay);
     memset(st, 0, sizeof *st);
     st->n_dev = c->n_dev, st->n_host = c->n_blocks - c->n_dev, st->host_used = st->n_host - c->n_empty_host;
     st->moved = c->n_offloaded;
     for (int s = 0; s < e->p.n_seq_max; s++) {
         if (!e->seqs[s].in_use) continue;
         const int h = kv_seq_host_blocks(c, &e->seqs[s].kv), k = e->p.kv_topk_blocks;
-        st->host_read_step += k ? (double)h * bounds + (double)(h < k ? h : k) * kv : (double)h * kv;
+        st->host_read_step += k ? (double)(h < k ? h : k) * kv : (double)h * kv; /* the bounds stay on the device */
     }
 }
 

@@ -156,8 +156,8 @@ int pxq_kv_blocks_free(const struct pxq_engine *e);
 int pxq_kv_block_size(const struct pxq_engine *e);
 /* The host KV tier (params kv_offload): the device tier's blocks and the host tier's (n_host 0: no
  * tier), the host blocks in use, blocks moved there so far, and the most bytes one decode step of the
- * sequences as they stand reads from the host tier: the key bounds of every host block and at most
- * kv_topk_blocks host blocks per sequence with block selection, else every host block (the tier has
+ * sequences as they stand reads from the host tier: at most kv_topk_blocks host blocks per sequence
+ * with block selection (the key bounds stay on the device), else every host block (the tier has
  * no device cache: a host block is read in place each step it is seen). */
 struct pxq_kv_tier_stats { int n_dev, n_host, host_used; uint64_t moved; double host_read_step; };
 void pxq_kv_tier_stats(const struct pxq_engine *e, struct pxq_kv_tier_stats *st);

@@ -104,6 +104,8 @@ size_t kv_layout_block_bytes(const struct kv_layout *lay) {
 
 size_t kv_layout_bytes_per_pos(const struct kv_layout *lay) { return kv_layout_block_bytes(lay) / (size_t)lay->block_size; }
 
+size_t kv_layout_tier_block_bytes(const struct kv_layout *lay) { return lay->block_bytes[KV_K] + lay->block_bytes[KV_V]; }
+
 size_t kv_layout_bounds_bytes(const struct kv_layout *lay) {
     return lay->topk_blocks ? 2 * (size_t)lay->n_layer_kv * (size_t)lay->kv_dim * sizeof(float) : 0;
 }
@@ -388,7 +390,7 @@ int kv_cache_tier(struct kv_cache *c, int n_dev) {
 }
 
 int kv_tier_check(const struct kv_layout *lay, int n_blocks, int n_dev, size_t swap_space, char *err, size_t errlen) {
-    const size_t per_block = kv_layout_block_bytes(lay);
+    const size_t per_block = kv_layout_tier_block_bytes(lay);
     const double need = (double)(n_blocks - n_dev) * (double)per_block, mib = 1048576.0;
     if (swap_space && need > (double)swap_space)
         return set_err(err, errlen, "--swap-space %.1f MiB: the host KV tier needs %.1f MiB (%d blocks of %zu bytes past the "

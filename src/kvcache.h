@@ -143,6 +143,9 @@ size_t kv_layout_block_bytes(const struct kv_layout *lay);
 /* Block selection's key bounds per block: min and max of every layer's key channels, float32 (0
  * when block selection is off). */
 size_t kv_layout_bounds_bytes(const struct kv_layout *lay);
+/* Bytes a block puts in the host tier (--kv-offload): its K and V. Block selection's key bounds
+ * stay on the device for every block (each step scores all of them). */
+size_t kv_layout_tier_block_bytes(const struct kv_layout *lay);
 size_t kv_layout_residual_bytes(const struct kv_layout *lay);
 /* Byte offset of (pool, layer l, head h) of position p in a pool, with the block table of a sequence. */
 static inline size_t kv_row_off(const struct kv_layout *lay, int pool, const int *blocks, int l, int h, int p) {

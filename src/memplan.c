@@ -156,11 +156,13 @@ static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const s
         mp->kv_blocks = mp->kv_dev_blocks = blocks, mp->kv_host_bytes = 0;
         kv = pool;
         if (p->kv_offload && (p->budget || p->kv_dev_blocks)) { /* the device tier: what the budget leaves (cuda_plan.c) */
-            const int64_t n_dev = cuda_tier_dev_blocks(p->kv_dev_blocks, p->budget, other, mp->kv_bytes_per_block);
+            /* block selection's key bounds stay on the device for every block */
+            const size_t bounds = (mp->kv_bytes_per_block - mp->kv_tier_per_block) * (size_t)blocks;
+            const int64_t n_dev = cuda_tier_dev_blocks(p->kv_dev_blocks, p->budget, other + bounds, mp->kv_tier_per_block);
             if (n_dev < blocks) {
                 mp->kv_dev_blocks = n_dev;
-                mp->kv_host_bytes = mp->kv_bytes_per_block * (size_t)(blocks - n_dev);
-                kv = mp->kv_bytes_per_block * (size_t)n_dev + CUDA_TIER_SLACK;
+                mp->kv_host_bytes = mp->kv_tier_per_block * (size_t)(blocks - n_dev);
+                kv = mp->kv_tier_per_block * (size_t)n_dev + CUDA_TIER_SLACK + bounds;
             }
         }
         total = other + kv;
@@ -200,6 +202,7 @@ int memplan_compute(struct memplan *mp, const struct pxq_hparams *hp, const stru
     mp->n_layer_ssm = hp->arch == ARCH_QWEN35 ? hp->n_layer - mp->n_layer_kv : 0;
     mp->kv_bytes_per_token = kv_layout_bytes_per_pos(&lay);
     mp->kv_bytes_per_block = kv_layout_block_bytes(&lay);
+    mp->kv_tier_per_block = kv_layout_tier_block_bytes(&lay);
     mp->kv_residual_per_seq = kv_layout_residual_bytes(&lay);
     mp->kv_sink = lay.n_sink, mp->kv_window = lay.n_window, mp->kv_ring = lay.n_ring;
     kv_layout_free(&lay);
@@ -295,7 +298,7 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
                 "(the device tier holds %lld blocks = %lld positions, %s; the KV line above is that tier, "
                 "with the mapping's rounding)%s%s\n",
                 "KV host tier", hsize(a, sizeof a, (double)mp->kv_host_bytes), (long long)(mp->kv_blocks - mp->kv_dev_blocks),
-                (long long)mp->kv_blocks, hsize(b, sizeof b, (double)mp->kv_bytes_per_block), (long long)mp->kv_dev_blocks,
+                (long long)mp->kv_blocks, hsize(b, sizeof b, (double)mp->kv_tier_per_block), (long long)mp->kv_dev_blocks,
                 (long long)mp->kv_dev_blocks * p->kv_block_size, p->kv_dev_blocks ? "--kv-device-blocks" : "what the budget leaves",
                 p->swap_space ? "; --swap-space " : "",
                 p->swap_space ? hsize(c, sizeof c, (double)p->swap_space) : "");

@@ -78,6 +78,7 @@ struct memplan {
     int n_layer_kv, n_layer_ssm;
     size_t kv_bytes_per_token, kv_bytes;
     size_t kv_bytes_per_block;    /* K, V and block selection's key bounds of one block */
+    size_t kv_tier_per_block;     /* what a block puts in the host tier: K and V (the bounds stay) */
     int64_t kv_blocks, kv_dev_blocks; /* the pool, and its device tier (kv_blocks without a host tier) */
     size_t kv_host_bytes;         /* the host tier (kv_offload): pinned host memory, outside the arena */
     size_t kv_residual_per_seq;   /* quantized caches: the exact residual of a sequence */

@@ -499,13 +499,13 @@ static int kv_step(struct pxq_engine *e, cuda_backend *b, const struct cuda_plan
     }
     const int n_dev = plan->kv_dev_blocks, tiered = n_dev < e->kv.n_blocks;
     const size_t bnd = kv_layout_bounds_bytes(&e->kv.lay) / 2;
-    if (tiered) { /* the host tier: K, V and the key bounds, each device memory then host memory (kv_tier.cu) */
+    if (tiered) { /* the host tier: K and V, each device memory then host memory (kv_tier.cu); the key bounds
+                   * stay in device memory for every block (each step scores them all) */
         if (kv_tier_check(&e->kv.lay, e->kv.n_blocks, n_dev, e->p.swap_space, err, errlen) != 0 ||
             kv_cache_tier(&e->kv, n_dev) != 0)
             return -1;
-        const size_t per[4] = {e->kv.lay.block_bytes[KV_K], e->kv.lay.block_bytes[KV_V], bnd, bnd};
-        for (int i = 0; i < 4; i++) {
-            if (!per[i]) continue;
+        const size_t per[2] = {e->kv.lay.block_bytes[KV_K], e->kv.lay.block_bytes[KV_V]};
+        for (int i = 0; i < 2; i++) {
             if (cuda_tier_alloc(&b->tier[i], (size_t)n_dev * per[i], (size_t)e->kv.n_blocks * per[i], err, errlen) != 0)
                 return -1;
             b->tier_dev_bytes += b->tier[i].dev_bytes;
@@ -516,7 +516,6 @@ static int kv_step(struct pxq_engine *e, cuda_backend *b, const struct cuda_plan
             return -1;
         }
         kv->k = b->tier[0].va, kv->v = b->tier[1].va;
-        kv->kmin = (float *)b->tier[2].va, kv->kmax = (float *)b->tier[3].va;
     } else {
         kv->k = arena_get(b, (size_t)e->kv.n_blocks * e->kv.lay.block_bytes[KV_K]);
         kv->v = arena_get(b, (size_t)e->kv.n_blocks * e->kv.lay.block_bytes[KV_V]);
@@ -533,7 +532,7 @@ static int kv_step(struct pxq_engine *e, cuda_backend *b, const struct cuda_plan
         b->decode_attn = b->decode_attn && attention_decode_supported(kv, e->hp->n_head);
     }
     if (kv->topk_blocks) { /* block selection: the key bounds, the bitmaps (cuda_bufs_of's sel) */
-        if (!tiered) kv->kmin = (float *)arena_get(b, (size_t)e->kv.n_blocks * bnd), kv->kmax = (float *)arena_get(b, (size_t)e->kv.n_blocks * bnd);
+        kv->kmin = (float *)arena_get(b, (size_t)e->kv.n_blocks * bnd), kv->kmax = (float *)arena_get(b, (size_t)e->kv.n_blocks * bnd);
         const int max_blocks = (int)kv_blocks_for(e->p.n_ctx, e->p.kv_block_size);
         kv->sel_words = (max_blocks + 31) / 32;
         kv->sel = (uint32_t *)arena_get(b, (size_t)e->p.n_batch * kv->n_head_kv * kv->sel_words * 4);
