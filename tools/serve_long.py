@@ -6,7 +6,9 @@ chunks and the host tier change no token). The prompts are cut from tests/data/f
 SEQS different offsets (wrapping round the text), 0.65 words a token (English runs 0.7-0.8).
 
 Prints each sequence's prompt tokens (the server's usage), the wall time of the concurrent round
-and of the alone round, and whether the texts agree; exits 1 if any differs or a request fails.
+and of the alone round, and whether the texts agree; where one differs, the token where they part
+and the top-2 logprob margin of each run there (CUDA batches are not bit-identical to a lone
+request: docs/SERVER.md, so a near-tie may part them). Exits 1 if any differs or a request fails.
 
 Usage: python3 tools/serve_long.py --port PORT [--seqs 8] [--tokens 32000] [--max-tokens 16]
 Standard library only.
@@ -31,15 +33,27 @@ def prompts(root, n, tokens):
 
 
 def complete(port, prompt, max_tokens):
-    """One greedy request; returns (text, prompt_tokens) or raises."""
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    """One greedy request with the top 2 logprobs; returns (text, prompt_tokens, logprobs) or raises."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 2}
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
     c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     r = c.getresponse()
     d = json.loads(r.read())
     if r.status != 200:
         raise RuntimeError(f"HTTP {r.status}: {d}")
-    return d["choices"][0]["text"], d["usage"]["prompt_tokens"]
+    return d["choices"][0]["text"], d["usage"]["prompt_tokens"], d["choices"][0]["logprobs"]
+
+
+def split_at(g, s):
+    """Where two runs' tokens first differ, and each run's top-2 logprob margin there."""
+    ta, tb = g["tokens"], s["tokens"]
+    i = next((k for k in range(min(len(ta), len(tb))) if ta[k] != tb[k]), min(len(ta), len(tb)))
+    def margin(lp):
+        if i >= len(lp["top_logprobs"]):
+            return float("nan")
+        v = sorted(lp["top_logprobs"][i].values(), reverse=True)
+        return v[0] - v[1] if len(v) > 1 else float("nan")
+    return i, margin(g), margin(s)
 
 
 def main():
@@ -83,8 +97,11 @@ def main():
             continue
         same = g[0] == s[0]
         bad += not same
-        print(f"seq {i}: {g[1]} prompt tokens, together {'==' if same else '!='} alone: {g[0]!r}"
-              + ("" if same else f" vs {s[0]!r}"))
+        why = ""
+        if not same:
+            k, mg, ms = split_at(g[2], s[2])
+            why = f" vs {s[0]!r}; first differs at token {k}, top-2 logprob margin {mg:.4f} together, {ms:.4f} alone"
+        print(f"seq {i}: {g[1]} prompt tokens, together {'==' if same else '!='} alone: {g[0]!r}{why}")
     print(f"{a.seqs} sequences together: {t_together:.1f} s; each alone: {t_alone:.1f} s in all; "
           f"{a.seqs - bad} of {a.seqs} equal")
     sys.exit(1 if bad else 0)
