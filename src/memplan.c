@@ -284,6 +284,10 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
         fprintf(f, " (--attention-window %d, %d sinks: the blocks past a sequence's window are given back, so it holds its "
                 "sinks, the window, a step of %d and a rollback margin of %d)", p->attn_window, p->attn_sinks, p->n_batch,
                 kv_window_margin(p->n_batch));
+    else if (p->topk_blocks && mp->kv_dev_blocks < mp->kv_blocks)
+        fprintf(f, " (block selection: every position kept, and per block the keys' min and max, %s, on the device for "
+                "every block: each step scores them all)",
+                hsize(c, sizeof c, (double)(mp->kv_bytes_per_block - mp->kv_tier_per_block) * (double)mp->kv_blocks));
     else if (p->topk_blocks)
         fprintf(f, " (block selection: every position kept, and per block the keys' min and max)");
     if (mp->kv_residual_per_seq)

@@ -108,6 +108,11 @@ check "plan --kv-offload without --gpu-mem: refused" 'printf "%s" "$out" | grep 
 out=$($PXQ plan --load-format dummy --config presets/qwen3.5-27b.json --dtype q4_0 --gpu-mem 15.2GiB --kv-cache-type pxq -c 262144 --kv-offload; echo "rc=$?")
 check "plan Qwen3.5-27B at 262144 in 15.2 GiB with --kv-offload: fits, with the host tier's line" \
     'printf "%s" "$out" | grep -q "^  KV host tier .*GiB  --kv-offload" && printf "%s" "$out" | grep -q "^fits with the host tier" && printf "%s" "$out" | grep -q "rc=0"'
+out=$($PXQ plan --load-format dummy --config presets/qwen3.5-27b.json --dtype q4_0 --gpu-mem 15.2GiB --kv-cache-type pxq -c 262144 \
+    --kv-offload --attention-window 4096 --attention-sinks 4 --kv-topk-blocks 2048; echo "rc=$?")
+check "plan ... with block selection: the key bounds (2 GiB) on the device, no fit; the tier holds K and V only" \
+    'printf "%s" "$out" | grep -q "min and max, 2.00 GiB, on the device" && printf "%s" "$out" | grep -q "blocks (352.00 KiB each) in pinned host" &&
+     printf "%s" "$out" | grep -q "^does not fit" && printf "%s" "$out" | grep -q "rc=1"'
 out=$($PXQ plan --load-format dummy --config presets/qwen3.5-27b.json --dtype q4_0 --gpu-mem 15.2GiB --kv-cache-type pxq -c 262144 --swap-space 2; echo "rc=$?")
 check "plan ... --swap-space 2: does not fit, the host tier over it" 'printf "%s" "$out" | grep -q "more than --swap-space 2.00 GiB" && printf "%s" "$out" | grep -q "rc=1"'
 serve_log() { # ARGS...: start pxq serve, wait for it to listen, SIGTERM it; its stderr in $T/s.err
