@@ -18,8 +18,8 @@ import http.client
 import json
 import os
 import sys
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 
 def prompts(root, n, tokens):
@@ -65,28 +65,18 @@ def main():
     a = ap.parse_args()
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     ps = prompts(root, a.seqs, a.tokens)
-    together = [None] * a.seqs
-
-    def one(i):
+    def one(p):
         try:
-            together[i] = complete(a.port, ps[i], a.max_tokens)
+            return complete(a.port, p, a.max_tokens)
         except Exception as ex:  # reported below, as a failed sequence
-            together[i] = ex
+            return ex
 
     t0 = time.monotonic()
-    th = [threading.Thread(target=one, args=(i,)) for i in range(a.seqs)]
-    for t in th:
-        t.start()
-    for t in th:
-        t.join()
+    with ThreadPoolExecutor(a.seqs) as pool:
+        together = list(pool.map(one, ps))
     t_together = time.monotonic() - t0
     t0 = time.monotonic()
-    alone = []
-    for p in ps:
-        try:
-            alone.append(complete(a.port, p, a.max_tokens))
-        except Exception as ex:
-            alone.append(ex)
+    alone = [one(p) for p in ps]
     t_alone = time.monotonic() - t0
     bad = 0
     for i in range(a.seqs):
