@@ -55,6 +55,16 @@ float emu_shfl(float v, int s, int mode) {
     warp_bar();
     return r;
 }
+unsigned emu_ballot(int pred) {
+    int tid = F[cur].tid, lane = tid & 31, base = F[cur].blk * 1024 + tid - lane;
+    if (w_alive[warp_of(cur)] != 32) { fprintf(stderr, "emu: ballot in a partial warp\n"); abort(); }
+    slot[base + lane] = pred ? 1.0f : 0.0f;
+    warp_bar();
+    unsigned r = 0;
+    for (int k = 0; k < 32; k++) r |= (slot[base + k] != 0.0f ? 1u : 0u) << k;
+    warp_bar();
+    return r;
+}
 /* cluster barrier: arrive, then wait for the generation after this fiber's arrival */
 void emu_cluster_arrive() {
     F[cur].cl_gen = cl_gen;

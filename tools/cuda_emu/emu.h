@@ -1,4 +1,4 @@
-/* emu.h - a CPU emulation of the CUDA subset used by src/cuda/deltanet*.cu (tools/cuda_emu/run.sh):
+/* emu.h - a CPU emulation of the CUDA subset used by src/cuda/deltanet*.cu and kv_select.cu (run.sh, run_kvselect.sh):
  * one fiber per CUDA thread, clusters (of one block, or of the cluster attribute's) one at a time;
  * xform.py turns kernel<<<...>>>(...) into emu_launch, cudaLaunchKernelEx into emu_launch_ex, and
  * (--shared) shared-memory declarations into each block's own memory. */
@@ -29,6 +29,13 @@ static inline float __shfl_sync(unsigned, float v, int src) { return emu_shfl(v,
 static inline float __shfl_xor_sync(unsigned, float v, int m) { return emu_shfl(v, m, 1); }
 static inline float __shfl_up_sync(unsigned, float v, unsigned d) { return emu_shfl(v, (int)d, 2); }
 int __syncthreads_or(int pred);
+unsigned emu_ballot(int pred); /* the warp's predicates, bit = lane (a warp barrier, as the shuffles) */
+static inline unsigned __ballot_sync(unsigned, int pred) { return emu_ballot(pred); }
+static inline int __popc(unsigned x) { return __builtin_popcount(x); }
+static inline int __ffs(int x) { return __builtin_ffs(x); }
+static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+static inline unsigned atomicOr(unsigned *p, unsigned v) { unsigned o = *p; *p = o | v; return o; }
+static inline unsigned atomicAdd(unsigned *p, unsigned v) { unsigned o = *p; *p = o + v; return o; }
 static inline int atomicAdd(int *p, int v) { int o = *p; *p = o + v; return o; } /* fibers switch only at barriers */
 static inline void __threadfence() {}
 void emu_run(dim3 grid, dim3 block, unsigned cluster_x, void (*body)(void *), void *arg);

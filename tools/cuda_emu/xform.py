@@ -7,9 +7,9 @@ import re, sys
 s = open(sys.argv[1]).read()
 def split_top(a):
     out, depth, cur = [], 0, ''
-    for ch in a:
+    for i, ch in enumerate(a):
         if ch in '(<': depth += 1
-        if ch in ')>': depth -= 1
+        if ch in ')>' and not (ch == '>' and i > 0 and a[i - 1] == '-'): depth -= 1  # not kv->x
         if ch == ',' and depth == 0: out.append(cur); cur = ''
         else: cur += ch
     out.append(cur); return [x.strip() for x in out]
