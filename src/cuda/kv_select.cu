@@ -15,6 +15,10 @@
 #include "cuda/common.cuh"
 
 #define KS_THREADS 256
+#define KS_WARPS (KS_THREADS / 32)
+#define KS_VD 8       /* the scoring's channels a lane at most: head_dim up to 256 */
+#define KS_G 8        /* the group's heads scored together */
+#define KS_QMAX 4096  /* floats of the group's query rows in shared memory after the scores */
 
 /* grid (n_tokens), block KS_THREADS. A token leads its block of the cache (the first of the step's
  * tokens of its sequence in that block) and folds every such token's key into the block's bounds,
@@ -81,7 +85,7 @@ static __device__ void ks_list(const uint32_t *sel, int lo, int hi, int32_t *out
 }
 
 /* grid (n_tokens, n_head_kv), block KS_THREADS, dynamic shared memory: the scores (max_blocks
- * floats). The bitmap of (t, kvh) is cleared, then the chosen blocks' bits set (bit j: the
+ * floats), then the group's query rows (KS_QMAX floats). The bitmap of (t, kvh) is cleared, then the chosen blocks' bits set (bit j: the
  * sequence's block j, positions j bs .. j bs + bs - 1). The k-th largest key is found by a radix
  * select, 8 bits a round; keys above it are taken, and of those equal to it the earliest. list:
  * also kv.mid's list of (t, kvh) (attention_sparse.cuh: the chosen blocks wholly inside the middle). */
@@ -89,7 +93,10 @@ __global__ void kv_select_kernel(const cuda_kv kv, int l, const float *__restric
                                  const int32_t *__restrict__ seq_id, int n_head, int list) {
     extern __shared__ float ks_score[];
     __shared__ uint32_t hist[256];
-    __shared__ uint32_t s_prefix, s_need, s_taken, s_wcnt[KS_THREADS / 32];
+    __shared__ uint32_t s_prefix; /* one declaration a line: tools/cuda_emu/xform.py's form */
+    __shared__ uint32_t s_need;
+    __shared__ uint32_t s_taken;
+    __shared__ uint32_t s_wcnt[KS_WARPS];
     const int t = blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int bs = kv.block_size, hd = kv.head_dim, group = n_head / kv.n_head_kv, n_kv = pos[t] + 1;
     uint32_t *sel = kv.sel + ((size_t)t * kv.n_head_kv + kvh) * kv.sel_words;
@@ -112,18 +119,52 @@ __global__ void kv_select_kernel(const cuda_kv kv, int l, const float *__restric
         return;
     }
     const float *qt = q + (size_t)t * n_head * hd + (size_t)kvh * group * hd;
-    for (int i = warp; i < nb; i += blockDim.x / 32) {
-        const size_t o = ((size_t)tab[b0 + i] * kv.n_layer_kv + l) * kv.kv_dim + (size_t)kvh * hd;
-        float best = -INFINITY;
-        for (int g = 0; g < group; g++) {
-            float u = 0.0f;
-            for (int d = lane; d < hd; d += 32) {
-                const float qd = qt[(size_t)g * hd + d];
-                u += fmaxf(qd * kv.kmin[o + d], qd * kv.kmax[o + d]);
+    if (hd % 32 == 0 && hd <= 32 * KS_VD && group * hd <= KS_QMAX) {
+        /* a warp a block: lane takes vd contiguous channels of the bounds (loaded once for every
+         * head of the group), the group's query rows from shared memory, and the group's sums are
+         * reduced across the warp together (independent shuffles) */
+        float *qs = ks_score + kv.max_blocks;
+        for (int i = tid; i < group * hd; i += blockDim.x) qs[i] = qt[i];
+        __syncthreads();
+        const int vd = hd / 32;
+        for (int i = warp; i < nb; i += blockDim.x / 32) {
+            const size_t o = ((size_t)tab[b0 + i] * kv.n_layer_kv + l) * kv.kv_dim + (size_t)kvh * hd + (size_t)lane * vd;
+            float mn[KS_VD], mx[KS_VD], best = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < KS_VD; j++) mn[j] = j < vd ? kv.kmin[o + j] : 0.0f, mx[j] = j < vd ? kv.kmax[o + j] : 0.0f;
+            for (int g0 = 0; g0 < group; g0 += KS_G) {
+                float u[KS_G];
+#pragma unroll
+                for (int g = 0; g < KS_G; g++) {
+                    u[g] = 0.0f;
+                    const float *qg = qs + (size_t)min(g0 + g, group - 1) * hd + lane * vd;
+#pragma unroll
+                    for (int j = 0; j < KS_VD; j++)
+                        if (j < vd) u[g] += fmaxf(qg[j] * mn[j], qg[j] * mx[j]);
+                }
+#pragma unroll
+                for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+                    for (int g = 0; g < KS_G; g++) u[g] += __shfl_xor_sync(FULL_MASK, u[g], off);
+#pragma unroll
+                for (int g = 0; g < KS_G; g++) best = fmaxf(best, u[g]); /* past the group: a repeat of its last head */
             }
-            best = fmaxf(best, warp_sum(u));
+            if (lane == 0) ks_score[i] = best;
         }
-        if (lane == 0) ks_score[i] = best;
+    } else {
+        for (int i = warp; i < nb; i += blockDim.x / 32) {
+            const size_t o = ((size_t)tab[b0 + i] * kv.n_layer_kv + l) * kv.kv_dim + (size_t)kvh * hd;
+            float best = -INFINITY;
+            for (int g = 0; g < group; g++) {
+                float u = 0.0f;
+                for (int d = lane; d < hd; d += 32) {
+                    const float qd = qt[(size_t)g * hd + d];
+                    u += fmaxf(qd * kv.kmin[o + d], qd * kv.kmax[o + d]);
+                }
+                best = fmaxf(best, warp_sum(u));
+            }
+            if (lane == 0) ks_score[i] = best;
+        }
     }
     if (tid == 0) s_prefix = 0, s_need = (uint32_t)kv.topk_blocks;
     __syncthreads();
@@ -163,13 +204,13 @@ __global__ void kv_select_kernel(const cuda_kv kv, int l, const float *__restric
         if (i < nb && (key > thr || (eq && before < need))) atomicOr(sel + ((b0 + i) >> 5), 1u << ((b0 + i) & 31));
         __syncthreads();
         if (tid == 0)
-            for (int w = 0; w < KS_THREADS / 32; w++) s_taken += s_wcnt[w];
+            for (int w = 0; w < KS_WARPS; w++) s_taken += s_wcnt[w];
         __syncthreads();
     }
     if (mid) ks_list(sel, nsb, wb0, mid, hist); /* after the loop's last barrier */
 }
 
-static size_t ks_smem(int max_blocks) { return (size_t)max_blocks * sizeof(float); }
+static size_t ks_smem(int max_blocks) { return ((size_t)max_blocks + KS_QMAX) * sizeof(float); }
 
 extern "C" int kv_select_prepare(int max_blocks) {
     const size_t need = ks_smem(max_blocks);
