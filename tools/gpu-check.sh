@@ -5,7 +5,7 @@
 # others. If the machine lacks the -dev libraries, put their headers and .so files in .devlibs/
 # (include/, lib/) and carry it: they are used when present.
 #   usage: tools/gpu-check.sh [build] [tests] [serve] [bench] [sanitize] [qwen35] [bench35] [moe] [ptx75]
-#          [spec] [timeline] [probe] [flow]
+#          [spec] [timeline] [probe] [flow] [long]
 #   (default: build tests serve bench; qwen35 = the hybrid's CUDA tests and perplexities, bench35 =
 #   the Qwen3.5-27B preset's plan and bench at 16 GiB; spec = speculative decoding's CUDA tests, run
 #   equality and the 27B verification passes (docs/SPEC.md); moe = the MoE tests (test_cuda_moe,
@@ -15,7 +15,8 @@
 #   tools/cuda_timeline/run.sh on the Qwen3-32B and Qwen3.5-27B presets, b1 decode: each kernel's
 #   share of a decode step; probe = tools/probe-small-kernels.sh, the phases inside each decode kernel;
 #   flow = dev/cuda/layer_flow.cu, the persistent decode layer (dev/cuda/README.md), after build,
-#   with its time stamps summarised in flow-trace.txt)
+#   with its time stamps summarised in flow-trace.txt; long = the host tier's server run of 8 long
+#   prompts (tools/serve_long.py) and passkey recall with block selection (tools/passkey_recall.py))
 # The tracked fixtures (about 115 MB) exceed what a lent GPU machine receives of the working tree
 # (64 MiB): move what the run does not need out of the tree for the call and back after it (e.g.
 # tests/data/qwen35 and tests/data/gguf/tiny-qwen3-bf16.gguf; test_cuda_model then reports the
@@ -142,6 +143,21 @@ for s in $steps; do
             PXQ_TEST_NO_BENCH=1 PXQ_TEST_CUDA=1 timeout 200 build-ptx75/tests/$t >"$OUT/ptx75_$t.log" 2>&1
             echo "ptx75 $t: rc $? ($(tail -n 1 "$OUT/ptx75_$t.log")); paths: $(grep -o 'cuda [a-z0-9 -]*graph\]' "$OUT/ptx75_$t.log" | sort -u | tr '\n' ' ')"
         done ;;
+    long)
+        # docs/PERF.md's host-tier rows: 8 prompts of ~28K tokens at once against each alone, and
+        # passkey recall through CUDA with block selection and a 64-block device tier (the passkey
+        # model's tokenizer.json links into tests/data/qwen35: carry both)
+        $PXQ serve -m tests/data/tiny-qwen3 --device cuda --port 18001 -c 33000 --max-num-seqs 8 --rope-scaling yarn \
+            --rope-factor 16 --original-max-position-embeddings 2048 --kv-offload --kv-device-blocks 1024 \
+            --kv-cache-type pxq --attention-window 4096 --attention-sinks 4 --kv-topk-blocks 64 2>"$OUT/serve-long.log" &
+        pid=$!
+        for i in $(seq 60); do grep -q listening "$OUT/serve-long.log" && break; sleep 1; done
+        timeout 200 python3 tools/serve_long.py --port 18001 --seqs 8 --tokens 32000 --max-tokens 16 | tee "$OUT/long.log"
+        kill -TERM $pid; wait $pid
+        timeout 200 python3 tools/passkey_recall.py --pxq $PXQ -m tests/data/passkey --device cuda --seeds 5 -q \
+            --lengths 2048,4096,8192,16384 --topk-fraction 0.125 -- --rope-scaling yarn --rope-factor 8 \
+            --original-max-position-embeddings 2048 --attention-window 512 --attention-sinks 4 --kv-offload \
+            --kv-device-blocks 64 2>&1 | tee -a "$OUT/long.log" ;;
     esac
     echo "  ($s: $(( $(date +%s) - t0 )) s)"
 done
