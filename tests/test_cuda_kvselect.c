@@ -24,6 +24,7 @@
 #include "test_cuda_common.h"
 #include "testutil.h"
 #include "test_greedy.h"
+#include "kvselect_oracle.h"
 
 #ifndef PXQ_CUDA
 int main(void) { return cuda_test_gate("test_cuda_kvselect"); }
@@ -43,39 +44,9 @@ enum { NKV = 2, GROUP = 2, NH = NKV * GROUP, BS = 16, N = 300, NB = (N + BS - 1)
 enum { SINKS = 4, WINDOW = 32, TOPK = 3, WORDS = (NB + 31) / 32 };
 static int HD = 64, KVD = 2 * 64; /* head_dim (test_kernels' argument), n_head_kv x head_dim */
 
-/* The oracle's chosen blocks of token position qp, KV head h: bit j of *bits for block j. */
+/* The oracle's chosen blocks of token position qp, KV head h (kvselect_oracle.h). */
 static uint32_t oracle(const float *q, const float *k, int qp, int h) {
-    const int n_kv = qp + 1;
-    if (n_kv <= SINKS + WINDOW) return 0;
-    const int a = SINKS, b = n_kv - WINDOW, b0 = a / BS, b1 = (b - 1) / BS, nb = b1 - b0 + 1;
-    double score[NB];
-    for (int i = 0; i < nb; i++) {
-        const int j = b0 + i, p_lo = j * BS, p_hi = j * BS + BS < N ? j * BS + BS : N;
-        double best = -INFINITY;
-        for (int g = 0; g < GROUP; g++) {
-            double u = 0;
-            for (int d = 0; d < HD; d++) {
-                float mn = INFINITY, mx = -INFINITY;
-                for (int p = p_lo; p < p_hi; p++) { /* every key is stored before the selection */
-                    const float x = k[(size_t)p * KVD + h * HD + d];
-                    mn = fminf(mn, x), mx = fmaxf(mx, x);
-                }
-                const double qd = q[(size_t)qp * NH * HD + (size_t)(h * GROUP + g) * HD + d];
-                u += fmax(qd * mn, qd * mx);
-            }
-            best = fmax(best, u);
-        }
-        score[i] = best;
-    }
-    if (nb <= TOPK) return nb >= 32 ? ~0u : (((1u << nb) - 1u) << b0);
-    uint32_t bits = 0;
-    for (int r = 0; r < TOPK; r++) { /* repeated argmax, the earlier block on ties */
-        int best = -1;
-        for (int i = 0; i < nb; i++)
-            if (!(bits >> (b0 + i) & 1u) && (best < 0 || score[i] > score[best])) best = i;
-        bits |= 1u << (b0 + best);
-    }
-    return bits;
+    return kvselect_oracle(q, k, qp, h, HD, NKV, GROUP, N, BS, SINKS, WINDOW, TOPK);
 }
 
 /* The tensor-core kernels with the bitmaps against ref (the oracle's softmax, [N][NH][HD]):

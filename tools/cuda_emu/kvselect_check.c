@@ -1,8 +1,6 @@
 /* kvselect_check.c - block selection's kernels (src/cuda/kv_select.cu) under the fiber emulation
- * (run_kvselect.sh), against an oracle written from the method (as tests/test_cuda_kvselect.c's,
- * which runs on a GPU): per block and channel the keys' min and max; a block's bound max over the
- * group's query heads of sum_d max(q_d min_d, q_d max_d); the k largest among the blocks touching
- * the middle, ties to the earlier block. Checks every token's bitmap (one prefill ubatch of N
+ * (run_kvselect.sh), against the oracle tests/test_cuda_kvselect.c also uses (tests/kvselect_oracle.h,
+ * written from the method). Checks every token's bitmap (one prefill ubatch of N
  * tokens), and for decode steps of up to 16 tokens the list of chosen blocks wholly inside the
  * middle (kv.mid: count, then the blocks ascending). N = 150 positions (10 blocks; a few minutes
  * on 2 cores). Shapes: head_dim 256, 128, 64 and 80 (the
@@ -16,6 +14,7 @@
 
 #include "cuda/ops_cuda.h"
 #include "kvcache.h"
+#include "kvselect_oracle.h"
 
 enum { BS = 16, N = 150, NB = (N + BS - 1) / BS, WORDS = (NB + 31) / 32, SINKS = 4, WINDOW = 32, TOPK = 3, STEP = 16 };
 
@@ -23,34 +22,7 @@ static uint64_t rng = 0x5eed;
 static float frand(void) { rng = rng * 6364136223846793005ull + 1442695040888963407ull; return (float)((rng >> 40) / 16777216.0 * 2 - 1); }
 
 static uint32_t oracle(const float *q, const float *k, int qp, int h, int hd, int nkv, int group) {
-    const int n_kv = qp + 1, kvd = nkv * hd;
-    if (n_kv <= SINKS + WINDOW) return 0;
-    const int a = SINKS, b = n_kv - WINDOW, b0 = a / BS, b1 = (b - 1) / BS, nb = b1 - b0 + 1;
-    double score[NB];
-    for (int i = 0; i < nb; i++) {
-        const int j = b0 + i, lo = j * BS, hi = j * BS + BS < N ? j * BS + BS : N;
-        double best = -INFINITY;
-        for (int g = 0; g < group; g++) {
-            double u = 0;
-            for (int d = 0; d < hd; d++) {
-                float mn = INFINITY, mx = -INFINITY;
-                for (int p = lo; p < hi; p++) mn = fminf(mn, k[(size_t)p * kvd + h * hd + d]), mx = fmaxf(mx, k[(size_t)p * kvd + h * hd + d]);
-                const double qd = q[((size_t)qp * nkv * group + h * group + g) * hd + d];
-                u += fmax(qd * mn, qd * mx);
-            }
-            best = fmax(best, u);
-        }
-        score[i] = best;
-    }
-    if (nb <= TOPK) return ((1u << nb) - 1u) << b0;
-    uint32_t bits = 0;
-    for (int r = 0; r < TOPK; r++) {
-        int best = -1;
-        for (int i = 0; i < nb; i++)
-            if (!(bits >> (b0 + i) & 1u) && (best < 0 || score[i] > score[best])) best = i;
-        bits |= 1u << (b0 + best);
-    }
-    return bits;
+    return kvselect_oracle(q, k, qp, h, hd, nkv, group, N, BS, SINKS, WINDOW, TOPK);
 }
 
 static int run(int hd, int group) {
