@@ -10,11 +10,7 @@
 # ordering between blocks, or any intrinsic not in emu.h. Slow: tens of minutes on 2 cores.
 # Usage: tools/cuda_emu/run.sh [EMU_SHUFFLE seed]     (PXQ_TEST_NO_BENCH=1 is set: no timings)
 set -e
-R=$(cd "$(dirname "$0")/../.." && pwd)
-E="$R/tools/cuda_emu"
-O="$R/${BUILD:-build}/cuda_emu"
-CUDA_INC=${CUDA_INC:-/usr/local/cuda/include}
-mkdir -p "$O"
+. "$(dirname "$0")/env.sh"
 for f in "$R"/src/cuda/deltanet*.cu; do
   n=$(basename "$f" .cu)
   python3 "$E/xform.py" "$f" --shared > "$O/$n.emu.cpp"

@@ -6,16 +6,12 @@
 # reductions and ballots (EMU_SHUFFLE=seed: the fibers in a random order at each barrier round).
 # Usage: tools/cuda_emu/run_kvselect.sh [EMU_SHUFFLE seed]
 set -e
-R=$(cd "$(dirname "$0")/../.." && pwd)
-E="$R/tools/cuda_emu"
-O="$R/${BUILD:-build}/cuda_emu"
-CUDA_INC=${CUDA_INC:-/usr/local/cuda/include}
-mkdir -p "$O"
+. "$(dirname "$0")/env.sh"
 make -s -C "$R" BUILD="$O/cpu" NVCC= "$O/cpu/libpxq.a"
 python3 "$E/xform.py" "$R/src/cuda/kv_select.cu" --shared > "$O/kv_select.emu.cpp"
 g++ -std=c++17 -O1 -ffp-contract=off -w -I"$E" -I"$R/src" -I"$CUDA_INC" -c -o "$O/kv_select.emu.o" "$O/kv_select.emu.cpp"
 g++ -std=c++17 -O2 -w -I"$CUDA_INC" -c -o "$O/emu.o" "$E/emu.cpp"
-gcc -std=c11 -O2 -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -DPXQ_CUDA -I"$R/src" -I"$CUDA_INC" \
+gcc -std=c11 -O2 -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -DPXQ_CUDA -I"$R/src" -I"$R/tests" -I"$CUDA_INC" \
   -c -o "$O/kvselect_check.o" "$E/kvselect_check.c"
 g++ -o "$O/kvselect_check" "$O/kvselect_check.o" "$O/kv_select.emu.o" "$O/emu.o" "$O/cpu/libpxq.a" -lm -lpthread \
   $(pkg-config --libs libpcre2-8 libcjson libutf8proc nettle 2>/dev/null) -lmicrohttpd

@@ -6,11 +6,7 @@
 # (no fma contraction here: the device's results differ in the last bits, within the test's bounds).
 # Usage: tools/cuda_emu/run_moe.sh [EMU_SHUFFLE seed]
 set -e
-R=$(cd "$(dirname "$0")/../.." && pwd)
-E="$R/tools/cuda_emu"
-O="$R/${BUILD:-build}/cuda_emu"
-CUDA_INC=${CUDA_INC:-/usr/local/cuda/include}
-mkdir -p "$O"
+. "$(dirname "$0")/env.sh"
 make -s -C "$R" BUILD="$O/cpu" NVCC= "$O/cpu/libpxq.a"
 for n in moe matmul; do
   sed -e 's/(unsigned)(blocks < 65536 ? blocks : 65536)/EMU_CAP(blocks)/' "$R/src/cuda/$n.cu" > "$O/$n.pre.cu"
