@@ -528,8 +528,6 @@ static int kv_step(struct pxq_engine *e, cuda_backend *b, const struct cuda_plan
         kv->desc = dd;
         kv->res_k = (float *)arena_get(b, rb * (size_t)e->p.n_seq_max);
         kv->res_v = (float *)arena_get(b, rb * (size_t)e->p.n_seq_max);
-        /* the tensor-core kernels' quantized forms: attention_decode_q.cu, attention_prefill.cu's Q */
-        b->decode_attn = b->decode_attn && attention_decode_supported(kv, e->hp->n_head);
     }
     if (kv->topk_blocks) { /* block selection: the key bounds, the bitmaps (cuda_bufs_of's sel) */
         kv->kmin = (float *)arena_get(b, (size_t)e->kv.n_blocks * bnd), kv->kmax = (float *)arena_get(b, (size_t)e->kv.n_blocks * bnd);
@@ -544,10 +542,10 @@ static int kv_step(struct pxq_engine *e, cuda_backend *b, const struct cuda_plan
             return -1;
         }
     }
-    if (kv->attn_window) { /* the tensor-core kernels walk the visible blocks (attention_sparse.cuh) where they can */
-        b->decode_attn = b->decode_attn && attention_decode_supported(kv, e->hp->n_head);
-        b->prefill_attn = b->prefill_attn && attention_prefill_sparse_prepare(kv) == 0;
-    }
+    /* the tensor-core decode kernel for this view: a quantized cache's form (attention_decode_q.cu),
+     * and under window or selection whether it walks the visible blocks (attention_sparse.cuh) */
+    b->decode_attn = b->decode_attn && attention_decode_supported(kv, e->hp->n_head);
+    if (kv->attn_window) b->prefill_attn = b->prefill_attn && attention_prefill_sparse_prepare(kv) == 0;
     return 0;
 }
 
