@@ -241,8 +241,9 @@ void kv_store_q_cuda(const struct cuda_kv *kv, int l, const float *k, const floa
  * largest by the upper bound max over the group's query heads of sum_d max(q_d min_d, q_d max_d)
  * (q [n_tokens][n_head * head_dim], after RoPE), ties to the earlier block; the attention kernels
  * read it. With kv->mid and n_tokens <= kv->mid_tokens it also lists the chosen blocks wholly
- * inside the middle (kv->mid's layout) for the tensor-core decode kernels. kv_select_prepare: the shared memory opt-in for max_blocks scores (once, outside graph capture);
- * 0, or -1 if the device has too little. */
+ * inside the middle (kv->mid's layout) for the tensor-core decode kernels. kv_select_prepare: the
+ * shared memory opt-in for max_blocks scores (once, outside graph capture); 0, or -1 if the device
+ * has too little. */
 void kv_bounds_cuda(const struct cuda_kv *kv, int l, const float *k, int ld, const int32_t *pos,
                     const int32_t *seq_id, int n_tokens, cudaStream_t st);
 void kv_select_cuda(const struct cuda_kv *kv, int l, const float *q, const int32_t *pos, const int32_t *seq_id,
