@@ -344,8 +344,9 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
         fprintf(f, "fits: %.2f GiB to spare in the arena (the card must have the device total, %.2f GiB)\n",
                 (double)(mp->budget - mp->total) / GiB, (double)mp->device_total / GiB);
     else if (mp->kv_dev_blocks < mp->kv_blocks && mp->kv_dev_blocks < step)
-        fprintf(f, "does not fit: the device tier holds %lld blocks, less than a step's %lld\n", (long long)mp->kv_dev_blocks,
-                (long long)step);
+        fprintf(f, "does not fit: the device tier holds %lld blocks, less than a step's %lld%s\n", (long long)mp->kv_dev_blocks,
+                (long long)step, p->topk_blocks ? " (block selection's key bounds, one pair a block, stay on the device: a "
+                                                  "larger --block-size shrinks them)" : "");
     else if (mp->kv_dev_blocks < mp->kv_blocks && p->swap_space && mp->kv_host_bytes > p->swap_space)
         fprintf(f, "does not fit: the host tier needs %.2f GiB, more than --swap-space %.2f GiB\n",
                 (double)mp->kv_host_bytes / GiB, (double)p->swap_space / GiB);

@@ -113,6 +113,18 @@ out=$($PXQ plan --load-format dummy --config presets/qwen3.5-27b.json --dtype q4
 check "plan ... with block selection: the key bounds (2 GiB) on the device, no fit; the tier holds K and V only" \
     'printf "%s" "$out" | grep -q "min and max, 2.00 GiB, on the device" && printf "%s" "$out" | grep -q "blocks (352.00 KiB each) in pinned host" &&
      printf "%s" "$out" | grep -q "^does not fit" && printf "%s" "$out" | grep -q "rc=1"'
+for f in --block-size --kv-block-size; do
+    out=$($PXQ plan --load-format dummy --config presets/qwen3.5-27b.json --dtype q4_0 --gpu-mem 15.2GiB --kv-cache-type pxq -c 262144 \
+        --kv-offload --attention-window 4096 --attention-sinks 4 --kv-topk-blocks 64 $f 64; echo "rc=$?")
+    check "plan ... with block selection in blocks of 64 ($f): the bounds 512 MiB, fits with the host tier" \
+        'printf "%s" "$out" | grep -q "in blocks of 64" && printf "%s" "$out" | grep -q "min and max, 512.00 MiB, on the device" &&
+         printf "%s" "$out" | grep -q "^fits with the host tier" && printf "%s" "$out" | grep -q "rc=0"'
+done
+run --block-size 16 >"$T/bs16.out" 2>/dev/null
+run >"$T/bs0.out" 2>/dev/null
+check "run --block-size 16 is the default" 'cmp -s "$T/bs16.out" "$T/bs0.out"'
+out=$(run --block-size 0 2>&1; echo "rc=$?")
+check "run --block-size 0: exit 2, the range named" 'printf "%s" "$out" | grep -q "block-size expects an integer in \[1, 4096\]" && printf "%s" "$out" | grep -q "rc=2"'
 out=$($PXQ plan --load-format dummy --config presets/qwen3.5-27b.json --dtype q4_0 --gpu-mem 15.2GiB --kv-cache-type pxq -c 262144 --swap-space 2; echo "rc=$?")
 check "plan ... --swap-space 2: does not fit, the host tier over it" 'printf "%s" "$out" | grep -q "more than --swap-space 2.00 GiB" && printf "%s" "$out" | grep -q "rc=1"'
 serve_log() { # ARGS...: start pxq serve, wait for it to listen, SIGTERM it; its stderr in $T/s.err

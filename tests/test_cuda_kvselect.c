@@ -4,7 +4,8 @@
  * bounds, ties to the earlier block, among the blocks touching the middle between the sinks and the
  * window).
  *
- *   bitmaps    one sequence of 300 positions (19 blocks of 16), f16 cache, window 32 + 4 sinks, top 3:
+ *   bitmaps    one sequence of 300 positions (19 blocks of 16), and of 1100 (18 blocks of 64, as
+ *              --block-size 64), f16 cache, window 32 + 4 sinks, top 3:
  *              kv_bounds_cuda over the whole ubatch in one launch, then kv_select_cuda for every
  *              token and KV head: each bitmap equal to the oracle's choice; also the keys stored in
  *              two ubatches split inside a block (the bounds of a block's later slots fold in).
@@ -18,7 +19,7 @@
  *   offload    the host tier (--kv-offload, kv_tier.cu): a 200-token prompt in ubatches of 64, then 24
  *              greedy tokens, with a device tier of 2 blocks (the rest written, moved and read in
  *              pinned host memory): CUDA = the CPU without a tier, f16 under full attention and pxq
- *              with block selection.
+ *              with block selection, in blocks of 16 and of 64.
  */
 #define TEST_RNG_SEED 0x7a11c0de5e1ec7edull
 #include "test_cuda_common.h"
@@ -40,9 +41,9 @@ int main(void) { return cuda_test_gate("test_cuda_kvselect"); }
 #include "kvcache.h"
 #include "util.h"
 
-enum { NKV = 2, GROUP = 2, NH = NKV * GROUP, BS = 16, N = 300, NB = (N + BS - 1) / BS };
-enum { SINKS = 4, WINDOW = 32, TOPK = 3, WORDS = (NB + 31) / 32 };
+enum { NKV = 2, GROUP = 2, NH = NKV * GROUP, SINKS = 4, WINDOW = 32, TOPK = 3, WORDS = 1 };
 static int HD = 64, KVD = 2 * 64; /* head_dim (test_kernels' argument), n_head_kv x head_dim */
+static int BS = 16, N = 300, NB = 19; /* block size (test_kernels' argument), positions, blocks (at most 32) */
 
 /* The oracle's chosen blocks of token position qp, KV head h (kvselect_oracle.h). */
 static uint32_t oracle(const float *q, const float *k, int qp, int h) {
@@ -99,15 +100,16 @@ static void test_tensor_cores(struct cuda_kv *kv, const float *dq, const int32_t
     free(got);
 }
 
-static void test_kernels(int split, int hd) {
-    HD = hd, KVD = NKV * hd;
+static void test_kernels(int split, int hd, int bs, int n) {
+    HD = hd, KVD = NKV * hd, BS = bs, N = n, NB = (n + bs - 1) / bs;
+    printf("blocks of %d, %d positions:\n", BS, N);
     struct kv_spec spec = {.type = KV_CACHE_F16, .attn_window = WINDOW, .attn_sinks = SINKS, .topk_blocks = TOPK};
     struct kv_layout lay;
     char err[256];
     CHECK(kv_layout_init(&lay, 1, NKV, HD, BS, &spec, err, sizeof err) == 0, "layout: %s", err);
     struct cuda_kv kv;
     CHECK(cuda_kv_from_layout(&kv, &lay) == 0 && kv.topk_blocks == TOPK, "cuda view with block selection");
-    int32_t tab[NB], pos[N], seq[N];
+    int32_t tab[NB], pos[N], seq[N]; /* variable-length: N, NB vary */
     rnd_perm(tab, NB); /* the sequence's blocks in a shuffled order */
     for (int t = 0; t < N; t++) pos[t] = t, seq[t] = 0;
     float *k = xmalloc((size_t)N * KVD * 4), *v = xmalloc((size_t)N * KVD * 4), *q = xmalloc((size_t)N * NH * HD * 4);
@@ -213,18 +215,19 @@ static void test_offload(void) {
     if (!m) return;
     int32_t prompt[200];
     for (int i = 0; i < 200; i++) prompt[i] = (i * 131 + 7) % 8000 + 1;
-    for (int mode = 0; mode < 2; mode++) {
+    for (int mode = 0; mode < 3; mode++) { /* f16 full; pxq + selection in blocks of 16, of 64 */
         struct pxq_engine_params ep = pxq_engine_default_params();
         ep.n_ctx = 256, ep.n_threads = 2, ep.n_batch = 64, ep.kv_type = mode ? KV_CACHE_PXQ : KV_CACHE_F16;
-        if (mode) ep.attn_window = 16, ep.attn_sinks = 4, ep.kv_topk_blocks = 2;
+        if (mode) ep.attn_window = 16, ep.attn_sinks = 4, ep.kv_topk_blocks = mode == 1 ? 2 : 1;
+        ep.kv_block_size = mode == 2 ? 64 : 16;
         int32_t a[24], b[24];
         if (test_greedy(m, &ep, prompt, 200, 8192, a, 24, NULL)) continue;
         ep.device = PXQ_DEVICE_CUDA, ep.kv_offload = 1, ep.kv_dev_blocks = 2;
         if (test_greedy(m, &ep, prompt, 200, 8192, b, 24, NULL)) continue;
         int same = 0;
         while (same < 24 && a[same] == b[same]) same++;
-        printf("engine %s%s, host tier (device tier 2 blocks): CUDA agrees with the CPU on %d of 24 greedy tokens\n",
-               kv_cache_type_name((enum kv_cache_type)ep.kv_type), mode ? " + block selection" : "", same);
+        printf("engine %s%s, blocks of %d, host tier (device tier 2 blocks): CUDA agrees with the CPU on %d of 24 greedy tokens\n",
+               kv_cache_type_name((enum kv_cache_type)ep.kv_type), mode ? " + block selection" : "", ep.kv_block_size, same);
         CHECK(same == 24, "host tier, %s: greedy tokens differ at %d", kv_cache_type_name((enum kv_cache_type)ep.kv_type), same);
     }
     model_free(m);
@@ -233,9 +236,10 @@ static void test_offload(void) {
 int main(void) {
     int gate = cuda_test_gate("test_cuda_kvselect");
     if (gate >= 0) return gate;
-    test_kernels(0, 64);
-    test_kernels(40, 64); /* the second ubatch starts inside block 2 */
-    test_kernels(0, 128); /* the f16 decode kernel's tile of 16 positions: a block holds whole tiles */
+    test_kernels(0, 64, 16, 300);
+    test_kernels(40, 64, 16, 300); /* the second ubatch starts inside block 2 */
+    test_kernels(0, 128, 16, 300); /* the f16 decode kernel's tile of 16 positions: a block holds whole tiles */
+    test_kernels(100, 128, 64, 1100); /* --block-size 64 (262,144 positions in 15.2 GiB): 4 tiles a block */
     test_engine();
     test_offload();
     return test_summary("test_cuda_kvselect");

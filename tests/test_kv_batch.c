@@ -1,6 +1,6 @@
 /* test_kv_batch.c - a batch of sequences of mixed lengths gives each the tokens it gets alone, with
  * every KV cache type and attention mode (the residual ring, the window and block selection are per
- * sequence). tiny-qwen3 (HF dir), CPU: three prompts of 37, 150 and 5 tokens prefilled in one ragged
+ * sequence; blocks of 16 positions, and of 32 for selection). tiny-qwen3 (HF dir), CPU: three prompts of 37, 150 and 5 tokens prefilled in one ragged
  * batch, then 12 greedy steps decoded together; against each sequence run alone: the same tokens. */
 #include <string.h>
 
@@ -60,19 +60,21 @@ static int run(struct pxq_model *m, const struct pxq_engine_params *ep, unsigned
 int main(void) {
     struct pxq_model *m = test_open_tiny_qwen3();
     if (!m) return test_summary("test_kv_batch");
-    static const struct { int type, kv_window, attn_window, topk; const char *name; } cases[] = {
-        {KV_CACHE_F16, 128, 0, 0, "f16"},
-        {KV_CACHE_Q8_0, 128, 0, 0, "q8_0"},
-        {KV_CACHE_PXQ, 16, 0, 0, "pxq, window 16"},
-        {KV_CACHE_PXQ, 0, 0, 0, "pxq, every position quantized"},
-        {KV_CACHE_F16, 128, 32, 0, "f16, attention window 32 + 4 sinks"},
-        {KV_CACHE_Q8_0, 128, 32, 2, "q8_0, window 32 + 4 sinks + 2 selected blocks"},
+    static const struct { int type, kv_window, attn_window, topk, block_size; const char *name; } cases[] = {
+        {KV_CACHE_F16, 128, 0, 0, 16, "f16"},
+        {KV_CACHE_Q8_0, 128, 0, 0, 16, "q8_0"},
+        {KV_CACHE_PXQ, 16, 0, 0, 16, "pxq, window 16"},
+        {KV_CACHE_PXQ, 0, 0, 0, 16, "pxq, every position quantized"},
+        {KV_CACHE_F16, 128, 32, 0, 16, "f16, attention window 32 + 4 sinks"},
+        {KV_CACHE_Q8_0, 128, 32, 2, 16, "q8_0, window 32 + 4 sinks + 2 selected blocks"},
+        {KV_CACHE_PXQ, 16, 16, 1, 32, "pxq, window 16 + 4 sinks + 1 selected block of 32"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         struct pxq_engine_params ep = pxq_engine_default_params();
         ep.n_ctx = 256, ep.n_seq_max = N_SEQ, ep.n_threads = 2, ep.n_batch = 256;
         ep.kv_type = cases[c].type, ep.kv_window = cases[c].kv_window, ep.kv_sink = cases[c].kv_window ? 4 : 0;
         ep.attn_window = cases[c].attn_window, ep.attn_sinks = cases[c].attn_window ? 4 : 0, ep.kv_topk_blocks = cases[c].topk;
+        ep.kv_block_size = cases[c].block_size;
         int32_t all[N_SEQ][N_GEN], alone[N_SEQ][N_GEN];
         if (run(m, &ep, 7, all)) continue;
         int same = 1;

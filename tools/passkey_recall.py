@@ -15,8 +15,8 @@ Usage (pxq built, e.g. `make NVCC= -j2`):
     python3 tools/passkey_recall.py -- --attention-window 1024 --attention-sinks 4
     python3 tools/passkey_recall.py --lengths 2048,4096 --seeds 5 -- --attention-window 512 --attention-sinks 4 --kv-topk-blocks 8
     python3 tools/passkey_recall.py --topk-fraction 0.125 -- --attention-window 512 --attention-sinks 4
---topk-fraction F adds --kv-topk-blocks ceil(F * L / 16) at each length L: block selection over the
-fraction F of the context's 16-token blocks.
+--topk-fraction F adds --kv-topk-blocks ceil(F * L / B) at each length L: block selection over the
+fraction F of the context's blocks of B positions (B: EXTRA's --block-size, default 16).
 The model was trained at up to 2048 tokens with rope_theta 10000 (tools/make_passkey_model.py):
 beyond 2048 full attention is expected to lose the key; RoPE scaling and window attention are what
 this measures.
@@ -50,7 +50,7 @@ def main():
     ap.add_argument("-m", "--model", default="tests/data/passkey")
     ap.add_argument("-t", "--threads", type=int, default=0, help="pxq -t (0: its default)")
     ap.add_argument("--topk-fraction", type=float, default=0.0,
-                    help="add --kv-topk-blocks ceil(F * L / 16) at each length L (block selection over F of the blocks)")
+                    help="add --kv-topk-blocks ceil(F * L / B) at each length L (block selection over F of the blocks)")
     ap.add_argument("--device", default="cpu", help="pxq --device")
     ap.add_argument("-q", "--quiet", action="store_true", help="no line a prompt")
     args = ap.parse_args(argv)
@@ -61,6 +61,10 @@ def main():
         n_at[int(length)] = int(n)
 
     task = pt.PasskeyTask(pt.pxq_encoder(args.pxq, args.model))
+    bs = 16  # pxq's default block size, or EXTRA's --block-size / --kv-block-size
+    for i, a in enumerate(extra[:-1]):
+        if a in ("--block-size", "--kv-block-size"):
+            bs = int(extra[i + 1])
     has_ctx = any(a in CTX_FLAGS or any(a.startswith(f + "=") for f in CTX_FLAGS) for a in extra)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,7 +83,7 @@ def main():
                 if not has_ctx:
                     cmd += ["-c", str(L + 16)]
                 if args.topk_fraction > 0:
-                    cmd += ["--kv-topk-blocks", str(max(1, -(-int(args.topk_fraction * L) // 16)))]
+                    cmd += ["--kv-topk-blocks", str(max(1, -(-int(args.topk_fraction * L) // bs)))]
                 cmd += extra
                 t0 = time.time()
                 r = subprocess.run(cmd, capture_output=True, text=True)
@@ -99,7 +103,7 @@ def main():
             rows.append((L, ok, n, secs / max(n, 1)))
     flags = " ".join(extra) if extra else "(none: full attention)"
     if args.topk_fraction > 0:
-        flags += " --kv-topk-blocks ceil(%g * L / 16)" % args.topk_fraction
+        flags += " --kv-topk-blocks ceil(%g * L / %d)" % (args.topk_fraction, bs)
     print("pxq flags: %s" % flags)
     print("%7s  %7s  %8s  %9s" % ("L", "correct", "accuracy", "s/prompt"))
     for L, ok, n, s in rows:

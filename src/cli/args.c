@@ -222,6 +222,7 @@ void common_help(int width, int with_ctx) {
         {"--attention-window W", "window + sink attention: each query sees its last W positions (0: all)"},
         {"--attention-sinks N", "... and the first N positions (StreamingLLM; default 0)"},
         {"--kv-topk-blocks K", "with a window: also the K blocks of the middle with the largest Quest bound"},
+        {"--block-size N", "positions per KV block (default 16; alias --kv-block-size): block selection's unit"},
         {"--kv-offload", "host KV tier: blocks past the device's room live in pinned host memory (docs/KVCACHE.md)"},
         {"--swap-space GIB", "the host tier's budget in GiB (vLLM's flag; implies --kv-offload)"},
         {"--kv-device-blocks N", "with --kv-offload: the device tier's blocks (default: what --gpu-mem leaves)"},
@@ -320,6 +321,8 @@ int device_parse(struct args *a, struct pxq_engine_params *ep) {
         ep->attn_window = (int)arg_int(a, 0, 1 << 30);
     } else if (!strcmp(f, "--kv-topk-blocks")) {
         ep->kv_topk_blocks = (int)arg_int(a, 0, 1 << 24);
+    } else if (!strcmp(f, "--block-size") || !strcmp(f, "--kv-block-size")) { /* vLLM's flag */
+        ep->kv_block_size = (int)arg_int(a, 1, 4096);
     } else if (!strcmp(f, "--kv-offload")) {
         ep->kv_offload = 1;
     } else if (!strcmp(f, "--swap-space")) {

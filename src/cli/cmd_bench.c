@@ -76,7 +76,10 @@ static const char *usage =
     "  --preset seed          the widely shared 27B-on-a-V100 claim's four rows (512 x 16, 2048 x 8, 16384 x 1,\n"
     "                         131072 + 1024 x 1) on presets/qwen3.5-27b.json, dummy q4_0, --gpu-mem 15.2GiB,\n"
     "                         pxq KV, each its own bench process, beside the claim (give --device cuda;\n"
-    "                         --dry-run prints the commands)\n";
+    "                         --dry-run prints the commands)\n"
+    "  --kv-cache-type T, --block-size N, --attention-window W, --attention-sinks N, --kv-topk-blocks K,\n"
+    "  --kv-offload, --swap-space GIB, --kv-device-blocks N, --rope-scaling T ...: the KV cache, attention\n"
+    "                         and RoPE flags of pxq run (pxq run --help lists them)\n";
 
 struct opts {
     const char *model;
@@ -604,7 +607,9 @@ int cmd_bench(int argc, char **argv) {
                     int kl = snprintf(kvdesc, sizeof kvdesc, "%s", kv_cache_type_name((enum kv_cache_type)pp->kv_type));
                     if (pp->attn_window)
                         kl += snprintf(kvdesc + kl, sizeof kvdesc - (size_t)kl, ", window %d + %d sinks", pp->attn_window, pp->attn_sinks);
-                    if (pp->kv_topk_blocks) kl += snprintf(kvdesc + kl, sizeof kvdesc - (size_t)kl, " + top %d blocks", pp->kv_topk_blocks);
+                    if (pp->kv_topk_blocks)
+                        kl += snprintf(kvdesc + kl, sizeof kvdesc - (size_t)kl, " + top %d blocks of %d", pp->kv_topk_blocks,
+                                       pxq_kv_block_size(e));
                     const struct pxq_kv_tier_stats ts = last_tier; /* after the row's last step: its sequences at their deepest */
                     if (ts.n_host && !spec_row)
                         snprintf(kvdesc + kl, sizeof kvdesc - (size_t)kl, ", host tier: %d blocks in use (device %d), <= %.1f MiB "

@@ -28,7 +28,7 @@ static const char *usage =
     "  --kv-cache-type T       " KV_CACHE_TYPES " (default f16), or f32 (the CUDA exact mode)\n"
     "  --kv-sink N             quantized caches: first N positions kept exact (default 4)\n"
     "  --kv-window W           quantized caches: last W positions kept exact (default 128)\n"
-    "  --kv-block-size N       positions per KV block (default 16)\n"
+    "  --block-size N          positions per KV block (default 16; alias --kv-block-size)\n"
     "  --attention-window W    window + sink attention (as pxq run): a sequence holds its sinks and the\n"
     "                          last W positions' blocks (those past the window are given back)\n"
     "  --attention-sinks N     the first N positions every query sees (with a window)\n"
@@ -66,7 +66,7 @@ int cmd_plan(int argc, char **argv) {
         }
         else if (!strcmp(f, "--kv-sink")) p.kv_sink = (int)arg_int(&a, 0, 1 << 20);
         else if (!strcmp(f, "--kv-window")) p.kv_window = (int)arg_int(&a, 0, 1 << 20);
-        else if (!strcmp(f, "--kv-block-size")) p.kv_block_size = (int)arg_int(&a, 1, 1 << 16);
+        else if (!strcmp(f, "--block-size") || !strcmp(f, "--kv-block-size")) p.kv_block_size = (int)arg_int(&a, 1, 4096);
         else if (!strcmp(f, "--attention-window")) p.attn_window = (int)arg_int(&a, 0, 1 << 30);
         else if (!strcmp(f, "--attention-sinks")) p.attn_sinks = (int)arg_int(&a, 0, 1 << 30);
         else if (!strcmp(f, "--kv-topk-blocks")) p.topk_blocks = (int)arg_int(&a, 0, 1 << 30);

@@ -32,7 +32,6 @@ static const char *usage =
     "  -c, --max-model-len N            context per sequence: prompt + max_tokens (default: model's, at most 4096)\n"
     "  --max-num-seqs N                 sequences batched at once (default 16)\n"
     "  --max-num-batched-tokens N       tokens per scheduler step, decodes + prefill chunks (default 512)\n"
-    "  --block-size N                   positions per KV block (default 16)\n"
     "  --num-gpu-blocks-override N      KV pool size in blocks (default: max-num-seqs full contexts)\n"
     "  --enable-prefix-caching          reuse the KV blocks of earlier prompts (default: on; f16 KV cache and\n"
     "                                   all-attention models only)\n"
@@ -68,7 +67,6 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(f, "--port")) hc.port = (int)arg_int(&a, 0, 65535);
         else if (!strcmp(f, "--max-num-seqs")) sc.max_num_seqs = (int)arg_int(&a, 1, 4096);
         else if (!strcmp(f, "--max-num-batched-tokens")) sc.max_num_batched_tokens = (int)arg_int(&a, 1, 1 << 20), batched_set = 1;
-        else if (!strcmp(f, "--block-size")) co.ep.kv_block_size = (int)arg_int(&a, 1, 4096);
         else if (!strcmp(f, "--num-gpu-blocks-override")) kv_blocks = (int)arg_int(&a, 1, 1 << 30);
         else if (!strcmp(f, "--gpu-memory-utilization")) gpu_util = arg_num(&a, 1e-3, 1);
         else if (!strcmp(f, "--api-key")) hc.api_key = arg_str(&a);
