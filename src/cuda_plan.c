@@ -191,6 +191,7 @@ void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *
     if (p->kv_topk_blocks > 0 && p->attn_window > 0) { /* the blocks each token and KV head sees (kv_select.cu) */
         bf->sel = nb * (size_t)hp->n_head_kv * ((max_blocks + 31) / 32);
         bf->sel_list = (size_t)CUDA_DECODE_MAX * hp->n_head_kv * ((size_t)p->kv_topk_blocks + 1);
+        bf->sel_score = (size_t)CUDA_DECODE_MAX * hp->n_head_kv * (size_t)max_blocks;
     }
 }
 
@@ -204,7 +205,8 @@ void cuda_bufs_bytes(const struct cuda_bufs *bf, size_t *activations, size_t *lo
         if (act[i]) *activations += al(act[i] * 4);
     *logits = bf->logits ? al(bf->logits * 4) : 0;
     *workspace = al(bf->x16 * 2) + al(bf->xq) + al(bf->xds * 4) + al(bf->w16 * 2) + al(bf->part_o * 4) +
-                 al(bf->part_ml * 4) + (bf->sel ? al(bf->sel * 4) + al(bf->sel_list * 4) : 0) + al(CUDA_CUBLAS_WS);
+                 al(bf->part_ml * 4) + (bf->sel ? al(bf->sel * 4) + al(bf->sel_list * 4) + al(bf->sel_score * 4) : 0) +
+                 al(CUDA_CUBLAS_WS);
     *state = bf->state ? al(bf->state * 4) : 0;
 }
 

@@ -12,8 +12,9 @@
  *   attention  attention_cuda with the bitmaps against the softmax over the oracle's positions
  *              (sinks, chosen blocks, window; f16-rounded K and V): normalised error <= 1e-5; the
  *              tensor-core prefill (tiles of 64 tokens) and decode (steps of 16 tokens, the splits
- *              over the visible blocks) against the same: <= 3e-3 (f16 Q and P). head_dim 64 and
- *              128 (the f16 decode kernel takes 128 only: its tile at 64 spans two blocks).
+ *              over the visible blocks, scored apart: kv_score_kernel) against the same: <= 3e-3
+ *              (f16 Q and P). head_dim 64 and 128 (the f16 decode kernel takes 128 only: its tile
+ *              at 64 spans two blocks).
  *   engine     tiny-qwen3, greedy 24 tokens with window 16 + 4 sinks and 1 block chosen, CPU = CUDA,
  *              f16 and pxq caches.
  *   offload    the host tier (--kv-offload, kv_tier.cu): a 200-token prompt in ubatches of 64, then 24
@@ -75,6 +76,7 @@ static void test_tensor_cores(struct cuda_kv *kv, const float *dq, const int32_t
         enum { STEP = 16 };
         kv->mid_tokens = STEP, kv->mid_cap = TOPK;
         kv->mid = (int32_t *)dev_poison_bytes((size_t)STEP * NKV * (TOPK + 1) * 4);
+        kv->score = dev_poison((size_t)STEP * NKV * NB), kv->score_blocks = 64; /* the steps score apart, 2-3 blocks a pair */
         const int split_len = 64, n_split = (attention_sparse_len(kv, N) + split_len - 1) / split_len;
         float *po = dev_poison((size_t)STEP * NH * n_split * HD), *pml = dev_poison((size_t)STEP * NH * n_split * 2);
         CK(cudaMemset(dout, 0xff, n_out * 4));
@@ -91,8 +93,8 @@ static void test_tensor_cores(struct cuda_kv *kv, const float *dq, const int32_t
         printf("  tensor-core decode (head_dim %d, %d splits of %d visible positions) over the chosen blocks: error %.2e\n",
                HD, n_split, split_len, e);
         CHECK(e <= 3e-3, "decode attention with block selection, head_dim %d: normalised error %.3g", HD, e);
-        cudaFree(kv->mid), cudaFree(po), cudaFree(pml);
-        kv->mid = NULL;
+        cudaFree(kv->mid), cudaFree(kv->score), cudaFree(po), cudaFree(pml);
+        kv->mid = NULL, kv->score = NULL;
     } else {
         printf("  tensor-core decode (head_dim %d): not for this block size and head_dim, not run\n", HD);
     }

@@ -81,9 +81,11 @@ static __device__ __forceinline__ void ad_init_acc(float (&o)[ND][HB][4], float 
 
 /* One tile's online softmax (Milakov & Gimelshein 2018) per column (query head) of S^T
  * s[MB][HB][4] (rows: positions 16 mb + g, + 8; columns: heads 8 hb + 2c, + 1; raw scores, rows past
- * the sequence already -inf, every column with a finite score): the column max over the thread's
- * rows, then the 8 lanes of the same c; o rescaled only when some max grew; s becomes
- * P = 2^(s sl2 - m sl2) and lsum its running column sums. m in raw score units. */
+ * the sequence or unseen already -inf): the column max over the thread's rows, then the 8 lanes of
+ * the same c; o rescaled only when some max grew; s becomes P = 2^(s sl2 - m sl2) and lsum its
+ * running column sums. m in raw score units. A column with no finite score yet (every row so far
+ * -inf: under window or selection a tile inside a block of more than 16 positions may hold no
+ * visible row) subtracts 0 instead of -inf, so P is 0, not NaN. */
 template <int MB, int HB, int ND>
 static __device__ __forceinline__ void ad_softmax_tile(float (&s)[MB][HB][4], float (&m)[HB][2], float (&lsum)[HB][2],
                                                        float (&o)[ND][HB][4], float sl2) {
@@ -99,7 +101,7 @@ static __device__ __forceinline__ void ad_softmax_tile(float (&s)[MB][HB][4], fl
             mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 4));
             mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 8));
             mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 16));
-            ms[hb][j] = mx * sl2;
+            ms[hb][j] = mx == -INFINITY ? 0.0f : mx * sl2;
             corr[hb][j] = exp2f(m[hb][j] * sl2 - ms[hb][j]);
             grew |= mx != m[hb][j];
             m[hb][j] = mx;

@@ -129,6 +129,7 @@ struct cuda_bufs {
     size_t part_o, part_ml;              /* split-K attention partials */
     size_t sel;                          /* uint32: block selection's bitmaps [nb][n_head_kv][words] */
     size_t sel_list;                     /* int32: a decode step's lists [CUDA_DECODE_MAX][n_head_kv][1 + topk] */
+    size_t sel_score;                    /* float: a decode step's scores [CUDA_DECODE_MAX][n_head_kv][max_blocks] */
     /* recurrent state (qwen35): n_seq_max x rstate floats */
     size_t rstate, state;
 };

@@ -4,7 +4,9 @@
  * window + sink attention) it also attends to: the topk_blocks blocks with the largest upper bound
  * of q.k over the GQA group's query heads, sum over channels of max(q_d min_d, q_d max_d), ties to
  * the earlier block. The attention kernels read the bitmaps, and for a decode step the tensor-core
- * ones the list of the chosen blocks (attention_sparse.cuh).
+ * ones the list of the chosen blocks (attention_sparse.cuh). A prefill ubatch scores and chooses in
+ * one launch, a block per (token, KV head); a decode step (kv.score) scores in a launch of its own
+ * that spreads each pair's middle over many blocks, then chooses.
  * CPU twin: kv_store's bounds (kvcache.c) and visible_ranges (forward_cpu.c).
  */
 #include <math.h>
@@ -84,13 +86,101 @@ static __device__ void ks_list(const uint32_t *sel, int lo, int hi, int32_t *out
     if (tid == KS_THREADS - 1) out[0] = (int32_t)scan[tid];
 }
 
+/* The scoring's fast path: a lane takes head_dim / 32 contiguous channels, the group's query rows in
+ * shared memory. */
+static __device__ __forceinline__ bool ks_fast(int hd, int group) { return hd % 32 == 0 && hd <= 32 * KS_VD && group * hd <= KS_QMAX; }
+
+/* Block blk's (a pool block id) upper bound of q.k for KV head kvh of layer l: the max over the
+ * group's query heads of sum_d max(q_d min_d, q_d max_d); q: the group's rows [group][head_dim]
+ * (shared memory when fast). By a whole warp; every lane returns the bound. fast: a lane reads its
+ * channels of the bounds once for every head of the group, and the group's sums are reduced across
+ * the warp together (independent shuffles); else a loop over the heads, a warp sum each. */
+static __device__ float ks_bound(const cuda_kv &kv, int l, int blk, int kvh, const float *q, bool fast, int group, int lane) {
+    const int hd = kv.head_dim;
+    const size_t o = ((size_t)blk * kv.n_layer_kv + l) * kv.kv_dim + (size_t)kvh * hd;
+    float best = -INFINITY;
+    if (fast) {
+        const int vd = hd / 32;
+        float mn[KS_VD], mx[KS_VD];
+#pragma unroll
+        for (int j = 0; j < KS_VD; j++)
+            mn[j] = j < vd ? kv.kmin[o + lane * vd + j] : 0.0f, mx[j] = j < vd ? kv.kmax[o + lane * vd + j] : 0.0f;
+        for (int g0 = 0; g0 < group; g0 += KS_G) {
+            float u[KS_G];
+#pragma unroll
+            for (int g = 0; g < KS_G; g++) {
+                u[g] = 0.0f;
+                const float *qg = q + (size_t)min(g0 + g, group - 1) * hd + lane * vd;
+#pragma unroll
+                for (int j = 0; j < KS_VD; j++)
+                    if (j < vd) u[g] += fmaxf(qg[j] * mn[j], qg[j] * mx[j]);
+            }
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+                for (int g = 0; g < KS_G; g++) u[g] += __shfl_xor_sync(FULL_MASK, u[g], off);
+#pragma unroll
+            for (int g = 0; g < KS_G; g++) best = fmaxf(best, u[g]); /* past the group: a repeat of its last head */
+        }
+        return best;
+    }
+    for (int g = 0; g < group; g++) {
+        float u = 0.0f;
+        for (int d = lane; d < hd; d += 32) {
+            const float qd = q[(size_t)g * hd + d];
+            u += fmaxf(qd * kv.kmin[o + d], qd * kv.kmax[o + d]);
+        }
+        best = fmaxf(best, warp_sum(u));
+    }
+    return best;
+}
+
+/* The middle of the query at position qp (n_kv = qp + 1 positions): its first block b0 and nb blocks
+ * (0: none, every position is a sink or in the window). */
+static __device__ __forceinline__ int ks_middle(const cuda_kv &kv, int n_kv, int *b0) {
+    if (!kv.attn_window || n_kv <= kv.attn_sinks + kv.attn_window) return *b0 = 0, 0;
+    const int bs = kv.block_size, a = kv.attn_sinks, b = n_kv - kv.attn_window;
+    *b0 = a / bs;
+    return (b - 1) / bs - *b0 + 1;
+}
+
+/* grid (G, n_head_kv, n_tokens), block KS_THREADS, dynamic shared memory the group's query rows
+ * (group x head_dim floats, the fast path's): a decode step's scores into kv.score, the middle's
+ * blocks strided over the G blocks' warps, a warp a block. A step of one token has only n_head_kv
+ * (token, head) pairs: one block each would leave the SMs idle (Qwen3.5-27B at 16384 positions on
+ * an H100: 312 us a layer, 39% of a step, with 4 blocks). Nothing to score (no middle, or at most
+ * topk_blocks blocks in it): returns. */
+__global__ void kv_score_kernel(const cuda_kv kv, int l, const float *__restrict__ q, const int32_t *__restrict__ pos,
+                                const int32_t *__restrict__ seq_id, int n_head) {
+    extern __shared__ float ks_q[];
+    const int t = blockIdx.z, kvh = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int hd = kv.head_dim, group = n_head / kv.n_head_kv;
+    int b0;
+    const int nb = ks_middle(kv, pos[t] + 1, &b0);
+    if (nb <= kv.topk_blocks || (int)blockIdx.x * KS_WARPS >= nb) return;
+    const int32_t *tab = kv.block_tab + (size_t)seq_id[t] * kv.max_blocks;
+    const float *qt = q + (size_t)t * n_head * hd + (size_t)kvh * group * hd;
+    const bool fast = ks_fast(hd, group);
+    if (fast) {
+        for (int i = tid; i < group * hd; i += blockDim.x) ks_q[i] = qt[i];
+        __syncthreads();
+    }
+    float *sc = kv.score + ((size_t)t * kv.n_head_kv + kvh) * kv.max_blocks;
+    for (int i = blockIdx.x * KS_WARPS + warp; i < nb; i += gridDim.x * KS_WARPS) {
+        const float u = ks_bound(kv, l, tab[b0 + i], kvh, fast ? ks_q : qt, fast, group, lane);
+        if (lane == 0) sc[i] = u;
+    }
+}
+
 /* grid (n_tokens, n_head_kv), block KS_THREADS, dynamic shared memory: the scores (max_blocks
- * floats), then the group's query rows (KS_QMAX floats). The bitmap of (t, kvh) is cleared, then the chosen blocks' bits set (bit j: the
- * sequence's block j, positions j bs .. j bs + bs - 1). The k-th largest key is found by a radix
+ * floats), then the group's query rows (KS_QMAX floats). The bitmap of (t, kvh) is cleared, then the
+ * chosen blocks' bits set (bit j: the sequence's block j, positions j bs .. j bs + bs - 1). scored:
+ * the scores come from kv.score (kv_score_kernel, a decode step), else the block's warps score the
+ * middle themselves (a prefill ubatch has blocks enough). The k-th largest key is found by a radix
  * select, 8 bits a round; keys above it are taken, and of those equal to it the earliest. list:
  * also kv.mid's list of (t, kvh) (attention_sparse.cuh: the chosen blocks wholly inside the middle). */
 __global__ void kv_select_kernel(const cuda_kv kv, int l, const float *__restrict__ q, const int32_t *__restrict__ pos,
-                                 const int32_t *__restrict__ seq_id, int n_head, int list) {
+                                 const int32_t *__restrict__ seq_id, int n_head, int list, int scored) {
     extern __shared__ float ks_score[];
     __shared__ uint32_t hist[256];
     __shared__ uint32_t s_prefix; /* one declaration a line: tools/cuda_emu/xform.py's form */
@@ -118,52 +208,20 @@ __global__ void kv_select_kernel(const cuda_kv kv, int l, const float *__restric
         }
         return;
     }
-    const float *qt = q + (size_t)t * n_head * hd + (size_t)kvh * group * hd;
-    if (hd % 32 == 0 && hd <= 32 * KS_VD && group * hd <= KS_QMAX) {
-        /* a warp a block: lane takes vd contiguous channels of the bounds (loaded once for every
-         * head of the group), the group's query rows from shared memory, and the group's sums are
-         * reduced across the warp together (independent shuffles) */
-        float *qs = ks_score + kv.max_blocks;
-        for (int i = tid; i < group * hd; i += blockDim.x) qs[i] = qt[i];
-        __syncthreads();
-        const int vd = hd / 32;
-        for (int i = warp; i < nb; i += blockDim.x / 32) {
-            const size_t o = ((size_t)tab[b0 + i] * kv.n_layer_kv + l) * kv.kv_dim + (size_t)kvh * hd + (size_t)lane * vd;
-            float mn[KS_VD], mx[KS_VD], best = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < KS_VD; j++) mn[j] = j < vd ? kv.kmin[o + j] : 0.0f, mx[j] = j < vd ? kv.kmax[o + j] : 0.0f;
-            for (int g0 = 0; g0 < group; g0 += KS_G) {
-                float u[KS_G];
-#pragma unroll
-                for (int g = 0; g < KS_G; g++) {
-                    u[g] = 0.0f;
-                    const float *qg = qs + (size_t)min(g0 + g, group - 1) * hd + lane * vd;
-#pragma unroll
-                    for (int j = 0; j < KS_VD; j++)
-                        if (j < vd) u[g] += fmaxf(qg[j] * mn[j], qg[j] * mx[j]);
-                }
-#pragma unroll
-                for (int off = 16; off > 0; off >>= 1)
-#pragma unroll
-                    for (int g = 0; g < KS_G; g++) u[g] += __shfl_xor_sync(FULL_MASK, u[g], off);
-#pragma unroll
-                for (int g = 0; g < KS_G; g++) best = fmaxf(best, u[g]); /* past the group: a repeat of its last head */
-            }
-            if (lane == 0) ks_score[i] = best;
-        }
+    if (scored) { /* a decode step: kv_score_kernel wrote the scores */
+        const float *sc = kv.score + ((size_t)t * kv.n_head_kv + kvh) * kv.max_blocks;
+        for (int i = tid; i < nb; i += blockDim.x) ks_score[i] = sc[i];
     } else {
-        for (int i = warp; i < nb; i += blockDim.x / 32) {
-            const size_t o = ((size_t)tab[b0 + i] * kv.n_layer_kv + l) * kv.kv_dim + (size_t)kvh * hd;
-            float best = -INFINITY;
-            for (int g = 0; g < group; g++) {
-                float u = 0.0f;
-                for (int d = lane; d < hd; d += 32) {
-                    const float qd = qt[(size_t)g * hd + d];
-                    u += fmaxf(qd * kv.kmin[o + d], qd * kv.kmax[o + d]);
-                }
-                best = fmaxf(best, warp_sum(u));
-            }
-            if (lane == 0) ks_score[i] = best;
+        const float *qt = q + (size_t)t * n_head * hd + (size_t)kvh * group * hd;
+        float *qs = ks_score + kv.max_blocks;
+        const bool fast = ks_fast(hd, group);
+        if (fast) {
+            for (int i = tid; i < group * hd; i += blockDim.x) qs[i] = qt[i];
+            __syncthreads();
+        }
+        for (int i = warp; i < nb; i += KS_WARPS) {
+            const float u = ks_bound(kv, l, tab[b0 + i], kvh, fast ? qs : qt, fast, group, lane);
+            if (lane == 0) ks_score[i] = u;
         }
     }
     if (tid == 0) s_prefix = 0, s_need = (uint32_t)kv.topk_blocks;
@@ -179,12 +237,30 @@ __global__ void kv_select_kernel(const cuda_kv kv, int l, const float *__restric
             if ((key & hmask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1u);
         }
         __syncthreads();
-        if (tid == 0) {
-            uint32_t need = s_need, cum = 0;
-            int bin = 255;
-            for (; bin > 0 && cum + hist[bin] < need; bin--) cum += hist[bin];
-            s_prefix = prefix | (uint32_t)bin << shift;
-            s_need = need - cum;
+        if (warp == 0) { /* the bin of the need-th key from the top: lane i sums bins 255 - 8i .. 248 - 8i */
+            const uint32_t need = s_need; /* read by every lane before the shuffles, written after */
+            uint32_t h[8], tot = 0;
+#pragma unroll
+            for (int j = 0; j < 8; j++) h[j] = hist[255 - 8 * lane - j], tot += h[j];
+            uint32_t inc = tot; /* the keys in bins above and in this lane's */
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+                const uint32_t y = __shfl_up_sync(FULL_MASK, inc, off);
+                if (lane >= off) inc += y;
+            }
+            const uint32_t excl = inc - tot;
+            if ((excl < need && need <= inc) || (lane == 31 && inc < need)) { /* one lane; the last: bin 0 */
+                uint32_t cum = excl;
+                int bin = 0;
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    bin = 255 - 8 * lane - j;
+                    if (cum + h[j] >= need || bin == 0) break;
+                    cum += h[j];
+                }
+                s_prefix = prefix | (uint32_t)bin << shift;
+                s_need = need - cum;
+            }
         }
         __syncthreads();
     }
@@ -236,6 +312,15 @@ extern "C" void kv_select_cuda(const struct cuda_kv *kv, int l, const float *q, 
                                const int32_t *seq_id, int n_tokens, int n_head, cudaStream_t st) {
     if (n_tokens <= 0 || !kv->topk_blocks) return;
     const int list = kv->mid && n_tokens <= kv->mid_tokens;
+    const int scored = kv->score && n_tokens <= kv->mid_tokens; /* a decode step: the scoring spread over the SMs */
+    if (scored) {
+        const int pairs = n_tokens * kv->n_head_kv, most = (kv->max_blocks + KS_WARPS - 1) / KS_WARPS;
+        int g = (kv->score_blocks + pairs - 1) / pairs;
+        g = g < 1 ? 1 : g > most ? most : g;
+        const size_t smem = (size_t)(n_head / kv->n_head_kv) * kv->head_dim * sizeof(float);
+        kv_score_kernel<<<dim3(g, kv->n_head_kv, n_tokens), KS_THREADS, smem <= KS_QMAX * sizeof(float) ? smem : 0, st>>>(
+            *kv, l, q, pos, seq_id, n_head);
+    }
     kv_select_kernel<<<dim3(n_tokens, kv->n_head_kv), KS_THREADS, ks_smem(kv->max_blocks), st>>>(*kv, l, q, pos, seq_id,
-                                                                                                 n_head, list);
+                                                                                                 n_head, list, scored);
 }

@@ -218,6 +218,11 @@ struct cuda_kv {
      * NULL: not kept (the generic kernel reads the bitmaps only) */
     int32_t *mid;
     int mid_cap, mid_tokens;
+    /* a decode step's scores [mid_tokens][n_head_kv][max_blocks] (kv_select.cu's kv_score_kernel
+     * spreads them over about score_blocks thread blocks: a step of one token has n_head_kv (token,
+     * head) pairs), or NULL: each pair's block scores its own */
+    float *score;
+    int score_blocks;
 };
 
 /* The view of lay (k, v, block_tab, max_blocks, desc and the residual left 0 for the caller).
@@ -241,7 +246,8 @@ void kv_store_q_cuda(const struct cuda_kv *kv, int l, const float *k, const floa
  * largest by the upper bound max over the group's query heads of sum_d max(q_d min_d, q_d max_d)
  * (q [n_tokens][n_head * head_dim], after RoPE), ties to the earlier block; the attention kernels
  * read it. With kv->mid and n_tokens <= kv->mid_tokens it also lists the chosen blocks wholly
- * inside the middle (kv->mid's layout) for the tensor-core decode kernels. kv_select_prepare: the
+ * inside the middle (kv->mid's layout) for the tensor-core decode kernels, and with kv->score it
+ * scores such a step in a launch of its own over about kv->score_blocks blocks first. kv_select_prepare: the
  * shared memory opt-in for max_blocks scores (once, outside graph capture); 0, or -1 if the device
  * has too little. */
 void kv_bounds_cuda(const struct cuda_kv *kv, int l, const float *k, int ld, const int32_t *pos,

@@ -1,8 +1,9 @@
 /* kvselect_check.c - block selection's kernels (src/cuda/kv_select.cu) under the fiber emulation
  * (run_kvselect.sh), against the oracle tests/test_cuda_kvselect.c also uses (tests/kvselect_oracle.h,
  * written from the method). Checks every token's bitmap (one prefill ubatch of N
- * tokens), and for decode steps of up to 16 tokens the list of chosen blocks wholly inside the
- * middle (kv.mid: count, then the blocks ascending). N = 150 positions (10 blocks; a few minutes
+ * tokens), and for decode steps of up to 16 tokens, and of one, the bitmaps again and the list of
+ * chosen blocks wholly inside the middle (kv.mid: count, then the blocks ascending); a decode step
+ * scores in kv_score_kernel over up to 2 blocks a (token, head) pair (kv.score_blocks 64). N = 150 positions (10 blocks; a few minutes
  * on 2 cores). Shapes: head_dim 256, 128, 64 and 80 (the
  * scoring's fast path at 8, 4 and 2 channels a lane, and its fallback), groups of 6 and 12 (a
  * second chunk of the group's heads). Exits 1 on any difference. */
@@ -46,6 +47,7 @@ static int run(int hd, int group) {
     kv.kmin = malloc((size_t)NB * kvd * 4), kv.kmax = malloc((size_t)NB * kvd * 4);
     kv.sel = malloc((size_t)N * nkv * WORDS * 4);
     kv.mid_tokens = STEP, kv.mid_cap = TOPK, kv.mid = malloc((size_t)STEP * nkv * (TOPK + 1) * 4);
+    kv.score = malloc((size_t)STEP * nkv * NB * 4), kv.score_blocks = 64;
     kv_bounds_cuda(&kv, 0, k, kvd, pos, seq, N, 0);
     kv_select_cuda(&kv, 0, q, pos, seq, N, nh, 0); /* a prefill ubatch: no lists */
     int bad = 0;
@@ -55,13 +57,16 @@ static int run(int hd, int group) {
             if (want != got && bad++ < 3) printf("  token %d head %d: bitmap %08x, the oracle's %08x\n", t, h, got, want);
         }
     int bad_list = 0;
-    for (int t0 = 0; t0 < N; t0 += STEP) { /* decode steps: the lists */
-        const int n = N - t0 < STEP ? N - t0 : STEP;
+    for (int t0 = 0; t0 < N;) { /* decode steps of 16 tokens, then of one from N - 20: bitmaps and lists */
+        const int n = t0 >= N - 20 ? 1 : N - t0 < STEP ? N - t0 : STEP;
         kv_select_cuda(&kv, 0, q + (size_t)t0 * nh * hd, pos + t0, seq + t0, n, nh, 0);
         for (int u = 0; u < n; u++)
             for (int h = 0; h < nkv; h++) {
                 const int qp = t0 + u, n_kv = qp + 1;
                 const uint32_t bits = oracle(q, k, qp, h, hd, nkv, group);
+                if (kv.sel[((size_t)u * nkv + h) * WORDS] != bits && bad++ < 3)
+                    printf("  step at %d, token %d head %d: bitmap %08x, the oracle's %08x\n", t0, qp, h,
+                           kv.sel[((size_t)u * nkv + h) * WORDS], bits);
                 int want[NB], nw = 0;
                 if (n_kv > SINKS + WINDOW) {
                     const int b = n_kv - WINDOW, nsb = (SINKS + BS - 1) / BS, wb0 = b / BS > nsb ? b / BS : nsb;
@@ -73,10 +78,11 @@ static int run(int hd, int group) {
                 for (int i = 0; i < nw && same; i++) same = got[1 + i] == want[i];
                 if (!same && bad_list++ < 3) printf("  step at %d, token %d head %d: list of %d differs\n", t0, qp, h, got[0]);
             }
+        t0 += n;
     }
-    printf("head_dim %d, group %d: %d of %d bitmaps equal to the oracle's, %d lists differ\n", hd, group, N * nkv - bad, N * nkv,
-           bad_list);
-    free(k), free(q), free(kv.kmin), free(kv.kmax), free(kv.sel), free(kv.mid);
+    printf("head_dim %d, group %d: %d of %d bitmaps (a prefill ubatch, then decode steps) equal to the oracle's, %d lists differ\n",
+           hd, group, 2 * N * nkv - bad, 2 * N * nkv, bad_list);
+    free(k), free(q), free(kv.kmin), free(kv.kmax), free(kv.sel), free(kv.mid), free(kv.score);
     kv_layout_free(&lay);
     return bad || bad_list;
 }
