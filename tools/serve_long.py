@@ -10,13 +10,20 @@ and of the alone round, and whether the texts agree; where one differs, the toke
 and the top-2 logprob margin of each run there (CUDA batches are not bit-identical to a lone
 request: docs/SERVER.md, so a near-tie may part them). Exits 1 if any differs or a request fails.
 
+--passkey PXQ: the prompts are passkey prompts instead (tools/passkey_task.py: a 5-digit key hidden
+among filler at depths spread over 0.05-0.95, sized with `PXQ tokenize -m --passkey-model`), for a
+server running the passkey model (tests/data/passkey): each text must also start with its key. The
+model answers with a confident key where it recalls it, not with prose at near-ties.
+
 Usage: python3 tools/serve_long.py --port PORT [--seqs 8] [--tokens 32000] [--max-tokens 16]
+           [--passkey build/pxq [--passkey-model tests/data/passkey]]
 Standard library only.
 """
 import argparse
 import http.client
 import json
 import os
+import random
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -62,9 +69,19 @@ def main():
     ap.add_argument("--seqs", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=32000)
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--passkey", metavar="PXQ", help="passkey prompts, sized with this pxq binary's tokenizer")
+    ap.add_argument("--passkey-model", default="tests/data/passkey")
     a = ap.parse_args()
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    ps = prompts(root, a.seqs, a.tokens)
+    keys = [None] * a.seqs
+    if a.passkey:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import passkey_task as pt
+        task = pt.PasskeyTask(pt.pxq_encoder(a.passkey, a.passkey_model))
+        smp = [task.sample(a.tokens, pt.recall_depth(i, a.seqs), random.Random(a.tokens * 1000 + i)) for i in range(a.seqs)]
+        ps, keys = [x["text"] for x in smp], [x["key"] for x in smp]
+    else:
+        ps = prompts(root, a.seqs, a.tokens)
     def one(p):
         try:
             return complete(a.port, p, a.max_tokens)
@@ -86,12 +103,14 @@ def main():
             bad += 1
             continue
         same = g[0] == s[0]
-        bad += not same
+        hit = keys[i] is None or g[0].strip().startswith(keys[i])
+        bad += not same or not hit
         why = ""
         if not same:
             k, mg, ms = split_at(g[2], s[2])
             why = f" vs {s[0]!r}; first differs at token {k}, top-2 logprob margin {mg:.4f} together, {ms:.4f} alone"
-        print(f"seq {i}: {g[1]} prompt tokens, together {'==' if same else '!='} alone: {g[0]!r}{why}")
+        key = "" if keys[i] is None else f" (key {keys[i]}: {'recalled' if hit else 'MISSED'})"
+        print(f"seq {i}: {g[1]} prompt tokens, together {'==' if same else '!='} alone: {g[0]!r}{why}{key}")
     print(f"{a.seqs} sequences together: {t_together:.1f} s; each alone: {t_alone:.1f} s in all; "
           f"{a.seqs - bad} of {a.seqs} equal")
     sys.exit(1 if bad else 0)
