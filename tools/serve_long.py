@@ -112,7 +112,7 @@ def main():
         key = "" if keys[i] is None else f" (key {keys[i]}: {'recalled' if hit else 'MISSED'})"
         print(f"seq {i}: {g[1]} prompt tokens, together {'==' if same else '!='} alone: {g[0]!r}{why}{key}")
     print(f"{a.seqs} sequences together: {t_together:.1f} s; each alone: {t_alone:.1f} s in all; "
-          f"{a.seqs - bad} of {a.seqs} equal")
+          f"{a.seqs - bad} of {a.seqs} good (equal alone{', key recalled' if a.passkey else ''})")
     sys.exit(1 if bad else 0)
 
 

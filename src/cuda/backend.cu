@@ -537,7 +537,7 @@ static int kv_step(struct pxq_engine *e, cuda_backend *b, const struct cuda_plan
         kv->mid_tokens = CUDA_DECODE_MAX, kv->mid_cap = kv->topk_blocks; /* a decode step's lists */
         kv->mid = (int32_t *)arena_get(b, (size_t)CUDA_DECODE_MAX * kv->n_head_kv * (kv->mid_cap + 1) * 4);
         kv->score = (float *)arena_get(b, (size_t)CUDA_DECODE_MAX * kv->n_head_kv * max_blocks * 4);
-        kv->score_blocks = 2 * b->n_sm; /* a wave of 8-warp blocks */
+        kv->score_blocks = 2 * b->n_sm; /* two 8-warp blocks an SM */
         if (kv_select_prepare(max_blocks) != 0) {
             snprintf(err, errlen, "CUDA: block selection over %d blocks needs more shared memory than this device has",
                      max_blocks);

@@ -317,9 +317,9 @@ extern "C" void kv_select_cuda(const struct cuda_kv *kv, int l, const float *q, 
         const int pairs = n_tokens * kv->n_head_kv, most = (kv->max_blocks + KS_WARPS - 1) / KS_WARPS;
         int g = (kv->score_blocks + pairs - 1) / pairs;
         g = g < 1 ? 1 : g > most ? most : g;
-        const size_t smem = (size_t)(n_head / kv->n_head_kv) * kv->head_dim * sizeof(float);
-        kv_score_kernel<<<dim3(g, kv->n_head_kv, n_tokens), KS_THREADS, smem <= KS_QMAX * sizeof(float) ? smem : 0, st>>>(
-            *kv, l, q, pos, seq_id, n_head);
+        size_t smem = (size_t)(n_head / kv->n_head_kv) * kv->head_dim * sizeof(float); /* the fast path's query rows */
+        if (smem > KS_QMAX * sizeof(float)) smem = 0;
+        kv_score_kernel<<<dim3(g, kv->n_head_kv, n_tokens), KS_THREADS, smem, st>>>(*kv, l, q, pos, seq_id, n_head);
     }
     kv_select_kernel<<<dim3(n_tokens, kv->n_head_kv), KS_THREADS, ks_smem(kv->max_blocks), st>>>(*kv, l, q, pos, seq_id,
                                                                                                  n_head, list, scored);

@@ -29,7 +29,7 @@ static inline float __shfl_sync(unsigned, float v, int src) { return emu_shfl(v,
 static inline float __shfl_xor_sync(unsigned, float v, int m) { return emu_shfl(v, m, 1); }
 static inline float __shfl_up_sync(unsigned, float v, unsigned d) { return emu_shfl(v, (int)d, 2); }
 /* counts (below 2^24: exact as floats) */
-static inline unsigned __shfl_up_sync(unsigned, unsigned v, int d) { return (unsigned)emu_shfl((float)v, d, 2); }
+static inline unsigned __shfl_up_sync(unsigned, unsigned v, unsigned d) { return (unsigned)emu_shfl((float)v, (int)d, 2); }
 int __syncthreads_or(int pred);
 unsigned emu_ballot(int pred); /* the warp's predicates, bit = lane (a warp barrier, as the shuffles) */
 static inline unsigned __ballot_sync(unsigned, int pred) { return emu_ballot(pred); }

@@ -57,8 +57,8 @@ static int run(int hd, int group) {
             if (want != got && bad++ < 3) printf("  token %d head %d: bitmap %08x, the oracle's %08x\n", t, h, got, want);
         }
     int bad_list = 0;
-    for (int t0 = 0; t0 < N;) { /* decode steps of 16 tokens, then of one from N - 20: bitmaps and lists */
-        const int n = t0 >= N - 20 ? 1 : N - t0 < STEP ? N - t0 : STEP;
+    for (int t0 = 0; t0 < N;) { /* decode steps of 16 tokens up to N - 20, then of one: bitmaps and lists */
+        const int n = t0 >= N - 20 ? 1 : N - 20 - t0 < STEP ? N - 20 - t0 : STEP;
         kv_select_cuda(&kv, 0, q + (size_t)t0 * nh * hd, pos + t0, seq + t0, n, nh, 0);
         for (int u = 0; u < n; u++)
             for (int h = 0; h < nkv; h++) {
