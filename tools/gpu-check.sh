@@ -5,7 +5,7 @@
 # others. If the machine lacks the -dev libraries, put their headers and .so files in .devlibs/
 # (include/, lib/) and carry it: they are used when present.
 #   usage: tools/gpu-check.sh [build] [tests] [serve] [bench] [sanitize] [qwen35] [bench35] [moe] [ptx75]
-#          [spec] [timeline] [probe] [flow] [long]
+#          [spec] [timeline] [probe] [flow] [long] [depth]
 #   (default: build tests serve bench; qwen35 = the hybrid's CUDA tests and perplexities, bench35 =
 #   the Qwen3.5-27B preset's plan and bench at 16 GiB; spec = speculative decoding's CUDA tests, run
 #   equality and the 27B verification passes (docs/SPEC.md); moe = the MoE tests (test_cuda_moe,
@@ -16,7 +16,8 @@
 #   share of a decode step; probe = tools/probe-small-kernels.sh, the phases inside each decode kernel;
 #   flow = dev/cuda/layer_flow.cu, the persistent decode layer (dev/cuda/README.md), after build,
 #   with its time stamps summarised in flow-trace.txt; long = the host tier's server run of 8 long
-#   prompts (tools/serve_long.py) and passkey recall with block selection (tools/passkey_recall.py))
+#   passkey prompts (tools/serve_long.py --passkey) and passkey recall with block selection
+#   (tools/passkey_recall.py); depth = the 27B decode rows by attention mode and depth)
 # The tracked fixtures (about 115 MB) exceed what a lent GPU machine receives of the working tree
 # (64 MiB): move what the run does not need out of the tree for the call and back after it (e.g.
 # tests/data/qwen35 and tests/data/gguf/tiny-qwen3-bf16.gguf; test_cuda_model then reports the
@@ -144,20 +145,40 @@ for s in $steps; do
             echo "ptx75 $t: rc $? ($(tail -n 1 "$OUT/ptx75_$t.log")); paths: $(grep -o 'cuda [a-z0-9 -]*graph\]' "$OUT/ptx75_$t.log" | sort -u | tr '\n' ' ')"
         done ;;
     long)
-        # docs/PERF.md's host-tier rows: 8 prompts of ~28K tokens at once against each alone, and
-        # passkey recall through CUDA with block selection and a 64-block device tier (the passkey
-        # model's tokenizer.json links into tests/data/qwen35: carry both)
-        $PXQ serve -m tests/data/tiny-qwen3 --device cuda --port 18001 -c 33000 --max-num-seqs 8 --rope-scaling yarn \
+        # docs/PERF.md's host-tier rows: 8 passkey prompts of ~32K tokens at once against each alone
+        # (every text equal, every key recalled), and passkey recall through CUDA with block
+        # selection and a 64-block device tier (the passkey model's tokenizer.json links into
+        # tests/data/qwen35: carry both)
+        $PXQ serve -m tests/data/passkey --device cuda --port 18001 -c 33000 --max-num-seqs 8 --rope-scaling yarn \
             --rope-factor 16 --original-max-position-embeddings 2048 --kv-offload --kv-device-blocks 1024 \
-            --kv-cache-type pxq --attention-window 4096 --attention-sinks 4 --kv-topk-blocks 64 2>"$OUT/serve-long.log" &
+            --kv-cache-type pxq --attention-window 512 --attention-sinks 4 --kv-topk-blocks 256 2>"$OUT/serve-long.log" &
         pid=$!
         for i in $(seq 60); do grep -q listening "$OUT/serve-long.log" && break; sleep 1; done
-        timeout 200 python3 tools/serve_long.py --port 18001 --seqs 8 --tokens 32000 --max-tokens 16 | tee "$OUT/long.log"
+        timeout 200 python3 tools/serve_long.py --port 18001 --seqs 8 --tokens 32000 --max-tokens 8 --passkey $PXQ \
+            | tee "$OUT/long.log"
         kill -TERM $pid; wait $pid
         timeout 200 python3 tools/passkey_recall.py --pxq $PXQ -m tests/data/passkey --device cuda --seeds 5 -q \
             --lengths 2048,4096,8192,16384 --topk-fraction 0.125 -- --rope-scaling yarn --rope-factor 8 \
             --original-max-position-embeddings 2048 --attention-window 512 --attention-sinks 4 --kv-offload \
             --kv-device-blocks 64 2>&1 | tee -a "$OUT/long.log" ;;
+    depth)
+        # docs/PERF.md's "Long-context decode by attention mode and depth": Qwen3.5-27B, pxq, b1, each
+        # mode by depth (a process a row; the fills of the deep rows take minutes: run it in parts
+        # with DEPTH_MODES, e.g. DEPTH_MODES="sel64-24" for the rows with every block on the device)
+        B="$PXQ bench --load-format dummy --config presets/qwen3.5-27b.json --dtype q4_0 --device cuda -p 0 -b 1 -r 1"
+        B="$B -n 16 --kv-cache-type pxq --no-warmup"
+        W="--attention-window 4096 --attention-sinks 4"
+        for m in ${DEPTH_MODES:-window sel16 sel64 sel64-24}; do
+            case $m in
+            window) args="--gpu-mem 15.2GiB $W -d 16384,65536,131072" ;;
+            sel16) args="--gpu-mem 15.2GiB --kv-offload $W --kv-topk-blocks 256 -d 16384" ;;
+            sel64) args="--gpu-mem 15.2GiB --kv-offload $W --kv-topk-blocks 64 --block-size 64 -d 16384,65536" ;;
+            sel64-24) args="--gpu-mem 24GiB $W --kv-topk-blocks 64 --block-size 64 -d 131072,262144" ;;
+            *) echo "depth: unknown mode $m (window sel16 sel64 sel64-24)"; continue ;;
+            esac
+            echo "== depth $m"
+            timeout 600 $B $args 2>&1 | grep -E "tg|rror|fit" | tee -a "$OUT/depth.log"
+        done ;;
     esac
     echo "  ($s: $(( $(date +%s) - t0 )) s)"
 done
