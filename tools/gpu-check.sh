@@ -63,7 +63,8 @@ for s in $steps; do
             -p 0 -n 32 -d 32768 -b 1 -r 1 >"$OUT/bench24d.log" 2>&1
         echo "bench depth 32768: rc $?"; tail -n 1 "$OUT/bench24d.log" ;;
     sanitize)
-        for t in test_cuda_ops test_cuda_qwen35_ops test_cuda_attention_prefill test_cuda_matmul_mma test_cuda_moe; do
+        for t in test_cuda_ops test_cuda_qwen35_ops test_cuda_attention_prefill test_cuda_matmul_mma test_cuda_moe \
+            test_cuda_kvselect test_cuda_kvquant; do
             [ -x build/tests/$t ] || continue
             PXQ_TEST_NO_BENCH=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/$t \
                 >"$OUT/memcheck_$t.log" 2>&1
