@@ -276,8 +276,11 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
         fprintf(f, " token_embd %s of it, kept in pinned host memory (a row gather), not in the arena\n",
                 hsize(c, sizeof c, (double)mp->token_embd_bytes));
     const char *kvt = p->kv_type == KV_CACHE_F16 && p->kv_f32 ? "f32" : kv_cache_type_name((enum kv_cache_type)p->kv_type);
-    fprintf(f, "  %-18s %12s  %s/token (%d attention layers, K and V of %d kv heads x %d, --kv-cache-type %s%s) x %lld positions (%d ctx in blocks of %d, x %d seq)",
-            "KV cache", hsize(a, sizeof a, (double)mp->kv_bytes), hsize(b, sizeof b, (double)mp->kv_bytes_per_token), mp->n_layer_kv,
+    fprintf(f, "  %-18s %12s  %s%s/token (%d attention layers, K and V of %d kv heads x %d, --kv-cache-type %s%s) x %lld positions (%d ctx in blocks of %d, x %d seq)",
+            "KV cache", hsize(a, sizeof a, (double)mp->kv_bytes),
+            mp->kv_dev_blocks < mp->kv_blocks ? "on the device: the device tier's blocks, the key bounds and the residual "
+                                                "(the rest is the host tier's line); the pool: " : "",
+            hsize(b, sizeof b, (double)mp->kv_bytes_per_token), mp->n_layer_kv,
             hp->n_head_kv, hp->head_dim, kvt, p->kv_type == KV_CACHE_PXQ ? ": K q8_0, V 2-bit" : "",
             (long long)mp->kv_positions, p->n_ctx, p->kv_block_size, p->n_seq);
     if (p->attn_window && !p->topk_blocks && mp->kv_positions < kv_blocks_for(p->n_ctx, p->kv_block_size) * p->kv_block_size * p->n_seq)
