@@ -108,6 +108,8 @@ check "plan --kv-offload without --gpu-mem: refused" 'printf "%s" "$out" | grep 
 out=$($PXQ plan --load-format dummy --config presets/qwen3.5-27b.json --dtype q4_0 --gpu-mem 15.2GiB --kv-cache-type pxq -c 262144 --kv-offload; echo "rc=$?")
 check "plan Qwen3.5-27B at 262144 in 15.2 GiB with --kv-offload: fits, with the host tier's line" \
     'printf "%s" "$out" | grep -q "^  KV host tier .*GiB  --kv-offload" && printf "%s" "$out" | grep -q "^fits with the host tier" && printf "%s" "$out" | grep -q "rc=0"'
+check "... its KV line says the size is the device's part" \
+    'printf "%s" "$out" | grep -q "^  KV cache .*MiB  on the device: the device tier.s blocks, the key bounds and the residual"'
 out=$($PXQ plan --load-format dummy --config presets/qwen3.5-27b.json --dtype q4_0 --gpu-mem 15.2GiB --kv-cache-type pxq -c 262144 \
     --kv-offload --attention-window 4096 --attention-sinks 4 --kv-topk-blocks 2048; echo "rc=$?")
 check "plan ... with block selection: the key bounds (2 GiB) on the device, no fit; the tier holds K and V only" \
