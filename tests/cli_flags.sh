@@ -140,4 +140,6 @@ serve_log --max-model-len 4096
 check "serve --max-model-len 4096: the same warning" 'grep -q "pxq serve: warning: the context (4096) passes the model.s trained 2048" "$T/s.err"'
 serve_log --max-model-len 4096 --rope-scaling linear --rope-factor 2
 check "serve ... --rope-scaling linear: no warning" 'grep -q "listening on" "$T/s.err" && ! grep -q "passes the model" "$T/s.err"'
+serve_log --kv-block-size 64
+check "serve --kv-block-size 64 (the alias): its pool in blocks of 64" 'grep -q "KV [0-9]* blocks of 64" "$T/s.err"'
 exit $fail
