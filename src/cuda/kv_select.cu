@@ -135,8 +135,8 @@ static __device__ float ks_bound(const cuda_kv &kv, int l, int blk, int kvh, con
     return best;
 }
 
-/* The middle of the query at position qp (n_kv = qp + 1 positions): its first block b0 and nb blocks
- * (0: none, every position is a sink or in the window). */
+/* The middle of a query that sees n_kv positions (between its sinks and its window): its first block
+ * *b0 and the count of blocks touching it (0: none, every position is a sink or in the window). */
 static __device__ __forceinline__ int ks_middle(const cuda_kv &kv, int n_kv, int *b0) {
     if (!kv.attn_window || n_kv <= kv.attn_sinks + kv.attn_window) return *b0 = 0, 0;
     const int bs = kv.block_size, a = kv.attn_sinks, b = n_kv - kv.attn_window;
@@ -192,12 +192,14 @@ __global__ void kv_select_kernel(const cuda_kv kv, int l, const float *__restric
     uint32_t *sel = kv.sel + ((size_t)t * kv.n_head_kv + kvh) * kv.sel_words;
     int32_t *mid = list ? kv.mid + ((size_t)t * kv.n_head_kv + kvh) * (size_t)(kv.mid_cap + 1) : NULL;
     for (int w = tid; w < kv.sel_words; w += blockDim.x) sel[w] = 0;
-    if (!kv.attn_window || n_kv <= kv.attn_sinks + kv.attn_window) { /* no middle: nothing to choose */
+    int b0;
+    const int nb = ks_middle(kv, n_kv, &b0);
+    if (!nb) { /* no middle: nothing to choose */
         if (mid && tid == 0) mid[0] = 0;
         return;
     }
     __syncthreads(); /* the clearing before the bits */
-    const int a = kv.attn_sinks, b = n_kv - kv.attn_window, b0 = a / bs, nb = (b - 1) / bs - b0 + 1;
+    const int a = kv.attn_sinks, b = n_kv - kv.attn_window;
     const int nsb = (a + bs - 1) / bs, wb0 = max(b / bs, nsb); /* the listed blocks: nsb .. wb0 - 1 */
     const int32_t *tab = kv.block_tab + (size_t)seq_id[t] * kv.max_blocks;
     if (nb <= kv.topk_blocks) {
@@ -317,10 +319,10 @@ extern "C" void kv_select_cuda(const struct cuda_kv *kv, int l, const float *q, 
         const int pairs = n_tokens * kv->n_head_kv, most = (kv->max_blocks + KS_WARPS - 1) / KS_WARPS;
         int g = (kv->score_blocks + pairs - 1) / pairs;
         g = g < 1 ? 1 : g > most ? most : g;
-        size_t smem = (size_t)(n_head / kv->n_head_kv) * kv->head_dim * sizeof(float); /* the fast path's query rows */
-        if (smem > KS_QMAX * sizeof(float)) smem = 0;
-        kv_score_kernel<<<dim3(g, kv->n_head_kv, n_tokens), KS_THREADS, smem, st>>>(*kv, l, q, pos, seq_id, n_head);
+        size_t qrows = (size_t)(n_head / kv->n_head_kv) * kv->head_dim * sizeof(float); /* the fast path's query rows */
+        if (qrows > KS_QMAX * sizeof(float)) qrows = 0;
+        kv_score_kernel<<<dim3(g, kv->n_head_kv, n_tokens), KS_THREADS, qrows, st>>>(*kv, l, q, pos, seq_id, n_head);
     }
-    kv_select_kernel<<<dim3(n_tokens, kv->n_head_kv), KS_THREADS, ks_smem(kv->max_blocks), st>>>(*kv, l, q, pos, seq_id,
-                                                                                                 n_head, list, scored);
+    const size_t smem = scored ? (size_t)kv->max_blocks * sizeof(float) : ks_smem(kv->max_blocks); /* no query rows */
+    kv_select_kernel<<<dim3(n_tokens, kv->n_head_kv), KS_THREADS, smem, st>>>(*kv, l, q, pos, seq_id, n_head, list, scored);
 }
