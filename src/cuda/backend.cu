@@ -698,7 +698,7 @@ extern "C" void cuda_backend_free(struct pxq_engine *e) {
     cudaStreamDestroy(b->st_deq);
     cudaStreamDestroy(b->st);
     cudaFree(b->arena);
-    for (int i = 0; i < 4; i++) cuda_tier_free(&b->tier[i]);
+    for (int i = 0; i < 2; i++) cuda_tier_free(&b->tier[i]);
     if (b->rstate_ck && !e->p.spec_checkpoint) cudaFree(b->rstate_ck); /* allocated at the first checkpoint */
     if (b->embd_host) cudaFreeHost(b->embd_host);
     cudaFreeHost(b->in_h);

@@ -83,8 +83,7 @@ struct cuda_backend {
     cuda_weight mtp_fc;     /* spec_mtp: the MTP head's eh_proj [2 n_embd -> n_embd] */
     float *mtp_norm[3];     /* spec_mtp: its enorm, hnorm, shared_head_norm (1 + w folded, as the CPU's) */
     cuda_kv kv;
-    struct cuda_tier tier[4]; /* the host tier (--kv-offload): K and V; [2], [3] unused (zeroed: the key bounds
-                               * stay in the arena) */
+    struct cuda_tier tier[2]; /* the host tier (--kv-offload): K and V (the key bounds stay in the arena) */
     size_t tier_dev_bytes;    /* their device parts, outside the arena */
     uint64_t tier_moved;      /* blocks moved to the host tier (cuda_kv_move) */
     int32_t *in_d, *in_h;
