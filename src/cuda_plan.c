@@ -174,7 +174,9 @@ void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *
     /* token, pos, seq, rows, run_seq, run_off (nb + 1), run_tok, tiles (2 nb), run_snap, then the block
      * tables (step_inputs, backend_impl.cuh) */
     bf->in_ints = 10 * nb + 1 + n_tab * max_blocks;
-    const size_t max_splits = ((size_t)p->n_ctx + CUDA_SPLIT_LEN - 1) / CUDA_SPLIT_LEN;
+    /* the decode attention's partials: its splits, and a quantized cache's exact chunks after them */
+    const size_t max_splits = ((size_t)p->n_ctx + CUDA_SPLIT_LEN - 1) / CUDA_SPLIT_LEN +
+                              (size_t)cuda_exact_chunks(p->kv_type != KV_CACHE_F16, p->kv_sink, p->kv_window);
     size_t part_rows = (size_t)CUDA_DECODE_MAX * max_splits;
     if (nb > part_rows) part_rows = nb;
     part_rows *= (size_t)hp->n_head;

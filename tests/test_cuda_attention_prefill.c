@@ -243,7 +243,7 @@ static void bench_decode(int n_kv, int splits, int n_head, int n_head_kv) {
     float *dq = dev_put(q, (size_t)q_dim * 4), *dout = dev_poison((size_t)q_dim);
     int n_split = 1, split_len = 256 > n_kv ? 256 : n_kv, n_sm = 0;
     CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
-    if (splits) cuda_decode_splits(n_kv, 1, n_head_kv, 1, 2, n_sm, (n_kv + 255) / 256, &n_split, &split_len);
+    if (splits) cuda_decode_splits(n_kv, 1, n_head_kv, 1, 2, n_sm, (n_kv + 255) / 256, 0, &n_split, &split_len);
     const int n_part = n_split > 64 ? n_split : 64;
     float *po = dev_poison((size_t)n_head * hd * n_part), *pml = dev_poison((size_t)n_head * 2 * n_part);
     CHECK(attention_cuda_prepare(hd, n_head / n_head_kv) == 0, "prepare");

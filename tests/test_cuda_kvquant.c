@@ -4,7 +4,8 @@
  *              both pools (codes and f16 scales) and every residual float equal. Layout: pxq with
  *              calibrated-style levels (not the uniform ones), two heads' V kept at 8 bits, sink 4,
  *              window 8, head_dim 64 and 128, two sequences in a shuffled block table, positions
- *              0..39 (or 0..299) and 0..24 written in one ubatch.
+ *              0..39 (or 0..299) and 0..24 written in one ubatch; also windows of 100 and 70 (the
+ *              decode kernel's exact rows in two chunks).
  *   attention  attention_cuda over that cache (each position read as kv_exact says: residual or
  *              dequantized row) against the same softmax computed on the CPU from kv_load's rows:
  *              normalised error <= 1e-5 (fp32 on both sides; the order of the sums differs). The
@@ -36,7 +37,7 @@ int main(void) { return cuda_test_gate("test_cuda_kvquant"); }
 #include "kvcache.h"
 #include "util.h"
 
-static void test_store_attention(int hd, int n_head_kv, int group, int n0) {
+static void test_store_attention(int hd, int n_head_kv, int group, int n0, int n_window) {
     const int n_layer_kv = 2, bs = 16, l = 1, kv_dim = n_head_kv * hd, n_head = n_head_kv * group, n1 = 25;
     const int max_blocks = (n0 + bs - 1) / bs, n_blocks = max_blocks + 2;
     uint8_t v8[2 * 8] = {0};
@@ -46,7 +47,7 @@ static void test_store_attention(int hd, int n_head_kv, int group, int n0) {
         const float a = 0.6f + 0.05f * (float)(i % 5);
         levels[4 * i] = -1, levels[4 * i + 1] = -a / 3, levels[4 * i + 2] = a / 2.5f, levels[4 * i + 3] = 0.95f;
     }
-    struct kv_spec spec = {.type = KV_CACHE_PXQ, .n_sink = 4, .n_window = 8, .n_batch = n0 + n1, .v8 = v8, .levels = levels};
+    struct kv_spec spec = {.type = KV_CACHE_PXQ, .n_sink = 4, .n_window = n_window, .n_batch = n0 + n1, .v8 = v8, .levels = levels};
     struct kv_layout lay;
     char err[256];
     CHECK(kv_layout_init(&lay, n_layer_kv, n_head_kv, hd, bs, &spec, err, sizeof err) == 0, "layout: %s", err);
@@ -158,8 +159,8 @@ static void test_store_attention(int hd, int n_head_kv, int group, int n0) {
     if (attention_decode_supported(&kv, n_head)) {
         const int lens[3] = {split_len, 24, n0};
         for (int k = 0; k < 3; k++) {
-            const int ns = (n0 + lens[k] - 1) / lens[k];
-            float *po2 = dev_poison((size_t)n_tok * n_head * ns * hd), *pml2 = dev_poison((size_t)n_tok * n_head * ns * 2);
+            const int ns = (n0 + lens[k] - 1) / lens[k], na = ns + cuda_exact_chunks(1, kv.n_sink, kv.n_window);
+            float *po2 = dev_poison((size_t)n_tok * n_head * na * hd), *pml2 = dev_poison((size_t)n_tok * n_head * na * 2);
             int8_t *dxq = NULL;
             float *dxds = NULL;
             if (ns == 1) {
@@ -171,7 +172,7 @@ static void test_store_attention(int hd, int n_head_kv, int group, int n0) {
             CK(cudaDeviceSynchronize());
             dev_get(got, dout, (size_t)n_tok * n_head * hd * 4);
             const double e2 = norm_err(got, ref, (size_t)n_tok * n_head * hd);
-            printf("  tensor-core decode kernel, splits of %d: error %.2e\n", lens[k], e2);
+            printf("  tensor-core decode kernel, splits of %d and %d exact chunks: error %.2e\n", lens[k], na - ns, e2);
             CHECK(e2 <= 4e-3, "hd %d: decode kernel over the quantized cache, splits of %d: normalised error %.3g", hd,
                   lens[k], e2);
             cudaFree(po2), cudaFree(pml2), cudaFree(dxq), cudaFree(dxds);
@@ -257,11 +258,13 @@ static void test_engine(void) {
 int main(void) {
     int gate = cuda_test_gate("test_cuda_kvquant");
     if (gate >= 0) return gate;
-    test_store_attention(64, 2, 3, 40);
-    test_store_attention(128, 4, 2, 40);
-    test_store_attention(128, 2, 8, 300);  /* Qwen3-32B's group; tiles past the ring of stages */
-    test_store_attention(256, 2, 6, 300);  /* Qwen3.5-27B's head_dim and group */
-    test_store_attention(64, 1, 12, 100);  /* two head blocks */
+    test_store_attention(64, 2, 3, 40, 8);
+    test_store_attention(128, 4, 2, 40, 8);
+    test_store_attention(128, 2, 8, 300, 8);   /* Qwen3-32B's group; tiles past the ring of stages */
+    test_store_attention(256, 2, 6, 300, 8);   /* Qwen3.5-27B's head_dim and group */
+    test_store_attention(64, 1, 12, 100, 8);   /* two head blocks */
+    test_store_attention(256, 2, 6, 300, 100); /* exact rows in two chunks of 52 */
+    test_store_attention(128, 2, 8, 300, 70);  /* two chunks of 37 */
     test_engine();
     return test_summary("test_cuda_kvquant");
 }

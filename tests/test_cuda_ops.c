@@ -838,8 +838,9 @@ static void test_l2_share(void) {
 /* Host only: cuda_decode_splits over random shapes covers every position within the partials'
  * buffers (n_split <= max_splits, n_split x split_len >= n_kv), in splits of whole decode tiles
  * (multiples of CUDA_SPLIT_ALIGN, at least CUDA_SPLIT_LEN), at most one wave of the tensor-core
- * kernel's blocks; the configurations measured on an H200 (Qwen3-32B at 32K: 33 of 1024; Qwen3.5-27B
- * at 16K: 64 of 256; docs/PERF.md) come out; a context growing to 262,144 changes the graph key
+ * kernel's blocks with the extra ones (the exact chunks of a quantized cache); the configurations
+ * measured on an H200 (Qwen3-32B at 32K: 33 of 1024; Qwen3.5-27B at 16K: 64 of 256; docs/PERF.md)
+ * come out; a context growing to 262,144 changes the graph key
  * (n_split, split_len) at most 64 times (MAX_GRAPHS in backend.cu). */
 static void test_decode_splits(void) {
     uint64_t seed = 0x9e3779b97f4a7c15ull;
@@ -849,31 +850,34 @@ static void test_decode_splits(void) {
         seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
         const int n_ctx = 1 + (int)(seed % 262144), n_kv = 1 + (int)((seed >> 20) % (uint64_t)n_ctx);
         const int n_tok = 1 + (int)((seed >> 40) % 16), hkv = heads[(seed >> 45) % 6], n_sm = sms[(seed >> 50) % 4];
-        const int attn = (int)((seed >> 53) & 1), blocks = 1 + (int)((seed >> 54) % 4);
+        const int attn = (int)((seed >> 53) & 1), blocks = 1 + (int)((seed >> 54) % 4), extra = (int)((seed >> 57) % 4);
         const int max_splits = (n_ctx + CUDA_SPLIT_LEN - 1) / CUDA_SPLIT_LEN;
         int ns = 0, len = 0;
-        cuda_decode_splits(n_kv, n_tok, hkv, attn, blocks, n_sm, max_splits, &ns, &len);
-        const int64_t wave = (int64_t)blocks * n_sm, used = (int64_t)ns * hkv * n_tok;
+        cuda_decode_splits(n_kv, n_tok, hkv, attn, blocks, n_sm, max_splits, extra, &ns, &len);
+        const int64_t wave = (int64_t)blocks * n_sm, used = (int64_t)(ns + extra) * hkv * n_tok;
         const int ok = ns >= 1 && ns <= max_splits && (int64_t)ns * len >= n_kv && len >= CUDA_SPLIT_LEN &&
                        len % CUDA_SPLIT_ALIGN == 0 && (!attn || ns == 1 || used <= wave) &&
                        (attn || len == CUDA_SPLIT_LEN);
         if (!ok) {
             bad++;
-            printf("decode splits: n_kv %d n_ctx %d tokens %d kv heads %d SMs %d attn %d blocks %d -> %d x %d\n", n_kv,
-                   n_ctx, n_tok, hkv, n_sm, attn, blocks, ns, len);
+            printf("decode splits: n_kv %d n_ctx %d tokens %d kv heads %d SMs %d attn %d blocks %d extra %d -> %d x %d\n",
+                   n_kv, n_ctx, n_tok, hkv, n_sm, attn, blocks, extra, ns, len);
         }
     }
     CHECK(!bad, "cuda_decode_splits covers n_kv in whole tiles, within the buffers and one wave");
     int ns, len;
-    cuda_decode_splits(32769, 1, 8, 1, 2, 132, 1024, &ns, &len);
+    cuda_decode_splits(32769, 1, 8, 1, 2, 132, 1024, 0, &ns, &len);
     CHECK(ns == 33 && len == 1024, "Qwen3-32B at depth 32768 on 132 SMs: 33 splits of 1024 (got %d x %d)", ns, len);
-    cuda_decode_splits(16384, 1, 4, 1, 2, 132, 1024, &ns, &len);
+    cuda_decode_splits(16384, 1, 4, 1, 2, 132, 1024, 0, &ns, &len);
     CHECK(ns == 64 && len == 256, "Qwen3.5-27B at 16384: 64 splits of 256 (got %d x %d)", ns, len);
-    cuda_decode_splits(256, 1, 8, 1, 2, 132, 1024, &ns, &len);
+    cuda_decode_splits(32768, 1, 4, 1, 3, 132, 1024, 3, &ns, &len);
+    CHECK(ns == 96 && len == 384, "Qwen3.5-27B, quantized cache (3 blocks an SM, 3 exact chunks) at 32768: 96 splits "
+          "of 384 (got %d x %d)", ns, len);
+    cuda_decode_splits(256, 1, 8, 1, 2, 132, 1024, 0, &ns, &len);
     CHECK(ns == 1 && len == 256, "256 positions: one split (got %d x %d)", ns, len);
     int keys = 0, prev_ns = 0, prev_len = 0;
     for (int n_kv = 1; n_kv <= 262144; n_kv++) {
-        cuda_decode_splits(n_kv, 1, 8, 1, 2, 132, 1024, &ns, &len);
+        cuda_decode_splits(n_kv, 1, 8, 1, 2, 132, 1024, 0, &ns, &len);
         if (ns != prev_ns || len != prev_len) keys++, prev_ns = ns, prev_len = len;
     }
     CHECK(keys <= 64, "a context growing to 262144 changes the graph key %d times (at most 64)", keys);

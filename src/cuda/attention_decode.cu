@@ -55,6 +55,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda/ops_cuda.h"
+#include "cuda/backend.h"
 
 #include "cuda/common.cuh"
 #include "cuda/probe.cuh"
@@ -350,15 +351,23 @@ extern "C" int attention_decode_supported(const struct cuda_kv *kv, int n_head) 
     return k >= 0 && (!kv->attn_window || kv->block_size % ad_configs[k].BN == 0);
 }
 
+extern "C" int attention_decode_q_blocks(const struct cuda_kv *kv, int n_head) {
+    return attention_decode_supported(kv, n_head) && kv->quantized
+               ? attention_decode_q_supported(kv->head_dim, n_head / kv->n_head_kv)
+               : 0;
+}
+
 extern "C" void attention_decode_cuda(float *out, int8_t *xq, float *xds, const float *q, const struct cuda_kv *kv, int l,
                                       const int32_t *pos, const int32_t *seq_id, int n_tokens, int n_head, int n_split,
                                       int split_len, float *part_o, float *part_ml, cudaStream_t st) {
     if (n_tokens <= 0) return;
     const float scale = kv->attn_scale, sl2 = 1.4426950408889634f * scale; /* log2(e) * scale: exp(x) = 2^(x log2 e) */
-    if (kv->quantized) { /* the quantized cache's kernel (attention_decode_q.cu), the same outputs */
-        attention_decode_q_launch(n_split == 1 ? out : NULL, n_split == 1 ? xq : NULL, (float2 *)xds, part_o, part_ml, q,
+    if (kv->quantized) { /* the quantized cache's kernel (attention_decode_q.cu), the same outputs; its exact
+                          * rows' chunks are more splits */
+        const int n_all = n_split + cuda_exact_chunks(1, kv->n_sink, kv->n_window);
+        attention_decode_q_launch(n_all == 1 ? out : NULL, n_all == 1 ? xq : NULL, (float2 *)xds, part_o, part_ml, q,
                                   *kv, l, pos, seq_id, n_tokens, n_head, n_split, split_len, sl2, scale, st);
-        if (n_split > 1) attention_combine_cuda(out, xq, xds, part_o, part_ml, n_tokens, n_head, kv->head_dim, n_split, st);
+        if (n_all > 1) attention_combine_cuda(out, xq, xds, part_o, part_ml, n_tokens, n_head, kv->head_dim, n_all, st);
         return;
     }
     const int k = ad_pick(kv->head_dim);

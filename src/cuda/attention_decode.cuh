@@ -30,8 +30,11 @@ static inline size_t ad_finish_smem(int D) {
     return ((size_t)AD_WARPS * AD_HB_MAX * AD_HEADS * (3 + D + 4) + AD_HB_MAX * AD_HEADS * 2) * 4;
 }
 
-/* Quantized cache: the kernel for head_dim 64/128/256 (attention_decode_q.cu). supported: 1 if this
- * device runs it with two blocks per SM (the split sizing assumes a wave of two), else 0. */
+/* Quantized cache: the kernel for head_dim 64/128/256 (attention_decode_q.cu). supported: the blocks
+ * per SM this device runs at once (2 or 3: the splits fill a wave of them, backend.cu kv_step), or 0
+ * where it cannot run two. launch: n_split quantized splits, then the exact rows' chunks
+ * (cuda_exact_chunks); their partials [n_tokens][n_head][n_split + chunks] (out, xq: NULL unless
+ * that total is 1). */
 int attention_decode_q_supported(int head_dim, int group);
 void attention_decode_q_launch(float *out, int8_t *xq, float2 *xds, float *part_o, float *part_ml, const float *q,
                                const cuda_kv &kv, int l, const int32_t *pos, const int32_t *seq_id, int n_tokens,

@@ -29,14 +29,21 @@
  * 2-bit -> f16: the head's 4 levels as f16, their low bytes in one register and high bytes in
  * another; prmt with the selector (c, c + 4) per half picks a level for two positions at once, then
  * times the two positions' scales.
- * A tile with a position a query sees exactly (the first n_sink positions, the last n_window
- * before the query) takes a slower path: each of its rows is read from the residual or dequantized
- * in float32, as that row is exact or not; it is at most (n_sink + n_window) / 16 + 2 tiles a query.
+ * The exact rows. The positions a query sees exactly (the first n_sink, the last n_window up to the
+ * query: at most n_sink + n_window rows) are not in the quantized splits: their tiles copy zeros for
+ * them and score them -inf. They are splits of their own after the quantized ones, chunks of at most
+ * CUDA_EXACT_ROWS rows (adq_exact: float32 from the residual, on the CUDA cores), merged with the
+ * rest by the combine as any split. Before, a tile holding such rows read them from the residual in
+ * its MMA loop, one dependent round trip to memory after another: under Nsight Compute (H100, the
+ * Qwen3.5-27B shape at depth 16384) the split holding the window took about twice the others', and
+ * the SMs were busy 55% of the kernel's time.
  *
  * Shared memory: per warp NS stages of K [16][SK] and V [16][SK] bytes (V sized for q8_0 rows);
- * D 64: SK 80, NS 4 (40 KiB); D 128: SK 144, NS 4 (72 KiB); D 256: SK 272, NS 3 (102 KiB); two
- * blocks per SM. Needs sm_80 (cp.async, mma m16n8k16, movmatrix); below that the body is empty and
- * attention_decode_q_supported returns 0 (the generic attention_cuda reads the cache instead).
+ * D 64: SK 80, NS 4 (40 KiB); D 128: SK 144, NS 4 (72 KiB); D 256: SK 272, NS 2 (68 KiB); at most
+ * 168 registers a thread, so three blocks an SM (two for D 256 with groups over 8): twelve warps
+ * where the registers of the earlier form (255) allowed eight. Needs sm_80 (cp.async, mma m16n8k16,
+ * movmatrix); below that the body is empty and attention_decode_q_supported returns 0 (the generic
+ * attention_cuda reads the cache instead).
  * CPU twin: forward_cpu.c's attention over kv_load's rows (kvcache.c).
  */
 #include <math.h>
@@ -46,6 +53,7 @@
 
 #include "kvcache.h"
 #include "cuda/ops_cuda.h"
+#include "cuda/backend.h"
 
 #include "cuda/common.cuh"
 #include "cuda/launch.cuh"
@@ -54,15 +62,24 @@
 #include "cuda/attention_decode.cuh"
 #include "cuda/attention_sparse.cuh"
 
-#define ADQ_BN 16 /* positions per tile: one m16 block of S^T, one k16 step of O^T */
+#define ADQ_BN 16        /* positions per tile: one m16 block of S^T, one k16 step of O^T */
+/* Blocks an SM the registers allow: three (at most 168 registers a thread), two for head_dim 256 with
+ * groups over 8 (three would spill O^T's accumulators) */
+static constexpr __host__ __device__ int adq_min_blocks(int D, int HB) { return D == 256 && HB == 2 ? 2 : 3; }
 
 /* Bytes of a q8_0 row and its stride in a stage: an odd multiple of 16. */
 static constexpr __host__ __device__ int adq_row(int D) { return 17 * D / 16; }
 static constexpr __host__ __device__ int adq_sk(int D) { return ((adq_row(D) + 15) / 16) % 2 ? (adq_row(D) + 15) / 16 * 16 : (adq_row(D) + 15) / 16 * 16 + 16; }
-static constexpr __host__ __device__ int adq_ns(int D) { return D >= 256 ? 3 : 4; }
+static constexpr __host__ __device__ int adq_ns(int D) { return D >= 256 ? 2 : 4; }
+/* Floats of the exact chunks' shared memory (adq_exact): Q, S, O and (M, L) of up to 16 heads. */
+static constexpr __host__ __device__ int adq_exact_floats(int D) {
+    return AD_HB_MAX * AD_HEADS * (2 * D + CUDA_EXACT_ROWS + 2);
+}
 static size_t adq_smem(int D, int SK, int NS) {
-    const size_t ring = (size_t)AD_WARPS * NS * 2 * ADQ_BN * SK, comb = ad_finish_smem(D);
-    return ring > comb ? ring : comb;
+    size_t n = (size_t)AD_WARPS * NS * 2 * ADQ_BN * SK;
+    if (n < ad_finish_smem(D)) n = ad_finish_smem(D);
+    if (n < (size_t)adq_exact_floats(D) * 4) n = (size_t)adq_exact_floats(D) * 4;
+    return n;
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -91,11 +108,110 @@ static __device__ __forceinline__ uint32_t q2_pair(uint32_t x, uint32_t lo, uint
     return __byte_perm(lo, hi, t * 0x11u + 0x4040u);
 }
 
+/* 1 if the tile of ADQ_BN positions from a0 holds a row the query at qpos reads exactly (kvq_exact). */
+static __device__ __forceinline__ bool adq_touches_exact(const cuda_kv &kv, int a0, int qpos) {
+    return a0 < kv.n_sink || qpos - (a0 + ADQ_BN - 1) < kv.n_window;
+}
+
+/* The exact rows of token t's query at qpos (kvq_exact: the first n_sink positions and the last
+ * n_window up to the query), for the group of KV head kvh, in float32 from the residual: split
+ * `split` of gridDim.x, chunk split - n_split of the gridDim.x - n_split that follow the quantized
+ * splits. Chunk e takes the query's exact rows [e R, e R + R) in position order, R = the
+ * ceiling of (n_sink + n_window) over the chunks (at most CUDA_EXACT_ROWS, adq_exact_chunks). A warp
+ * scores 16 rows (each lane a slice of D / 32 dims, the sums over the warp); the block takes the
+ * chunk's softmax at once and P V with a thread per four dims and a share of the rows, the shares
+ * summed in a fixed order. The partials are ad_finish's: unnormalised O, (M scale, L), L = 0 for no
+ * row. sm: shared memory of at least adq_exact_smem(D) bytes (the quantized splits' rings). */
+template <int D, int HB, bool SP>
+static __device__ __forceinline__ void adq_exact(float *__restrict__ part_o, float *__restrict__ part_ml,
+                                              const float *q, const cuda_kv &kv, int l, int t, int kvh, int qpos,
+                                              int sid, const attn_vis &vis, int n_head, int n_split, int split,
+                                              float sl2, float scale, float *sm) {
+    constexpr int R = HB * AD_HEADS, PL = D / 32, C4 = D / 4, NP = AD_THREADS / C4, ER = CUDA_EXACT_ROWS;
+    static_assert(AD_WARPS * 16 == ER && AD_THREADS % C4 == 0, "a warp scores 16 rows; whole float4 columns");
+    float *Qs = sm, *S = Qs + R * D, *Os = S + R * ER, *ML = Os + R * D; /* [R][D], [R][ER], [R][D], [R][2] */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = n_head / kv.n_head_kv;
+    const int n_total = (int)gridDim.x, n_e = n_total - n_split, e = split - n_split;
+    const int per = (kv.n_sink + kv.n_window + n_e - 1) / n_e;
+    const int ns = min(kv.n_sink, qpos + 1), w0 = max(ns, qpos - kv.n_window + 1), n_ex = ns + qpos + 1 - w0;
+    const int i0 = e * per, nr = max(0, min(n_ex, i0 + per) - i0); /* this chunk's rows */
+    auto row_pos = [&](int r) { return i0 + r < ns ? i0 + r : w0 + i0 + r - ns; };
+    pdl_wait(); /* q and the residual: this step's earlier kernels */
+    pdl_launch_dependents();
+    const float *qt = q + ((size_t)t * n_head + (size_t)kvh * group) * D;
+    for (int i = threadIdx.x; i < group * D; i += AD_THREADS) Qs[i] = qt[i];
+    __syncthreads();
+    for (int j = 0; j < 16; j++) { /* S[h][r] = q_h . k_r, or -inf where the query does not see r */
+        const int r = warp * 16 + j;
+        if (r >= nr) break;
+        const int p = row_pos(r);
+        const float *kr = kvq_res(kv, KV_K, l, sid, p) + (size_t)kvh * D + lane * PL;
+        float k[PL];
+#pragma unroll
+        for (int x = 0; x < PL; x += 2) *(float2 *)(k + x) = *(const float2 *)(kr + x);
+        const bool seen = !SP || vis.sees(p);
+        for (int h = 0; h < group; h++) {
+            const float *qh = Qs + h * D + lane * PL;
+            float d = 0.0f;
+#pragma unroll
+            for (int x = 0; x < PL; x++) d = fmaf(k[x], qh[x], d);
+            d = warp_sum(d);
+            if (lane == 0) S[h * ER + r] = seen ? d : -INFINITY;
+        }
+    }
+    __syncthreads();
+    for (int h = warp; h < group; h += AD_WARPS) { /* a warp a head: M, P = 2^((s - M) sl2), L */
+        float *sh = S + h * ER;
+        const float a = lane < nr ? sh[lane] : -INFINITY, b = lane + 32 < nr ? sh[lane + 32] : -INFINITY;
+        const float M = warp_max(fmaxf(a, b)), ms = M == -INFINITY ? 0.0f : M * sl2;
+        const float pa = exp2f(fmaf(a, sl2, -ms)), pb = exp2f(fmaf(b, sl2, -ms));
+        if (lane < nr) sh[lane] = pa;
+        if (lane + 32 < nr) sh[lane + 32] = pb;
+        const float L = warp_sum(pa + pb);
+        if (lane == 0) ML[2 * h] = M, ML[2 * h + 1] = L;
+    }
+    __syncthreads();
+    const int c4 = threadIdx.x % C4, part = threadIdx.x / C4; /* dims 4 c4 .. + 3, rows part + k NP */
+    float4 o[R];
+#pragma unroll
+    for (int h = 0; h < R; h++) o[h] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int r = part; r < nr; r += NP) {
+        const float4 v = *(const float4 *)(kvq_res(kv, KV_V, l, sid, row_pos(r)) + (size_t)kvh * D + 4 * c4);
+#pragma unroll
+        for (int h = 0; h < R; h++)
+            if (h < group) {
+                const float w = S[h * ER + r];
+                o[h].x = fmaf(w, v.x, o[h].x), o[h].y = fmaf(w, v.y, o[h].y);
+                o[h].z = fmaf(w, v.z, o[h].z), o[h].w = fmaf(w, v.w, o[h].w);
+            }
+    }
+    for (int k = 0; k < NP; k++) { /* the shares summed in order: the same bits every run */
+        if (part == k)
+#pragma unroll
+            for (int h = 0; h < R; h++)
+                if (h < group) {
+                    float4 *dst = (float4 *)(Os + h * D + 4 * c4);
+                    if (k) {
+                        const float4 a = *dst;
+                        o[h].x += a.x, o[h].y += a.y, o[h].z += a.z, o[h].w += a.w;
+                    }
+                    *dst = o[h];
+                }
+        __syncthreads();
+    }
+    for (int i = threadIdx.x; i < group * C4; i += AD_THREADS) {
+        const int h = i / C4, d = 4 * (i % C4);
+        const size_t pidx = ((size_t)t * n_head + (size_t)kvh * group + h) * n_total + split;
+        *(float4 *)(part_o + pidx * D + d) = *(const float4 *)(Os + h * D + d);
+        if (d == 0) part_ml[2 * pidx] = ML[2 * h + 1] > 0.0f ? ML[2 * h] * scale : -INFINITY, part_ml[2 * pidx + 1] = ML[2 * h + 1];
+    }
+}
+
 #endif
 
 /* grid (n_split, n_head_kv, n_tokens), block AD_THREADS; arguments and SP as attention_decode_kernel's. */
 template <int D, int NS, int HB, bool SP>
-__global__ void __launch_bounds__(AD_THREADS)
+__global__ void __launch_bounds__(AD_THREADS, adq_min_blocks(D, HB))
     attention_decode_q_kernel(float *__restrict__ out, int8_t *__restrict__ xq, float2 *__restrict__ xds,
                               float *__restrict__ part_o, float *__restrict__ part_ml, const float *q, const cuda_kv kv,
                               int l, const int32_t *__restrict__ pos, const int32_t *__restrict__ seq_id, int n_head,
@@ -112,6 +228,11 @@ __global__ void __launch_bounds__(AD_THREADS)
     const int qpos = pos[t], sid = seq_id[t];
     if (SP && kv.topk_blocks) pdl_wait(); /* the step's kv_select_cuda wrote the list */
     const attn_vis vis = SP ? attn_vis_of(kv, t, kvh, qpos, true) : attn_vis{};
+    if (split >= n_split) { /* the exact rows' chunks follow the quantized splits */
+        adq_exact<D, HB, SP>(part_o, part_ml, q, kv, l, t, kvh, qpos, sid, vis, n_head, n_split, split, sl2, scale,
+                             (float *)adq_sm);
+        return;
+    }
     /* p0, p1: the split's (virtual, under SP) positions; apos: the position v stands for */
     const int p0 = split * split_len, p1 = min(SP ? vis.n_vb * kv.block_size : qpos + 1, p0 + split_len);
     auto apos = [&](int v) { return SP ? vis.pos(v) : v; };
@@ -131,6 +252,7 @@ __global__ void __launch_bounds__(AD_THREADS)
     auto load = [&](int i, int s) {
         uint8_t *Kd = ring + s * STAGE, *Vd = Kd + BN * SK;
         const int j0 = tile_p0(i), a0 = apos(j0), pend = SP ? qpos + 1 - a0 : BN; /* rows from pend: zero */
+        const bool ex = adq_touches_exact(kv, a0, qpos); /* exact rows: zeros (the exact split has them) */
         const size_t blk = one_block ? (size_t)tab[a0 / bs] : 0;
         const uint8_t *kt = kbase + blk * kv.block_bytes_k + (size_t)(a0 % bs) * slot_k;
         const uint8_t *vt = vbase + blk * kv.block_bytes_v + (size_t)(a0 % bs) * slot_v;
@@ -141,19 +263,19 @@ __global__ void __launch_bounds__(AD_THREADS)
         };
 #pragma unroll
         for (int k = lane; k < BN * NK; k += 32) {
-            const int r = k / NK, ch = k - r * NK, ok = j0 + r < p1 && r < pend;
+            const int r = k / NK, ch = k - r * NK, ok = j0 + r < p1 && r < pend && !(ex && kvq_exact(kv, a0 + r, qpos));
             cp_async_n<CB>(Kd + r * SK + ch * CB, ok ? row(kt, kbase, kv.block_bytes_k, slot_k, r) + ch * CB : kbase, ok);
         }
         if (v2) {
 #pragma unroll
             for (int k = lane; k < BN * NV2; k += 32) {
-                const int r = k / NV2, ch = k - r * NV2, ok = j0 + r < p1 && r < pend;
+                const int r = k / NV2, ch = k - r * NV2, ok = j0 + r < p1 && r < pend && !(ex && kvq_exact(kv, a0 + r, qpos));
                 cp_async_n<CB>(Vd + r * SK + ch * CB, ok ? row(vt, vbase, kv.block_bytes_v, slot_v, r) + ch * CB : vbase, ok);
             }
         } else {
 #pragma unroll
             for (int k = lane; k < BN * NK; k += 32) {
-                const int r = k / NK, ch = k - r * NK, ok = j0 + r < p1 && r < pend;
+                const int r = k / NK, ch = k - r * NK, ok = j0 + r < p1 && r < pend && !(ex && kvq_exact(kv, a0 + r, qpos));
                 cp_async_n<CB>(Vd + r * SK + ch * CB, ok ? row(vt, vbase, kv.block_bytes_v, slot_v, r) + ch * CB : vbase, ok);
             }
         }
@@ -169,11 +291,9 @@ __global__ void __launch_bounds__(AD_THREADS)
     }
     /* the 2-bit levels of this head as f16: low bytes in lvlo, high bytes in lvhi */
     uint32_t lvlo = 0, lvhi = 0;
-    float lvf[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        lvf[j] = dv->levels[kvh][j];
-        const unsigned hbits = __half_as_ushort(__float2half_rn(lvf[j]));
+        const unsigned hbits = __half_as_ushort(__float2half_rn(dv->levels[kvh][j]));
         lvlo |= (hbits & 0xffu) << (8 * j), lvhi |= (hbits >> 8) << (8 * j);
     }
     pdl_wait();
@@ -198,32 +318,7 @@ __global__ void __launch_bounds__(AD_THREADS)
         __syncwarp();
         const uint8_t *Kr = ring + (i % NS) * STAGE, *Vr = Kr + BN * SK;
         const int j0 = tile_p0(i), a0 = apos(j0); /* a0 + r: row r's position */
-        /* some row read exactly (kv_exact), warp-uniform */
-        const bool slow = a0 < kv.n_sink || qpos - (a0 + BN - 1) < kv.n_window;
-        auto exact = [&](int r) {
-            return j0 + r < p1 && a0 + r <= qpos && (a0 + r < kv.n_sink || qpos - (a0 + r) < kv.n_window);
-        };
-        /* a slow tile's residual rows: this lane's K rows g, g + 8 and V rows 2c, 2c + 1, 2c + 8, 2c + 9,
-         * each the row itself where exact, else position 0's (any row that exists: its values are not
-         * used). The loads below then take no branch, and the unrolled groups issue them together
-         * instead of one dependent round trip to memory a group. */
-        const float *rk[2] = {NULL, NULL}, *rv[4] = {NULL, NULL, NULL, NULL};
-        bool ek[2] = {false, false}, ev[4] = {false, false, false, false};
-        if (slow) {
-#pragma unroll
-            for (int rr = 0; rr < 2; rr++) {
-                const int r = g + 8 * rr;
-                ek[rr] = exact(r);
-                rk[rr] = kvq_res(kv, KV_K, l, sid, ek[rr] ? a0 + r : 0) + (size_t)kvh * D + 8 * c;
-            }
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int r = 2 * c + (k & 1) + (k >> 1) * 8;
-                ev[k] = exact(r);
-                rv[k] = kvq_res(kv, KV_V, l, sid, ev[k] ? a0 + r : 0) + (size_t)kvh * D + 4 * g;
-            }
-        }
-
+        const bool ex = adq_touches_exact(kv, a0, qpos); /* some row exact (-inf here), warp-uniform */
         /* S^T = K Q^T; with one head block the odd k16 steps go to a second accumulator */
         float s[1][HB][4], s2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -240,14 +335,6 @@ __global__ void __launch_bounds__(AD_THREADS)
                 const __half2 d2 = __half2half2(((const __half *)row)[G]);
                 x[rr][0] = q8_pair(w0, 0x4140, d2), x[rr][1] = q8_pair(w0, 0x4342, d2);
                 x[rr][2] = q8_pair(w1, 0x4140, d2), x[rr][3] = q8_pair(w1, 0x4342, d2);
-                if (slow) {
-                    const float4 *f = (const float4 *)(rk[rr] + 32 * G);
-                    const float4 a = f[0], b = f[1];
-                    if (ek[rr]) {
-                        x[rr][0] = pack_h2(a.x, a.y), x[rr][1] = pack_h2(a.z, a.w);
-                        x[rr][2] = pack_h2(b.x, b.y), x[rr][3] = pack_h2(b.z, b.w);
-                    }
-                }
             }
             const uint32_t a0[4] = {x[0][0], x[1][0], x[0][1], x[1][1]};
             const uint32_t a1[4] = {x[0][2], x[1][2], x[0][3], x[1][3]};
@@ -261,21 +348,23 @@ __global__ void __launch_bounds__(AD_THREADS)
         if (HB == 1)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[0][0][e] += s2[e];
-        if (SP) { /* past p1 or the query, or unseen: -inf rows; a listed middle block is seen whole */
-            if (j0 + BN > p1 || a0 + BN - 1 > qpos || !(vis.whole(j0 / bs) || a0 + BN <= vis.a || a0 >= vis.b))
+        if (SP) { /* past p1 or the query, exact, or unseen: -inf rows; a listed middle block is seen whole */
+            if (ex || j0 + BN > p1 || a0 + BN - 1 > qpos || !(vis.whole(j0 / bs) || a0 + BN <= vis.a || a0 >= vis.b))
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int r = g + (e >> 1) * 8;
-                    if (j0 + r >= p1 || a0 + r > qpos || !vis.sees(a0 + r))
+                    if (j0 + r >= p1 || a0 + r > qpos || kvq_exact(kv, a0 + r, qpos) || !vis.sees(a0 + r))
 #pragma unroll
                         for (int hb = 0; hb < HB; hb++) s[0][hb][e] = -INFINITY;
                 }
-        } else if (j0 + BN > p1) /* the split's last tile: positions past p1 are -inf rows */
+        } else if (ex || j0 + BN > p1) /* past p1 (the split's last tile) or exact: -inf rows */
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                if (j0 + g + (e >> 1) * 8 >= p1)
+            for (int e = 0; e < 4; e++) {
+                const int r = g + (e >> 1) * 8;
+                if (j0 + r >= p1 || kvq_exact(kv, a0 + r, qpos))
 #pragma unroll
                     for (int hb = 0; hb < HB; hb++) s[0][hb][e] = -INFINITY;
+            }
 
         ad_softmax_tile<1, HB, ND>(s, m, lsum, o, sl2);
         uint32_t b[HB][2];
@@ -291,30 +380,7 @@ __global__ void __launch_bounds__(AD_THREADS)
 #pragma unroll
         for (int G = 0; G < NG; G++) {
             uint32_t v[2][4];
-            if (slow) {
-                float f[4][4];
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const float4 a = *(const float4 *)(rv[k] + 32 * G);
-                    if (ev[k]) {
-                        f[k][0] = a.x, f[k][1] = a.y, f[k][2] = a.z, f[k][3] = a.w;
-                    } else {
-                        const float d = __half2float(((const __half *)vr[k])[G]);
-                        if (v2) {
-                            const unsigned cb = vr[k][CO + 8 * G + g];
-#pragma unroll
-                            for (int j = 0; j < 4; j++) f[k][j] = d * lvf[(cb >> (2 * j)) & 3];
-                        } else {
-#pragma unroll
-                            for (int j = 0; j < 4; j++) f[k][j] = d * (float)(int8_t)vr[k][CO + 32 * G + 4 * g + j];
-                        }
-                    }
-                }
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int j = 0; j < 4; j++) v[h][j] = pack_h2(f[2 * h][j], f[2 * h + 1][j]);
-            } else if (v2) {
+            if (v2) {
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const uint8_t *ra = vr[2 * h], *rb = vr[2 * h + 1];
@@ -351,7 +417,7 @@ __global__ void __launch_bounds__(AD_THREADS)
     cp_async_wait<0>();
     ad_finish<D, HB>(
         o, m, lsum, adq_sm, [](int md, int g, int e) { return 32 * (md >> 1) + 4 * g + 2 * (md & 1) + (e >> 1); },
-        [](int) {}, out, xq, xds, part_o, part_ml, t, kvh, group, n_head, n_split, split, sl2, scale);
+        [](int) {}, out, xq, xds, part_o, part_ml, t, kvh, group, n_head, (int)gridDim.x, split, sl2, scale);
 #endif
 }
 
@@ -377,9 +443,9 @@ int attention_decode_q_supported(int D, int group) {
     const int di = D == 64 ? 0 : D == 128 ? 1 : D == 256 ? 2 : -1, hb2 = group > AD_HEADS;
     if (di < 0 || group < 1 || group > AD_HB_MAX * AD_HEADS) return 0;
     if (cached[di][hb2] >= 0) return cached[di][hb2];
-    int dev = 0, major = 0, optin = 0, ok = 1;
+    int dev = 0, major = 0, optin = 0, ok = 1, blocks = 1 << 30;
     const size_t need = adq_smem_d(D);
-    for (int sp = 0; sp < 2 && ok; sp++) { /* full, and window or selection: both run two blocks per SM */
+    for (int sp = 0; sp < 2 && ok; sp++) { /* full, and window or selection: the fewer blocks of the two */
         const void *fn = adq_fn(D, hb2, sp);
         cudaFuncAttributes fa;
         int per_sm = 0;
@@ -390,10 +456,11 @@ int attention_decode_q_supported(int D, int group) {
              (size_t)optin >= need + fa.sharedSizeBytes &&
              cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need) == cudaSuccess &&
              cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, AD_THREADS, need) == cudaSuccess && per_sm >= 2;
+        if (per_sm < blocks) blocks = per_sm;
     }
     (void)cudaGetLastError(); /* a build without a fitting image reports an error here: not sticky */
-    cached[di][hb2] = ok;
-    return ok;
+    cached[di][hb2] = ok ? blocks : 0;
+    return cached[di][hb2];
 }
 
 void attention_decode_q_launch(float *out, int8_t *xq, float2 *xds, float *part_o, float *part_ml, const float *q,
@@ -401,7 +468,8 @@ void attention_decode_q_launch(float *out, int8_t *xq, float2 *xds, float *part_
                                int n_head, int n_split, int split_len, float sl2, float scale, cudaStream_t st) {
     const int D = kv.head_dim, group = n_head / kv.n_head_kv;
     if (!attention_decode_q_supported(D, group)) return;
-    const dim3 grid((unsigned)n_split, (unsigned)kv.n_head_kv, (unsigned)n_tokens), block(AD_THREADS);
+    const int n_all = n_split + cuda_exact_chunks(1, kv.n_sink, kv.n_window);
+    const dim3 grid((unsigned)n_all, (unsigned)kv.n_head_kv, (unsigned)n_tokens), block(AD_THREADS);
     const cuda_kv kvv = kv;
     void *args[] = {(void *)&out,    (void *)&xq,      (void *)&xds,       (void *)&part_o, (void *)&part_ml,
                     (void *)&q,      (void *)&kvv,     (void *)&l,         (void *)&pos,    (void *)&seq_id,

@@ -196,7 +196,7 @@ extern "C" void cuda_tuning_from_env(struct cuda_tuning *t) {
     if (pf && sscanf(pf, "%lf,%d", &t->l2_pf_mib, &blocks) == 2) t->l2_pf_blocks = blocks > 0 ? blocks : 1;
     const char *cfg = getenv("PXQ_CUDA_DECODE_CFG");
     t->decode_cfg = cfg && *cfg ? atoi(cfg) : -1;
-    t->split_blocks = env_int("PXQ_CUDA_SPLIT_BLOCKS", 2);
+    t->split_blocks = env_int("PXQ_CUDA_SPLIT_BLOCKS", 0); /* 0: the decode kernel's own (kv_step) */
     const char *tile = getenv("PXQ_CUDA_TILE");
     t->tile = tile ? (size_t)strtoull(tile, NULL, 10) : 0;
     t->sm_target = env_int("PXQ_CUDA_SM_TARGET", -1);
@@ -300,8 +300,7 @@ static void choose_paths(cuda_backend *b, const struct pxq_hparams *hp, const cu
     /* decode attention splits: at most one wave of two blocks per SM (Qwen3-32B at 32K on an H200, t/s
      * with 1/2/3/6 blocks per SM: 99.3/104.9-105.2/103.4-104.2/85.6; three is the (16, 2)
      * configuration's occupancy; Qwen3.5-27B at 16K keeps its 64 splits of 256) */
-    b->split_blocks = t->split_blocks;
-    if (b->split_blocks < 1) b->split_blocks = 1;
+    b->split_blocks = t->split_blocks > 0 ? t->split_blocks : 2;
 }
 
 /* Arena: the backend with its paths, the device arena of arena_size bytes (the plan's), the two
@@ -547,6 +546,10 @@ static int kv_step(struct pxq_engine *e, cuda_backend *b, const struct cuda_plan
     /* the tensor-core decode kernel for this view: a quantized cache's form (attention_decode_q.cu),
      * and under window or selection whether it walks the visible blocks (attention_sparse.cuh) */
     b->decode_attn = b->decode_attn && attention_decode_supported(kv, e->hp->n_head);
+    /* the quantized cache's kernel: a wave of as many blocks an SM as run at once (three where the
+     * registers and shared memory allow: twelve warps hide its latency better than eight) */
+    if (b->decode_attn && kv->quantized && b->tune.split_blocks <= 0)
+        b->split_blocks = attention_decode_q_blocks(kv, e->hp->n_head);
     if (kv->attn_window) b->prefill_attn = b->prefill_attn && attention_prefill_sparse_prepare(kv) == 0;
     return 0;
 }

@@ -61,23 +61,33 @@ static inline int64_t cuda_tier_dev_blocks(int64_t given, size_t budget, size_t 
 #define CUDA_SPLIT_LEN 256
 #define CUDA_SPLIT_ALIGN 64 /* decode attention splits: whole tiles of every attention_decode configuration */
 
+/* Quantized caches: the rows a decode step's query reads exactly (kv_exact: the first n_sink positions
+ * and the last n_window) are read in float32 from the residual by chunks of at most CUDA_EXACT_ROWS
+ * rows, each one more split of the decode attention after the quantized ones (attention_decode_q.cu).
+ * The chunks of a query: 0 for an f16 cache or no exact rows. */
+#define CUDA_EXACT_ROWS 64
+static inline int cuda_exact_chunks(int quantized, int n_sink, int n_window) {
+    return quantized ? (n_sink + n_window + CUDA_EXACT_ROWS - 1) / CUDA_EXACT_ROWS : 0;
+}
+
 /* The split-K of a decode step's attention over n_kv positions (the step's longest context; forward.cu
  * decode_splits, which also has the measurements): *n_split chunks of *split_len positions.
  * attention_cuda (decode_attn 0): chunks of CUDA_SPLIT_LEN, n_split the power of two covering n_kv.
- * attention_decode_cuda (decode_attn 1): at most T = split_blocks x n_sm / (n_head_kv x n_tok)
- * splits (one wave of split_blocks blocks per SM): the power of two of chunks of CUDA_SPLIT_LEN
+ * attention_decode_cuda (decode_attn 1): at most T = split_blocks x n_sm / (n_head_kv x n_tok) - extra
+ * splits (one wave of split_blocks blocks per SM, with room for the extra blocks each KV head and
+ * token adds: the exact chunks, cuda_exact_chunks): the power of two of chunks of CUDA_SPLIT_LEN
  * while it is at most T, else T splits of n_kv / T rounded up to an eighth of its octave (a
  * multiple of CUDA_SPLIT_ALIGN). Always n_split <= max_splits (the partials' buffers: max_splits
  * chunks of CUDA_SPLIT_LEN cover n_ctx >= n_kv) and n_split x split_len >= n_kv. */
 static inline void cuda_decode_splits(int n_kv, int n_tok, int n_head_kv, int decode_attn, int split_blocks, int n_sm,
-                                      int max_splits, int *n_split, int *split_len) {
+                                      int max_splits, int extra, int *n_split, int *split_len) {
     const int need = (n_kv + CUDA_SPLIT_LEN - 1) / CUDA_SPLIT_LEN;
     int p = 1;
     while (p < need) p *= 2;
     *split_len = CUDA_SPLIT_LEN;
     *n_split = p < max_splits ? p : max_splits;
     if (!decode_attn || *n_split == 1) return;
-    int64_t t = (int64_t)split_blocks * n_sm / ((int64_t)n_head_kv * n_tok);
+    int64_t t = (int64_t)split_blocks * n_sm / ((int64_t)n_head_kv * n_tok) - extra;
     if (t < 1) t = 1;
     if (t > max_splits) t = max_splits;
     if (*n_split <= t) return;

@@ -419,7 +419,8 @@ static void gemm_in_norm(cuda_backend *b, const float *w, int d, int n, float ep
  * attention or block selection it stops growing at the visible blocks' bound). */
 static void decode_splits(const cuda_backend *b, const struct pxq_hparams *hp, int n_tok, int n_kv, step *s) {
     if (b->decode_attn) n_kv = attention_sparse_len(&b->kv, n_kv); /* window or selection: the visible blocks */
-    cuda_decode_splits(n_kv, n_tok, hp->n_head_kv, b->decode_attn, b->split_blocks, b->n_sm, b->max_splits, &s->n_split,
+    cuda_decode_splits(n_kv, n_tok, hp->n_head_kv, b->decode_attn, b->split_blocks, b->n_sm, b->max_splits,
+                       b->decode_attn ? cuda_exact_chunks(b->kv.quantized, b->kv.n_sink, b->kv.n_window) : 0, &s->n_split,
                        &s->split_len);
 }
 

@@ -20,6 +20,12 @@ static __device__ __forceinline__ const uint8_t *kvq_row(const cuda_kv &kv, int 
            (size_t)(p % kv.block_size) * d->slot_bytes + d->head_off[h];
 }
 
+/* 1 if the query at position q reads position p exactly, from the residual (kv_exact): p among the
+ * first n_sink positions or the last n_window up to q. */
+static __device__ __forceinline__ bool kvq_exact(const cuda_kv &kv, int p, int q) {
+    return p < kv.n_sink || q - p < kv.n_window;
+}
+
 /* The residual row (all heads) of position p of sequence s in layer l, or NULL without a slot. */
 static __device__ __forceinline__ float *kvq_res(const cuda_kv &kv, int pool, int l, int s, int p) {
     int slot;
@@ -56,7 +62,7 @@ static __device__ __forceinline__ void kvq_pool8(const cuda_kv &kv, int pool, in
  * exact (kv_exact), else dequantized from the pool. */
 static __device__ __forceinline__ void kvq_load8(const cuda_kv &kv, int pool, int l, const int32_t *tab, int s, int h,
                                                  int p, int q, int d, float *o) {
-    if (p < kv.n_sink || q - p < kv.n_window) {
+    if (kvq_exact(kv, p, q)) {
         const float4 *r = (const float4 *)(kvq_res(kv, pool, l, s, p) + (size_t)h * kv.head_dim + d);
         const float4 a = r[0], b = r[1];
         o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;

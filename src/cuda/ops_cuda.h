@@ -306,6 +306,9 @@ void attention_combine_cuda(float *out, int8_t *xq, float *xds, const float *par
  * be a multiple of the kernel's tile (16 positions, or the f16 configuration's); the splits then
  * cut the visible blocks (attention_sparse.cuh: attention_sparse_len bounds them). */
 int attention_decode_supported(const struct cuda_kv *kv, int n_head);
+/* The blocks per SM of attention_decode_cuda's kernel for this cache that run at once, for the
+ * splits' wave (cuda_decode_splits): the quantized cache's kernel 2 or 3; 0 where not supported. */
+int attention_decode_q_blocks(const struct cuda_kv *kv, int n_head);
 /* The (virtual) positions attention_decode_cuda's splits must cover for queries up to n_kv
  * positions: n_kv without window attention; else the visible blocks' bound (attention_sparse.cuh)
  * in positions, min(ceil(n_kv / bs), ceil(sinks / bs) + topk_blocks + (window - 1) / bs + 2) x bs. */

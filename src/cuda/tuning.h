@@ -43,7 +43,8 @@ struct cuda_tuning {
     double l2_pf_mib;     /* PXQ_CUDA_L2_PREFETCH=MiB[,blocks]: L2 prefetch of the next weight (0: off); 4 */
     int l2_pf_blocks;     /* ... by this many of the mat-vec's last blocks; 0: 4 x SMs */
     int decode_cfg;       /* PXQ_CUDA_DECODE_CFG=k: the decode attention's k-th configuration; -1: first that fits */
-    int split_blocks;     /* PXQ_CUDA_SPLIT_BLOCKS=N: decode attention splits for a wave of N blocks per SM; 2 */
+    int split_blocks;     /* PXQ_CUDA_SPLIT_BLOCKS=N: decode attention splits for a wave of N blocks per SM; 0: the
+                           * kernel's own (2; the quantized cache's kernel: the blocks an SM it runs, 3 on sm_90) */
     /* prefill tuning */
     size_t tile;          /* PXQ_CUDA_TILE=N: weight tile elements (at most the plan's); 0: the plan's */
     int sm_target;        /* PXQ_CUDA_SM_TARGET=N: SMs the GEMMs are sized for (0: all); -1: 7/8 of them */
