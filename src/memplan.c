@@ -138,6 +138,7 @@ static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const s
     ep.kv_block_size = p->kv_block_size;
     ep.spec_checkpoint = p->spec;
     ep.attn_window = p->attn_window, ep.attn_sinks = p->attn_sinks, ep.kv_topk_blocks = p->topk_blocks;
+    ep.kv_type = p->kv_type, ep.kv_sink = p->kv_sink, ep.kv_window = p->kv_window; /* the exact chunks' partials */
     size_t max_in, max_mat, state;
     cuda_widths_of(hp, &max_in, &max_mat);
     const int64_t blocks = memplan_seq_blocks(p, n_ctx) * p->n_seq;

@@ -15,7 +15,8 @@
  *              tensor-core prefill kernel over the same ubatch, within 4e-3.
  *   engine     tiny-qwen3 (HF dir), greedy 24 tokens on CPU and CUDA with --kv-cache-type q8_0 and
  *              pxq (defaults, and every position quantized), and with window + sink attention
- *              (window 16, 4 sinks; f16 and pxq), and with YaRN x4 (f16): the same tokens, or parting
+ *              (window 16, 4 sinks; f16, pxq with and without its exact rows), and with YaRN x4 (f16):
+ *              the same tokens, or parting
  *              only at a tie (the CPU's top-2 logits within 0.1: the tensor-core kernels' f16).
  */
 #define TEST_RNG_SEED 0x51ed2701a3c2f8e5ull
@@ -223,7 +224,8 @@ static void test_engine(void) {
     static const struct { int type, window, attn_window; const char *name; } cases[] = {
         {KV_CACHE_Q8_0, 128, 0, "q8_0"}, {KV_CACHE_PXQ, 128, 0, "pxq"}, {KV_CACHE_Q8_0, 0, 0, "q8_0, all quantized"},
         {KV_CACHE_PXQ, 0, 0, "pxq, all quantized"}, {KV_CACHE_F16, 128, 16, "f16, attention window 16 + 4 sinks"},
-        {KV_CACHE_PXQ, 0, 16, "pxq all quantized, attention window 16 + 4 sinks"}};
+        {KV_CACHE_PXQ, 0, 16, "pxq all quantized, attention window 16 + 4 sinks"},
+        {KV_CACHE_PXQ, 128, 16, "pxq, attention window 16 + 4 sinks"}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         int32_t a[24], b[24];
         float gap[24];

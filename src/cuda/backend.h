@@ -73,9 +73,10 @@ static inline int cuda_exact_chunks(int quantized, int n_sink, int n_window) {
 /* The split-K of a decode step's attention over n_kv positions (the step's longest context; forward.cu
  * decode_splits, which also has the measurements): *n_split chunks of *split_len positions.
  * attention_cuda (decode_attn 0): chunks of CUDA_SPLIT_LEN, n_split the power of two covering n_kv.
- * attention_decode_cuda (decode_attn 1): at most T = split_blocks x n_sm / (n_head_kv x n_tok) - extra
- * splits (one wave of split_blocks blocks per SM, with room for the extra blocks each KV head and
- * token adds: the exact chunks, cuda_exact_chunks): the power of two of chunks of CUDA_SPLIT_LEN
+ * attention_decode_cuda (decode_attn 1): at most T splits, T = W = split_blocks x n_sm / (n_head_kv x
+ * n_tok) (one wave of split_blocks blocks per SM), less the extra blocks each KV head and token adds
+ * (the exact chunks, cuda_exact_chunks) where they are at most a quarter of W (else they run after
+ * the wave: giving up more splits would lengthen every one): the power of two of chunks of CUDA_SPLIT_LEN
  * while it is at most T, else T splits of n_kv / T rounded up to an eighth of its octave (a
  * multiple of CUDA_SPLIT_ALIGN). Always n_split <= max_splits (the partials' buffers: max_splits
  * chunks of CUDA_SPLIT_LEN cover n_ctx >= n_kv) and n_split x split_len >= n_kv. */
@@ -87,7 +88,8 @@ static inline void cuda_decode_splits(int n_kv, int n_tok, int n_head_kv, int de
     *split_len = CUDA_SPLIT_LEN;
     *n_split = p < max_splits ? p : max_splits;
     if (!decode_attn || *n_split == 1) return;
-    int64_t t = (int64_t)split_blocks * n_sm / ((int64_t)n_head_kv * n_tok) - extra;
+    int64_t t = (int64_t)split_blocks * n_sm / ((int64_t)n_head_kv * n_tok);
+    if (4 * (int64_t)extra <= t) t -= extra;
     if (t < 1) t = 1;
     if (t > max_splits) t = max_splits;
     if (*n_split <= t) return;
