@@ -7,7 +7,7 @@
  * the decode after it (-n N -d P: the P positions filled untimed, then N steps), one timed repetition
  * each. Rows 1-3 warm up first; the last row does not, since each 131,072-token fill is most of its
  * time (a decode graph is captured within the timed steps then). The last row's full-attention KV
- * does not fit beside the weights in 15.2 GiB (pxq plan: 46,992 positions at most), so it runs window
+ * does not fit beside the weights in 15.2 GiB (pxq plan: 46,944 positions at most), so it runs window
  * attention (4096 + 4 sinks), whose blocks past the window are given back; its recall cost is
  * docs/PERF.md's passkey table. (--kv-offload with full attention would fit it, reading the whole
  * host tier each step.) The table printed names, per row, the prompt and batch, prefill and decode
