@@ -5,7 +5,7 @@
 # others. If the machine lacks the -dev libraries, put their headers and .so files in .devlibs/
 # (include/, lib/) and carry it: they are used when present.
 #   usage: tools/gpu-check.sh [build] [tests] [serve] [bench] [sanitize] [qwen35] [bench35] [moe] [ptx75]
-#          [spec] [timeline] [probe] [flow] [long] [depth]
+#          [spec] [timeline] [probe] [flow] [long] [depth] [kvtypes]
 #   (default: build tests serve bench; qwen35 = the hybrid's CUDA tests and perplexities, bench35 =
 #   the Qwen3.5-27B preset's plan and bench at 16 GiB; spec = speculative decoding's CUDA tests, run
 #   equality and the 27B verification passes (docs/SPEC.md); moe = the MoE tests (test_cuda_moe,
@@ -17,7 +17,8 @@
 #   flow = dev/cuda/layer_flow.cu, the persistent decode layer (dev/cuda/README.md), after build,
 #   with its time stamps summarised in flow-trace.txt; long = the host tier's server run of 8 long
 #   passkey prompts (tools/serve_long.py --passkey) and passkey recall with block selection
-#   (tools/passkey_recall.py); depth = the 27B decode rows by attention mode and depth)
+#   (tools/passkey_recall.py); depth = the 27B decode rows by attention mode and depth; kvtypes = the
+#   27B and 32B decode rows by KV cache type at depths 16384 and 32768)
 # The tracked fixtures (about 115 MB) exceed what a lent GPU machine receives of the working tree
 # (64 MiB): move what the run does not need out of the tree for the call and back after it (e.g.
 # tests/data/qwen35 and tests/data/gguf/tiny-qwen3-bf16.gguf; test_cuda_model then reports the
@@ -180,6 +181,20 @@ for s in $steps; do
             echo "== depth $m"
             timeout 600 $B $args 2>&1 | grep -E "tg|rror|fit" | tee -a "$OUT/depth.log"
         done ;;
+    kvtypes)
+        # docs/PERF.md's "KV cache types at depth": each preset and cache type at depths 16384 and
+        # 32768, b1 (six processes, about 40 s each on an H100); the KV kernels' share is the extra KV
+        # bytes of the deeper row over its extra step time
+        for c in "qwen3.5-27b 24GiB" "qwen3-32b 40GiB"; do
+            set -- $c
+            for T in f16 q8_0 pxq; do
+                echo "== kvtypes $1 $T"
+                timeout 240 $PXQ bench --load-format dummy --config presets/$1.json --dtype q4_0 --device cuda \
+                    --gpu-mem $2 -p 0 -n 32 -b 1 -r 1 -d 16384,32768 --kv-cache-type $T 2>&1 |
+                    grep -E "tg|rror|fit" | tee -a "$OUT/kvtypes.log"
+            done
+        done ;;
+    *) echo "unknown step $s" ;;
     esac
     echo "  ($s: $(( $(date +%s) - t0 )) s)"
 done
