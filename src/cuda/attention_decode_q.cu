@@ -117,16 +117,16 @@ static __device__ __forceinline__ bool adq_touches_exact(const cuda_kv &kv, int 
  * n_window up to the query), for the group of KV head kvh, in float32 from the residual: split
  * `split` of gridDim.x, chunk split - n_split of the gridDim.x - n_split that follow the quantized
  * splits. Chunk e takes the query's exact rows [e R, e R + R) in position order, R = the
- * ceiling of (n_sink + n_window) over the chunks (at most CUDA_EXACT_ROWS, adq_exact_chunks). A warp
+ * ceiling of (n_sink + n_window) over the chunks (at most CUDA_EXACT_ROWS, cuda_exact_chunks). A warp
  * scores 16 rows (each lane a slice of D / 32 dims, the sums over the warp); the block takes the
  * chunk's softmax at once and P V with a thread per four dims and a share of the rows, the shares
  * summed in a fixed order. The partials are ad_finish's: unnormalised O, (M scale, L), L = 0 for no
- * row. sm: shared memory of at least adq_exact_smem(D) bytes (the quantized splits' rings). */
+ * row. sm: shared memory of at least adq_exact_floats(D) floats (the quantized splits' rings). */
 template <int D, int HB, bool SP>
 static __device__ __forceinline__ void adq_exact(float *__restrict__ part_o, float *__restrict__ part_ml,
-                                              const float *q, const cuda_kv &kv, int l, int t, int kvh, int qpos,
-                                              int sid, const attn_vis &vis, int n_head, int n_split, int split,
-                                              float sl2, float scale, float *sm) {
+                                                 const float *q, const cuda_kv &kv, int l, int t, int kvh, int qpos,
+                                                 int sid, const attn_vis &vis, int n_head, int n_split, int split,
+                                                 float sl2, float scale, float *sm) {
     constexpr int R = HB * AD_HEADS, PL = D / 32, C4 = D / 4, NP = AD_THREADS / C4, ER = CUDA_EXACT_ROWS;
     static_assert(AD_WARPS * 16 == ER && AD_THREADS % C4 == 0, "a warp scores 16 rows; whole float4 columns");
     float *Qs = sm, *S = Qs + R * D, *Os = S + R * ER, *ML = Os + R * D; /* [R][D], [R][ER], [R][D], [R][2] */
