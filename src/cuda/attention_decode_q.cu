@@ -203,13 +203,17 @@ static __device__ __forceinline__ void adq_exact(float *__restrict__ part_o, flo
         const int h = i / C4, d = 4 * (i % C4);
         const size_t pidx = ((size_t)t * n_head + (size_t)kvh * group + h) * n_total + split;
         *(float4 *)(part_o + pidx * D + d) = *(const float4 *)(Os + h * D + d);
-        if (d == 0) part_ml[2 * pidx] = ML[2 * h + 1] > 0.0f ? ML[2 * h] * scale : -INFINITY, part_ml[2 * pidx + 1] = ML[2 * h + 1];
+        if (d == 0) {
+            const float M = ML[2 * h], L = ML[2 * h + 1];
+            part_ml[2 * pidx] = L > 0.0f ? M * scale : -INFINITY, part_ml[2 * pidx + 1] = L;
+        }
     }
 }
 
 #endif
 
-/* grid (n_split, n_head_kv, n_tokens), block AD_THREADS; arguments and SP as attention_decode_kernel's. */
+/* grid (n_split + the exact chunks (cuda_exact_chunks), n_head_kv, n_tokens), block AD_THREADS; arguments and SP
+ * as attention_decode_kernel's, n_split the quantized splits. */
 template <int D, int NS, int HB, bool SP>
 __global__ void __launch_bounds__(AD_THREADS, adq_min_blocks(D, HB))
     attention_decode_q_kernel(float *__restrict__ out, int8_t *__restrict__ xq, float2 *__restrict__ xds,
@@ -252,7 +256,9 @@ __global__ void __launch_bounds__(AD_THREADS, adq_min_blocks(D, HB))
     auto load = [&](int i, int s) {
         uint8_t *Kd = ring + s * STAGE, *Vd = Kd + BN * SK;
         const int j0 = tile_p0(i), a0 = apos(j0), pend = SP ? qpos + 1 - a0 : BN; /* rows from pend: zero */
-        const bool ex = adq_touches_exact(kv, a0, qpos); /* exact rows: zeros (the exact split has them) */
+        const bool ex = adq_touches_exact(kv, a0, qpos);
+        /* row r is copied: inside the split and up to the query, and not exact (the exact chunks have those) */
+        auto keep = [&](int r) { return j0 + r < p1 && r < pend && !(ex && kvq_exact(kv, a0 + r, qpos)); };
         const size_t blk = one_block ? (size_t)tab[a0 / bs] : 0;
         const uint8_t *kt = kbase + blk * kv.block_bytes_k + (size_t)(a0 % bs) * slot_k;
         const uint8_t *vt = vbase + blk * kv.block_bytes_v + (size_t)(a0 % bs) * slot_v;
@@ -263,19 +269,19 @@ __global__ void __launch_bounds__(AD_THREADS, adq_min_blocks(D, HB))
         };
 #pragma unroll
         for (int k = lane; k < BN * NK; k += 32) {
-            const int r = k / NK, ch = k - r * NK, ok = j0 + r < p1 && r < pend && !(ex && kvq_exact(kv, a0 + r, qpos));
+            const int r = k / NK, ch = k - r * NK, ok = keep(r);
             cp_async_n<CB>(Kd + r * SK + ch * CB, ok ? row(kt, kbase, kv.block_bytes_k, slot_k, r) + ch * CB : kbase, ok);
         }
         if (v2) {
 #pragma unroll
             for (int k = lane; k < BN * NV2; k += 32) {
-                const int r = k / NV2, ch = k - r * NV2, ok = j0 + r < p1 && r < pend && !(ex && kvq_exact(kv, a0 + r, qpos));
+                const int r = k / NV2, ch = k - r * NV2, ok = keep(r);
                 cp_async_n<CB>(Vd + r * SK + ch * CB, ok ? row(vt, vbase, kv.block_bytes_v, slot_v, r) + ch * CB : vbase, ok);
             }
         } else {
 #pragma unroll
             for (int k = lane; k < BN * NK; k += 32) {
-                const int r = k / NK, ch = k - r * NK, ok = j0 + r < p1 && r < pend && !(ex && kvq_exact(kv, a0 + r, qpos));
+                const int r = k / NK, ch = k - r * NK, ok = keep(r);
                 cp_async_n<CB>(Vd + r * SK + ch * CB, ok ? row(vt, vbase, kv.block_bytes_v, slot_v, r) + ch * CB : vbase, ok);
             }
         }
