@@ -63,9 +63,9 @@
 #include "cuda/attention_sparse.cuh"
 
 #define ADQ_BN 16        /* positions per tile: one m16 block of S^T, one k16 step of O^T */
-/* Blocks an SM the registers allow: three (at most 168 registers a thread), two for head_dim 256 with
- * groups over 8 (three would spill O^T's accumulators) */
-static constexpr __host__ __device__ int adq_min_blocks(int D, int HB) { return D == 256 && HB == 2 ? 2 : 3; }
+/* Blocks an SM the registers allow (the kernel's __launch_bounds__): three (at most 168 registers a
+ * thread), two for head_dim 256 with groups over 8 (three would spill O^T's accumulators) */
+#define ADQ_MIN_BLOCKS(D, HB) ((D) == 256 && (HB) == 2 ? 2 : 3)
 
 /* Bytes of a q8_0 row and its stride in a stage: an odd multiple of 16. */
 static constexpr __host__ __device__ int adq_row(int D) { return 17 * D / 16; }
@@ -215,7 +215,7 @@ static __device__ __forceinline__ void adq_exact(float *__restrict__ part_o, flo
 /* grid (n_split + the exact chunks (cuda_exact_chunks), n_head_kv, n_tokens), block AD_THREADS; arguments and SP
  * as attention_decode_kernel's, n_split the quantized splits. */
 template <int D, int NS, int HB, bool SP>
-__global__ void __launch_bounds__(AD_THREADS, adq_min_blocks(D, HB))
+__global__ void __launch_bounds__(AD_THREADS, ADQ_MIN_BLOCKS(D, HB))
     attention_decode_q_kernel(float *__restrict__ out, int8_t *__restrict__ xq, float2 *__restrict__ xds,
                               float *__restrict__ part_o, float *__restrict__ part_ml, const float *q, const cuda_kv kv,
                               int l, const int32_t *__restrict__ pos, const int32_t *__restrict__ seq_id, int n_head,
