@@ -175,10 +175,9 @@ void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *
      * tables (step_inputs, backend_impl.cuh) */
     bf->in_ints = 10 * nb + 1 + n_tab * max_blocks;
     /* the decode attention's partials: its splits, and a quantized cache's exact chunks after them */
-    const int n_sink = p->kv_sink < p->n_ctx ? p->kv_sink : p->n_ctx; /* as kvcache.c clamps them */
-    const int n_win = p->kv_window < p->n_ctx ? p->kv_window : p->n_ctx;
     const size_t max_splits = ((size_t)p->n_ctx + CUDA_SPLIT_LEN - 1) / CUDA_SPLIT_LEN +
-                              (size_t)cuda_exact_chunks(p->kv_type != KV_CACHE_F16, n_sink, n_win);
+                              (size_t)cuda_exact_chunks(p->kv_type != KV_CACHE_F16, kv_exact_clamp(p->kv_sink, p->n_ctx),
+                                                        kv_exact_clamp(p->kv_window, p->n_ctx));
     size_t part_rows = (size_t)CUDA_DECODE_MAX * max_splits;
     if (nb > part_rows) part_rows = nb;
     part_rows *= (size_t)hp->n_head;

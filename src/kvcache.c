@@ -60,8 +60,8 @@ int kv_layout_init(struct kv_layout *lay, int n_layer_kv, int n_head_kv, int hea
     lay->attn_sinks = lay->attn_window && spec->attn_sinks > 0 ? spec->attn_sinks : 0;
     lay->topk_blocks = lay->attn_window && spec->topk_blocks > 0 ? spec->topk_blocks : 0;
     if (lay->quantized) { /* past the context a sink or window keeps every position exact already */
-        lay->n_sink = spec->n_sink > 0 ? spec->n_ctx > 0 && spec->n_sink > spec->n_ctx ? spec->n_ctx : spec->n_sink : 0;
-        lay->n_window = spec->n_window > 0 ? spec->n_ctx > 0 && spec->n_window > spec->n_ctx ? spec->n_ctx : spec->n_window : 0;
+        lay->n_sink = kv_exact_clamp(spec->n_sink, spec->n_ctx);
+        lay->n_window = kv_exact_clamp(spec->n_window, spec->n_ctx);
         lay->n_ring = lay->n_window ? lay->n_window + kv_window_margin(spec->n_batch) : 0; /* a step, or a rollback */
     }
     for (int pool = 0; pool < 2; pool++) {

@@ -97,6 +97,9 @@ static inline int64_t kv_blocks_for(int64_t n_pos, int block_size) { return (n_p
  * its drafts, up to SPEC_K_MAX + 1 positions, whatever the step size). */
 #define KV_ROLLBACK_MIN 64
 static inline int kv_window_margin(int n_batch) { return n_batch > KV_ROLLBACK_MIN ? n_batch : KV_ROLLBACK_MIN; }
+/* A quantized cache's exact sinks or window as the layout keeps them: n (--kv-sink, --kv-window),
+ * at most the context n_ctx (when known, > 0): past it every position is exact already; 0 for n <= 0. */
+static inline int kv_exact_clamp(int n, int n_ctx) { return n <= 0 ? 0 : n_ctx > 0 && n > n_ctx ? n_ctx : n; }
 
 /* Blocks a sequence of up to n_ctx positions holds at once: all its blocks; or, with window + sink
  * attention and no block selection (topk_blocks 0), whose blocks wholly past the window are given
