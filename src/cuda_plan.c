@@ -196,6 +196,12 @@ void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *
         bf->sel_list = (size_t)CUDA_DECODE_MAX * hp->n_head_kv * ((size_t)p->kv_topk_blocks + 1);
         bf->sel_score = (size_t)CUDA_DECODE_MAX * hp->n_head_kv * (size_t)max_blocks;
     }
+    if (p->kv_offload) { /* prefill over the host tier (attention_staged.cu): the staging buffers, the passes'
+                          * softmax state, and in the step inputs each host block's number and pool id */
+        bf->kv_stage = CUDA_KV_STAGE_BYTES;
+        bf->pf_ml = nb * (size_t)hp->n_head * 2;
+        bf->in_ints += 2 * n_tab * max_blocks;
+    }
 }
 
 void cuda_bufs_bytes(const struct cuda_bufs *bf, size_t *activations, size_t *logits, size_t *workspace,
@@ -209,6 +215,7 @@ void cuda_bufs_bytes(const struct cuda_bufs *bf, size_t *activations, size_t *lo
     *logits = bf->logits ? al(bf->logits * 4) : 0;
     *workspace = al(bf->x16 * 2) + al(bf->xq) + al(bf->xds * 4) + al(bf->w16 * 2) + al(bf->part_o * 4) +
                  al(bf->part_ml * 4) + (bf->sel ? al(bf->sel * 4) + al(bf->sel_list * 4) + al(bf->sel_score * 4) : 0) +
+                 (bf->kv_stage ? al(bf->kv_stage) + al(bf->pf_ml * 4) : 0) +
                  al(CUDA_CUBLAS_WS);
     *state = bf->state ? al(bf->state * 4) : 0;
 }

@@ -405,6 +405,9 @@ void pxq_kv_tier_stats(const struct pxq_engine *e, struct pxq_kv_tier_stats *st)
     memset(st, 0, sizeof *st);
     st->n_dev = c->n_dev, st->n_host = c->n_blocks - c->n_dev, st->host_used = st->n_host - c->n_empty_host;
     st->moved = c->n_offloaded;
+#ifdef PXQ_CUDA
+    if (e->backend) st->staged = cuda_backend_staged(e);
+#endif
     for (int s = 0; s < e->p.n_seq_max; s++) {
         if (!e->seqs[s].in_use) continue;
         const int h = kv_seq_host_blocks(c, &e->seqs[s].kv), k = e->p.kv_topk_blocks;

@@ -158,8 +158,10 @@ int pxq_kv_block_size(const struct pxq_engine *e);
  * tier), the host blocks in use, blocks moved there so far, and the most bytes one decode step of the
  * sequences as they stand reads from the host tier: at most kv_topk_blocks host blocks per sequence
  * with block selection (the key bounds stay on the device), else every host block (the tier has
- * no device cache: a host block is read in place each step it is seen). */
-struct pxq_kv_tier_stats { int n_dev, n_host, host_used; uint64_t moved; double host_read_step; };
+ * no device cache: a host block is read in place each step it is seen); staged: the bytes prefill
+ * steps have copied from the host tier to the device so far (the CUDA backend stages each host block's
+ * layer slices once a step: attention_staged.cu; 0 where it reads them in place). */
+struct pxq_kv_tier_stats { int n_dev, n_host, host_used; uint64_t moved; double host_read_step; uint64_t staged; };
 void pxq_kv_tier_stats(const struct pxq_engine *e, struct pxq_kv_tier_stats *st);
 /* Blocks the sequence would need to grow to n_pos positions. */
 int pxq_kv_blocks_needed(const struct pxq_engine *e, int seq, int n_pos);

@@ -139,6 +139,7 @@ static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const s
     ep.spec_checkpoint = p->spec;
     ep.attn_window = p->attn_window, ep.attn_sinks = p->attn_sinks, ep.kv_topk_blocks = p->topk_blocks;
     ep.kv_type = p->kv_type, ep.kv_sink = p->kv_sink, ep.kv_window = p->kv_window; /* the exact chunks' partials */
+    ep.kv_offload = p->kv_offload; /* the host tier's staging buffers (attention_staged.cu) */
     size_t max_in, max_mat, state;
     cuda_widths_of(hp, &max_in, &max_mat);
     const int64_t blocks = memplan_seq_blocks(p, n_ctx) * p->n_seq;
@@ -325,9 +326,10 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
     fprintf(f, "  %-18s %12s  %d rows x %d vocab x 4 B (lm_head runs over at most %d rows at a time)\n", "logits",
             hsize(a, sizeof a, (double)mp->logits_bytes), p->n_batch < CUDA_LOGITS_ROWS ? p->n_batch : CUDA_LOGITS_ROWS,
             hp->n_vocab, CUDA_LOGITS_ROWS);
-    fprintf(f, "  %-18s %12s  f16 prefill weight tiles (2 x %s%s), int8 activations, attention partials, cuBLAS workspace\n",
+    fprintf(f, "  %-18s %12s  f16 prefill weight tiles (2 x %s%s), int8 activations, attention partials, %scuBLAS workspace\n",
             "workspace", hsize(a, sizeof a, (double)mp->workspace), hsize(b, sizeof b, (double)mp->w16_elems),
-            mp->w16_small ? ": the small tiles, whole-matrix ones exceed the budget" : ""); /* halves of 2 B x w16/2 */
+            mp->w16_small ? ": the small tiles, whole-matrix ones exceed the budget" : "", /* halves of 2 B x w16/2 */
+            p->kv_offload ? "the host tier's prefill staging (64 MiB), " : "");
     fprintf(f, "  %-18s %12s  %lld bytes (the arena: the terms above, less a host-resident token_embd)\n", "total", hsize(a, sizeof a, (double)mp->total),
             (long long)mp->total);
     fprintf(f, "  %-18s %12s  estimate, not measured (driver context, kernels, library handles), outside the arena\n",

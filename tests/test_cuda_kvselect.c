@@ -20,7 +20,13 @@
  *   offload    the host tier (--kv-offload, kv_tier.cu): a 200-token prompt in ubatches of 64, then 24
  *              greedy tokens, with a device tier of 2 blocks (the rest written, moved and read in
  *              pinned host memory): CUDA = the CPU without a tier, f16 under full attention and pxq
- *              with block selection, in blocks of 16 and of 64.
+ *              with block selection, in blocks of 16 and of 64. Prefill reads the host blocks three
+ *              ways: in place (PXQ_CUDA_KV_STAGE_BLOCKS=-1), staged in one slab (the default) and in
+ *              slabs of 3 blocks (attention_staged.cu: passes merging their softmax states), copied
+ *              by the copy engines and by the gather kernel (PXQ_CUDA_KV_STAGE_DMA=0); each
+ *              agrees with the CPU, and the staged prompts' last logits with the in-place one's
+ *              (max |diff| <= 2e-3 of the largest |logit|: the passes round P to f16 against their
+ *              own running maxima).
  */
 #define TEST_RNG_SEED 0x7a11c0de5e1ec7edull
 #include "test_cuda_common.h"
@@ -211,6 +217,28 @@ static void test_engine(void) {
     model_free(m);
 }
 
+/* The last logits (n_vocab) of prompt tok[0..n) on a fresh engine with ep, and the bytes its prefill
+ * staged from the host tier; 0, or -1 with a failed check. */
+static int prompt_logits(struct pxq_model *m, const struct pxq_engine_params *ep, const int32_t *tok, int n, float *lg,
+                         int n_vocab, uint64_t *staged) {
+    char err[256];
+    struct pxq_engine *e = pxq_engine_new(m, ep, err, sizeof err);
+    CHECK(e != NULL, "engine: %s", err);
+    if (!e) return -1;
+    int32_t pos[256], seq[256];
+    const int s = pxq_seq_new(e);
+    for (int i = 0; i < n; i++) pos[i] = i, seq[i] = s;
+    struct pxq_batch b = {n, (int32_t *)tok, pos, seq, NULL};
+    const int rc = pxq_decode(e, &b, err, sizeof err);
+    CHECK(rc == 0, "decode: %s", err);
+    if (rc == 0) memcpy(lg, pxq_logits(e, 0), (size_t)n_vocab * sizeof(float));
+    struct pxq_kv_tier_stats ts;
+    pxq_kv_tier_stats(e, &ts);
+    *staged = ts.staged;
+    pxq_engine_free(e);
+    return rc;
+}
+
 /* The host tier on the device against the CPU without one (see the header). */
 static void test_offload(void) {
     struct pxq_model *m = test_open_tiny_qwen3();
@@ -225,12 +253,36 @@ static void test_offload(void) {
         int32_t a[24], b[24];
         if (test_greedy(m, &ep, prompt, 200, 8192, a, 24, NULL)) continue;
         ep.device = PXQ_DEVICE_CUDA, ep.kv_offload = 1, ep.kv_dev_blocks = 2;
-        if (test_greedy(m, &ep, prompt, 200, 8192, b, 24, NULL)) continue;
-        int same = 0;
-        while (same < 24 && a[same] == b[same]) same++;
-        printf("engine %s%s, blocks of %d, host tier (device tier 2 blocks): CUDA agrees with the CPU on %d of 24 greedy tokens\n",
-               kv_cache_type_name((enum kv_cache_type)ep.kv_type), mode ? " + block selection" : "", ep.kv_block_size, same);
-        CHECK(same == 24, "host tier, %s: greedy tokens differ at %d", kv_cache_type_name((enum kv_cache_type)ep.kv_type), same);
+        static const char *stage[4] = {"-1", "0", "3", "3"}; /* in place, one slab, slabs of 3 blocks */
+        static const char *stage_name[4] = {"read in place", "staged", "staged in slabs of 3",
+                                            "staged in slabs of 3 by the gather kernel"};
+        float *ref = (float *)xmalloc(8192 * sizeof(float)), *got = (float *)xmalloc(8192 * sizeof(float));
+        for (int k = 0; k < 4; k++) {
+            setenv("PXQ_CUDA_KV_STAGE_BLOCKS", stage[k], 1);
+            setenv("PXQ_CUDA_KV_STAGE_DMA", k == 3 ? "0" : "1", 1);
+            uint64_t staged = 0;
+            if (test_greedy(m, &ep, prompt, 200, 8192, b, 24, NULL) ||
+                prompt_logits(m, &ep, prompt, 200, k ? got : ref, 8192, &staged))
+                break;
+            CHECK((staged > 0) == (k > 0), "host tier, %s: %llu bytes staged", stage_name[k], (unsigned long long)staged);
+            int same = 0;
+            while (same < 24 && a[same] == b[same]) same++;
+            printf("engine %s%s, blocks of %d, host tier (device tier 2 blocks), prefill %s: CUDA agrees with the CPU on "
+                   "%d of 24 greedy tokens\n", kv_cache_type_name((enum kv_cache_type)ep.kv_type),
+                   mode ? " + block selection" : "", ep.kv_block_size, stage_name[k], same);
+            CHECK(same == 24, "host tier, %s, %s: greedy tokens differ at %d",
+                  kv_cache_type_name((enum kv_cache_type)ep.kv_type), stage_name[k], same);
+            if (!k) continue;
+            float dmax = 0.0f, amax = 0.0f;
+            for (int v = 0; v < 8192; v++) {
+                dmax = fmaxf(dmax, fabsf(got[v] - ref[v]));
+                amax = fmaxf(amax, fabsf(ref[v]));
+            }
+            printf("  prompt logits, %s against read in place: max |diff| %.3g of max |logit| %.3g\n", stage_name[k], dmax, amax);
+            CHECK(dmax <= 2e-3f * amax, "host tier, %s: prompt logits differ by %g (max %g)", stage_name[k], dmax, amax);
+        }
+        unsetenv("PXQ_CUDA_KV_STAGE_BLOCKS"), unsetenv("PXQ_CUDA_KV_STAGE_DMA");
+        free(ref), free(got);
     }
     model_free(m);
 }

@@ -613,7 +613,8 @@ int cmd_bench(int argc, char **argv) {
                     const struct pxq_kv_tier_stats ts = last_tier; /* after the row's last step: its sequences at their deepest */
                     if (ts.n_host && !spec_row)
                         snprintf(kvdesc + kl, sizeof kvdesc - (size_t)kl, ", host tier: %d blocks in use (device %d), <= %.1f MiB "
-                                 "read from host a step", ts.host_used, ts.n_dev, ts.host_read_step / 1048576.0);
+                                 "read from host a step, %.2f GiB staged by prefill", ts.host_used, ts.n_dev,
+                                 ts.host_read_step / 1048576.0, (double)ts.staged / 1073741824.0);
                     if (o.json) {
                         printf("%s  {\"model\": ", n_rows ? ",\n" : "");
                         json_str(stdout, model_name);

@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(PF_THREADS)
     attention_prefill_kernel(float *__restrict__ out, __half *__restrict__ out16, const float *__restrict__ q,
                              const cuda_kv kv, int l,
                              const int32_t *__restrict__ pos, const int32_t *__restrict__ seq_id,
-                             const int32_t *__restrict__ tiles, int n_head, float sl2) {
+                             const int32_t *__restrict__ tiles, int n_head, float sl2, const pf_pass pp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     constexpr int BN = pf_cfg<D>::BN, SD = pf_cfg<D>::SD;
     extern __shared__ uint4 pf_sm[];
@@ -133,7 +133,13 @@ __global__ void __launch_bounds__(PF_THREADS)
     const int r0 = chunk * PF_BM; /* first row (tok * group + g) of this block */
     if (r0 >= n_tok * group) return;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int32_t *tab = kv.block_tab + (size_t)seq_id[t0] * kv.max_blocks;
+    const int32_t *tab = pp.tab + (size_t)seq_id[t0] * kv.max_blocks;
+    /* the pass: only pool blocks whose entry g in tab has g_lo <= g < g_hi (filt: not every block),
+     * only positions [p_lo, p_hi) of sequence seq (-1: any); a block outside reads nothing but still
+     * merges and writes its rows */
+    const bool filt = pp.g_lo > 0 || pp.g_hi != INT_MAX;
+    const bool here = pp.seq < 0 || pp.seq == seq_id[t0];
+    auto in_blk = [&](int k) { return (unsigned)(tab[k] - pp.g_lo) < (unsigned)(pp.g_hi - pp.g_lo); };
     const size_t ld = (size_t)n_head * D; /* q and out token stride */
 
     /* Q rows -> f16; rows past the tile are zero (computed, never stored) */
@@ -176,6 +182,15 @@ __global__ void __launch_bounds__(PF_THREADS)
         if (!SP || p < sa || p >= bmin) return true;
         const int k = p / bs;
         return us && ((us[k >> 5] >> (k & 31)) & 1u);
+    };
+    auto seen_pool = [&](int p) { return seen_any(p) && (!filt || in_blk(p / bs)); }; /* and in the pass */
+    /* the pass's bits of tile j's blocks (bit i: block j * BN / bs + i; one block where bs >= BN) */
+    auto tile_bits = [&](int j) -> uint32_t {
+        if (!filt) return ~0u;
+        const int k0 = j * BN / bs, nk = BN > bs ? BN / bs : 1;
+        uint32_t f = 0;
+        for (int i = 0; i < nk && (k0 + i) * bs <= p_end; i++) f |= (uint32_t)in_blk(k0 + i) << i;
+        return f;
     };
     /* the first tile at or after j that some row sees (n_kt: none): a tile touching the sinks or the
      * earliest window, else the first with a chosen block (whole empty words skipped) */
@@ -240,7 +255,7 @@ __global__ void __launch_bounds__(PF_THREADS)
 #pragma unroll
         for (int it = 0; it < BN * (D / 8) / PF_THREADS; it++) {
             const int i = tid + it * PF_THREADS, r = i / (D / 8), c = (i - r * (D / 8)) * 8, p = j * BN + r;
-            const int ok = p <= p_end && seen_any(p); /* SP: a block no row sees may be given back */
+            const int ok = p <= p_end && seen_pool(p); /* SP: a block no row sees may be given back */
             const size_t off = ok ? kv_off(kv, l, tab, p) + (size_t)kvh * D + c : 0;
             cp_async16(Ks + r * SD + c, (const __half *)kv.k + off, ok);
             cp_async16(Vs + r * SD + c, (const __half *)kv.v + off, ok);
@@ -258,20 +273,23 @@ __global__ void __launch_bounds__(PF_THREADS)
 #pragma unroll
     for (int nd = 0; nd < D / 8; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f}; /* m in score units, lsum per thread */
-    const int n_kt = p_end / BN + 1;
+    const int kt_lo = here ? pp.p_lo / BN : 0; /* the pass's tiles: [kt_lo, n_kt) */
+    const int n_kt = here ? min(p_end, pp.p_hi - 1) / BN + 1 : 0;
 
     if constexpr (Q) {
         /* per tile, a pass over the pool's rows where some pair (query, position) of the block is not
          * exact, and one over the residual where some is (kv_exact), each masking the other pairs */
         const int sid = seq_id[t0];
-        for (int j = next_vis(0, n_kt); j < n_kt; j = next_vis(j + 1, n_kt)) {
+        for (int j = next_vis(kt_lo, n_kt); j < n_kt; j = next_vis(j + 1, n_kt)) {
             const int j0 = j * BN, j1 = min(j0 + BN - 1, p_end), jq = max(j0, kv.n_sink);
-            const bool need[2] = {jq <= j1 && p_end - jq >= kv.n_window,
-                                  j0 < kv.n_sink || max(qmin - j1, 0) < kv.n_window};
+            const uint32_t fb = tile_bits(j);
+            const bool need[2] = {fb && jq <= j1 && p_end - jq >= kv.n_window,
+                                  pp.exact && (j0 < kv.n_sink || max(qmin - j1, 0) < kv.n_window)};
             for (int ex = 0; ex < 2; ex++) {
                 if (!need[ex]) continue;
                 __syncthreads(); /* every warp is done with the stage */
-                pf_fill_q<D, BN, SD>(KVs, KVs + BN * SD, kv, l, tab, sid, kvh, j, p_end, qmin, ex, seen_any);
+                if (ex) pf_fill_q<D, BN, SD>(KVs, KVs + BN * SD, kv, l, tab, sid, kvh, j, p_end, qmin, 1, seen_any);
+                else pf_fill_q<D, BN, SD>(KVs, KVs + BN * SD, kv, l, tab, sid, kvh, j, p_end, qmin, 0, seen_pool);
                 __syncthreads();
                 float s[BN / 8][4];
                 mma_qkt<D, BN, SD>(s, Qs + a_off, KVs + k_off);
@@ -283,7 +301,9 @@ __global__ void __launch_bounds__(PF_THREADS)
                     for (int e = 0; e < 4; e++) {
                         const int p = j0 + nb * 8 + 2 * (lane & 3) + (e & 1), q = rowpos[e >> 1];
                         const bool exact = p < kv.n_sink || q - p < kv.n_window;
-                        if (p > q || exact != (ex == 1) || (!all && !sp_sees(e >> 1, p, wd))) s[nb][e] = -INFINITY;
+                        if (p > q || exact != (ex == 1) || (!all && !sp_sees(e >> 1, p, wd)) ||
+                            (!ex && !((fb >> ((p - j0) / bs)) & 1u)))
+                            s[nb][e] = -INFINITY;
                     }
                 online_softmax_step<D, BN>(s, o, m, lsum, sl2);
                 mma_pv<D, BN, SD>(o, s, KVs + BN * SD + v_off);
@@ -291,11 +311,16 @@ __global__ void __launch_bounds__(PF_THREADS)
         }
     } else {
     /* tile j in stage it & 1, the it-th tile visited (SP: only those some row sees) */
-    int j = next_vis(0, n_kt);
+    /* the next tile at or after j that some row sees and that holds a block of the pass */
+    auto next_pass = [&](int j) {
+        for (j = next_vis(j, n_kt); j < n_kt && !tile_bits(j); j = next_vis(j + 1, n_kt)) {}
+        return j;
+    };
+    int j = next_pass(kt_lo);
     if (j < n_kt) load_kv(j, 0);
     cp_async_commit();
     for (int it = 0; j < n_kt; it++) {
-        const int jn = next_vis(j + 1, n_kt);
+        const int jn = next_pass(j + 1);
         if (jn < n_kt) load_kv(jn, (it + 1) & 1);
         cp_async_commit(); /* possibly empty: wait_group 1 then always means "tile j has landed" */
         cp_async_wait1();
@@ -310,7 +335,18 @@ __global__ void __launch_bounds__(PF_THREADS)
          * each row's own window, sinks and chosen blocks */
         const int j0 = j * BN;
         uint32_t wd[2];
-        if (SP && !sp_words(j0, wd)) {
+        const bool sp_all = !SP || sp_words(j0, wd);
+        const uint32_t fb = tile_bits(j), fall = BN > bs ? (1u << (BN / bs)) - 1 : 1u;
+        if (filt && (fb & fall) != fall) { /* blocks outside the pass: masked, with every other rule */
+#pragma unroll
+            for (int nb = 0; nb < BN / 8; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int p = j0 + nb * 8 + 2 * (lane & 3) + (e & 1);
+                    if (p > rowpos[e >> 1] || !((fb >> ((p - j0) / bs)) & 1u) || (!sp_all && !sp_sees(e >> 1, p, wd)))
+                        s[nb][e] = -INFINITY;
+                }
+        } else if (!sp_all) {
 #pragma unroll
             for (int nb = 0; nb < BN / 8; nb++)
 #pragma unroll
@@ -334,7 +370,8 @@ __global__ void __launch_bounds__(PF_THREADS)
     }
     }
 
-    /* out = O / l, rows of the tile only */
+    /* rows of the tile only: merged with the earlier passes' state (PF_MERGE: pp.acc, pp.ml), then
+     * out = O / l (PF_FINAL), else the state written back for the next pass */
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         float ls = lsum[i];
@@ -342,16 +379,38 @@ __global__ void __launch_bounds__(PF_THREADS)
         ls += __shfl_xor_sync(FULL_MASK, ls, 2);
         const int R = r0 + warp * 16 + (lane >> 2) + 8 * i, tok = R / group, g = R - tok * group;
         if (tok < n_tok) {
-            const float inv = 1.0f / ls;
-            const size_t at = (size_t)(t0 + tok) * ld + (size_t)(kvh * group + g) * D + 2 * (lane & 3);
-            if (out16) { /* the o projection's GEMM operand: the same floats rounded to f16 */
+            const size_t row = (size_t)(t0 + tok) * n_head + kvh * group + g;
+            const size_t at = row * D + 2 * (lane & 3); /* = (t0 + tok) * ld + head * D + ... */
+            float mm = m[i], ca = 0.0f, cb = 1.0f; /* O = ca * acc + cb * o, l = ca * l_acc + cb * ls */
+            if (pp.mode & PF_MERGE) {
+                const float2 st = *(const float2 *)(pp.ml + 2 * row);
+                const float mx = fmaxf(mm, st.x);
+                ca = st.x == -INFINITY ? 0.0f : exp2f((st.x - mx) * sl2);
+                cb = mm == -INFINITY ? 0.0f : exp2f((mm - mx) * sl2);
+                ls = ca * st.y + cb * ls, mm = mx;
+            }
+            if (!(pp.mode & PF_FINAL)) {
 #pragma unroll
-                for (int nd = 0; nd < D / 8; nd++)
-                    *(__half2 *)(out16 + at + nd * 8) = __floats2half2_rn(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
-            } else {
+                for (int nd = 0; nd < D / 8; nd++) {
+                    float2 *a = (float2 *)(pp.acc + at + nd * 8);
+                    const float2 v = ca != 0.0f ? *a : make_float2(0.0f, 0.0f);
+                    *a = make_float2(ca * v.x + cb * o[nd][2 * i], ca * v.y + cb * o[nd][2 * i + 1]);
+                }
+                if ((lane & 3) == 0) *(float2 *)(pp.ml + 2 * row) = make_float2(mm, ls);
+                continue;
+            }
+            const float inv = ls > 0.0f ? 1.0f / ls : 0.0f;
 #pragma unroll
-                for (int nd = 0; nd < D / 8; nd++)
-                    *(float2 *)(out + at + nd * 8) = make_float2(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
+            for (int nd = 0; nd < D / 8; nd++) {
+                float x = cb * o[nd][2 * i], y = cb * o[nd][2 * i + 1];
+                if (ca != 0.0f) {
+                    const float2 v = *(const float2 *)(pp.acc + at + nd * 8);
+                    x += ca * v.x, y += ca * v.y;
+                }
+                if (out16) /* the o projection's GEMM operand: the same floats rounded to f16 */
+                    *(__half2 *)(out16 + at + nd * 8) = __floats2half2_rn(x * inv, y * inv);
+                else
+                    *(float2 *)(out + at + nd * 8) = make_float2(x * inv, y * inv);
             }
         }
     }
@@ -453,9 +512,9 @@ extern "C" int attention_prefill_tiles(int32_t *tiles_host, int cap, const int32
     return n;
 }
 
-extern "C" void attention_prefill_cuda(void *out, int out_half, const float *q, const struct cuda_kv *kv, int l,
+extern "C" void attention_prefill_pass(void *out, int out_half, const float *q, const struct cuda_kv *kv, int l,
                                        const int32_t *pos, const int32_t *seq_id, const int32_t *tiles, int n_tiles,
-                                       int n_head, cudaStream_t st) {
+                                       int n_head, const struct pf_pass *pp, cudaStream_t st) {
     if (n_tiles <= 0) return;
     const int hd = kv->head_dim, group = n_head / kv->n_head_kv;
     const float sl2 = 1.4426950408889634f * kv->attn_scale; /* log2(e) * scale: exp(x) = 2^(x log2 e) */
@@ -464,8 +523,16 @@ extern "C" void attention_prefill_cuda(void *out, int out_half, const float *q, 
     float *o32 = out_half ? NULL : (float *)out;
     __half *o16 = out_half ? (__half *)out : NULL;
     const cuda_kv kvv = *kv;
-    void *args[] = {(void *)&o32, (void *)&o16,    (void *)&q,     (void *)&kvv,    (void *)&l,
-                    (void *)&pos, (void *)&seq_id, (void *)&tiles, (void *)&n_head, (void *)&sl2};
+    const pf_pass ps = *pp;
+    void *args[] = {(void *)&o32,   (void *)&o16,   (void *)&q,      (void *)&kvv, (void *)&l,  (void *)&pos,
+                    (void *)&seq_id, (void *)&tiles, (void *)&n_head, (void *)&sl2, (void *)&ps};
     const void *fn = pf_kernel(hd, kv->quantized, kv->attn_window != 0);
     if (fn) (void)cudaLaunchKernel(fn, grid, block, args, smem, st); /* errors as a <<<>>> launch: the next check */
+}
+
+extern "C" void attention_prefill_cuda(void *out, int out_half, const float *q, const struct cuda_kv *kv, int l,
+                                       const int32_t *pos, const int32_t *seq_id, const int32_t *tiles, int n_tiles,
+                                       int n_head, cudaStream_t st) {
+    const pf_pass pp = {kv->block_tab, 0, INT_MAX, -1, 0, INT_MAX, 1, PF_FINAL, NULL, NULL};
+    attention_prefill_pass(out, out_half, q, kv, l, pos, seq_id, tiles, n_tiles, n_head, &pp, st);
 }

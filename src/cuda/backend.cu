@@ -197,6 +197,8 @@ extern "C" void cuda_tuning_from_env(struct cuda_tuning *t) {
     const char *cfg = getenv("PXQ_CUDA_DECODE_CFG");
     t->decode_cfg = cfg && *cfg ? atoi(cfg) : -1;
     t->split_blocks = env_int("PXQ_CUDA_SPLIT_BLOCKS", 0); /* 0: the decode kernel's own (kv_step) */
+    t->stage_blocks = env_int("PXQ_CUDA_KV_STAGE_BLOCKS", 0);
+    t->stage_dma = env_int("PXQ_CUDA_KV_STAGE_DMA", 1);
     const char *tile = getenv("PXQ_CUDA_TILE");
     t->tile = tile ? (size_t)strtoull(tile, NULL, 10) : 0;
     t->sm_target = env_int("PXQ_CUDA_SM_TARGET", -1);
@@ -579,6 +581,30 @@ extern "C" int cuda_kv_from_layout(cuda_kv *kv, const struct kv_layout *lay) {
     return 0;
 }
 
+/* Prefill over the host tier (attention_staged.cu): the staged strides, a layer's largest slice of a
+ * block in each pool (16-byte multiples), and how many blocks' slices each of the two halves of the
+ * staging buffer (bytes) holds, at most PXQ_CUDA_KV_STAGE_BLOCKS. No tier, the prefill kernel off
+ * or the knob below 0: no staging (stage NULL; host blocks are read in place). */
+static void stage_step(struct pxq_engine *e, cuda_backend *b, size_t bytes) {
+    const struct kv_layout *lay = &e->kv.lay;
+    for (int pool = 0; pool < 2; pool++)
+        for (int l = 0; l < lay->n_layer_kv; l++) {
+            const size_t len = ((size_t)lay->block_size * lay->layer[pool][l].slot_bytes + 15) / 16 * 16;
+            if (len > b->stage_stride[pool]) b->stage_stride[pool] = len;
+        }
+    const size_t per = b->stage_stride[0] + b->stage_stride[1];
+    b->stage_cap = per ? (int)(bytes / 2 / per) : 0;
+    if (b->tune.stage_blocks > 0 && b->tune.stage_blocks < b->stage_cap) b->stage_cap = b->tune.stage_blocks;
+    if (!b->tier[0].va || !b->prefill_attn || b->tune.stage_blocks < 0 || b->stage_cap < 1) {
+        b->stage = NULL, b->stage_cap = 0;
+        return;
+    }
+    b->slabs = (pf_slab *)xmalloc((size_t)b->n_tab * b->max_blocks * sizeof(pf_slab));
+    CK(cudaStreamCreateWithFlags(&b->st_stage, cudaStreamNonBlocking));
+    cudaEvent_t *ev[5] = {&b->stage_ev[0], &b->stage_ev[1], &b->stage_ev[2], &b->stage_ev[3], &b->stage_ev[4]};
+    for (int i = 0; i < 5; i++) CK(cudaEventCreateWithFlags(ev[i], cudaEventDisableTiming));
+}
+
 /* Buffers: activations, step inputs (device and pinned host), workspace, DeltaNet state: sizes from
  * cuda_bufs_of, as the plan counted them. */
 static void buffers_step(struct pxq_engine *e, cuda_backend *b, size_t max_in, size_t max_mat, size_t w16_max) {
@@ -635,8 +661,10 @@ static void buffers_step(struct pxq_engine *e, cuda_backend *b, size_t max_in, s
     step_inputs *si[2] = {&b->di, &b->hi};
     for (int i = 0; i < 2; i++) {
         int32_t *p = base[i];
+        int32_t *tab = p + 10 * nb + 1, *stab = tab + (size_t)b->n_tab * b->max_blocks;
         *si[i] = step_inputs{p, p + nb, p + 2 * nb, p + 3 * nb, p + 4 * nb, p + 5 * nb, p + 6 * nb + 1, p + 7 * nb + 1,
-                             p + 9 * nb + 1, p + 10 * nb + 1};
+                             p + 9 * nb + 1, tab, bf.kv_stage ? stab : NULL,
+                             bf.kv_stage ? stab + (size_t)b->n_tab * b->max_blocks : NULL};
     }
     b->kv.block_tab = b->di.tab; /* the KV cache reads the block tables of the step inputs */
     b->kv.max_blocks = b->max_blocks;
@@ -650,6 +678,11 @@ static void buffers_step(struct pxq_engine *e, cuda_backend *b, size_t max_in, s
     b->w16 = arena_get(b, b->w16_elems * 2);
     b->part_o = arena_f32(b, bf.part_o);
     b->part_ml = arena_f32(b, bf.part_ml);
+    if (bf.kv_stage) {
+        b->stage = (uint8_t *)arena_get(b, bf.kv_stage);
+        b->pf_ml = arena_f32(b, bf.pf_ml);
+        stage_step(e, b, bf.kv_stage);
+    }
 }
 
 extern "C" void cuda_backend_free(struct pxq_engine *e);
@@ -699,6 +732,11 @@ extern "C" void cuda_backend_free(struct pxq_engine *e) {
     for (int i = 0; i < 2; i++) cudaEventDestroy(b->deq_done[i]), cudaEventDestroy(b->gemm_done[i]);
     cudaEventDestroy(b->gemm_ready);
     cudaStreamDestroy(b->st_deq);
+    if (b->st_stage) {
+        cudaStreamSynchronize(b->st_stage);
+        for (int i = 0; i < 5; i++) cudaEventDestroy(b->stage_ev[i]);
+        cudaStreamDestroy(b->st_stage);
+    }
     cudaStreamDestroy(b->st);
     cudaFree(b->arena);
     for (int i = 0; i < 2; i++) cuda_tier_free(&b->tier[i]);
@@ -706,6 +744,7 @@ extern "C" void cuda_backend_free(struct pxq_engine *e) {
     if (b->embd_host) cudaFreeHost(b->embd_host);
     cudaFreeHost(b->in_h);
     free(b->seq_map);
+    free(b->slabs);
     free(b->L);
     free(b);
     e->backend = NULL;
@@ -746,5 +785,6 @@ extern "C" void cuda_host_free(void *p) {
 }
 
 extern "C" size_t cuda_backend_peak(const struct pxq_engine *e) { return B(e)->peak + B(e)->tier_dev_bytes; }
+extern "C" uint64_t cuda_backend_staged(const struct pxq_engine *e) { return B(e)->stage_bytes; }
 extern "C" const char *cuda_backend_device(const struct pxq_engine *e) { return B(e)->name; }
 extern "C" const char *cuda_backend_path(const struct pxq_engine *e) { return B(e)->path; }

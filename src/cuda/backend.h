@@ -103,6 +103,9 @@ static inline void cuda_decode_splits(int n_kv, int n_tok, int n_head_kv, int de
 /* lm_head runs over at most this many rows at a time (the device logits buffer; more outputs are
  * computed and copied back in chunks). */
 #define CUDA_LOGITS_ROWS 64
+/* With a host tier, prefill stages the host blocks' layer slices through two device buffers of half
+ * this many bytes each (attention_staged.cu). */
+#define CUDA_KV_STAGE_BYTES ((size_t)64 << 20)
 /* Decode steps (at most this many tokens) use the fused mat-vec and CUDA graphs. */
 #define CUDA_DECODE_MAX 16
 /* MoE prefill (ubatches over CUDA_DECODE_MAX tokens): (token, expert) pairs per block of the
@@ -142,6 +145,8 @@ struct cuda_bufs {
     size_t sel;                          /* uint32: block selection's bitmaps [nb][n_head_kv][words] */
     size_t sel_list;                     /* int32: a decode step's lists [CUDA_DECODE_MAX][n_head_kv][1 + topk] */
     size_t sel_score;                    /* float: a decode step's scores [CUDA_DECODE_MAX][n_head_kv][max_blocks] */
+    size_t kv_stage, pf_ml;              /* bytes: the host tier's staging buffers (CUDA_KV_STAGE_BYTES); float:
+                                          * the staged prefill passes' (m, l) [nb][n_head][2] */
     /* recurrent state (qwen35): n_seq_max x rstate floats */
     size_t rstate, state;
 };
@@ -217,6 +222,8 @@ void forward_mtp_cuda(struct pxq_engine *e, const struct ubatch *ub);
 struct kv_move;
 void cuda_kv_move(struct pxq_engine *e, const struct kv_move *mv, int n);
 size_t cuda_backend_peak(const struct pxq_engine *e);
+/* Bytes prefill steps have staged from the host tier so far (attention_staged.cu). */
+uint64_t cuda_backend_staged(const struct pxq_engine *e);
 const char *cuda_backend_device(const struct pxq_engine *e);
 const char *cuda_backend_path(const struct pxq_engine *e);
 #endif

@@ -54,6 +54,7 @@ struct graph_entry {
 /* Per-step inputs, one host-to-device copy: int32 arrays at these offsets of in_d / in_h. */
 struct step_inputs {
     int32_t *tok, *pos, *seq, *rows, *run_seq, *run_off, *run_tok, *tiles, *run_snap, *tab;
+    int32_t *stab, *hlist; /* with a host tier: the step's numbers of its host blocks, their pool ids (pf_stage) */
 };
 
 /* One array of the KV pool with a host tier (kv_tier.cu): a device address range whose first dev_bytes
@@ -86,6 +87,17 @@ struct cuda_backend {
     struct cuda_tier tier[2]; /* the host tier (--kv-offload): K and V (the key bounds stay in the arena) */
     size_t tier_dev_bytes;    /* their device parts, outside the arena */
     uint64_t tier_moved;      /* blocks moved to the host tier (cuda_kv_move) */
+    /* prefill over the host tier, staged (attention_staged.cu; stage NULL: host blocks read in place):
+     * two buffers of stage_cap blocks' layer slices, K's stride and V's; the passes' (m, l); the
+     * step's slabs (host, stage_inputs) and the bytes they have moved so far */
+    uint8_t *stage;
+    int stage_cap, n_slab;
+    size_t stage_stride[2];
+    float *pf_ml;
+    pf_slab *slabs;
+    uint64_t stage_bytes;
+    cudaStream_t st_stage;    /* the staging copies (pf_stage's cst), and its events: start, copied[2], freed[2] */
+    cudaEvent_t stage_ev[5];
     int32_t *in_d, *in_h;
     step_inputs di, hi;     /* the arrays in in_d and in in_h */
     int nb, n_tab, max_blocks, max_splits;

@@ -152,13 +152,29 @@ struct step {
  * the o projection's prefill GEMM as it is (no gate, not exact mode), so the prefill kernel writes
  * its half operand (b->x16) instead of b->att. Returns 1 if it also wrote xq (b->xds), the q8 form
  * of b->att (xq != NULL and the tensor-core decode kernel ran). */
-static int attention(cuda_backend *b, const float *q, int l, int n_head, const step &s, int8_t *xq, int to_gemm) {
+static int attention(const struct pxq_engine *e, cuda_backend *b, const float *q, int l, int n_head, const step &s, int8_t *xq, int to_gemm) {
     kv_select_cuda(&b->kv, l, q, b->di.pos, b->di.seq, s.n, n_head, b->st); /* block selection, if on */
-    if (s.n_tiles > 0 && to_gemm && !b->exact && s.n > CUDA_DECODE_MAX) {
-        attention_prefill_cuda(b->x16, 1, q, &b->kv, l, b->di.pos, b->di.seq, b->di.tiles, s.n_tiles, n_head, b->st);
-        b->x16_src = b->att; /* matmul_ld: x16 holds att's half form */
-    } else if (s.n_tiles > 0) {
-        attention_prefill_cuda(b->att, 0, q, &b->kv, l, b->di.pos, b->di.seq, b->di.tiles, s.n_tiles, n_head, b->st);
+    if (s.n_tiles > 0) {
+        const int half = to_gemm && !b->exact && s.n > CUDA_DECODE_MAX;
+        void *out = half ? (void *)b->x16 : (void *)b->att;
+        if (b->n_slab) { /* host-tier blocks: staged, slab by slab */
+            const struct kv_layout *lay = &e->kv.lay;
+            pf_stage sg = {b->di.stab, b->di.hlist, b->slabs, b->n_slab, e->kv.n_dev,
+                           {b->stage, b->stage + CUDA_KV_STAGE_BYTES / 2}, b->stage_cap,
+                           {b->stage_stride[0], b->stage_stride[1]}, {}, {}, b->att, b->pf_ml, b->st_stage,
+                           b->stage_ev[0], {b->stage_ev[1], b->stage_ev[2]}, {b->stage_ev[3], b->stage_ev[4]},
+                           b->hi.hlist, b->tune.stage_dma};
+            for (int pool = 0; pool < 2; pool++)
+                sg.off[pool] = lay->layer[pool][l].layer_off,
+                sg.len[pool] = (size_t)lay->block_size * lay->layer[pool][l].slot_bytes;
+            if (attention_prefill_staged_cuda(out, half, q, &b->kv, l, b->di.pos, b->di.seq, b->di.tiles, s.n_tiles,
+                                              n_head, &sg, b->st) != 0)
+                CK(cudaGetLastError());
+            b->stage_bytes += (uint64_t)(sg.len[0] + sg.len[1]) * (uint64_t)(b->slabs[b->n_slab - 1].g_hi);
+        } else {
+            attention_prefill_cuda(out, half, q, &b->kv, l, b->di.pos, b->di.seq, b->di.tiles, s.n_tiles, n_head, b->st);
+        }
+        if (half) b->x16_src = b->att; /* matmul_ld: x16 holds att's half form */
     } else if (b->decode_attn && s.n <= CUDA_DECODE_MAX) { /* the q8 form too: no quantize launch */
         attention_decode_cuda(b->att, xq, b->xds, q, &b->kv, l, b->di.pos, b->di.seq, s.n, n_head, s.n_split,
                               s.split_len, b->part_o, b->part_ml, b->st);
@@ -213,7 +229,7 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
         if (b->kv.quantized) /* the roped k and v quantized into the cache (kv_store_ubatch's twin) */
             kv_store_q_cuda(&b->kv, l, qkv + q_dim, qkv + q_dim + kv_dim, ld, b->di.pos, b->di.seq, n, st);
         kv_bounds_cuda(&b->kv, l, qkv + q_dim, ld, b->di.pos, b->di.seq, n, st); /* block selection's bounds */
-        att_q8 = attention(b, q_out, l, hp->n_head, s, xq_att, !gated);
+        att_q8 = attention(e, b, q_out, l, hp->n_head, s, xq_att, !gated);
     } else {
         float *k = b->k, *v = b->v;
         if (first_weight(e, b, il, n) == &L->qgkv) { /* one launch: the token's [q_proj | k | v] (qg has room) */
@@ -233,7 +249,7 @@ static void attention_layer(struct pxq_engine *e, cuda_backend *b, const cuda_la
                                 hp->n_head, hp->n_rot, b->di.pos, b->inv_freq, neox, &b->kv, l, b->di.seq, n, st);
         if (b->kv.quantized) kv_store_q_cuda(&b->kv, l, k, v, kv_dim, b->di.pos, b->di.seq, n, st);
         kv_bounds_cuda(&b->kv, l, k, kv_dim, b->di.pos, b->di.seq, n, st);
-        att_q8 = attention(b, b->q, l, hp->n_head, s, xq_att, !gated);
+        att_q8 = attention(e, b, b->q, l, hp->n_head, s, xq_att, !gated);
     }
     if (gated) sigmoid_gate_cuda(b->att, xq, b->xds, b->xb2, (int64_t)n * q_dim, st);
     else if (xq && !att_q8) quantize_q8_cuda(b->xq, b->xds, b->att, (int64_t)n * q_dim, st);
@@ -490,6 +506,35 @@ static int run_snapshot(const struct pxq_engine *e, const cuda_backend *b, int r
     return e->p.spec_checkpoint && sq->ck_at >= 0 && j >= 1 && j <= m ? j : 0;
 }
 
+/* A prefill step over the host tier (attention_staged.cu): number the host-tier blocks of the step's
+ * n_tab sequences in order (stab; -1 for the device tier's and given-back blocks), list their pool
+ * ids (hlist), and cut them into slabs of at most stage_cap blocks of one sequence (b->slabs,
+ * b->n_slab). Returns the host blocks. */
+static int stage_slabs(const struct pxq_engine *e, cuda_backend *b, int n_tab) {
+    const step_inputs &h = b->hi;
+    const int bs = e->kv.lay.block_size;
+    int g = 0;
+    b->n_slab = 0;
+    for (int r = 0; r < n_tab; r++) {
+        const struct kv_seq *ks = &e->seqs[h.run_seq[r]].kv;
+        int32_t *st = h.stab + (size_t)r * b->max_blocks;
+        pf_slab *cur = NULL;
+        for (int j = 0; j < ks->n_blocks; j++) {
+            const int id = ks->blocks[j];
+            st[j] = -1;
+            if (id < e->kv.n_dev) continue;
+            if (!cur || cur->g_hi - cur->g_lo == b->stage_cap) {
+                cur = &b->slabs[b->n_slab++];
+                *cur = pf_slab{r, g, g, j * bs, j * bs};
+            }
+            st[j] = g;
+            h.hlist[g++] = id;
+            cur->g_hi = g, cur->p_hi = (j + 1) * bs;
+        }
+    }
+    return g;
+}
+
 /* Host side of the per-step inputs: tokens, positions, compacted sequence ids with their block
  * tables, the output rows, and the runs (tokens grouped by sequence, in batch order); with snaps,
  * the DeltaNet snapshots due inside runs (run_snap; forward_cuda copies those due at a run's end).
@@ -538,11 +583,14 @@ static size_t stage_inputs(struct pxq_engine *e, cuda_backend *b, const struct u
         }
     }
     s->n_tiles = n > CUDA_DECODE_MAX && b->prefill_attn ? attention_prefill_tiles(h.tiles, b->nb, h.pos, h.seq, n) : 0;
+    b->n_slab = 0;
+    const int n_host = s->n_tiles > 0 && b->stage ? stage_slabs(e, b, n_tab) : 0;
     s->n = n;
     s->n_out = n_out;
     s->n_runs = b->rstate ? n_tab : 0;
     *first_out = first;
     *max_pos = mp;
+    if (n_host) return (size_t)(h.hlist - b->in_h + n_host) * sizeof(int32_t);
     return (size_t)(h.tab - b->in_h) * sizeof(int32_t) + (size_t)n_tab * b->max_blocks * sizeof(int32_t);
 }
 

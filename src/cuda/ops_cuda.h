@@ -377,6 +377,67 @@ void attention_prefill_cuda(void *out, int out_half, const float *q, const struc
                             const int32_t *pos, const int32_t *seq_id, const int32_t *tiles, int n_tiles, int n_head,
                             cudaStream_t st);
 
+/* ---- prefill attention over a host KV tier, staged (attention_staged.cu) ----
+ *
+ * Read in place, a host-tier block crosses the bus once for every thread block of the prefill
+ * kernel that sees it: with Qwen3.5-27B's GQA group of 6, a 512-token chunk has 48 such blocks a KV
+ * head. Staged, it crosses once a layer: the step's host blocks are copied (per layer, their slice
+ * of it) into a device buffer slab after slab, and the prefill kernel runs one pass over the device
+ * tier and the exact residual, then one pass per slab, each pass merging its softmax state (m, l,
+ * O unnormalized; Milakov & Gimelshein 2018) with the passes before it. */
+
+/* One pass of attention_prefill_cuda's kernel: the pool blocks whose entry g of tab ([n_seq]
+ * [max_blocks], as kv->block_tab) has g_lo <= g < g_hi, at positions [p_lo, p_hi) of compact
+ * sequence seq (-1: any); exact: also the residual's exact rows (quantized caches). mode: PF_MERGE
+ * merges with the state in acc ([n_tokens][n_head][head_dim], unnormalized O) and ml
+ * ([n_tokens][n_head][2]: m in score units, l), PF_FINAL writes O / l to out, else the state goes
+ * back to acc and ml. */
+enum { PF_MERGE = 1, PF_FINAL = 2 };
+struct pf_pass {
+    const int32_t *tab;
+    int g_lo, g_hi, seq, p_lo, p_hi, exact, mode;
+    float *acc, *ml;
+};
+void attention_prefill_pass(void *out, int out_half, const float *q, const struct cuda_kv *kv, int l,
+                            const int32_t *pos, const int32_t *seq_id, const int32_t *tiles, int n_tiles, int n_head,
+                            const struct pf_pass *pp, cudaStream_t st);
+
+/* A step's host-tier blocks in slabs: slab i holds the host blocks numbered [g_lo, g_hi) in the step
+ * (stab's numbering), of compact sequence seq, at positions [p_lo, p_hi). */
+struct pf_slab {
+    int seq, g_lo, g_hi, p_lo, p_hi;
+};
+struct pf_stage {
+    const int32_t *stab;  /* device [n_seq][max_blocks]: the step's number of each host-tier block, -1 elsewhere */
+    const int32_t *hlist; /* device [n_host]: host block g's pool id */
+    const struct pf_slab *slab; /* host [n_slab] */
+    int n_slab, n_dev;    /* pool ids below n_dev are the device tier's */
+    uint8_t *buf[2];      /* two staging buffers of cap blocks: K slices, then V slices */
+    int cap;
+    size_t stride[2];     /* bytes between staged blocks: K, V (16-byte multiples) */
+    size_t off[2], len[2]; /* layer l's slice of a pool block: bytes from the block's start, and bytes */
+    float *acc, *ml;
+    /* the copies run on cst beside the passes: it waits for start (recorded here on the step's
+     * stream), slab i's copy records copied[i & 1], its pass freed[i & 1] (events of the caller's,
+     * freed[] recorded once before the first call). hlist_host: hlist on the host; dma != 0 copies
+     * each run of consecutive pool ids with one 2D copy on the copy engines, else (or where a slab
+     * has more than STAGE_DMA_RUNS runs) a gather kernel copies */
+    cudaStream_t cst;
+    cudaEvent_t start, copied[2], freed[2];
+    const int32_t *hlist_host;
+    int dma;
+};
+/* A slab in more runs of consecutive pool ids than this is gathered by a kernel, not 2D copies. */
+#define STAGE_DMA_RUNS 64
+/* attention_prefill_cuda over a tiered cache: a pass over the device tier and the exact rows, then
+ * for each slab a copy of its blocks' layer-l slices into a staging buffer (the host-to-device
+ * traffic: sum of len over the slabs' blocks) and a pass over it; slab i + 1's copy runs while
+ * slab i's pass does. sg->acc may be out itself when out is float32. Returns 0, or -1 if a copy
+ * could not be queued (the error left for the caller's check). */
+int attention_prefill_staged_cuda(void *out, int out_half, const float *q, const struct cuda_kv *kv, int l,
+                                   const int32_t *pos, const int32_t *seq_id, const int32_t *tiles, int n_tiles,
+                                   int n_head, const struct pf_stage *sg, cudaStream_t st);
+
 #ifdef __cplusplus
 }
 #endif

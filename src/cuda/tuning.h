@@ -45,6 +45,11 @@ struct cuda_tuning {
     int decode_cfg;       /* PXQ_CUDA_DECODE_CFG=k: the decode attention's k-th configuration; -1: first that fits */
     int split_blocks;     /* PXQ_CUDA_SPLIT_BLOCKS=N: decode attention splits for a wave of N blocks per SM; 0: the
                            * kernel's own (2; the quantized cache's kernel: the blocks an SM it runs, 3 on sm_90) */
+    int stage_blocks;     /* PXQ_CUDA_KV_STAGE_BLOCKS=N: host-tier blocks a staging slab of prefill holds, at most
+                           * CUDA_KV_STAGE_BYTES' share; 0: that share (N < 0: no staging, host blocks read in
+                           * place) */
+    int stage_dma;        /* PXQ_CUDA_KV_STAGE_DMA: staged slabs copied by the copy engines where they come in
+                           * few runs of pool ids (0: always the gather kernel); 1 */
     /* prefill tuning */
     size_t tile;          /* PXQ_CUDA_TILE=N: weight tile elements (at most the plan's); 0: the plan's */
     int sm_target;        /* PXQ_CUDA_SM_TARGET=N: SMs the GEMMs are sized for (0: all); -1: 7/8 of them */
