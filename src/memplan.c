@@ -326,10 +326,12 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
     fprintf(f, "  %-18s %12s  %d rows x %d vocab x 4 B (lm_head runs over at most %d rows at a time)\n", "logits",
             hsize(a, sizeof a, (double)mp->logits_bytes), p->n_batch < CUDA_LOGITS_ROWS ? p->n_batch : CUDA_LOGITS_ROWS,
             hp->n_vocab, CUDA_LOGITS_ROWS);
+    char stage[64]; /* the host tier's prefill staging (attention_staged.cu) */
+    snprintf(stage, sizeof stage, "the host tier's prefill staging (%zu MiB), ", CUDA_KV_STAGE_BYTES >> 20);
     fprintf(f, "  %-18s %12s  f16 prefill weight tiles (2 x %s%s), int8 activations, attention partials, %scuBLAS workspace\n",
             "workspace", hsize(a, sizeof a, (double)mp->workspace), hsize(b, sizeof b, (double)mp->w16_elems),
             mp->w16_small ? ": the small tiles, whole-matrix ones exceed the budget" : "", /* halves of 2 B x w16/2 */
-            p->kv_offload ? "the host tier's prefill staging (64 MiB), " : "");
+            p->kv_offload ? stage : "");
     fprintf(f, "  %-18s %12s  %lld bytes (the arena: the terms above, less a host-resident token_embd)\n", "total", hsize(a, sizeof a, (double)mp->total),
             (long long)mp->total);
     fprintf(f, "  %-18s %12s  estimate, not measured (driver context, kernels, library handles), outside the arena\n",

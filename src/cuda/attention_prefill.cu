@@ -116,7 +116,7 @@ static __device__ __forceinline__ void pf_fill_q(__half *Ks, __half *Vs, const c
  * in shared memory after the stages) and loads only the positions some row sees. */
 template <int D, bool Q, bool SP>
 __global__ void __launch_bounds__(PF_THREADS)
-    attention_prefill_kernel(float *__restrict__ out, __half *__restrict__ out16, const float *__restrict__ q,
+    attention_prefill_kernel(float *out, __half *__restrict__ out16, const float *__restrict__ q, /* out may be pp.acc */
                              const cuda_kv kv, int l,
                              const int32_t *__restrict__ pos, const int32_t *__restrict__ seq_id,
                              const int32_t *__restrict__ tiles, int n_head, float sl2, const pf_pass pp) {
@@ -388,6 +388,7 @@ __global__ void __launch_bounds__(PF_THREADS)
                 ca = st.x == -INFINITY ? 0.0f : exp2f((st.x - mx) * sl2);
                 cb = mm == -INFINITY ? 0.0f : exp2f((mm - mx) * sl2);
                 ls = ca * st.y + cb * ls, mm = mx;
+                __syncwarp(0xFu << (lane & 28)); /* the row's 4 lanes have read ml before lane 0 writes it */
             }
             if (!(pp.mode & PF_FINAL)) {
 #pragma unroll

@@ -52,7 +52,7 @@ static cudaError_t stage_copy(const gather_args &ga, const pf_stage *sg, const p
                 for (int y = 0; y < 2; y++) {
                     const cudaError_t e = cudaMemcpy2DAsync(ga.dst[y] + (size_t)(g0 - sl.g_lo) * ga.stride[y], ga.stride[y],
                                                             ga.src[y] + (size_t)sg->hlist_host[g0] * ga.bb[y], ga.bb[y],
-                                                            ga.len[y], (size_t)(g1 - g0), cudaMemcpyDeviceToDevice, sg->cst);
+                                                            ga.len[y], (size_t)(g1 - g0), cudaMemcpyDefault, sg->cst);
                     if (e != cudaSuccess) return e;
                 }
             }
@@ -63,7 +63,7 @@ static cudaError_t stage_copy(const gather_args &ga, const pf_stage *sg, const p
     return cudaGetLastError();
 }
 
-extern "C" int attention_prefill_staged_cuda(void *out, int out_half, const float *q, const struct cuda_kv *kv, int l,
+extern "C" cudaError_t attention_prefill_staged_cuda(void *out, int out_half, const float *q, const struct cuda_kv *kv, int l,
                                              const int32_t *pos, const int32_t *seq_id, const int32_t *tiles,
                                              int n_tiles, int n_head, const struct pf_stage *sg, cudaStream_t st) {
     const int last = sg->n_slab == 0;
@@ -73,7 +73,9 @@ extern "C" int attention_prefill_staged_cuda(void *out, int out_half, const floa
     ga.len[0] = sg->len[0], ga.len[1] = sg->len[1];
     ga.stride[0] = sg->stride[0], ga.stride[1] = sg->stride[1];
     /* the copies start once the layer's keys and values are stored (all of the step's stream so far) */
-    if (cudaEventRecord(sg->start, st) != cudaSuccess || cudaStreamWaitEvent(sg->cst, sg->start, 0) != cudaSuccess) return -1;
+    cudaError_t err = cudaEventRecord(sg->start, st);
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(sg->cst, sg->start, 0);
+    if (err != cudaSuccess) return err;
     /* the device tier and the exact residual, while the first slabs are copied */
     pf_pass pp = {kv->block_tab, 0, sg->n_dev, -1, 0, INT_MAX, 1, last ? PF_FINAL : 0, sg->acc, sg->ml};
     attention_prefill_pass(last ? out : (void *)sg->acc, last ? out_half : 0, q, kv, l, pos, seq_id, tiles, n_tiles,
@@ -83,10 +85,11 @@ extern "C" int attention_prefill_staged_cuda(void *out, int out_half, const floa
         uint8_t *buf = sg->buf[i & 1];
         ga.dst[0] = buf, ga.dst[1] = buf + (size_t)sg->cap * sg->stride[0];
         /* buffer i & 1 is free once slab i - 2's pass is over */
-        if ((i >= 2 && cudaStreamWaitEvent(sg->cst, sg->freed[i & 1], 0) != cudaSuccess) ||
-            stage_copy(ga, sg, sl) != cudaSuccess || cudaEventRecord(sg->copied[i & 1], sg->cst) != cudaSuccess ||
-            cudaStreamWaitEvent(st, sg->copied[i & 1], 0) != cudaSuccess)
-            return -1;
+        if (i >= 2) err = cudaStreamWaitEvent(sg->cst, sg->freed[i & 1], 0);
+        if (err == cudaSuccess) err = stage_copy(ga, sg, sl);
+        if (err == cudaSuccess) err = cudaEventRecord(sg->copied[i & 1], sg->cst);
+        if (err == cudaSuccess) err = cudaStreamWaitEvent(st, sg->copied[i & 1], 0);
+        if (err != cudaSuccess) return err;
         /* the view: pool block g of the staged table at buf + (g - g_lo) * stride, the slice's own
          * offset taken back (the kernels add it: kvq_row's layer_off, kv_off's layer term) */
         cuda_kv v = *kv;
@@ -102,7 +105,7 @@ extern "C" int attention_prefill_staged_cuda(void *out, int out_half, const floa
                             sg->acc, sg->ml};
         attention_prefill_pass(fin ? out : (void *)sg->acc, fin ? out_half : 0, q, &v, lv, pos, seq_id, tiles, n_tiles,
                                n_head, &ps, st);
-        if (cudaEventRecord(sg->freed[i & 1], st) != cudaSuccess) return -1;
+        if ((err = cudaEventRecord(sg->freed[i & 1], st)) != cudaSuccess) return err;
     }
-    return 0;
+    return cudaGetLastError(); /* the passes' launches */
 }

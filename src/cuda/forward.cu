@@ -167,9 +167,8 @@ static int attention(const struct pxq_engine *e, cuda_backend *b, const float *q
             for (int pool = 0; pool < 2; pool++)
                 sg.off[pool] = lay->layer[pool][l].layer_off,
                 sg.len[pool] = (size_t)lay->block_size * lay->layer[pool][l].slot_bytes;
-            if (attention_prefill_staged_cuda(out, half, q, &b->kv, l, b->di.pos, b->di.seq, b->di.tiles, s.n_tiles,
-                                              n_head, &sg, b->st) != 0)
-                CK(cudaGetLastError());
+            CK(attention_prefill_staged_cuda(out, half, q, &b->kv, l, b->di.pos, b->di.seq, b->di.tiles, s.n_tiles,
+                                             n_head, &sg, b->st));
             b->stage_bytes += (uint64_t)(sg.len[0] + sg.len[1]) * (uint64_t)(b->slabs[b->n_slab - 1].g_hi);
         } else {
             attention_prefill_cuda(out, half, q, &b->kv, l, b->di.pos, b->di.seq, b->di.tiles, s.n_tiles, n_head, b->st);
@@ -590,7 +589,10 @@ static size_t stage_inputs(struct pxq_engine *e, cuda_backend *b, const struct u
     s->n_runs = b->rstate ? n_tab : 0;
     *first_out = first;
     *max_pos = mp;
-    if (n_host) return (size_t)(h.hlist - b->in_h + n_host) * sizeof(int32_t);
+    if (n_host) { /* the step's rows of stab, and hlist (the tables' capacity is n_seq_max rows) */
+        CK(cudaMemcpyAsync(b->di.stab, h.stab, (size_t)n_tab * b->max_blocks * sizeof(int32_t), cudaMemcpyHostToDevice, b->st));
+        CK(cudaMemcpyAsync(b->di.hlist, h.hlist, (size_t)n_host * sizeof(int32_t), cudaMemcpyHostToDevice, b->st));
+    }
     return (size_t)(h.tab - b->in_h) * sizeof(int32_t) + (size_t)n_tab * b->max_blocks * sizeof(int32_t);
 }
 

@@ -418,8 +418,8 @@ struct pf_stage {
     size_t off[2], len[2]; /* layer l's slice of a pool block: bytes from the block's start, and bytes */
     float *acc, *ml;
     /* the copies run on cst beside the passes: it waits for start (recorded here on the step's
-     * stream), slab i's copy records copied[i & 1], its pass freed[i & 1] (events of the caller's,
-     * freed[] recorded once before the first call). hlist_host: hlist on the host; dma != 0 copies
+     * stream, after everything before the call: slabs 0 and 1 need no more), slab i's copy records
+     * copied[i & 1], its pass freed[i & 1] (the caller's events). hlist_host: hlist on the host; dma != 0 copies
      * each run of consecutive pool ids with one 2D copy on the copy engines, else (or where a slab
      * has more than STAGE_DMA_RUNS runs) a gather kernel copies */
     cudaStream_t cst;
@@ -432,9 +432,9 @@ struct pf_stage {
 /* attention_prefill_cuda over a tiered cache: a pass over the device tier and the exact rows, then
  * for each slab a copy of its blocks' layer-l slices into a staging buffer (the host-to-device
  * traffic: sum of len over the slabs' blocks) and a pass over it; slab i + 1's copy runs while
- * slab i's pass does. sg->acc may be out itself when out is float32. Returns 0, or -1 if a copy
- * could not be queued (the error left for the caller's check). */
-int attention_prefill_staged_cuda(void *out, int out_half, const float *q, const struct cuda_kv *kv, int l,
+ * slab i's pass does. sg->acc may be out itself when out is float32. Returns cudaSuccess, or the
+ * error of the first call that could not be queued. */
+cudaError_t attention_prefill_staged_cuda(void *out, int out_half, const float *q, const struct cuda_kv *kv, int l,
                                    const int32_t *pos, const int32_t *seq_id, const int32_t *tiles, int n_tiles,
                                    int n_head, const struct pf_stage *sg, cudaStream_t st);
 
