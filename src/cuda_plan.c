@@ -197,10 +197,10 @@ void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *
         bf->sel_score = (size_t)CUDA_DECODE_MAX * hp->n_head_kv * (size_t)max_blocks;
     }
     if (p->kv_offload) { /* prefill over the host tier (attention_staged.cu): the staging buffers, the passes'
-                          * softmax state, and in the step inputs each host block's number and pool id */
+                          * softmax state, and in the step inputs stab, dtab and hlist (pf_stage) */
         bf->kv_stage = CUDA_KV_STAGE_BYTES;
         bf->pf_ml = nb * (size_t)hp->n_head * 2;
-        bf->in_ints += 2 * n_tab * max_blocks;
+        bf->in_ints += 3 * n_tab * max_blocks;
     }
 }
 

@@ -27,6 +27,10 @@
  *              agrees with the CPU, and the staged prompts' last logits with the in-place one's
  *              (max |diff| <= 2e-3 of the largest |logit|: the passes round P to f16 against their
  *              own running maxima).
+ *   mixed      two sequences in one prefill step with the tier: A's lone token reads its host
+ *              blocks in place while B's prompt is staged (stage_seq's rule, per sequence); A's 200-token
+ *              prompt, then A's next token with B's 120-token prompt, then 8 steps of both: greedy
+ *              tokens equal to the CPU's without a tier, staged in one slab and in slabs of 3.
  */
 #define TEST_RNG_SEED 0x7a11c0de5e1ec7edull
 #include "test_cuda_common.h"
@@ -293,6 +297,80 @@ static void test_offload(void) {
     model_free(m);
 }
 
+static int argmax_row(const float *lg, int n) {
+    int best = 0;
+    for (int v = 1; v < n; v++) best = lg[v] > lg[best] ? v : best;
+    return best;
+}
+
+/* The schedule of the header's mixed case on a fresh engine with ep: greedy tokens out[s][g] of A (s 0)
+ * and B (s 1), and the bytes staged. 0, or -1 with a failed check. */
+static int mixed(struct pxq_model *m, const struct pxq_engine_params *ep, int32_t out[2][8], uint64_t *staged) {
+    char err[256];
+    struct pxq_engine *e = pxq_engine_new(m, ep, err, sizeof err);
+    CHECK(e != NULL, "engine: %s", err);
+    if (!e) return -1;
+    int32_t tok[256], pos[256], seq[256];
+    int8_t lg[256];
+    const int id[2] = {pxq_seq_new(e), pxq_seq_new(e)}, len[2] = {200, 120};
+    for (int i = 0; i < len[0]; i++) tok[i] = (i * 131 + 7) % 8000 + 1, pos[i] = i, seq[i] = id[0], lg[i] = i == len[0] - 1;
+    struct pxq_batch b = {len[0], tok, pos, seq, lg};
+    int rc = pxq_decode(e, &b, err, sizeof err);
+    if (rc == 0) { /* A's next token, then B's prompt */
+        tok[0] = argmax_row(pxq_logits(e, 0), 8192), pos[0] = len[0], seq[0] = id[0], lg[0] = 1;
+        for (int i = 0; i < len[1]; i++)
+            tok[1 + i] = (i * 37 + 11) % 8000 + 1, pos[1 + i] = i, seq[1 + i] = id[1], lg[1 + i] = i == len[1] - 1;
+        struct pxq_batch b2 = {1 + len[1], tok, pos, seq, lg};
+        rc = pxq_decode(e, &b2, err, sizeof err);
+    }
+    for (int g = 0; rc == 0 && g < 8; g++) {
+        for (int s = 0; s < 2; s++) {
+            out[s][g] = tok[s] = argmax_row(pxq_logits(e, s), 8192);
+            pos[s] = len[s] + (s == 0) + g, seq[s] = id[s], lg[s] = 1;
+        }
+        struct pxq_batch b1 = {2, tok, pos, seq, lg};
+        rc = pxq_decode(e, &b1, err, sizeof err);
+    }
+    CHECK(rc == 0, "decode: %s", err);
+    struct pxq_kv_tier_stats ts;
+    pxq_kv_tier_stats(e, &ts);
+    *staged = ts.staged;
+    pxq_engine_free(e);
+    return rc;
+}
+
+/* The mixed case (see the header) against the CPU. */
+static void test_mixed(void) {
+    struct pxq_model *m = test_open_tiny_qwen3();
+    if (!m) return;
+    int dev = 0, major = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    for (int mode = 0; mode < 2; mode++) { /* f16 full attention; pxq + selection */
+        struct pxq_engine_params ep = pxq_engine_default_params();
+        ep.n_ctx = 256, ep.n_threads = 2, ep.n_batch = 64, ep.n_seq_max = 2;
+        ep.kv_type = mode ? KV_CACHE_PXQ : KV_CACHE_F16;
+        if (mode) ep.attn_window = 16, ep.attn_sinks = 4, ep.kv_topk_blocks = 2;
+        int32_t a[2][8], c[2][8];
+        uint64_t staged = 0;
+        if (mixed(m, &ep, a, &staged)) continue;
+        ep.device = PXQ_DEVICE_CUDA, ep.kv_offload = 1, ep.kv_dev_blocks = 2;
+        for (int k = 0; k < 2; k++) {
+            setenv("PXQ_CUDA_KV_STAGE_BLOCKS", k ? "3" : "0", 1);
+            if (mixed(m, &ep, c, &staged)) break;
+            int same = 0;
+            for (int s = 0; s < 2; s++)
+                for (int g = 0; g < 8 && c[s][g] == a[s][g]; g++) same++;
+            printf("mixed prefill step, %s, host tier, %s: %.2f MiB staged, CUDA agrees with the CPU on %d of 16 greedy "
+                   "tokens\n", mode ? "pxq + block selection" : "f16", k ? "slabs of 3" : "one slab", staged / 1048576.0, same);
+            CHECK(same == 16, "mixed prefill step, mode %d, slabs %d: greedy tokens differ", mode, k);
+            CHECK((staged > 0) == (major >= 8), "mixed prefill step: %llu bytes staged", (unsigned long long)staged);
+        }
+        unsetenv("PXQ_CUDA_KV_STAGE_BLOCKS");
+    }
+    model_free(m);
+}
+
 int main(void) {
     int gate = cuda_test_gate("test_cuda_kvselect");
     if (gate >= 0) return gate;
@@ -302,6 +380,7 @@ int main(void) {
     test_kernels(100, 128, 64, 1100); /* --block-size 64 (262,144 positions in 15.2 GiB): 4 tiles a block */
     test_engine();
     test_offload();
+    test_mixed();
     return test_summary("test_cuda_kvselect");
 }
 #endif

@@ -134,10 +134,10 @@ __global__ void __launch_bounds__(PF_THREADS)
     if (r0 >= n_tok * group) return;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int32_t *tab = pp.tab + (size_t)seq_id[t0] * kv.max_blocks;
-    /* the pass: only pool blocks whose entry g in tab has g_lo <= g < g_hi (filt: not every block),
+    /* the pass: with filt, only pool blocks whose entry g in tab has g_lo <= g < g_hi,
      * only positions [p_lo, p_hi) of sequence seq (-1: any); a block outside reads nothing but still
      * merges and writes its rows */
-    const bool filt = pp.g_lo > 0 || pp.g_hi != INT_MAX;
+    const bool filt = pp.filt;
     const bool here = pp.seq < 0 || pp.seq == seq_id[t0];
     auto in_blk = [&](int k) { return (unsigned)(tab[k] - pp.g_lo) < (unsigned)(pp.g_hi - pp.g_lo); };
     const size_t ld = (size_t)n_head * D; /* q and out token stride */
@@ -534,6 +534,6 @@ extern "C" void attention_prefill_pass(void *out, int out_half, const float *q, 
 extern "C" void attention_prefill_cuda(void *out, int out_half, const float *q, const struct cuda_kv *kv, int l,
                                        const int32_t *pos, const int32_t *seq_id, const int32_t *tiles, int n_tiles,
                                        int n_head, cudaStream_t st) {
-    const pf_pass pp = {kv->block_tab, 0, INT_MAX, -1, 0, INT_MAX, 1, PF_FINAL, NULL, NULL};
+    const pf_pass pp = {kv->block_tab, 0, 0, INT_MAX, -1, 0, INT_MAX, 1, PF_FINAL, NULL, NULL};
     attention_prefill_pass(out, out_half, q, kv, l, pos, seq_id, tiles, n_tiles, n_head, &pp, st);
 }

@@ -7,11 +7,13 @@
  * gather kernel copies the slab's slices (read through the tier's device addresses, kv_tier.cu) into
  * a staging buffer, and a pass of the prefill kernel reads the staging buffer through a view of the
  * cache whose pool starts there. The passes merge their softmax states (attention_prefill.cu's
- * epilogue): the first covers the device tier and the exact rows, the last writes the output.
- * Two staging buffers alternate: the copies run on a stream of their own, slab i + 1's while the
- * pass over slab i reads the other buffer, by 2D copies on the copy engines where a slab's pool ids
- * come in few runs (the tier hands out host blocks in order, so one sequence's are mostly one run),
- * else by the gather kernel.
+ * epilogue): the first covers the device tier, the exact rows and the host blocks of sequences
+ * read in place (forward.cu's stage_seq stages a sequence only where its tokens in the step would
+ * read its host blocks more than once in place: a prompt chunk, not a lone decode token), the last
+ * writes the output. Two staging buffers alternate: the copies run on a stream of their own, slab
+ * i + 1's while the pass over slab i reads the other buffer, by the gather kernel, or with
+ * PXQ_CUDA_KV_STAGE_DMA=1 by 2D copies on the copy engines where a slab's pool ids come in few runs
+ * (the tier hands out host blocks in order, so one sequence's are mostly one run).
  * CPU twin: the same attention as attention_prefill_cuda's (forward_cpu.c attn_range).
  */
 #include <limits.h>
@@ -76,8 +78,8 @@ extern "C" cudaError_t attention_prefill_staged_cuda(void *out, int out_half, co
     cudaError_t err = cudaEventRecord(sg->start, st);
     if (err == cudaSuccess) err = cudaStreamWaitEvent(sg->cst, sg->start, 0);
     if (err != cudaSuccess) return err;
-    /* the device tier and the exact residual, while the first slabs are copied */
-    pf_pass pp = {kv->block_tab, 0, sg->n_dev, -1, 0, INT_MAX, 1, last ? PF_FINAL : 0, sg->acc, sg->ml};
+    /* the device tier, the host blocks read in place and the exact residual, while the first slabs are copied */
+    pf_pass pp = {sg->dtab, 1, 0, INT_MAX, -1, 0, INT_MAX, 1, last ? PF_FINAL : 0, sg->acc, sg->ml};
     attention_prefill_pass(last ? out : (void *)sg->acc, last ? out_half : 0, q, kv, l, pos, seq_id, tiles, n_tiles,
                            n_head, &pp, st);
     for (int i = 0; i < sg->n_slab; i++) {
@@ -101,7 +103,7 @@ extern "C" cudaError_t attention_prefill_staged_cuda(void *out, int out_half, co
         v.v = ga.dst[1] - (ptrdiff_t)sl.g_lo * (ptrdiff_t)sg->stride[1] - (ptrdiff_t)off[1];
         v.block_bytes_k = sg->stride[0], v.block_bytes_v = sg->stride[1];
         const int fin = i == sg->n_slab - 1;
-        const pf_pass ps = {sg->stab, sl.g_lo, sl.g_hi, sl.seq, sl.p_lo, sl.p_hi, 0, PF_MERGE | (fin ? PF_FINAL : 0),
+        const pf_pass ps = {sg->stab, 1, sl.g_lo, sl.g_hi, sl.seq, sl.p_lo, sl.p_hi, 0, PF_MERGE | (fin ? PF_FINAL : 0),
                             sg->acc, sg->ml};
         attention_prefill_pass(fin ? out : (void *)sg->acc, fin ? out_half : 0, q, &v, lv, pos, seq_id, tiles, n_tiles,
                                n_head, &ps, st);

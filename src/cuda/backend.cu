@@ -661,10 +661,11 @@ static void buffers_step(struct pxq_engine *e, cuda_backend *b, size_t max_in, s
     step_inputs *si[2] = {&b->di, &b->hi};
     for (int i = 0; i < 2; i++) {
         int32_t *p = base[i];
-        int32_t *tab = p + 10 * nb + 1, *stab = tab + (size_t)b->n_tab * b->max_blocks;
+        const size_t tn = (size_t)b->n_tab * b->max_blocks;
+        int32_t *tab = p + 10 * nb + 1;
         *si[i] = step_inputs{p, p + nb, p + 2 * nb, p + 3 * nb, p + 4 * nb, p + 5 * nb, p + 6 * nb + 1, p + 7 * nb + 1,
-                             p + 9 * nb + 1, tab, bf.kv_stage ? stab : NULL,
-                             bf.kv_stage ? stab + (size_t)b->n_tab * b->max_blocks : NULL};
+                             p + 9 * nb + 1, tab, bf.kv_stage ? tab + tn : NULL, bf.kv_stage ? tab + 2 * tn : NULL,
+                             bf.kv_stage ? tab + 3 * tn : NULL};
     }
     b->kv.block_tab = b->di.tab; /* the KV cache reads the block tables of the step inputs */
     b->kv.max_blocks = b->max_blocks;

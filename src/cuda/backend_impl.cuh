@@ -54,7 +54,8 @@ struct graph_entry {
 /* Per-step inputs, one host-to-device copy: int32 arrays at these offsets of in_d / in_h. */
 struct step_inputs {
     int32_t *tok, *pos, *seq, *rows, *run_seq, *run_off, *run_tok, *tiles, *run_snap, *tab;
-    int32_t *stab, *hlist; /* with a host tier: the step's numbers of its host blocks, their pool ids (pf_stage) */
+    int32_t *stab, *dtab, *hlist; /* with a host tier: the staged blocks' numbers, the first pass's table and the
+                                   * staged blocks' pool ids (pf_stage) */
 };
 
 /* One array of the KV pool with a host tier (kv_tier.cu): a device address range whose first dev_bytes

@@ -159,7 +159,7 @@ static int attention(const struct pxq_engine *e, cuda_backend *b, const float *q
         void *out = half ? (void *)b->x16 : (void *)b->att;
         if (b->n_slab) { /* host-tier blocks: staged, slab by slab */
             const struct kv_layout *lay = &e->kv.lay;
-            pf_stage sg = {b->di.stab, b->di.hlist, b->slabs, b->n_slab, e->kv.n_dev,
+            pf_stage sg = {b->di.stab, b->di.dtab, b->di.hlist, b->slabs, b->n_slab,
                            {b->stage, b->stage + CUDA_KV_STAGE_BYTES / 2}, b->stage_cap,
                            {b->stage_stride[0], b->stage_stride[1]}, {}, {}, b->att, b->pf_ml, b->st_stage,
                            b->stage_ev[0], {b->stage_ev[1], b->stage_ev[2]}, {b->stage_ev[3], b->stage_ev[4]},
@@ -505,23 +505,39 @@ static int run_snapshot(const struct pxq_engine *e, const cuda_backend *b, int r
     return e->p.spec_checkpoint && sq->ck_at >= 0 && j >= 1 && j <= m ? j : 0;
 }
 
-/* A prefill step over the host tier (attention_staged.cu): number the host-tier blocks of the step's
- * n_tab sequences in order (stab; -1 for the device tier's and given-back blocks), list their pool
- * ids (hlist), and cut them into slabs of at most stage_cap blocks of one sequence (b->slabs,
- * b->n_slab). Returns the host blocks. */
-static int stage_slabs(const struct pxq_engine *e, cuda_backend *b, int n_tab) {
+/* 1 if the prefill kernel should stage sequence r's n_host host blocks rather than read them in place,
+ * for n_tok of its tokens in the step: in place, each block of the kernel (64 rows: tokens x the
+ * GQA group) reads the host blocks its rows see, all of them under full attention, at most its
+ * tokens' top-k each under block selection (the bitmaps are a (token, KV head)'s); staged, each
+ * crosses the bus once. A lone decode token reads less in place; a 512-token chunk far more. */
+static int stage_seq(const struct pxq_engine *e, int n_tok, int n_host) {
+    const int group = e->hp->n_head / e->hp->n_head_kv, rows = 64; /* attention_prefill.cu's PF_BM */
+    const int64_t blocks = ((int64_t)n_tok * group + rows - 1) / rows, tok_per = (rows + group - 1) / group;
+    const int64_t k = e->kv.lay.topk_blocks, seen = k && k * tok_per < n_host ? k * tok_per : n_host;
+    return blocks * seen > n_host;
+}
+
+/* A prefill step over the host tier (attention_staged.cu): for each of the step's n_tab sequences
+ * that stage_seq stages, number its host-tier blocks in order (stab; -1 elsewhere), list their pool
+ * ids (hlist) and cut them into slabs of at most stage_cap blocks of one sequence (b->slabs,
+ * b->n_slab); dtab is the block table less the staged blocks. Returns the staged blocks. */
+static int stage_slabs(const struct pxq_engine *e, cuda_backend *b, int n, int n_tab) {
     const step_inputs &h = b->hi;
     const int bs = e->kv.lay.block_size;
     int g = 0;
     b->n_slab = 0;
     for (int r = 0; r < n_tab; r++) {
         const struct kv_seq *ks = &e->seqs[h.run_seq[r]].kv;
-        int32_t *st = h.stab + (size_t)r * b->max_blocks;
+        int32_t *st = h.stab + (size_t)r * b->max_blocks, *dt = h.dtab + (size_t)r * b->max_blocks;
+        int n_tok = 0;
+        for (int t = 0; t < n; t++) n_tok += h.seq[t] == r;
+        const int stage = stage_seq(e, n_tok, kv_seq_host_blocks(&e->kv, ks));
         pf_slab *cur = NULL;
         for (int j = 0; j < ks->n_blocks; j++) {
             const int id = ks->blocks[j];
-            st[j] = -1;
-            if (id < e->kv.n_dev) continue;
+            st[j] = -1, dt[j] = id;
+            if (id < e->kv.n_dev || !stage) continue;
+            dt[j] = -1;
             if (!cur || cur->g_hi - cur->g_lo == b->stage_cap) {
                 cur = &b->slabs[b->n_slab++];
                 *cur = pf_slab{r, g, g, j * bs, j * bs};
@@ -583,14 +599,15 @@ static size_t stage_inputs(struct pxq_engine *e, cuda_backend *b, const struct u
     }
     s->n_tiles = n > CUDA_DECODE_MAX && b->prefill_attn ? attention_prefill_tiles(h.tiles, b->nb, h.pos, h.seq, n) : 0;
     b->n_slab = 0;
-    const int n_host = s->n_tiles > 0 && b->stage ? stage_slabs(e, b, n_tab) : 0;
+    const int n_host = s->n_tiles > 0 && b->stage ? stage_slabs(e, b, n, n_tab) : 0;
     s->n = n;
     s->n_out = n_out;
     s->n_runs = b->rstate ? n_tab : 0;
     *first_out = first;
     *max_pos = mp;
-    if (n_host) { /* the step's rows of stab, and hlist (the tables' capacity is n_seq_max rows) */
+    if (n_host) { /* the step's rows of stab and dtab, and hlist (the tables' capacity is n_seq_max rows) */
         CK(cudaMemcpyAsync(b->di.stab, h.stab, (size_t)n_tab * b->max_blocks * sizeof(int32_t), cudaMemcpyHostToDevice, b->st));
+        CK(cudaMemcpyAsync(b->di.dtab, h.dtab, (size_t)n_tab * b->max_blocks * sizeof(int32_t), cudaMemcpyHostToDevice, b->st));
         CK(cudaMemcpyAsync(b->di.hlist, h.hlist, (size_t)n_host * sizeof(int32_t), cudaMemcpyHostToDevice, b->st));
     }
     return (size_t)(h.tab - b->in_h) * sizeof(int32_t) + (size_t)n_tab * b->max_blocks * sizeof(int32_t);

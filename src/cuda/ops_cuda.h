@@ -387,7 +387,7 @@ void attention_prefill_cuda(void *out, int out_half, const float *q, const struc
  * O unnormalized; Milakov & Gimelshein 2018) with the passes before it. */
 
 /* One pass of attention_prefill_cuda's kernel: the pool blocks whose entry g of tab ([n_seq]
- * [max_blocks], as kv->block_tab) has g_lo <= g < g_hi, at positions [p_lo, p_hi) of compact
+ * [max_blocks], as kv->block_tab) has g_lo <= g < g_hi (filt; else every block), at positions [p_lo, p_hi) of compact
  * sequence seq (-1: any); exact: also the residual's exact rows (quantized caches). mode: PF_MERGE
  * merges with the state in acc ([n_tokens][n_head][head_dim], unnormalized O) and ml
  * ([n_tokens][n_head][2]: m in score units, l), PF_FINAL writes O / l to out, else the state goes
@@ -395,7 +395,7 @@ void attention_prefill_cuda(void *out, int out_half, const float *q, const struc
 enum { PF_MERGE = 1, PF_FINAL = 2 };
 struct pf_pass {
     const int32_t *tab;
-    int g_lo, g_hi, seq, p_lo, p_hi, exact, mode;
+    int filt, g_lo, g_hi, seq, p_lo, p_hi, exact, mode;
     float *acc, *ml;
 };
 void attention_prefill_pass(void *out, int out_half, const float *q, const struct cuda_kv *kv, int l,
@@ -408,10 +408,11 @@ struct pf_slab {
     int seq, g_lo, g_hi, p_lo, p_hi;
 };
 struct pf_stage {
-    const int32_t *stab;  /* device [n_seq][max_blocks]: the step's number of each host-tier block, -1 elsewhere */
-    const int32_t *hlist; /* device [n_host]: host block g's pool id */
+    const int32_t *stab;  /* device [n_seq][max_blocks]: the step's number of each staged block, -1 elsewhere */
+    const int32_t *dtab;  /* device [n_seq][max_blocks]: the block table less the staged blocks (-1): the first pass's */
+    const int32_t *hlist; /* device [n_host]: staged block g's pool id */
     const struct pf_slab *slab; /* host [n_slab] */
-    int n_slab, n_dev;    /* pool ids below n_dev are the device tier's */
+    int n_slab;
     uint8_t *buf[2];      /* two staging buffers of cap blocks: K slices, then V slices */
     int cap;
     size_t stride[2];     /* bytes between staged blocks: K, V (16-byte multiples) */
@@ -429,7 +430,8 @@ struct pf_stage {
 };
 /* A slab in more runs of consecutive pool ids than this is gathered by a kernel, not 2D copies. */
 #define STAGE_DMA_RUNS 64
-/* attention_prefill_cuda over a tiered cache: a pass over the device tier and the exact rows, then
+/* attention_prefill_cuda over a tiered cache: a pass over dtab's blocks (the device tier's, and the
+ * host blocks of the sequences the step reads in place) and the exact rows, then
  * for each slab a copy of its blocks' layer-l slices into a staging buffer (the host-to-device
  * traffic: sum of len over the slabs' blocks) and a pass over it; slab i + 1's copy runs while
  * slab i's pass does. sg->acc may be out itself when out is float32. Returns cudaSuccess, or the
