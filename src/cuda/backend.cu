@@ -198,7 +198,7 @@ extern "C" void cuda_tuning_from_env(struct cuda_tuning *t) {
     t->decode_cfg = cfg && *cfg ? atoi(cfg) : -1;
     t->split_blocks = env_int("PXQ_CUDA_SPLIT_BLOCKS", 0); /* 0: the decode kernel's own (kv_step) */
     t->stage_blocks = env_int("PXQ_CUDA_KV_STAGE_BLOCKS", 0);
-    t->stage_dma = env_int("PXQ_CUDA_KV_STAGE_DMA", 1);
+    t->stage_dma = env_int("PXQ_CUDA_KV_STAGE_DMA", 0); /* the gather kernel: the tier's proven read path */
     const char *tile = getenv("PXQ_CUDA_TILE");
     t->tile = tile ? (size_t)strtoull(tile, NULL, 10) : 0;
     t->sm_target = env_int("PXQ_CUDA_SM_TARGET", -1);

@@ -48,8 +48,10 @@ struct cuda_tuning {
     int stage_blocks;     /* PXQ_CUDA_KV_STAGE_BLOCKS=N: host-tier blocks a staging slab of prefill holds, at most
                            * CUDA_KV_STAGE_BYTES' share; 0: that share (N < 0: no staging, host blocks read in
                            * place) */
-    int stage_dma;        /* PXQ_CUDA_KV_STAGE_DMA: staged slabs copied by the copy engines where they come in
-                           * few runs of pool ids (0: always the gather kernel); 1 */
+    int stage_dma;        /* PXQ_CUDA_KV_STAGE_DMA=1: staged slabs copied by the copy engines where they come in
+                           * few runs of pool ids; 0: the gather kernel (kernels read the tier's mapped host
+                           * memory as the attention kernels and cuda_kv_move do; the 2D copies have not run
+                           * on a GPU yet) */
     /* prefill tuning */
     size_t tile;          /* PXQ_CUDA_TILE=N: weight tile elements (at most the plan's); 0: the plan's */
     int sm_target;        /* PXQ_CUDA_SM_TARGET=N: SMs the GEMMs are sized for (0: all); -1: 7/8 of them */
