@@ -170,13 +170,17 @@ for s in $steps; do
         B="$PXQ bench --load-format dummy --config presets/qwen3.5-27b.json --dtype q4_0 --device cuda -p 0 -b 1 -r 1"
         B="$B -n 16 --kv-cache-type pxq --no-warmup"
         W="--attention-window 4096 --attention-sinks 4"
+        # sel64-deep and full-tier fill 131,072 and 262,144 positions through the host tier (prefill
+        # stages the host blocks: attention_staged.cu)
         for m in ${DEPTH_MODES:-window sel16 sel64 sel64-24}; do
             case $m in
             window) args="--gpu-mem 15.2GiB $W -d 16384,65536,131072" ;;
             sel16) args="--gpu-mem 15.2GiB --kv-offload $W --kv-topk-blocks 256 -d 16384" ;;
             sel64) args="--gpu-mem 15.2GiB --kv-offload $W --kv-topk-blocks 64 --block-size 64 -d 16384,65536" ;;
             sel64-24) args="--gpu-mem 24GiB $W --kv-topk-blocks 64 --block-size 64 -d 131072,262144" ;;
-            *) echo "depth: unknown mode $m (window sel16 sel64 sel64-24)"; continue ;;
+            sel64-deep) args="--gpu-mem 15.2GiB --kv-offload $W --kv-topk-blocks 64 --block-size 64 -d 131072,262144" ;;
+            full-tier) args="--gpu-mem 15.2GiB --kv-offload -d 65536,131072" ;;
+            *) echo "depth: unknown mode $m (window sel16 sel64 sel64-24 sel64-deep full-tier)"; continue ;;
             esac
             echo "== depth $m"
             timeout 600 $B $args 2>&1 | grep -E "tg|rror|fit" | tee -a "$OUT/depth.log"
