@@ -30,7 +30,9 @@
  *   mixed      two sequences in one prefill step with the tier: A's lone token reads its host
  *              blocks in place while B's prompt is staged (stage_seq's rule, per sequence); A's 200-token
  *              prompt, then A's next token with B's 120-token prompt, then 8 steps of both: greedy
- *              tokens equal to the CPU's without a tier, staged in one slab and in slabs of 3.
+ *              tokens equal to the CPU's without a tier, read in place, staged in one slab and in
+ *              slabs of 3; the mixed batch stages bytes (B's prompt), and its two logits rows agree
+ *              with the in-place run's (max |diff| <= 2e-3 of the largest |logit|).
  */
 #define TEST_RNG_SEED 0x7a11c0de5e1ec7edull
 #include "test_cuda_common.h"
@@ -304,8 +306,10 @@ static int argmax_row(const float *lg, int n) {
 }
 
 /* The schedule of the header's mixed case on a fresh engine with ep: greedy tokens out[s][g] of A (s 0)
- * and B (s 1), and the bytes staged. 0, or -1 with a failed check. */
-static int mixed(struct pxq_model *m, const struct pxq_engine_params *ep, int32_t out[2][8], uint64_t *staged) {
+ * and B (s 1), the mixed batch's two logits rows (lg2 [2][8192]) and the bytes it staged. 0, or -1
+ * with a failed check. */
+static int mixed(struct pxq_model *m, const struct pxq_engine_params *ep, int32_t out[2][8], float *lg2,
+                 uint64_t *staged) {
     char err[256];
     struct pxq_engine *e = pxq_engine_new(m, ep, err, sizeof err);
     CHECK(e != NULL, "engine: %s", err);
@@ -320,8 +324,13 @@ static int mixed(struct pxq_model *m, const struct pxq_engine_params *ep, int32_
         tok[0] = argmax_row(pxq_logits(e, 0), 8192), pos[0] = len[0], seq[0] = id[0], lg[0] = 1;
         for (int i = 0; i < len[1]; i++)
             tok[1 + i] = (i * 37 + 11) % 8000 + 1, pos[1 + i] = i, seq[1 + i] = id[1], lg[1 + i] = i == len[1] - 1;
+        struct pxq_kv_tier_stats t0, t1;
+        pxq_kv_tier_stats(e, &t0);
         struct pxq_batch b2 = {1 + len[1], tok, pos, seq, lg};
         rc = pxq_decode(e, &b2, err, sizeof err);
+        pxq_kv_tier_stats(e, &t1);
+        *staged = t1.staged - t0.staged;
+        for (int s = 0; rc == 0 && s < 2; s++) memcpy(lg2 + (size_t)s * 8192, pxq_logits(e, s), 8192 * sizeof(float));
     }
     for (int g = 0; rc == 0 && g < 8; g++) {
         for (int s = 0; s < 2; s++) {
@@ -332,20 +341,21 @@ static int mixed(struct pxq_model *m, const struct pxq_engine_params *ep, int32_
         rc = pxq_decode(e, &b1, err, sizeof err);
     }
     CHECK(rc == 0, "decode: %s", err);
-    struct pxq_kv_tier_stats ts;
-    pxq_kv_tier_stats(e, &ts);
-    *staged = ts.staged;
     pxq_engine_free(e);
     return rc;
 }
 
-/* The mixed case (see the header) against the CPU. */
+/* The mixed case (see the header) against the CPU, and its mixed batch's logits against the same
+ * batch read in place. */
 static void test_mixed(void) {
     struct pxq_model *m = test_open_tiny_qwen3();
     if (!m) return;
     int dev = 0, major = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    const char *flash = getenv("PXQ_CUDA_FLASH");
+    const int stages = major >= 8 && !(flash && atoi(flash) == 0); /* as test_offload */
+    float *ref = (float *)xmalloc(2 * 8192 * sizeof(float)), *got = (float *)xmalloc(2 * 8192 * sizeof(float));
     for (int mode = 0; mode < 2; mode++) { /* f16 full attention; pxq + selection */
         struct pxq_engine_params ep = pxq_engine_default_params();
         ep.n_ctx = 256, ep.n_threads = 2, ep.n_batch = 64, ep.n_seq_max = 2;
@@ -353,21 +363,30 @@ static void test_mixed(void) {
         if (mode) ep.attn_window = 16, ep.attn_sinks = 4, ep.kv_topk_blocks = 2;
         int32_t a[2][8], c[2][8];
         uint64_t staged = 0;
-        if (mixed(m, &ep, a, &staged)) continue;
+        if (mixed(m, &ep, a, got, &staged)) continue;
         ep.device = PXQ_DEVICE_CUDA, ep.kv_offload = 1, ep.kv_dev_blocks = 2;
-        for (int k = 0; k < 2; k++) {
-            setenv("PXQ_CUDA_KV_STAGE_BLOCKS", k ? "3" : "0", 1);
-            if (mixed(m, &ep, c, &staged)) break;
+        static const char *stage[3] = {"-1", "0", "3"}, *name[3] = {"read in place", "one slab", "slabs of 3"};
+        for (int k = 0; k < 3; k++) {
+            setenv("PXQ_CUDA_KV_STAGE_BLOCKS", stage[k], 1);
+            if (mixed(m, &ep, c, k ? got : ref, &staged)) break;
             int same = 0;
             for (int s = 0; s < 2; s++)
                 for (int g = 0; g < 8 && c[s][g] == a[s][g]; g++) same++;
-            printf("mixed prefill step, %s, host tier, %s: %.2f MiB staged, CUDA agrees with the CPU on %d of 16 greedy "
-                   "tokens\n", mode ? "pxq + block selection" : "f16", k ? "slabs of 3" : "one slab", staged / 1048576.0, same);
-            CHECK(same == 16, "mixed prefill step, mode %d, slabs %d: greedy tokens differ", mode, k);
-            CHECK((staged > 0) == (major >= 8), "mixed prefill step: %llu bytes staged", (unsigned long long)staged);
+            printf("mixed prefill step, %s, host tier, %s: %.3f MiB staged by the mixed batch, CUDA agrees with the CPU "
+                   "on %d of 16 greedy tokens\n", mode ? "pxq + block selection" : "f16", name[k], staged / 1048576.0, same);
+            CHECK(same == 16, "mixed prefill step, mode %d, %s: greedy tokens differ", mode, name[k]);
+            CHECK((staged > 0) == (k > 0 && stages), "mixed prefill step, %s: %llu bytes staged", name[k],
+                  (unsigned long long)staged);
+            if (!k) continue;
+            float dmax = 0.0f, amax = 0.0f;
+            for (int v = 0; v < 2 * 8192; v++) dmax = fmaxf(dmax, fabsf(got[v] - ref[v])), amax = fmaxf(amax, fabsf(ref[v]));
+            printf("  the mixed batch's logits (A's token, B's prompt), %s against read in place: max |diff| %.3g of %.3g\n",
+                   name[k], dmax, amax);
+            CHECK(dmax <= 2e-3f * amax, "mixed prefill step, %s: logits differ by %g (max %g)", name[k], dmax, amax);
         }
         unsetenv("PXQ_CUDA_KV_STAGE_BLOCKS");
     }
+    free(ref), free(got);
     model_free(m);
 }
 

@@ -48,7 +48,7 @@
 #include "cuda/mma.cuh"
 #include "cuda/kv_quant.cuh"
 
-#define PF_BM 64      /* rows (token, head) per block */
+#define PF_BM ATTENTION_PREFILL_ROWS
 #define PF_THREADS 128 /* 4 warps of 16 rows */
 
 static_assert(ATTENTION_PREFILL_TILE <= PF_BM, "a tile's rows of one KV head fit `group` blocks (grid.x)");

@@ -505,14 +505,24 @@ static int run_snapshot(const struct pxq_engine *e, const cuda_backend *b, int r
     return e->p.spec_checkpoint && sq->ck_at >= 0 && j >= 1 && j <= m ? j : 0;
 }
 
-/* 1 if the prefill kernel should stage sequence r's n_host host blocks rather than read them in place,
- * for n_tok of its tokens in the step: in place, each block of the kernel (64 rows: tokens x the
- * GQA group) reads the host blocks its rows see, all of them under full attention, at most its
- * tokens' top-k each under block selection (the bitmaps are a (token, KV head)'s); staged, each
- * crosses the bus once. A lone decode token reads less in place; a 512-token chunk far more. */
-static int stage_seq(const struct pxq_engine *e, int n_tok, int n_host) {
-    const int group = e->hp->n_head / e->hp->n_head_kv, rows = 64; /* attention_prefill.cu's PF_BM */
-    const int64_t blocks = ((int64_t)n_tok * group + rows - 1) / rows, tok_per = (rows + group - 1) / group;
+/* 1 if the prefill kernel should stage compact sequence r's n_host host blocks rather than read them
+ * in place. In place, each thread block of the kernel over r's tiles (ATTENTION_PREFILL_ROWS rows:
+ * tokens x the GQA group) reads the host blocks its rows see: all of them under full attention, at
+ * most its tokens' top-k each under block selection (a bitmap is a (token, KV head)'s; a block's
+ * rows span at most (rows - 1) / group + 2 tokens); staged, each crosses the bus once. A lone decode
+ * token reads less in place; a 512-token chunk far more. */
+static int stage_seq(const struct pxq_engine *e, const cuda_backend *b, int n_tiles, int r, int n_host) {
+    const step_inputs &h = b->hi;
+    const int group = e->hp->n_head / e->hp->n_head_kv, rows = ATTENTION_PREFILL_ROWS;
+    int64_t blocks = 0, tok_max = 0;
+    for (int i = 0; i < n_tiles; i++)
+        if (h.seq[h.tiles[2 * i]] == r) {
+            const int n_tok = h.tiles[2 * i + 1];
+            blocks += ((int64_t)n_tok * group + rows - 1) / rows;
+            if (n_tok > tok_max) tok_max = n_tok;
+        }
+    int64_t tok_per = (rows - 1) / group + 2;
+    if (tok_per > tok_max) tok_per = tok_max;
     const int64_t k = e->kv.lay.topk_blocks, seen = k && k * tok_per < n_host ? k * tok_per : n_host;
     return blocks * seen > n_host;
 }
@@ -521,7 +531,7 @@ static int stage_seq(const struct pxq_engine *e, int n_tok, int n_host) {
  * that stage_seq stages, number its host-tier blocks in order (stab; -1 elsewhere), list their pool
  * ids (hlist) and cut them into slabs of at most stage_cap blocks of one sequence (b->slabs,
  * b->n_slab); dtab is the block table less the staged blocks. Returns the staged blocks. */
-static int stage_slabs(const struct pxq_engine *e, cuda_backend *b, int n, int n_tab) {
+static int stage_slabs(const struct pxq_engine *e, cuda_backend *b, int n_tiles, int n_tab) {
     const step_inputs &h = b->hi;
     const int bs = e->kv.lay.block_size;
     int g = 0;
@@ -529,9 +539,7 @@ static int stage_slabs(const struct pxq_engine *e, cuda_backend *b, int n, int n
     for (int r = 0; r < n_tab; r++) {
         const struct kv_seq *ks = &e->seqs[h.run_seq[r]].kv;
         int32_t *st = h.stab + (size_t)r * b->max_blocks, *dt = h.dtab + (size_t)r * b->max_blocks;
-        int n_tok = 0;
-        for (int t = 0; t < n; t++) n_tok += h.seq[t] == r;
-        const int stage = stage_seq(e, n_tok, kv_seq_host_blocks(&e->kv, ks));
+        const int stage = stage_seq(e, b, n_tiles, r, kv_seq_host_blocks(&e->kv, ks));
         pf_slab *cur = NULL;
         for (int j = 0; j < ks->n_blocks; j++) {
             const int id = ks->blocks[j];
@@ -599,16 +607,16 @@ static size_t stage_inputs(struct pxq_engine *e, cuda_backend *b, const struct u
     }
     s->n_tiles = n > CUDA_DECODE_MAX && b->prefill_attn ? attention_prefill_tiles(h.tiles, b->nb, h.pos, h.seq, n) : 0;
     b->n_slab = 0;
-    const int n_host = s->n_tiles > 0 && b->stage ? stage_slabs(e, b, n, n_tab) : 0;
+    const int n_staged = s->n_tiles > 0 && b->stage ? stage_slabs(e, b, s->n_tiles, n_tab) : 0;
     s->n = n;
     s->n_out = n_out;
     s->n_runs = b->rstate ? n_tab : 0;
     *first_out = first;
     *max_pos = mp;
-    if (n_host) { /* the step's rows of stab and dtab, and hlist (the tables' capacity is n_seq_max rows) */
+    if (n_staged) { /* the step's rows of stab and dtab, and hlist (the tables' capacity is n_seq_max rows) */
         CK(cudaMemcpyAsync(b->di.stab, h.stab, (size_t)n_tab * b->max_blocks * sizeof(int32_t), cudaMemcpyHostToDevice, b->st));
         CK(cudaMemcpyAsync(b->di.dtab, h.dtab, (size_t)n_tab * b->max_blocks * sizeof(int32_t), cudaMemcpyHostToDevice, b->st));
-        CK(cudaMemcpyAsync(b->di.hlist, h.hlist, (size_t)n_host * sizeof(int32_t), cudaMemcpyHostToDevice, b->st));
+        CK(cudaMemcpyAsync(b->di.hlist, h.hlist, (size_t)n_staged * sizeof(int32_t), cudaMemcpyHostToDevice, b->st));
     }
     return (size_t)(h.tab - b->in_h) * sizeof(int32_t) + (size_t)n_tab * b->max_blocks * sizeof(int32_t);
 }

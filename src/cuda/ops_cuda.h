@@ -336,8 +336,10 @@ void attention_decode_cuda(float *out, int8_t *xq, float *xds, const float *q, c
 
 /* ---- prefill attention: tensor-core flash attention (attention_prefill.cu) ---- */
 
-/* Tokens per tile of attention_prefill_cuda. */
+/* Tokens per tile of attention_prefill_cuda, and (token, query head) rows per thread block: a tile's
+ * rows of one KV head take ceil(tokens x group / rows) blocks. */
 #define ATTENTION_PREFILL_TILE 64
+#define ATTENTION_PREFILL_ROWS 64
 
 /* The ubatch's tiles for attention_prefill_cuda: runs of consecutive tokens of one sequence with
  * consecutive positions, at most ATTENTION_PREFILL_TILE long. tiles_host [cap][2] receives
