@@ -300,8 +300,7 @@ __global__ void __launch_bounds__(PF_THREADS)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int p = j0 + nb * 8 + 2 * (lane & 3) + (e & 1), q = rowpos[e >> 1];
-                        const bool exact = p < kv.n_sink || q - p < kv.n_window;
-                        if (p > q || exact != (ex == 1) || (!all && !sp_sees(e >> 1, p, wd)) ||
+                        if (p > q || kvq_exact(kv, p, q) != (ex == 1) || (!all && !sp_sees(e >> 1, p, wd)) ||
                             (!ex && !((fb >> ((p - j0) / bs)) & 1u)))
                             s[nb][e] = -INFINITY;
                     }
