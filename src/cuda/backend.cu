@@ -601,8 +601,7 @@ static void stage_step(struct pxq_engine *e, cuda_backend *b, size_t bytes) {
     }
     b->slabs = (pf_slab *)xmalloc((size_t)b->n_tab * b->max_blocks * sizeof(pf_slab));
     CK(cudaStreamCreateWithFlags(&b->st_stage, cudaStreamNonBlocking));
-    cudaEvent_t *ev[5] = {&b->stage_ev[0], &b->stage_ev[1], &b->stage_ev[2], &b->stage_ev[3], &b->stage_ev[4]};
-    for (int i = 0; i < 5; i++) CK(cudaEventCreateWithFlags(ev[i], cudaEventDisableTiming));
+    for (int i = 0; i < 5; i++) CK(cudaEventCreateWithFlags(&b->stage_ev[i], cudaEventDisableTiming));
 }
 
 /* Buffers: activations, step inputs (device and pinned host), workspace, DeltaNet state: sizes from

@@ -534,8 +534,7 @@ static int stage_seq(const struct pxq_engine *e, const cuda_backend *b, int n_ti
 static int stage_slabs(const struct pxq_engine *e, cuda_backend *b, int n_tiles, int n_tab) {
     const step_inputs &h = b->hi;
     const int bs = e->kv.lay.block_size;
-    int g = 0;
-    b->n_slab = 0;
+    int g = 0; /* b->n_slab is 0: stage_inputs */
     for (int r = 0; r < n_tab; r++) {
         const struct kv_seq *ks = &e->seqs[h.run_seq[r]].kv;
         int32_t *st = h.stab + (size_t)r * b->max_blocks, *dt = h.dtab + (size_t)r * b->max_blocks;
