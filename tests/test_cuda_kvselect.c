@@ -223,6 +223,14 @@ static void test_engine(void) {
     model_free(m);
 }
 
+/* max |got - ref| over n values, and *amax = max |ref| (the staged runs' logits against in place). */
+static float max_diff(const float *got, const float *ref, int n, float *amax) {
+    float d = 0.0f;
+    *amax = 0.0f;
+    for (int v = 0; v < n; v++) d = fmaxf(d, fabsf(got[v] - ref[v])), *amax = fmaxf(*amax, fabsf(ref[v]));
+    return d;
+}
+
 /* The last logits (n_vocab) of prompt tok[0..n) on a fresh engine with ep, and the bytes its prefill
  * staged from the host tier; 0, or -1 with a failed check. */
 static int prompt_logits(struct pxq_model *m, const struct pxq_engine_params *ep, const int32_t *tok, int n, float *lg,
@@ -285,11 +293,8 @@ static void test_offload(void) {
             CHECK(same == 24, "host tier, %s, %s: greedy tokens differ at %d",
                   kv_cache_type_name((enum kv_cache_type)ep.kv_type), stage_name[k], same);
             if (!k) continue;
-            float dmax = 0.0f, amax = 0.0f;
-            for (int v = 0; v < 8192; v++) {
-                dmax = fmaxf(dmax, fabsf(got[v] - ref[v]));
-                amax = fmaxf(amax, fabsf(ref[v]));
-            }
+            float amax;
+            const float dmax = max_diff(got, ref, 8192, &amax);
             printf("  prompt logits, %s against read in place: max |diff| %.3g of max |logit| %.3g\n", stage_name[k], dmax, amax);
             CHECK(dmax <= 2e-3f * amax, "host tier, %s: prompt logits differ by %g (max %g)", stage_name[k], dmax, amax);
         }
@@ -378,8 +383,8 @@ static void test_mixed(void) {
             CHECK((staged > 0) == (k > 0 && stages), "mixed prefill step, %s: %llu bytes staged", name[k],
                   (unsigned long long)staged);
             if (!k) continue;
-            float dmax = 0.0f, amax = 0.0f;
-            for (int v = 0; v < 2 * 8192; v++) dmax = fmaxf(dmax, fabsf(got[v] - ref[v])), amax = fmaxf(amax, fabsf(ref[v]));
+            float amax;
+            const float dmax = max_diff(got, ref, 2 * 8192, &amax);
             printf("  the mixed batch's logits (A's token, B's prompt), %s against read in place: max |diff| %.3g of %.3g\n",
                    name[k], dmax, amax);
             CHECK(dmax <= 2e-3f * amax, "mixed prefill step, %s: logits differ by %g (max %g)", name[k], dmax, amax);
