@@ -196,6 +196,11 @@ void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *
         bf->sel_list = (size_t)CUDA_DECODE_MAX * hp->n_head_kv * ((size_t)p->kv_topk_blocks + 1);
         bf->sel_score = (size_t)CUDA_DECODE_MAX * hp->n_head_kv * (size_t)max_blocks;
     }
+    if (p->kv_select_cache > 0 && p->kv_offload && bf->sel) { /* the selection cache (kv_selcache.cu) */
+        int n_lkv = p->spec_mtp ? hp->n_mtp_layer : 0;
+        for (int il = 0; il < hp->n_layer; il++) n_lkv += hp->layer_kind[il] == LAYER_ATTN;
+        cuda_selcache_sizes(bf->sel_cache, n_lkv, hp->n_head_kv, p->kv_select_cache, p->kv_topk_blocks, p->kv_blocks);
+    }
     if (p->kv_offload) { /* prefill over the host tier (attention_staged.cu): the staging buffers, the passes'
                           * softmax state, and in the step inputs stab, dtab and hlist (pf_stage) */
         bf->kv_stage = CUDA_KV_STAGE_BYTES;
@@ -217,6 +222,8 @@ void cuda_bufs_bytes(const struct cuda_bufs *bf, size_t *activations, size_t *lo
                  al(bf->part_ml * 4) + (bf->sel ? al(bf->sel * 4) + al(bf->sel_list * 4) + al(bf->sel_score * 4) : 0) +
                  (bf->kv_stage ? al(bf->kv_stage) + al(bf->pf_ml * 4) : 0) +
                  al(CUDA_CUBLAS_WS);
+    for (int i = 0; i < 8; i++)
+        if (bf->sel_cache[i]) *workspace += al(bf->sel_cache[i]);
     *state = bf->state ? al(bf->state * 4) : 0;
 }
 
@@ -323,7 +330,8 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
         }
         plan->total = other + plan->kv - kv_fixed;
         if (!small && plan->kv_dev_blocks < p->kv_blocks && !p->kv_dev_blocks &&
-            plan->kv_dev_blocks < kv_hot_blocks(p->n_seq_max, p->kv_block_size, p->attn_window, p->attn_sinks, p->n_batch))
+            plan->kv_dev_blocks < kv_hot_blocks(p->n_seq_max, p->kv_block_size, p->attn_window, p->attn_sinks, p->n_batch) +
+                                      (bf.sel_cache[0] ? p->kv_select_cache : 0))
             continue; /* the host tier would hold the blocks every step reads: the small tiles leave room for them */
         if (!p->gpu_mem || plan->total <= p->gpu_mem) break;
     }

@@ -96,6 +96,14 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
         free(e);
         return NULL;
     }
+    if (e->p.kv_select_cache && (e->p.kv_select_cache < 0 || e->p.kv_select_cache % 4 ||
+                                 e->p.kv_select_cache > PXQ_KV_SELECT_CACHE_MAX || !e->p.kv_offload ||
+                                 !e->p.kv_topk_blocks || e->p.device == PXQ_DEVICE_CPU)) {
+        set_err(err, errlen, "--kv-select-cache %d: it takes a multiple of 4 up to %d, on CUDA, with --kv-offload and "
+                "--kv-topk-blocks (it caches the chosen host-tier blocks)", e->p.kv_select_cache, PXQ_KV_SELECT_CACHE_MAX);
+        free(e);
+        return NULL;
+    }
     if (e->p.spec_mtp && !hp->n_mtp_layer) {
         set_err(err, errlen, "--spec mtp: %s has no MTP layer (Qwen3.5's mtp.* / GGUF nextn tensors)", model_path(m));
         free(e);
@@ -107,7 +115,8 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
     const int64_t per_seq = e->window_free ? kv_blocks_per_seq(e->p.n_ctx, e->p.kv_block_size, e->p.attn_window,
                                                                e->p.attn_sinks, 0, e->p.n_batch)
                                            : kv_blocks_for(e->p.n_ctx, e->p.kv_block_size);
-    if (e->p.kv_blocks <= 0) e->p.kv_blocks = (int)per_seq * e->p.n_seq_max;
+    if (e->p.kv_blocks <= 0) /* and the selection cache's slots, which a host tier takes from the device tier */
+        e->p.kv_blocks = (int)per_seq * e->p.n_seq_max + (e->p.kv_offload && e->p.kv_topk_blocks ? e->p.kv_select_cache : 0);
     int n_kv = 0;
     for (int il = 0; il < hp->n_layer; il++) e->kv_layer[il] = hp->layer_kind[il] == LAYER_ATTN ? n_kv++ : -1;
     e->n_lw = hp->n_layer + (e->p.spec_mtp ? hp->n_mtp_layer : 0);
@@ -406,7 +415,12 @@ void pxq_kv_tier_stats(const struct pxq_engine *e, struct pxq_kv_tier_stats *st)
     st->n_dev = c->n_dev, st->n_host = c->n_blocks - c->n_dev, st->host_used = st->n_host - c->n_empty_host;
     st->moved = c->n_offloaded;
 #ifdef PXQ_CUDA
-    if (e->backend) st->staged = cuda_backend_staged(e);
+    if (e->backend) {
+        uint64_t sc[3];
+        st->staged = cuda_backend_staged(e);
+        cuda_backend_selcache(e, sc);
+        st->sc_hits = sc[0], st->sc_fills = sc[1], st->sc_in_place = sc[2];
+    }
 #endif
     for (int s = 0; s < e->p.n_seq_max; s++) {
         if (!e->seqs[s].in_use) continue;

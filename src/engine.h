@@ -48,6 +48,10 @@ struct pxq_engine_params {
     int kv_dev_blocks;  /* with kv_offload: blocks of the device tier (0: the CUDA backend fits as many as its
                            --gpu-mem arena leaves room for; the CPU backend keeps them all, no tier) */
     size_t swap_space;  /* with kv_offload: the host tier's budget in bytes (vLLM's --swap-space; 0: no bound) */
+#define PXQ_KV_SELECT_CACHE_MAX 1024
+    int kv_select_cache;/* CUDA, with kv_offload and block selection: device-tier blocks kept as a cache of the
+                           host blocks decode steps choose, per layer and KV head (--kv-select-cache; 0: none,
+                           each chosen host block read in place; a multiple of 4, at most 1024) */
     int prefix_caching; /* automatic prefix caching (kvcache.h): reuse cached full blocks of earlier sequences
                            (default 0; only for f16 caches of models whose layers are all attention) */
     enum pxq_device device;
@@ -157,11 +161,20 @@ int pxq_kv_block_size(const struct pxq_engine *e);
 /* The host KV tier (params kv_offload): the device tier's blocks and the host tier's (n_host 0: no
  * tier), the host blocks in use, blocks moved there so far, and the most bytes one decode step of the
  * sequences as they stand reads from the host tier: at most kv_topk_blocks host blocks per sequence
- * with block selection (the key bounds stay on the device), else every host block (the tier has
- * no device cache: a host block is read in place each step it is seen); staged: the bytes prefill
+ * with block selection (the key bounds stay on the device; an upper bound under the selection cache,
+ * which serves the blocks chosen again from the device), else every host block (read in place each
+ * step it is seen); staged: the bytes prefill
  * steps have copied from the host tier to the device so far (the CUDA backend stages each host block's
  * layer slices once a step: attention_staged.cu; 0 where it reads them in place). */
-struct pxq_kv_tier_stats { int n_dev, n_host, host_used; uint64_t moved; double host_read_step; uint64_t staged; };
+struct pxq_kv_tier_stats {
+    int n_dev, n_host, host_used;
+    uint64_t moved;
+    double host_read_step;
+    uint64_t staged;
+    uint64_t sc_hits, sc_fills, sc_in_place; /* the selection cache (--kv-select-cache): chosen host blocks read
+                                              * from their slot, copied into one, read in place (every way of
+                                              * their set in use); zeros without it */
+};
 void pxq_kv_tier_stats(const struct pxq_engine *e, struct pxq_kv_tier_stats *st);
 /* Blocks the sequence would need to grow to n_pos positions. */
 int pxq_kv_blocks_needed(const struct pxq_engine *e, int seq, int n_pos);

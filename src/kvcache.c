@@ -389,6 +389,13 @@ int kv_cache_tier(struct kv_cache *c, int n_dev) {
     return 0;
 }
 
+int kv_cache_reserve(struct kv_cache *c, int n) {
+    if (n < 0 || c->n_dev == c->n_blocks || c->n_empty != c->n_dev || c->n_reserved || n >= c->n_dev) return -1;
+    c->n_empty -= n, c->n_free -= n; /* kv_cache_tier's stack pops 0, 1, ...: its top n entries go */
+    c->n_reserved = n;
+    return 0;
+}
+
 int kv_tier_check(const struct kv_layout *lay, int n_blocks, int n_dev, size_t swap_space, char *err, size_t errlen) {
     const size_t per_block = kv_layout_tier_block_bytes(lay);
     const double need = (double)(n_blocks - n_dev) * (double)per_block, mib = 1048576.0;

@@ -221,6 +221,7 @@ struct kv_cache {
     int *free_host;
     int n_empty_host;
     uint64_t n_offloaded;           /* blocks moved to the host tier so far */
+    int n_reserved;                 /* device-tier blocks [0, n_reserved) no sequence takes (kv_cache_reserve) */
 };
 
 /* One block's move between tiers (kv_seq_offload): every pool's bytes and key bounds of block src
@@ -246,6 +247,10 @@ void kv_cache_free(struct kv_cache *c);
  * kv_cache). Only before any block is taken. Returns 0, or -1 if n_dev is not in [1, n_blocks] or a
  * block is in use. */
 int  kv_cache_tier(struct kv_cache *c, int n_dev);
+/* Keep the device tier's blocks [0, n) from every sequence (the CUDA backend's cache of chosen host
+ * blocks, --kv-select-cache, lives in them). Right after kv_cache_tier. Returns 0, or -1 if there is
+ * no host tier, a block is in use, or n would leave the device tier no block. */
+int  kv_cache_reserve(struct kv_cache *c, int n);
 /* The host tier's budget: n_blocks - n_dev blocks of the layout's bytes (K, V, key bounds) against
  * swap_space bytes (0: no bound). 0, or -1 with a message naming --swap-space. */
 int  kv_tier_check(const struct kv_layout *lay, int n_blocks, int n_dev, size_t swap_space, char *err, size_t errlen);

@@ -120,6 +120,11 @@ size_t memplan_arena_weight_bytes(const struct memplan *mp, const struct pxq_hpa
     return (hp->tie_embd ? mp->device_weight_bytes : mp->device_weight_bytes - mp->token_embd_device_bytes) + inv_freq;
 }
 
+/* The device-tier blocks the selection cache takes (kv_selcache.cu: with block selection only) */
+static int memplan_sel_cache(const struct memplan_params *p) {
+    return p->kv_offload && p->topk_blocks && p->attn_window ? p->kv_select_cache : 0;
+}
+
 /* The KV blocks a sequence of n_ctx positions holds (kv_blocks_per_seq: fewer with window attention,
  * whose blocks past the window are given back). */
 static int64_t memplan_seq_blocks(const struct memplan_params *p, int n_ctx) {
@@ -140,9 +145,11 @@ static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const s
     ep.attn_window = p->attn_window, ep.attn_sinks = p->attn_sinks, ep.kv_topk_blocks = p->topk_blocks;
     ep.kv_type = p->kv_type, ep.kv_sink = p->kv_sink, ep.kv_window = p->kv_window; /* the exact chunks' partials */
     ep.kv_offload = p->kv_offload; /* the host tier's staging buffers (attention_staged.cu) */
+    ep.kv_select_cache = p->kv_select_cache; /* and the selection cache's arrays, by the pool's blocks */
     size_t max_in, max_mat, state;
     cuda_widths_of(hp, &max_in, &max_mat);
-    const int64_t blocks = memplan_seq_blocks(p, n_ctx) * p->n_seq;
+    const int64_t blocks = memplan_seq_blocks(p, n_ctx) * p->n_seq + memplan_sel_cache(p); /* as the engine's pool */
+    ep.kv_blocks = (int)blocks;
     const size_t pool = mp->kv_bytes_per_block * (size_t)blocks, fixed = mp->kv_residual_per_seq * (size_t)p->n_seq;
     size_t total = 0, kv = pool;
     for (int small = 0; small < 1 + allow_small; small++) { /* the backend's choice (cuda_mem_plan): small tiles if over budget */
@@ -169,7 +176,8 @@ static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const s
         }
         total = other + kv;
         if (allow_small && !small && mp->kv_dev_blocks < blocks && !p->kv_dev_blocks &&
-            mp->kv_dev_blocks < kv_hot_blocks(p->n_seq, p->kv_block_size, p->attn_window, p->attn_sinks, p->n_batch))
+            mp->kv_dev_blocks < kv_hot_blocks(p->n_seq, p->kv_block_size, p->attn_window, p->attn_sinks, p->n_batch) +
+                                    memplan_sel_cache(p))
             continue; /* as cuda_mem_plan: the small tiles leave the device tier room for the blocks every step reads */
         /* decided as the backend does, with its own cuBLAS workspace (--workspace only changes the account) */
         if (!p->budget || total - p->workspace + CUDA_CUBLAS_WS <= p->budget) break;
@@ -179,10 +187,11 @@ static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const s
 }
 
 /* The host tier's own limits at a context (arena_at filled mp): a device tier of at least a step's
- * blocks per sequence, and a host tier within --swap-space. 1 if they hold (or there is no tier). */
+ * blocks per sequence beside the selection cache's, and a host tier within --swap-space. 1 if they
+ * hold (or there is no tier). */
 static int tier_ok(const struct memplan *mp, const struct memplan_params *p) {
     if (mp->kv_dev_blocks == mp->kv_blocks) return 1;
-    const int64_t step = (kv_blocks_for(p->n_batch, p->kv_block_size) + 1) * p->n_seq;
+    const int64_t step = (kv_blocks_for(p->n_batch, p->kv_block_size) + 1) * p->n_seq + memplan_sel_cache(p);
     return mp->kv_dev_blocks >= step && (!p->swap_space || mp->kv_host_bytes <= p->swap_space);
 }
 
@@ -302,14 +311,18 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
     if (p->kv_offload && mp->kv_dev_blocks == mp->kv_blocks)
         fprintf(f, "  %-18s %12s  --kv-offload: every one of the %lld blocks fits the device tier, no host tier\n",
                 "KV host tier", "0 B", (long long)mp->kv_blocks);
+    char sc_note[160] = ""; /* the selection cache's share of the device tier */
+    if (memplan_sel_cache(p))
+        snprintf(sc_note, sizeof sc_note, ", %d of them the cache of chosen host blocks (--kv-select-cache)",
+                 memplan_sel_cache(p));
     if (mp->kv_dev_blocks < mp->kv_blocks)
         fprintf(f, "  %-18s %12s  --kv-offload: %lld of the %lld blocks (%s each) in pinned host memory, outside the arena "
-                "(the device tier holds %lld blocks = %lld positions, %s; the KV line above is that tier, "
+                "(the device tier holds %lld blocks = %lld positions, %s%s; the KV line above is that tier, "
                 "with the mapping's rounding)%s%s\n",
                 "KV host tier", hsize(a, sizeof a, (double)mp->kv_host_bytes), (long long)(mp->kv_blocks - mp->kv_dev_blocks),
                 (long long)mp->kv_blocks, hsize(b, sizeof b, (double)mp->kv_tier_per_block), (long long)mp->kv_dev_blocks,
                 (long long)mp->kv_dev_blocks * p->kv_block_size, p->kv_dev_blocks ? "--kv-device-blocks" : "what the budget leaves",
-                p->swap_space ? "; --swap-space " : "",
+                sc_note, p->swap_space ? "; --swap-space " : "",
                 p->swap_space ? hsize(c, sizeof c, (double)p->swap_space) : "");
     if (mp->n_layer_ssm) {
         size_t conv_dim = 2 * (size_t)hp->ssm_n_k_head * hp->ssm_head_k_dim + (size_t)hp->ssm_n_v_head * hp->ssm_head_v_dim;
@@ -343,7 +356,7 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
         return;
     }
     fprintf(f, "  %-18s %12s  %lld bytes\n", "budget (--gpu-mem)", hsize(a, sizeof a, (double)mp->budget), (long long)mp->budget);
-    const int64_t step = (kv_blocks_for(p->n_batch, p->kv_block_size) + 1) * p->n_seq;
+    const int64_t step = (kv_blocks_for(p->n_batch, p->kv_block_size) + 1) * p->n_seq + memplan_sel_cache(p);
     if (mp->fits && mp->kv_dev_blocks < mp->kv_blocks)
         fprintf(f, "fits with the host tier: %.2f GiB to spare in the arena, %.2f GiB of KV in host memory (the card must "
                 "have the device total, %.2f GiB)\n", (double)(mp->budget - mp->total) / GiB, (double)mp->kv_host_bytes / GiB,
@@ -352,8 +365,8 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
         fprintf(f, "fits: %.2f GiB to spare in the arena (the card must have the device total, %.2f GiB)\n",
                 (double)(mp->budget - mp->total) / GiB, (double)mp->device_total / GiB);
     else if (mp->kv_dev_blocks < mp->kv_blocks && mp->kv_dev_blocks < step)
-        fprintf(f, "does not fit: the device tier holds %lld blocks, less than a step's %lld%s\n", (long long)mp->kv_dev_blocks,
-                (long long)step, p->topk_blocks ? " (block selection's key bounds, one pair a block, stay on the device: a "
+        fprintf(f, "does not fit: the device tier holds %lld blocks, less than a step's %lld%s%s\n", (long long)mp->kv_dev_blocks,
+                (long long)step, memplan_sel_cache(p) ? " with --kv-select-cache's" : "", p->topk_blocks ? " (block selection's key bounds, one pair a block, stay on the device: a "
                                                   "larger --block-size shrinks them)" : "");
     else if (mp->kv_dev_blocks < mp->kv_blocks && p->swap_space && mp->kv_host_bytes > p->swap_space)
         fprintf(f, "does not fit: the host tier needs %.2f GiB, more than --swap-space %.2f GiB\n",

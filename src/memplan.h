@@ -62,6 +62,8 @@ struct memplan_params {
                              * leaves room for on the device live in pinned host memory */
     int kv_dev_blocks;      /* with kv_offload: the device tier's blocks (0: as many as the budget allows) */
     size_t swap_space;      /* with kv_offload: the host tier's budget in bytes (0: no bound) */
+    int kv_select_cache;    /* with kv_offload and block selection: device-tier blocks the selection cache takes
+                             * (engine.h kv_select_cache) */
 };
 
 struct memplan {

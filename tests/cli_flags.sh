@@ -122,6 +122,22 @@ for f in --block-size --kv-block-size; do
         'printf "%s" "$out" | grep -q "in blocks of 64" && printf "%s" "$out" | grep -q "min and max, 512.00 MiB, on the device" &&
          printf "%s" "$out" | grep -q "^fits with the host tier" && printf "%s" "$out" | grep -q "rc=0"'
 done
+SEL="--load-format dummy --config presets/qwen3.5-27b.json --dtype q4_0 --gpu-mem 15.2GiB --kv-cache-type pxq --kv-offload --attention-window 4096 --attention-sinks 4 --kv-topk-blocks 64 --block-size 64"
+out=$($PXQ plan $SEL -c 65536 --kv-select-cache 64; echo "rc=$?")
+check "plan ... --kv-select-cache 64 at 65536: its 64 blocks counted in the device tier" \
+    'printf "%s" "$out" | grep -q "64 of them the cache of chosen host blocks (--kv-select-cache)" && printf "%s" "$out" | grep -q "rc=0"'
+out=$($PXQ plan $SEL -c 65536 --kv-select-cache 1024 --kv-device-blocks 1000; echo "rc=$?")
+check "plan ... --kv-select-cache 1024 beside a device tier of 1000 blocks: does not fit, saying why" \
+    'printf "%s" "$out" | grep -q "less than a step.s 1033 with --kv-select-cache.s" && printf "%s" "$out" | grep -q "rc=1"'
+for bad in "--kv-select-cache 6" "--kv-select-cache 2048"; do
+    out=$($PXQ plan $SEL -c 65536 $bad 2>&1; echo "rc=$?")
+    check "plan $bad: refused" 'printf "%s" "$out" | grep -q "kv-select-cache" && printf "%s" "$out" | grep -q "rc=2"'
+done
+out=$(run --kv-select-cache 8 2>&1; echo "rc=$?")
+check "run --kv-select-cache on the CPU without a tier: refused, naming it" \
+    'printf "%s" "$out" | grep -q "kv-select-cache 8: it takes a multiple of 4 up to 1024, on CUDA" && printf "%s" "$out" | grep -q "rc=1"'
+out=$(run --kv-select-cache 5 2>&1; echo "rc=$?")
+check "run --kv-select-cache 5: refused" 'printf "%s" "$out" | grep -q "give a multiple of 4" && printf "%s" "$out" | grep -q "rc=2"'
 run --block-size 16 >"$T/bs16.out" 2>/dev/null
 run >"$T/bs0.out" 2>/dev/null
 check "run --block-size 16 is the default" 'cmp -s "$T/bs16.out" "$T/bs0.out"'

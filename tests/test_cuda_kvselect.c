@@ -33,6 +33,11 @@
  *              tokens equal to the CPU's without a tier, read in place, staged in one slab and in
  *              slabs of 3; the mixed batch stages bytes (B's prompt), and its two logits rows agree
  *              with the in-place run's (max |diff| <= 2e-3 of the largest |logit|).
+ *   selcache   the selection cache (--kv-select-cache 8, kv_selcache.cu) over the host tier, pxq with
+ *              block selection: two prompts one after the other on one engine (the second takes the
+ *              first's freed host blocks again, with other bytes), 24 greedy tokens each: the CPU's
+ *              tokens, and decode logits equal bit for bit to the cache off; hits and copies counted
+ *              (sm_80+); and the mixed case's 8 steps of two sequences sharing it: the CPU's tokens.
  */
 #define TEST_RNG_SEED 0x7a11c0de5e1ec7edull
 #include "test_cuda_common.h"
@@ -369,7 +374,15 @@ static void test_mixed(void) {
         int32_t a[2][8], c[2][8];
         uint64_t staged = 0;
         if (mixed(m, &ep, a, got, &staged)) continue;
-        ep.device = PXQ_DEVICE_CUDA, ep.kv_offload = 1, ep.kv_dev_blocks = 2;
+        ep.device = PXQ_DEVICE_CUDA;
+        int32_t nt[2][8]; /* CUDA without a tier: where a difference comes from */
+        if (mixed(m, &ep, nt, got, &staged)) continue;
+        int same_nt = 0;
+        for (int s = 0; s < 2; s++)
+            for (int g = 0; g < 8; g++) same_nt += nt[s][g] == a[s][g];
+        printf("mixed batch, %s, CUDA without a tier: %d of 16 greedy tokens equal the CPU's\n",
+               mode ? "pxq + block selection" : "f16", same_nt);
+        ep.kv_offload = 1, ep.kv_dev_blocks = 2;
         static const char *stage[3] = {"-1", "0", "3"}, *name[3] = {"read in place", "one slab", "slabs of 3"};
         for (int k = 0; k < 3; k++) {
             setenv("PXQ_CUDA_KV_STAGE_BLOCKS", stage[k], 1);
@@ -379,6 +392,12 @@ static void test_mixed(void) {
                 for (int g = 0; g < 8 && c[s][g] == a[s][g]; g++) same++;
             printf("mixed prefill step, %s, host tier, %s: %.3f MiB staged by the mixed batch, CUDA agrees with the CPU "
                    "on %d of 16 greedy tokens\n", mode ? "pxq + block selection" : "f16", name[k], staged / 1048576.0, same);
+            if (same < 16)
+                for (int s = 0; s < 2; s++) {
+                    printf("  sequence %c, CPU / CUDA without a tier / with it:", 'A' + s);
+                    for (int g = 0; g < 8; g++) printf(" %d/%d/%d", a[s][g], nt[s][g], c[s][g]);
+                    printf("\n");
+                }
             CHECK(same == 16, "mixed prefill step, mode %d, %s: greedy tokens differ", mode, name[k]);
             CHECK((staged > 0) == (k > 0 && stages), "mixed prefill step, %s: %llu bytes staged", name[k],
                   (unsigned long long)staged);
@@ -395,6 +414,96 @@ static void test_mixed(void) {
     model_free(m);
 }
 
+/* One engine with ep, two rounds: a fresh sequence with prompt r (200 tokens), then 24 greedy tokens
+ * into out[r]; round 0's sequence is freed before round 1 starts, so round 1 takes its host blocks
+ * again, with other bytes. The decode steps' logits (first n_vocab) into lg [2][24][n_vocab], and the
+ * tier's counts after both into ts. 0, or -1 with a failed check. */
+static int two_rounds(struct pxq_model *m, const struct pxq_engine_params *ep, int32_t out[2][24], float *lg,
+                      struct pxq_kv_tier_stats *ts) {
+    char err[256];
+    struct pxq_engine *e = pxq_engine_new(m, ep, err, sizeof err);
+    CHECK(e != NULL, "engine: %s", err);
+    if (!e) return -1;
+    int32_t tok[200], pos[200], seq[200];
+    int rc = 0;
+    for (int r = 0; rc == 0 && r < 2; r++) {
+        const int s = pxq_seq_new(e);
+        for (int i = 0; i < 200; i++) tok[i] = r ? (i * 37 + 11) % 8000 + 1 : (i * 131 + 7) % 8000 + 1, pos[i] = i, seq[i] = s;
+        struct pxq_batch b = {200, tok, pos, seq, NULL};
+        rc = pxq_decode(e, &b, err, sizeof err);
+        for (int g = 0; rc == 0 && g < 24; g++) {
+            const float *l = pxq_logits(e, 0);
+            memcpy(lg + ((size_t)r * 24 + g) * 8192, l, 8192 * sizeof(float));
+            out[r][g] = tok[0] = argmax_row(l, 8192), pos[0] = 200 + g;
+            struct pxq_batch b1 = {1, tok, pos, seq, NULL};
+            rc = pxq_decode(e, &b1, err, sizeof err);
+        }
+        pxq_seq_free(e, s);
+    }
+    CHECK(rc == 0, "decode: %s", err);
+    pxq_kv_tier_stats(e, ts);
+    pxq_engine_free(e);
+    return rc;
+}
+
+/* The selection cache (--kv-select-cache, kv_selcache.cu), pxq + block selection over a host tier:
+ * two rounds on one engine (two_rounds) give the CPU's tokens without a tier, and the same decode
+ * logits, bit for bit, as the cache off (it serves the very bytes the kernels would read in place);
+ * blocks are found in the cache and copied into it; the header's mixed case (decode steps of two
+ * sequences sharing the cache) gives the CPU's tokens. */
+static void test_selcache(void) {
+    struct pxq_model *m = test_open_tiny_qwen3();
+    if (!m) return;
+    int dev = 0, major = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    float *lc = (float *)xmalloc(2 * 24 * 8192 * sizeof(float)), *lo = (float *)xmalloc(2 * 24 * 8192 * sizeof(float));
+    struct pxq_engine_params ep = pxq_engine_default_params();
+    ep.n_ctx = 512, ep.n_threads = 2, ep.n_batch = 64, ep.kv_type = KV_CACHE_PXQ;
+    ep.attn_window = 16, ep.attn_sinks = 4, ep.kv_topk_blocks = 2;
+    int32_t a[2][24], b[2][24], c[2][24];
+    struct pxq_kv_tier_stats ts;
+    if (two_rounds(m, &ep, a, lo, &ts) == 0) {
+        ep.device = PXQ_DEVICE_CUDA, ep.kv_offload = 1, ep.kv_dev_blocks = 14; /* 8 slots + 6 blocks */
+        const int ok = two_rounds(m, &ep, b, lo, &ts) == 0;
+        ep.kv_select_cache = 8;
+        if (ok && two_rounds(m, &ep, c, lc, &ts) == 0) {
+            int same = 0, same_off = 0;
+            for (int r = 0; r < 2; r++)
+                for (int g = 0; g < 24; g++) same += a[r][g] == c[r][g], same_off += a[r][g] == b[r][g];
+            float amax;
+            const float dmax = max_diff(lc, lo, 2 * 24 * 8192, &amax);
+            printf("selection cache of 8 slots, host tier: CUDA agrees with the CPU on %d of 48 greedy tokens (cache off: "
+                   "%d); decode logits against the cache off: max |diff| %.3g of %.3g; %llu hits, %llu copied, %llu in "
+                   "place\n", same, same_off, dmax, amax, (unsigned long long)ts.sc_hits, (unsigned long long)ts.sc_fills,
+                   (unsigned long long)ts.sc_in_place);
+            CHECK(same == 48, "selection cache: greedy tokens differ from the CPU's (%d of 48 equal)", same);
+            CHECK(dmax == 0.0f, "selection cache: decode logits differ from the cache off by %g", dmax);
+            if (major >= 8) /* the tensor-core decode kernels read the lists: sm_80+ */
+                CHECK(ts.sc_hits > 0 && ts.sc_fills > 0, "selection cache: %llu hits, %llu copied",
+                      (unsigned long long)ts.sc_hits, (unsigned long long)ts.sc_fills);
+        }
+    }
+    ep = pxq_engine_default_params(); /* decode steps of two sequences */
+    ep.n_ctx = 256, ep.n_threads = 2, ep.n_batch = 64, ep.n_seq_max = 2, ep.kv_type = KV_CACHE_PXQ;
+    ep.attn_window = 16, ep.attn_sinks = 4, ep.kv_topk_blocks = 2;
+    int32_t ma[2][8], mc[2][8];
+    uint64_t staged;
+    if (mixed(m, &ep, ma, lo, &staged) == 0) {
+        ep.device = PXQ_DEVICE_CUDA, ep.kv_offload = 1, ep.kv_dev_blocks = 20, ep.kv_select_cache = 8;
+        if (mixed(m, &ep, mc, lo, &staged) == 0) {
+            int same = 0;
+            for (int s = 0; s < 2; s++)
+                for (int g = 0; g < 8; g++) same += ma[s][g] == mc[s][g];
+            printf("selection cache, two sequences decoding together: CUDA agrees with the CPU on %d of 16 greedy tokens\n",
+                   same);
+            CHECK(same == 16, "selection cache, two sequences: %d of 16 greedy tokens equal", same);
+        }
+    }
+    free(lc), free(lo);
+    model_free(m);
+}
+
 int main(void) {
     int gate = cuda_test_gate("test_cuda_kvselect");
     if (gate >= 0) return gate;
@@ -405,6 +514,7 @@ int main(void) {
     test_engine();
     test_offload();
     test_mixed();
+    test_selcache();
     return test_summary("test_cuda_kvselect");
 }
 #endif

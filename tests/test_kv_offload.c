@@ -9,7 +9,10 @@
  *   - a rollback (into the host tier with f16; of max(n_batch, 64) positions with pxq, as far as its exact
  *     ring allows), then decoding again, gives the tokens of the run without a tier;
  *   - kv_cache_tier refuses a pool in use or a tier out of range; a --swap-space below the host
- *     tier's bytes is refused with a message naming it.
+ *     tier's bytes is refused with a message naming it;
+ *   - kv_cache_reserve (the CUDA selection cache's slots) keeps device blocks [0, n) from every
+ *     sequence, and refuses a pool without a host tier, a second reserve, or one leaving no block;
+ *   - the engine refuses --kv-select-cache on the CPU, without a host tier or without selection.
  */
 #include <string.h>
 
@@ -88,6 +91,8 @@ int main(void) {
         struct kv_spec spec = {0};
         spec.type = KV_CACHE_F16, spec.exact_f32 = 1;
         CHECK(kv_layout_init(&lay, 2, 2, 64, 16, &spec, err, sizeof err) == 0, "layout: %s", err);
+        struct kv_layout lay2; /* kv_cache_free frees the layout it took */
+        CHECK(kv_layout_init(&lay2, 2, 2, 64, 16, &spec, err, sizeof err) == 0, "layout: %s", err);
         struct kv_cache c;
         CHECK(kv_cache_init(&c, &lay, 8, 1, err, sizeof err) == 0, "cache: %s", err);
         CHECK(kv_cache_tier(&c, 0) != 0 && kv_cache_tier(&c, 9) != 0, "a tier of 0 or 9 of 8 blocks is refused");
@@ -99,6 +104,21 @@ int main(void) {
         CHECK(kv_tier_check(&c.lay, 8, 4, 1, err, sizeof err) != 0 && strstr(err, "--swap-space"),
               "a host budget below 4 blocks is refused, naming --swap-space: %s", err);
         CHECK(kv_tier_check(&c.lay, 8, 4, 0, err, sizeof err) == 0, "no budget: no bound");
+        /* the selection cache's slots: device blocks [0, n) kept from every sequence */
+        CHECK(kv_cache_reserve(&c, 4) != 0, "a reserve leaving the device tier no block is refused");
+        CHECK(kv_cache_reserve(&c, 2) == 0 && c.n_free == 6, "2 of the 4 device blocks reserved: 6 free");
+        CHECK(kv_cache_reserve(&c, 1) != 0, "a second reserve is refused");
+        struct kv_seq r = {0};
+        CHECK(kv_seq_reserve(&c, &r, 6 * 16) == 0, "6 blocks taken");
+        int low = 0;
+        for (int j = 0; j < r.n_blocks; j++) low += r.blocks[j] < 2;
+        CHECK(low == 0 && r.blocks[0] == 2 && r.blocks[2] == 4, "no sequence holds a reserved block (first %d, third %d)",
+              r.blocks[0], r.blocks[2]);
+        CHECK(kv_seq_reserve(&c, &r, 7 * 16) != 0, "the 7th block does not exist beside the reserved ones");
+        kv_seq_shrink(&c, &r, 0);
+        kv_cache_free(&c);
+        CHECK(kv_cache_init(&c, &lay2, 8, 1, err, sizeof err) == 0, "cache: %s", err);
+        CHECK(kv_cache_reserve(&c, 1) != 0, "no host tier: nothing to reserve for");
         kv_cache_free(&c);
     }
     { /* the engine refuses a --swap-space the host tier exceeds */
@@ -106,6 +126,15 @@ int main(void) {
         ep.n_ctx = CTX, ep.kv_offload = 1, ep.kv_dev_blocks = DEV, ep.swap_space = 4096;
         struct pxq_engine *e = pxq_engine_new(m, &ep, err, sizeof err);
         CHECK(e == NULL && strstr(err, "--swap-space"), "a host tier over --swap-space is refused: %s", e ? "(created)" : err);
+        if (e) pxq_engine_free(e);
+    }
+    for (int k = 0; k < 3; k++) { /* --kv-select-cache: CUDA only, with a host tier and block selection */
+        struct pxq_engine_params ep = pxq_engine_default_params();
+        ep.n_ctx = CTX, ep.kv_offload = k != 1, ep.kv_dev_blocks = DEV, ep.kv_select_cache = k == 2 ? 6 : 8;
+        ep.attn_window = 48, ep.attn_sinks = 4, ep.kv_topk_blocks = 2;
+        struct pxq_engine *e = pxq_engine_new(m, &ep, err, sizeof err);
+        CHECK(e == NULL && strstr(err, "--kv-select-cache"), "--kv-select-cache %d (%s) is refused: %s",
+              ep.kv_select_cache, k == 0 ? "CPU" : k == 1 ? "no --kv-offload" : "not a multiple of 4", e ? "(created)" : err);
         if (e) pxq_engine_free(e);
     }
     model_free(m);

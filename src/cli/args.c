@@ -226,6 +226,7 @@ void common_help(int width, int with_ctx) {
         {"--kv-offload", "host KV tier: blocks past the device's room live in pinned host memory (docs/KVCACHE.md)"},
         {"--swap-space GIB", "the host tier's budget in GiB (vLLM's flag; implies --kv-offload)"},
         {"--kv-device-blocks N", "with --kv-offload: the device tier's blocks (default: what --gpu-mem leaves)"},
+        {"--kv-select-cache N", "CUDA, --kv-offload + --kv-topk-blocks: N device blocks cache chosen host blocks (0)"},
         {"--rope-scaling T", "none, linear, yarn or llama3, over the model file's (also llama.cpp's spelling)"},
         {"--rope-factor F", "the scaling factor (alias --rope-scale)"},
         {"--original-max-position-embeddings N", "the trained context the scaling starts from (alias --yarn-orig-ctx)"},
@@ -334,6 +335,10 @@ int device_parse(struct args *a, struct pxq_engine_params *ep) {
                  ep->swap_space / 1073741824.0, ram / 1073741824.0);
     } else if (!strcmp(f, "--kv-device-blocks")) {
         ep->kv_dev_blocks = (int)arg_int(a, 1, 1 << 30);
+    } else if (!strcmp(f, "--kv-select-cache")) {
+        ep->kv_select_cache = (int)arg_int(a, 0, PXQ_KV_SELECT_CACHE_MAX);
+        if (ep->kv_select_cache % 4)
+            fail(a, 2, "--kv-select-cache %d: give a multiple of 4 (the cache's sets have 4 ways)", ep->kv_select_cache);
     } else if (!strcmp(f, "--attention-sinks")) {
         ep->attn_sinks = (int)arg_int(a, 0, 1 << 30);
     } else if (!strcmp(f, "--kv-sink")) {

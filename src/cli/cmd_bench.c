@@ -337,6 +337,8 @@ static double run_once(struct pxq_engine *e, struct batchbuf *bb, const char *ki
             goto out;
         }
     if (depth > 0 && feed(e, bb, seqs, b, depth, depth, err, errlen) != 0) goto out;
+    struct pxq_kv_tier_stats before; /* the selection cache's counts of the timed part alone */
+    pxq_kv_tier_stats(e, &before);
     double t0 = now_sec();
     if (!strcmp(kind, "pp")) {
         if (feed(e, bb, seqs, b, len, len, err, errlen) != 0) goto out;
@@ -357,6 +359,8 @@ static double run_once(struct pxq_engine *e, struct batchbuf *bb, const char *ki
     (void)pxq_logits(e, 0); /* the step is complete when pxq_decode returns (logits are on the host) */
     t = now_sec() - t0;
     pxq_kv_tier_stats(e, &last_tier);
+    last_tier.sc_hits -= before.sc_hits, last_tier.sc_fills -= before.sc_fills;
+    last_tier.sc_in_place -= before.sc_in_place;
 out:
     for (int s = 0; s < made; s++) pxq_seq_free(e, seqs[s]);
     return t;
@@ -597,7 +601,7 @@ int cmd_bench(int argc, char **argv) {
                                      ? "f32 dots"
                                      : "int8 activations x quantized weights, f32 dots for float weights",
                                  pxq_engine_params(e)->n_threads);
-                    char test[128], kvdesc[256]; /* the KV cache type and the attention mode of the row */
+                    char test[128], kvdesc[512]; /* the KV cache type and the attention mode of the row */
                     snprintf(test, sizeof test, "%s%d", r.kind, r.len);
                     if (spec_row) /* the acceptance of the timed repetitions */
                         snprintf(test, sizeof test, "%s%d spec %s k%d: acceptance %.3f, %.2f tokens/pass", r.kind, r.len,
@@ -612,9 +616,15 @@ int cmd_bench(int argc, char **argv) {
                                        pxq_kv_block_size(e));
                     const struct pxq_kv_tier_stats ts = last_tier; /* after the row's last step: its sequences at their deepest */
                     if (ts.n_host && !spec_row)
-                        snprintf(kvdesc + kl, sizeof kvdesc - (size_t)kl, ", host tier: %d blocks in use (device %d), <= %.1f MiB "
-                                 "read from host a step, %.2f GiB staged by prefill", ts.host_used, ts.n_dev,
-                                 ts.host_read_step / 1048576.0, (double)ts.staged / 1073741824.0);
+                        kl += snprintf(kvdesc + kl, sizeof kvdesc - (size_t)kl, ", host tier: %d blocks in use (device %d), <= %.1f MiB "
+                                       "read from host a step, %.2f GiB staged by prefill", ts.host_used, ts.n_dev,
+                                       ts.host_read_step / 1048576.0, (double)ts.staged / 1073741824.0);
+                    const uint64_t sc_all = ts.sc_hits + ts.sc_fills + ts.sc_in_place;
+                    if (ts.n_host && !spec_row && sc_all && kl < (int)sizeof kvdesc)
+                        snprintf(kvdesc + kl, sizeof kvdesc - (size_t)kl, ", selection cache: %.1f%% of chosen host slices "
+                                 "hit (%llu hits, %llu copied, %llu in place)", 100.0 * (double)ts.sc_hits / (double)sc_all,
+                                 (unsigned long long)ts.sc_hits, (unsigned long long)ts.sc_fills,
+                                 (unsigned long long)ts.sc_in_place);
                     if (o.json) {
                         printf("%s  {\"model\": ", n_rows ? ",\n" : "");
                         json_str(stdout, model_name);

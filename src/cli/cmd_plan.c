@@ -37,6 +37,8 @@ static const char *usage =
     "                          pinned host memory (as pxq run --kv-offload)\n"
     "  --swap-space GIB        the host tier's budget (implies --kv-offload)\n"
     "  --kv-device-blocks N    with --kv-offload: the device tier's blocks (default: what the budget leaves)\n"
+    "  --kv-select-cache N     with --kv-offload and --kv-topk-blocks: N of the device tier's blocks cache\n"
+    "                          the chosen host blocks (as pxq run; a multiple of 4)\n"
     "  --workspace SIZE        cuBLAS workspace (default 32MiB)\n"
     "  --cuda-context SIZE     CUDA context estimate (default 500MiB)\n"
     "  --spec D                speculative decoding (ngram, draft, mtp): count the recurrent state's checkpoint\n";
@@ -73,6 +75,7 @@ int cmd_plan(int argc, char **argv) {
         else if (!strcmp(f, "--kv-offload")) p.kv_offload = 1;
         else if (!strcmp(f, "--swap-space")) p.swap_space = (size_t)(arg_num(&a, 1.0 / 1024, 1 << 20) * 1073741824.0), p.kv_offload = 1;
         else if (!strcmp(f, "--kv-device-blocks")) p.kv_dev_blocks = (int)arg_int(&a, 1, 1 << 30);
+        else if (!strcmp(f, "--kv-select-cache")) p.kv_select_cache = (int)arg_int(&a, 0, PXQ_KV_SELECT_CACHE_MAX);
         else if (!strcmp(f, "--workspace")) p.workspace = arg_size(&a, 0);
         else if (!strcmp(f, "--cuda-context")) p.cuda_context = arg_size(&a, 0);
         else if (!strcmp(f, "--spec")) { /* counts the checkpoint of speculation's rollback (docs/SPEC.md) */
@@ -105,6 +108,9 @@ int cmd_plan(int argc, char **argv) {
     }
     if (p.n_ctx <= 0) p.n_ctx = pxq_default_n_ctx(&hp);
     if (kv_attention_check(p.n_ctx, p.attn_window, p.attn_sinks, p.topk_blocks, err, sizeof err) != 0) fail(&a, 2, "%s", err);
+    if (p.kv_select_cache && (p.kv_select_cache % 4 || !p.kv_offload || !p.topk_blocks))
+        fail(&a, 2, "--kv-select-cache %d: it takes a multiple of 4, with --kv-offload and --kv-topk-blocks (it caches "
+             "the chosen host-tier blocks)", p.kv_select_cache);
     if (p.kv_offload && !p.budget && !p.kv_dev_blocks)
         fail(&a, 2, "--kv-offload: give --gpu-mem (the device tier is what it leaves room for) or --kv-device-blocks");
     if (memplan_compute(&mp, &hp, &p, err, sizeof err) != 0) fail(&a, 1, "%s", err);

@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(AD_THREADS, ADQ_MIN_BLOCKS(D, HB))
         const bool ex = adq_touches_exact(kv, a0, qpos);
         /* row r is copied: inside the split and up to the query, and not exact (the exact chunks have those) */
         auto keep = [&](int r) { return j0 + r < p1 && r < pend && !(ex && kvq_exact(kv, a0 + r, qpos)); };
-        const size_t blk = one_block ? (size_t)tab[a0 / bs] : 0;
+        const size_t blk = !one_block ? 0 : SP ? (size_t)vis.pool(j0 / bs, tab) : (size_t)tab[a0 / bs];
         const uint8_t *kt = kbase + blk * kv.block_bytes_k + (size_t)(a0 % bs) * slot_k;
         const uint8_t *vt = vbase + blk * kv.block_bytes_v + (size_t)(a0 % bs) * slot_v;
         auto row = [&](const uint8_t *tile, const uint8_t *base, size_t bb, size_t slot, int r) -> const uint8_t * {

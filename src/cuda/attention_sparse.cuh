@@ -30,12 +30,18 @@ struct attn_vis {
     int n_vb;            /* visible blocks in all */
     const int32_t *mid;  /* [1 + mid_cap]: the count, then the listed blocks (kv.mid), or NULL */
     const uint32_t *sel; /* the chosen middle blocks' bitmap (kv.sel), NULL without selection */
+    const int32_t *mpool; /* the listed blocks' pool ids under the selection cache (kv.sc_pool), or NULL */
 
     /* the sequence's block index of visible block i (0 <= i < n_vb) */
     __device__ __forceinline__ int block(int i) const {
         if (i < nsb) return i;
         i -= nsb;
         return i < n_mid ? mid[1 + i] : wb0 + i - n_mid;
+    }
+    /* the pool id to read visible block i from: a listed block's from the selection cache's list
+     * (its slot or its own id), else the sequence's block table tab */
+    __device__ __forceinline__ int pool(int i, const int32_t *tab) const {
+        return mpool && i >= nsb && i < nsb + n_mid ? mpool[1 + i - nsb] : tab[block(i)];
     }
     /* the position that virtual position v stands for */
     __device__ __forceinline__ int pos(int v) const { return block(v / bs) * bs + v % bs; }
@@ -55,7 +61,7 @@ struct attn_vis {
 static __device__ __forceinline__ attn_vis attn_vis_of(const cuda_kv &kv, int t, int kvh, int qp, bool list) {
     attn_vis v;
     v.bs = kv.block_size;
-    v.mid = NULL, v.sel = NULL, v.n_mid = 0;
+    v.mid = NULL, v.sel = NULL, v.mpool = NULL, v.n_mid = 0;
     const int n_kv = qp + 1, qb = qp / v.bs;
     if (!kv.attn_window || n_kv <= kv.attn_sinks + kv.attn_window) {
         v.a = v.b = 0, v.nsb = 0, v.wb0 = 0, v.n_vb = qb + 1;
@@ -67,7 +73,10 @@ static __device__ __forceinline__ attn_vis attn_vis_of(const cuda_kv &kv, int t,
     if (kv.topk_blocks) {
         const size_t th = (size_t)t * kv.n_head_kv + kvh;
         v.sel = kv.sel + th * kv.sel_words;
-        if (list) v.mid = kv.mid + th * (size_t)(kv.mid_cap + 1), v.n_mid = v.mid[0];
+        if (list) {
+            v.mid = kv.mid + th * (size_t)(kv.mid_cap + 1), v.n_mid = v.mid[0];
+            if (kv.sc_slots) v.mpool = kv.sc_pool + th * (size_t)(kv.mid_cap + 1);
+        }
     }
     v.n_vb = v.nsb + v.n_mid + qb - v.wb0 + 1;
     return v;

@@ -490,6 +490,29 @@ static void upload_step(struct pxq_engine *e, cuda_backend *b, size_t *max_in, s
     }
 }
 
+/* The selection cache (kv_selcache.cu): its slots, the device-tier blocks [0, kv_select_cache) kept
+ * from the sequences, and its arrays (cuda_selcache_sizes, as the plan counts them), reset. */
+static int sel_cache(struct pxq_engine *e, cuda_backend *b, int n_dev, char *err, size_t errlen) {
+    cuda_kv *kv = &b->kv;
+    const int C = e->p.kv_select_cache, step = (int)(kv_blocks_for(e->p.n_batch, e->p.kv_block_size) + 1) * e->p.n_seq_max;
+    if (n_dev - C < step || kv_cache_reserve(&e->kv, C) != 0) {
+        snprintf(err, errlen, "--kv-select-cache %d: the device tier's %d blocks leave fewer than a step's %d beside it "
+                 "(lower it, or give the device tier more: --gpu-mem, --kv-device-blocks)", C, n_dev, step);
+        return -1;
+    }
+    size_t sz[8];
+    cuda_selcache_sizes(sz, kv->n_layer_kv, kv->n_head_kv, C, kv->topk_blocks, e->kv.n_blocks);
+    void *a[8];
+    for (int i = 0; i < 8; i++) a[i] = arena_get(b, sz[i]);
+    kv->sc_pool = (int32_t *)a[0], kv->sc_pid = (int32_t *)a[1], kv->sc_pgen = (int32_t *)a[2];
+    kv->sc_stamp = (int32_t *)a[3], kv->sc_now = (int32_t *)a[4], kv->sc_copy = (int32_t *)a[5];
+    kv->sc_gen = (uint32_t *)a[6], kv->sc_stats = (unsigned long long *)a[7];
+    CK(cudaMemset(kv->sc_pid, 0xff, sz[1])); /* holder -1: empty */
+    for (int i = 2; i < 8; i++) CK(cudaMemset(a[i], 0, sz[i]));
+    kv->sc_slots = C, kv->n_dev = n_dev;
+    return 0;
+}
+
 /* KV: the paged cache in the engine's layout (kvcache.h), f16 (f32 in exact mode, which the layout
  * then says too). Its block tables are the step inputs' (buffers_step). */
 static int kv_step(struct pxq_engine *e, cuda_backend *b, const struct cuda_plan *plan, char *err, size_t errlen) {
@@ -544,6 +567,7 @@ static int kv_step(struct pxq_engine *e, cuda_backend *b, const struct cuda_plan
                      max_blocks);
             return -1;
         }
+        if (tiered && e->p.kv_select_cache > 0 && sel_cache(e, b, n_dev, err, errlen) != 0) return -1;
     }
     /* the tensor-core decode kernel for this view: a quantized cache's form (attention_decode_q.cu),
      * and under window or selection whether it walks the visible blocks (attention_sparse.cuh) */
@@ -786,5 +810,13 @@ extern "C" void cuda_host_free(void *p) {
 
 extern "C" size_t cuda_backend_peak(const struct pxq_engine *e) { return B(e)->peak + B(e)->tier_dev_bytes; }
 extern "C" uint64_t cuda_backend_staged(const struct pxq_engine *e) { return B(e)->stage_bytes; }
+
+extern "C" void cuda_backend_selcache(const struct pxq_engine *e, uint64_t out[3]) {
+    const cuda_backend *b = B(e);
+    unsigned long long h[3] = {0, 0, 0};
+    if (b->kv.sc_slots && cudaMemcpy(h, b->kv.sc_stats, sizeof h, cudaMemcpyDeviceToHost) != cudaSuccess)
+        (void)cudaGetLastError(), memset(h, 0, sizeof h);
+    for (int i = 0; i < 3; i++) out[i] = h[i];
+}
 extern "C" const char *cuda_backend_device(const struct pxq_engine *e) { return B(e)->name; }
 extern "C" const char *cuda_backend_path(const struct pxq_engine *e) { return B(e)->path; }

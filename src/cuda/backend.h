@@ -147,9 +147,25 @@ struct cuda_bufs {
     size_t sel_score;                    /* float: a decode step's scores [CUDA_DECODE_MAX][n_head_kv][max_blocks] */
     size_t kv_stage, pf_ml;              /* bytes: the host tier's staging buffers (CUDA_KV_STAGE_BYTES); float:
                                           * the staged prefill passes' (m, l) [nb][n_head][2] */
+    size_t sel_cache[8];                 /* bytes: the selection cache's arrays (cuda_selcache_sizes) */
     /* recurrent state (qwen35): n_seq_max x rstate floats */
     size_t rstate, state;
 };
+/* The selection cache's arrays (--kv-select-cache: params kv_select_cache; ops_cuda.h cuda_kv's sc_*),
+ * in bytes, in this order: sc_pool, sc_pid, sc_pgen, sc_stamp, sc_now, sc_copy, sc_gen, sc_stats;
+ * for n_layer_kv attention layers of n_head_kv heads, slots a (layer, head), topk_blocks listed
+ * blocks a decode token and head, and a pool of n_blocks. Its slots themselves are device-tier
+ * blocks (kv_cache_reserve). */
+static inline void cuda_selcache_sizes(size_t sz[8], int n_layer_kv, int n_head_kv, int slots, int topk_blocks,
+                                       int64_t n_blocks) {
+    const size_t lh = (size_t)n_layer_kv * n_head_kv, list = (size_t)CUDA_DECODE_MAX * topk_blocks;
+    sz[0] = (size_t)n_head_kv * (list + CUDA_DECODE_MAX) * 4;
+    sz[1] = sz[2] = sz[3] = lh * (size_t)slots * 4;
+    sz[4] = lh * 4;
+    sz[5] = (size_t)n_head_kv * (1 + 2 * list) * 4;
+    sz[6] = (size_t)n_blocks * 4;
+    sz[7] = 3 * 8;
+}
 void cuda_bufs_of(const struct pxq_hparams *hp, const struct pxq_engine_params *p, size_t max_in, size_t max_mat,
                   size_t w16_max, struct cuda_bufs *bf);
 /* The arena bytes of bf's items, each rounded up to CUDA_ALIGN: activations (all but the logits
@@ -224,6 +240,9 @@ void cuda_kv_move(struct pxq_engine *e, const struct kv_move *mv, int n);
 size_t cuda_backend_peak(const struct pxq_engine *e);
 /* Bytes prefill steps have staged from the host tier so far (attention_staged.cu). */
 uint64_t cuda_backend_staged(const struct pxq_engine *e);
+/* The selection cache's counts so far (--kv-select-cache; zeros without it): chosen host blocks found
+ * in their slots, copied into a slot, and read in place (their set's ways all in use that step). */
+void cuda_backend_selcache(const struct pxq_engine *e, uint64_t out[3]);
 const char *cuda_backend_device(const struct pxq_engine *e);
 const char *cuda_backend_path(const struct pxq_engine *e);
 #endif

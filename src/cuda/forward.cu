@@ -175,6 +175,7 @@ static int attention(const struct pxq_engine *e, cuda_backend *b, const float *q
         }
         if (half) b->x16_src = b->att; /* matmul_ld: x16 holds att's half form */
     } else if (b->decode_attn && s.n <= CUDA_DECODE_MAX) { /* the q8 form too: no quantize launch */
+        kv_selcache_cuda(&b->kv, l, b->di.seq, s.n, b->st); /* the chosen host blocks' slots, if on */
         attention_decode_cuda(b->att, xq, b->xds, q, &b->kv, l, b->di.pos, b->di.seq, s.n, n_head, s.n_split,
                               s.split_len, b->part_o, b->part_ml, b->st);
         return xq != NULL;

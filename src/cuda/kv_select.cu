@@ -37,7 +37,9 @@ __global__ void kv_bounds_kernel(const cuda_kv kv, int l, const float *__restric
     }
     __syncthreads();
     if (!lead) return;
-    const size_t o = ((size_t)kv.block_tab[(size_t)s * kv.max_blocks + jb] * kv.n_layer_kv + l) * kv.kv_dim;
+    const int32_t b = kv.block_tab[(size_t)s * kv.max_blocks + jb];
+    const size_t o = ((size_t)b * kv.n_layer_kv + l) * kv.kv_dim;
+    if (kv.sc_slots && b >= kv.n_dev && threadIdx.x == 0) atomicAdd(&kv.sc_gen[b], 1u); /* its cached slices are stale */
     for (int i = threadIdx.x; i < kv.kv_dim; i += blockDim.x) {
         float mn = INFINITY, mx = -INFINITY;
         if (p % bs) mn = kv.kmin[o + i], mx = kv.kmax[o + i];

@@ -151,11 +151,13 @@ struct move_args {
     uint8_t *base[4];       /* k, v, kmin, kmax (NULL: none) */
     size_t bytes[4];        /* per block, multiples of 16 */
     int src[MOVES_PER_LAUNCH], dst[MOVES_PER_LAUNCH];
+    uint32_t *gen;          /* the selection cache's generations (kv.sc_gen), or NULL */
 };
 
 /* grid (moves, 4 arrays): block x copies move x's bytes of array y. */
 __global__ void kv_move_kernel(const move_args a) {
     const int y = blockIdx.y;
+    if (a.gen && y == 0 && threadIdx.x == 0) atomicAdd(&a.gen[a.dst[blockIdx.x]], 1u); /* new bytes: no slot holds them */
     if (!a.base[y]) return;
     const size_t n = a.bytes[y] / 16;
     const uint4 *s = (const uint4 *)(a.base[y] + (size_t)a.src[blockIdx.x] * a.bytes[y]);
@@ -172,6 +174,7 @@ extern "C" void cuda_kv_move(struct pxq_engine *e, const struct kv_move *mv, int
     a.base[2] = (uint8_t *)kv.kmin, a.base[3] = (uint8_t *)kv.kmax;
     a.bytes[0] = kv.block_bytes_k, a.bytes[1] = kv.block_bytes_v;
     a.bytes[2] = a.bytes[3] = (size_t)kv.n_layer_kv * kv.kv_dim * sizeof(float);
+    a.gen = kv.sc_slots ? kv.sc_gen : NULL;
     for (int i0 = 0; i0 < n; i0 += MOVES_PER_LAUNCH) {
         const int m = n - i0 < MOVES_PER_LAUNCH ? n - i0 : MOVES_PER_LAUNCH;
         for (int i = 0; i < m; i++) a.src[i] = mv[i0 + i].src, a.dst[i] = mv[i0 + i].dst;

@@ -223,6 +223,19 @@ struct cuda_kv {
      * head) pairs), or NULL: each pair's block scores its own */
     float *score;
     int score_blocks;
+    /* the selection cache (--kv-select-cache; sc_slots 0: none, kv_selcache.cu): the device-tier pool
+     * blocks [0, sc_slots) hold, for each (layer, KV head), the slices of host-tier blocks (pool ids
+     * >= n_dev) that decode steps chose, so a block chosen again is read from the device. sc_pool:
+     * [mid_tokens][n_head_kv][1 + mid_cap], the pool id each listed block of kv.mid is read from
+     * (its own, or its slot); sc_gen [n_blocks]: bumped when a host block's bytes change (kv_bounds_cuda,
+     * cuda_kv_move), so a slot filled before is stale; the slots' holders, their gen and their last
+     * step, and the step count, per (layer, KV head): sc_pid, sc_pgen, sc_stamp [n_layer_kv][n_head_kv][sc_slots],
+     * sc_now [n_layer_kv][n_head_kv]; a layer's fills, per KV head (the count, then (source, slot)
+     * pairs): sc_copy [n_head_kv][1 + 2 mid_tokens mid_cap]; sc_stats: hits, fills, read in place */
+    int sc_slots, n_dev;
+    int32_t *sc_pool, *sc_pid, *sc_pgen, *sc_stamp, *sc_now, *sc_copy;
+    uint32_t *sc_gen;
+    unsigned long long *sc_stats;
 };
 
 /* The view of lay (k, v, block_tab, max_blocks, desc and the residual left 0 for the caller).
@@ -255,6 +268,17 @@ void kv_bounds_cuda(const struct cuda_kv *kv, int l, const float *k, int ld, con
 void kv_select_cuda(const struct cuda_kv *kv, int l, const float *q, const int32_t *pos, const int32_t *seq_id,
                     int n_tokens, int n_head, cudaStream_t st);
 int kv_select_prepare(int max_blocks);
+/* The selection cache (kv->sc_slots, else a no-op; kv_selcache.cu), for a decode step of n_tokens
+ * <= kv->mid_tokens after its kv_select_cuda of layer l: for each token and KV head, each listed
+ * middle block in the host tier is looked up among the (layer, head)'s slots (4-way sets by pool
+ * id, a slot valid while the block's sc_gen is the one it was filled at); a miss takes the least
+ * recently used way of its set that no token of the step uses, and its layer-l head slice (K and V)
+ * is copied there from the host in a second launch (none free: read in place). Writes kv->sc_pool,
+ * which the tensor-core decode kernels read (attention_sparse.cuh). The bytes read are the same
+ * bytes: the logits do not change. */
+void kv_selcache_cuda(const struct cuda_kv *kv, int l, const int32_t *seq_id, int n_tokens, cudaStream_t st);
+#define KV_SC_WAYS 4
+#define KV_SC_MAX 1024 /* --kv-select-cache's most slots (the lookup's shared memory) */
 
 /* Write k[t], v[t] ([n_tokens][kv_dim]) at (seq_id[t], pos[t]) of layer l. */
 void kv_store_cuda(const struct cuda_kv *kv, int l, const float *k, const float *v, const int32_t *pos,
