@@ -99,37 +99,37 @@ __global__ void sc_lookup_kernel(const cuda_kv kv, int l, const int32_t *__restr
     if (in_place) atomicAdd(&kv.sc_stats[2], (unsigned long long)in_place);
 }
 
-/* len bytes from s to d by the block, in the widest words their alignment allows */
-static __device__ __forceinline__ void sc_copy_bytes(uint8_t *d, const uint8_t *s, size_t len) {
-    if (((uintptr_t)d | (uintptr_t)s | len) % 16 == 0) {
-        for (size_t i = threadIdx.x; i < len / 16; i += SC_THREADS) ((uint4 *)d)[i] = ((const uint4 *)s)[i];
-    } else if (((uintptr_t)d | (uintptr_t)s | len) % 4 == 0) {
-        for (size_t i = threadIdx.x; i < len / 4; i += SC_THREADS) ((uint32_t *)d)[i] = ((const uint32_t *)s)[i];
-    } else {
-        for (size_t i = threadIdx.x; i < len; i += SC_THREADS) d[i] = s[i];
-    }
-}
-
 /* grid (n_tokens * mid_cap, n_head_kv), block SC_THREADS: block x copies KV head y's fill x (those
- * past the count leave). */
+ * past the count leave): block_size rows of the head, a slot apart (kvcache.h: a slot holds every
+ * head's row of a position), in K and in V. */
 __global__ void sc_fill_kernel(const cuda_kv kv, int l) {
     const int h = blockIdx.y, i = blockIdx.x;
     const int32_t *copy = kv.sc_copy + (size_t)h * (1 + 2 * (size_t)kv.mid_tokens * kv.mid_cap);
     if (i >= copy[0]) return;
     const size_t src = (size_t)copy[1 + 2 * i], dst = (size_t)copy[2 + 2 * i];
     for (int pool = 0; pool < 2; pool++) {
-        uint8_t *base = (uint8_t *)(pool ? kv.v : kv.k);
-        if (kv.quantized) { /* the (layer, head) slice is contiguous: block_size rows of slot_bytes */
+        const uint8_t *base = (const uint8_t *)(pool ? kv.v : kv.k);
+        size_t bb, off, slot, row; /* a block's bytes, the head's first row in it, the slot's bytes, the row's */
+        if (kv.quantized) {
             const kv_layer_desc *d = kv.desc + (size_t)pool * kv.n_layer_kv + l;
-            const size_t bb = pool ? kv.block_bytes_v : kv.block_bytes_k, off = d->layer_off + d->head_off[h];
-            sc_copy_bytes(base + dst * bb + off, base + src * bb + off, (size_t)kv.block_size * d->slot_bytes);
-        } else { /* block_size rows of head_dim elements, kv_dim apart (kv_off), in 4-byte words */
-            const size_t es = kv.kv_f32 ? 4 : 2, wpr = (size_t)kv.head_dim * es / 4;
-            const size_t blk = (size_t)kv.n_layer_kv * kv.block_size * kv.kv_dim * es / 4; /* a block's words */
-            const uint32_t *s = (const uint32_t *)base + src * blk;
-            uint32_t *d = (uint32_t *)base + dst * blk;
-            for (size_t i = threadIdx.x; i < (size_t)kv.block_size * wpr; i += SC_THREADS) {
-                const size_t r = i / wpr, o = (((size_t)l * kv.block_size + r) * kv.kv_dim + (size_t)h * kv.head_dim) * es / 4 + i % wpr;
+            bb = pool ? kv.block_bytes_v : kv.block_bytes_k, off = d->layer_off + d->head_off[h], slot = d->slot_bytes;
+            row = (h + 1 < kv.n_head_kv ? d->head_off[h + 1] : d->slot_bytes) - d->head_off[h];
+        } else { /* kv_off: [block][layer][slot][kv_dim] */
+            const size_t es = kv.kv_f32 ? 4 : 2;
+            slot = (size_t)kv.kv_dim * es, bb = (size_t)kv.n_layer_kv * kv.block_size * slot;
+            off = (size_t)l * kv.block_size * slot + (size_t)h * kv.head_dim * es, row = (size_t)kv.head_dim * es;
+        }
+        const uint8_t *s = base + src * bb + off;
+        uint8_t *d = (uint8_t *)base + dst * bb + off;
+        if ((off | slot | row | bb) % 4 == 0) { /* 4-byte words: every layout of kvcache.h */
+            const size_t w = row / 4;
+            for (size_t k = threadIdx.x; k < (size_t)kv.block_size * w; k += SC_THREADS) {
+                const size_t o = k / w * slot + k % w * 4;
+                *(uint32_t *)(d + o) = *(const uint32_t *)(s + o);
+            }
+        } else {
+            for (size_t k = threadIdx.x; k < (size_t)kv.block_size * row; k += SC_THREADS) {
+                const size_t o = k / row * slot + k % row;
                 d[o] = s[o];
             }
         }
