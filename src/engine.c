@@ -115,8 +115,9 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
     const int64_t per_seq = e->window_free ? kv_blocks_per_seq(e->p.n_ctx, e->p.kv_block_size, e->p.attn_window,
                                                                e->p.attn_sinks, 0, e->p.n_batch)
                                            : kv_blocks_for(e->p.n_ctx, e->p.kv_block_size);
-    if (e->p.kv_blocks <= 0) /* and the selection cache's slots, which a host tier takes from the device tier */
-        e->p.kv_blocks = (int)per_seq * e->p.n_seq_max + (e->p.kv_offload && e->p.kv_topk_blocks ? e->p.kv_select_cache : 0);
+    if (e->p.kv_blocks <= 0) e->p.kv_blocks = (int)per_seq * e->p.n_seq_max;
+    /* the selection cache's slots come on top of the sequences' pool (a host tier takes them from its device tier) */
+    if (e->p.kv_offload && e->p.kv_topk_blocks) e->p.kv_blocks += e->p.kv_select_cache;
     int n_kv = 0;
     for (int il = 0; il < hp->n_layer; il++) e->kv_layer[il] = hp->layer_kind[il] == LAYER_ATTN ? n_kv++ : -1;
     e->n_lw = hp->n_layer + (e->p.spec_mtp ? hp->n_mtp_layer : 0);
