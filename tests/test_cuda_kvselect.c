@@ -464,9 +464,9 @@ static void test_selcache(void) {
     int32_t a[2][24], b[2][24], c[2][24];
     struct pxq_kv_tier_stats ts;
     if (two_rounds(m, &ep, a, lo, &ts) == 0) {
-        ep.device = PXQ_DEVICE_CUDA, ep.kv_offload = 1, ep.kv_dev_blocks = 14; /* 8 slots + 6 blocks */
+        ep.device = PXQ_DEVICE_CUDA, ep.kv_offload = 1, ep.kv_dev_blocks = 6; /* the same placement as 8 slots + 6 */
         const int ok = two_rounds(m, &ep, b, lo, &ts) == 0;
-        ep.kv_select_cache = 8;
+        ep.kv_select_cache = 8, ep.kv_dev_blocks = 14;
         if (ok && two_rounds(m, &ep, c, lc, &ts) == 0) {
             int same = 0, same_off = 0;
             for (int r = 0; r < 2; r++)
