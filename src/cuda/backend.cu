@@ -691,6 +691,7 @@ static void buffers_step(struct pxq_engine *e, cuda_backend *b, size_t max_in, s
                              bf.kv_stage ? tab + 3 * tn : NULL};
     }
     b->kv.block_tab = b->di.tab; /* the KV cache reads the block tables of the step inputs */
+    b->kv.res_seq = b->di.run_seq; /* and the residual's slot of each compact sequence */
     b->kv.max_blocks = b->max_blocks;
     b->seq_map = (int *)xmalloc((size_t)e->p.n_seq_max * sizeof(int));
     b->x16 = arena_get(b, bf.x16 * 2);

@@ -33,6 +33,7 @@ static __device__ __forceinline__ float *kvq_res(const cuda_kv &kv, int pool, in
     else if (kv.n_ring) slot = kv.n_sink + p % kv.n_ring;
     else return NULL;
     const size_t per = (size_t)(kv.n_sink + kv.n_ring);
+    if (kv.res_seq) s = kv.res_seq[s]; /* s: the step's compact index, the residual's slot is the sequence's */
     return (pool ? kv.res_v : kv.res_k) + (((size_t)s * kv.n_layer_kv + l) * per + slot) * kv.kv_dim;
 }
 

@@ -203,6 +203,8 @@ struct cuda_kv {
     const struct kv_layer_desc *desc; /* device [2][n_layer_kv]: K's layers, then V's */
     size_t block_bytes_k, block_bytes_v;
     float *res_k, *res_v;             /* [n_seq_max][n_layer_kv][n_sink + n_ring][kv_dim] (device) */
+    const int32_t *res_seq;           /* the residual's sequence slot of a step's compact sequence index (the
+                                       * kernels' seq_id; the step inputs' run_seq), or NULL: the same */
     int n_sink, n_window, n_ring;
     int attn_window, attn_sinks;      /* window + sink attention (kv_visible; 0: every position) */
     /* block selection (Quest; kvcache.h topk_blocks, 0: off): per block, layer and key channel the min
