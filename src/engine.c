@@ -395,7 +395,7 @@ int pxq_prefix_match(struct pxq_engine *e, int seq, const int32_t *tokens, int n
     return s->n_pos;
 }
 
-int pxq_kv_blocks_total(const struct pxq_engine *e) { return e->kv.n_blocks; }
+int pxq_kv_blocks_total(const struct pxq_engine *e) { return e->kv.n_blocks - e->kv.n_reserved; }
 int pxq_kv_blocks_free(const struct pxq_engine *e) { return e->kv.n_free; }
 int pxq_kv_block_size(const struct pxq_engine *e) { return e->kv.lay.block_size; }
 int pxq_kv_blocks_for_seq(const struct pxq_engine *e, int n_pos) {
@@ -405,15 +405,16 @@ int pxq_kv_blocks_for_seq(const struct pxq_engine *e, int n_pos) {
 }
 
 int pxq_kv_seq_positions(const struct pxq_engine *e) {
-    if (e->kv.seq_blocks_max > 0 && e->kv.n_blocks >= e->kv.seq_blocks_max) return e->p.n_ctx;
-    return e->kv.n_blocks * e->kv.lay.block_size;
+    const int n = e->kv.n_blocks - e->kv.n_reserved; /* the selection cache's slots hold no sequence */
+    if (e->kv.seq_blocks_max > 0 && n >= e->kv.seq_blocks_max) return e->p.n_ctx;
+    return n * e->kv.lay.block_size;
 }
 
 void pxq_kv_tier_stats(const struct pxq_engine *e, struct pxq_kv_tier_stats *st) {
     const struct kv_cache *c = &e->kv;
     const size_t kv = kv_layout_tier_block_bytes(&c->lay);
     memset(st, 0, sizeof *st);
-    st->n_dev = c->n_dev, st->n_host = c->n_blocks - c->n_dev, st->host_used = st->n_host - c->n_empty_host;
+    st->n_dev = c->n_dev - c->n_reserved, st->n_host = c->n_blocks - c->n_dev, st->host_used = st->n_host - c->n_empty_host;
     st->moved = c->n_offloaded;
 #ifdef PXQ_CUDA
     if (e->backend) {

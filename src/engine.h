@@ -154,12 +154,13 @@ int pxq_n_outputs(const struct pxq_engine *e);
 /* Logits of output i (0 <= i < pxq_n_outputs), [n_vocab]; valid until the next pxq_decode. */
 const float *pxq_logits(const struct pxq_engine *e, int i);
 
-/* KV pool accounting (for admission control and /metrics). */
+/* KV pool accounting (for admission control and /metrics): the blocks sequences can hold (the
+ * selection cache's slots not among them), those free, positions a block. */
 int pxq_kv_blocks_total(const struct pxq_engine *e);
 int pxq_kv_blocks_free(const struct pxq_engine *e);
 int pxq_kv_block_size(const struct pxq_engine *e);
-/* The host KV tier (params kv_offload): the device tier's blocks and the host tier's (n_host 0: no
- * tier), the host blocks in use, blocks moved there so far, and the most bytes one decode step of the
+/* The host KV tier (params kv_offload): the device tier's blocks for sequences (less the selection
+ * cache's slots) and the host tier's (n_host 0: no tier), the host blocks in use, blocks moved there so far, and the most bytes one decode step of the
  * sequences as they stand reads from the host tier: at most kv_topk_blocks host blocks per sequence
  * with block selection (the key bounds stay on the device; an upper bound under the selection cache,
  * which serves the blocks chosen again from the device), else every host block (read in place each

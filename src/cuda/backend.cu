@@ -567,11 +567,18 @@ static int kv_step(struct pxq_engine *e, cuda_backend *b, const struct cuda_plan
                      max_blocks);
             return -1;
         }
-        if (tiered && e->p.kv_select_cache > 0 && sel_cache(e, b, n_dev, err, errlen) != 0) return -1;
     }
     /* the tensor-core decode kernel for this view: a quantized cache's form (attention_decode_q.cu),
      * and under window or selection whether it walks the visible blocks (attention_sparse.cuh) */
     b->decode_attn = b->decode_attn && attention_decode_supported(kv, e->hp->n_head);
+    if (kv->topk_blocks && tiered && e->p.kv_select_cache > 0) { /* read by the tensor-core decode kernels only */
+        if (!b->decode_attn) {
+            snprintf(err, errlen, "--kv-select-cache: the decode kernels that read it do not run with this cache on this "
+                     "device (they need sm_80+, an f16 or quantized cache, and blocks of a multiple of 16 positions)");
+            return -1;
+        }
+        if (sel_cache(e, b, n_dev, err, errlen) != 0) return -1;
+    }
     /* the quantized cache's kernel: a wave of as many blocks an SM as run at once (three where the
      * registers and shared memory allow: twelve warps hide its latency better than eight) */
     if (b->decode_attn && kv->quantized && b->tune.split_blocks <= 0)
