@@ -118,6 +118,13 @@ static inline int64_t kv_hot_blocks(int n_seq, int block_size, int attn_window, 
     return per * n_seq;
 }
 
+/* The host tier: the fewest device-tier blocks n_seq sequences need for a step of n_batch positions
+ * (a block more each for the one a step starts inside); the plans' floor, and with the selection
+ * cache's slots the backend's. */
+static inline int64_t kv_step_blocks(int n_seq, int block_size, int n_batch) {
+    return (kv_blocks_for(n_batch, block_size) + 1) * n_seq;
+}
+
 /* Per-head choices for a layout: the element type of K and V of each (layer, KV head) and the
  * Q2NU levels. NULL levels mean the uniform levels {-1, -1/3, 1/3, 1}. */
 struct kv_spec {

@@ -191,7 +191,7 @@ static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const s
  * hold (or there is no tier). */
 static int tier_ok(const struct memplan *mp, const struct memplan_params *p) {
     if (mp->kv_dev_blocks == mp->kv_blocks) return 1;
-    const int64_t step = (kv_blocks_for(p->n_batch, p->kv_block_size) + 1) * p->n_seq + memplan_sel_cache(p);
+    const int64_t step = kv_step_blocks(p->n_seq, p->kv_block_size, p->n_batch) + memplan_sel_cache(p);
     return mp->kv_dev_blocks >= step && (!p->swap_space || mp->kv_host_bytes <= p->swap_space);
 }
 
@@ -356,7 +356,7 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
         return;
     }
     fprintf(f, "  %-18s %12s  %lld bytes\n", "budget (--gpu-mem)", hsize(a, sizeof a, (double)mp->budget), (long long)mp->budget);
-    const int64_t step = (kv_blocks_for(p->n_batch, p->kv_block_size) + 1) * p->n_seq + memplan_sel_cache(p);
+    const int64_t step = kv_step_blocks(p->n_seq, p->kv_block_size, p->n_batch) + memplan_sel_cache(p);
     if (mp->fits && mp->kv_dev_blocks < mp->kv_blocks)
         fprintf(f, "fits with the host tier: %.2f GiB to spare in the arena, %.2f GiB of KV in host memory (the card must "
                 "have the device total, %.2f GiB)\n", (double)(mp->budget - mp->total) / GiB, (double)mp->kv_host_bytes / GiB,

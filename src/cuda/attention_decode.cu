@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(AD_THREADS)
         if (!one_block || i >= my_n) return 0;
         const int v0 = tile_p0(i), p = apos(v0); /* under SP the pool id may be the selection cache's slot */
         const size_t blk = SP ? (size_t)vis.pool(v0 / kv.block_size, tab) : (size_t)tab[p / kv.block_size];
-        return ((blk * kv.n_layer_kv + l) * kv.block_size + p % kv.block_size) * kv.kv_dim + (size_t)kvh * D;
+        return kv_off_blk(kv, l, blk, p) + (size_t)kvh * D;
     };
     /* copy k of the tile: row lr + k RPI, 16-byte chunk cc of it (the same for every tile) */
     const int lr = lane / CPR, cc = (lane % CPR) * 8;

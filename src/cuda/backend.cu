@@ -494,7 +494,7 @@ static void upload_step(struct pxq_engine *e, cuda_backend *b, size_t *max_in, s
  * from the sequences, and its arrays (cuda_selcache_sizes, as the plan counts them), reset. */
 static int sel_cache(struct pxq_engine *e, cuda_backend *b, int n_dev, char *err, size_t errlen) {
     cuda_kv *kv = &b->kv;
-    const int C = e->p.kv_select_cache, step = (int)(kv_blocks_for(e->p.n_batch, e->p.kv_block_size) + 1) * e->p.n_seq_max;
+    const int C = e->p.kv_select_cache, step = (int)kv_step_blocks(e->p.n_seq_max, e->p.kv_block_size, e->p.n_batch);
     if (n_dev - C < step || kv_cache_reserve(&e->kv, C) != 0) {
         snprintf(err, errlen, "--kv-select-cache %d: the device tier's %d blocks leave fewer than a step's %d beside it "
                  "(lower it, or give the device tier more: --gpu-mem, --kv-device-blocks)", C, n_dev, step);

@@ -64,10 +64,14 @@ static __device__ __forceinline__ void quad_q8(float4 v, int8_t *xq, float2 *xds
     }
 }
 
-/* Element offset of position p of layer l in the paged cache (layout: ops_cuda.h struct cuda_kv);
- * tab is the sequence's block table. */
+/* Element offset of position p of layer l in the paged cache (layout: ops_cuda.h struct cuda_kv),
+ * its block being pool block blk. */
+static __device__ __forceinline__ size_t kv_off_blk(const cuda_kv &kv, int l, size_t blk, int p) {
+    return ((blk * kv.n_layer_kv + l) * kv.block_size + p % kv.block_size) * kv.kv_dim;
+}
+/* The same, tab being the sequence's block table. */
 static __device__ __forceinline__ size_t kv_off(const cuda_kv &kv, int l, const int32_t *tab, int p) {
-    return (((size_t)tab[p / kv.block_size] * kv.n_layer_kv + l) * kv.block_size + p % kv.block_size) * kv.kv_dim;
+    return kv_off_blk(kv, l, (size_t)tab[p / kv.block_size], p);
 }
 
 /* Programmatic dependent launch (PTX griddepcontrol, sm_90+; the host side is launch.cuh). A kernel
