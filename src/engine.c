@@ -96,11 +96,8 @@ struct pxq_engine *pxq_engine_new(struct pxq_model *m, const struct pxq_engine_p
         free(e);
         return NULL;
     }
-    if (e->p.kv_select_cache && (e->p.kv_select_cache < 0 || e->p.kv_select_cache % 4 ||
-                                 e->p.kv_select_cache > PXQ_KV_SELECT_CACHE_MAX || !e->p.kv_offload ||
-                                 !e->p.kv_topk_blocks || e->p.device == PXQ_DEVICE_CPU)) {
-        set_err(err, errlen, "--kv-select-cache %d: it takes a multiple of 4 up to %d, on CUDA, with --kv-offload and "
-                "--kv-topk-blocks (it caches the chosen host-tier blocks)", e->p.kv_select_cache, PXQ_KV_SELECT_CACHE_MAX);
+    if (kv_select_cache_check(e->p.kv_select_cache, e->p.kv_offload, e->p.kv_topk_blocks, e->p.device == PXQ_DEVICE_CPU,
+                              err, errlen) != 0) {
         free(e);
         return NULL;
     }

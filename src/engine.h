@@ -48,7 +48,6 @@ struct pxq_engine_params {
     int kv_dev_blocks;  /* with kv_offload: blocks of the device tier (0: the CUDA backend fits as many as its
                            --gpu-mem arena leaves room for; the CPU backend keeps them all, no tier) */
     size_t swap_space;  /* with kv_offload: the host tier's budget in bytes (vLLM's --swap-space; 0: no bound) */
-#define PXQ_KV_SELECT_CACHE_MAX 1024
     int kv_select_cache;/* CUDA, with kv_offload and block selection: device-tier blocks kept as a cache of the
                            host blocks decode steps choose, per layer and KV head (--kv-select-cache; 0: none,
                            each chosen host block read in place; a multiple of 4, at most 1024) */

@@ -125,6 +125,13 @@ int kv_attention_check(int n_ctx, int attn_window, int attn_sinks, int topk_bloc
     return 0;
 }
 
+int kv_select_cache_check(int n, int kv_offload, int topk_blocks, int cpu, char *err, size_t errlen) {
+    if (n && (n < 0 || n % 4 || n > PXQ_KV_SELECT_CACHE_MAX || !kv_offload || !topk_blocks || cpu))
+        return set_err(err, errlen, "--kv-select-cache %d: it takes a multiple of 4 up to %d, on CUDA, with --kv-offload "
+                       "and --kv-topk-blocks (it caches the chosen host-tier blocks)", n, PXQ_KV_SELECT_CACHE_MAX);
+    return 0;
+}
+
 int kv_levels_valid(const float lv[4]) {
     for (int i = 0; i < 4; i++)
         if (!(lv[i] >= -1.0f && lv[i] <= 1.0f) || (i && !(lv[i] > lv[i - 1]))) return 0;

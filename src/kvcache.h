@@ -172,6 +172,12 @@ static inline int kv_exact(const struct kv_layout *lay, int p, int q) {
     return !lay->quantized || p < lay->n_sink || q - p < lay->n_window;
 }
 
+/* The selection cache's slots (--kv-select-cache, the CUDA backend's kv_selcache.cu): at most this
+ * many, in sets of 4. kv_select_cache_check: n 0, or a multiple of 4 up to the bound with a host tier
+ * (kv_offload) and block selection (topk_blocks), not on the CPU backend (cpu). Returns 0, or -1
+ * with a message naming the flag. */
+#define PXQ_KV_SELECT_CACHE_MAX 1024
+int kv_select_cache_check(int n, int kv_offload, int topk_blocks, int cpu, char *err, size_t errlen);
 /* The attention mode's flags against a context of n_ctx positions: the window in [1, n_ctx) or 0,
  * sinks and block selection only with a window, none negative. Returns 0, or -1 with a message that
  * names the flags (--attention-window, --attention-sinks, --kv-topk-blocks). */

@@ -108,9 +108,8 @@ int cmd_plan(int argc, char **argv) {
     }
     if (p.n_ctx <= 0) p.n_ctx = pxq_default_n_ctx(&hp);
     if (kv_attention_check(p.n_ctx, p.attn_window, p.attn_sinks, p.topk_blocks, err, sizeof err) != 0) fail(&a, 2, "%s", err);
-    if (p.kv_select_cache && (p.kv_select_cache % 4 || !p.kv_offload || !p.topk_blocks))
-        fail(&a, 2, "--kv-select-cache %d: it takes a multiple of 4, with --kv-offload and --kv-topk-blocks (it caches "
-             "the chosen host-tier blocks)", p.kv_select_cache);
+    if (kv_select_cache_check(p.kv_select_cache, p.kv_offload, p.topk_blocks, 0, err, sizeof err) != 0)
+        fail(&a, 2, "%s", err);
     if (p.kv_offload && !p.budget && !p.kv_dev_blocks)
         fail(&a, 2, "--kv-offload: give --gpu-mem (the device tier is what it leaves room for) or --kv-device-blocks");
     if (memplan_compute(&mp, &hp, &p, err, sizeof err) != 0) fail(&a, 1, "%s", err);
