@@ -309,7 +309,7 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
                    2 * al(kv_layout_residual_bytes(lay) / 2 * (size_t)p->n_seq_max);
     const size_t pools = al((size_t)p->kv_blocks * lay->block_bytes[KV_K]) + al((size_t)p->kv_blocks * lay->block_bytes[KV_V]) +
                          bounds;
-    for (int small = 0; small < 2; small++) { /* whole-matrix tiles, or the small ones if over budget */
+    for (int small = 0; small < 2; small++) { /* whole-matrix tiles, or the small ones: over budget, or a host tier */
         struct cuda_bufs bf;
         plan->w16_max = small ? CUDA_W16_SMALL_ELEMS : CUDA_W16_MAX_ELEMS;
         cuda_bufs_of(hp, p, max_in, max_mat, plan->w16_max, &bf);
@@ -329,10 +329,8 @@ int cuda_mem_plan(const struct pxq_model *m, const struct pxq_engine_params *p, 
             }
         }
         plan->total = other + plan->kv - kv_fixed;
-        if (!small && plan->kv_dev_blocks < p->kv_blocks && !p->kv_dev_blocks &&
-            plan->kv_dev_blocks < kv_hot_blocks(p->n_seq_max, p->kv_block_size, p->attn_window, p->attn_sinks, p->n_batch) +
-                                      (bf.sel_cache[0] ? p->kv_select_cache : 0))
-            continue; /* the host tier would hold the blocks every step reads: the small tiles leave room for them */
+        if (!small && plan->kv_dev_blocks < p->kv_blocks && !p->kv_dev_blocks)
+            continue; /* a host tier: the small tiles' 640 MiB go to device blocks, read at device speed (memplan.c) */
         if (!p->gpu_mem || plan->total <= p->gpu_mem) break;
     }
     return 0;

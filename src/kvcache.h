@@ -108,16 +108,6 @@ static inline int kv_exact_clamp(int n, int n_ctx) { return n <= 0 ? 0 : n_ctx >
  * at the edges. The pool is sized by it and the memory plan counts it. */
 int64_t kv_blocks_per_seq(int64_t n_ctx, int block_size, int attn_window, int attn_sinks, int topk_blocks, int n_batch);
 
-/* The host tier (--kv-offload): the device-tier blocks that n_seq sequences read at every step and
- * should keep on the device: each one's sinks, its window with a step of n_batch positions and the
- * rollback margin, and one more; under full attention (attn_window 0) a step and the margin. The
- * memory plans prefer the small prefill tiles when the whole-matrix ones would leave fewer. */
-static inline int64_t kv_hot_blocks(int n_seq, int block_size, int attn_window, int attn_sinks, int n_batch) {
-    const int64_t per = (attn_window ? kv_blocks_for(attn_sinks, block_size) : 0) +
-                        kv_blocks_for((int64_t)attn_window + n_batch + kv_window_margin(n_batch), block_size) + 1;
-    return per * n_seq;
-}
-
 /* The host tier: the fewest device-tier blocks n_seq sequences need for a step of n_batch positions
  * (a block more each for the one a step starts inside); the plans' floor, and with the selection
  * cache's slots the backend's. */

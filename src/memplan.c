@@ -152,7 +152,7 @@ static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const s
     ep.kv_blocks = (int)blocks;
     const size_t pool = mp->kv_bytes_per_block * (size_t)blocks, fixed = mp->kv_residual_per_seq * (size_t)p->n_seq;
     size_t total = 0, kv = pool;
-    for (int small = 0; small < 1 + allow_small; small++) { /* the backend's choice (cuda_mem_plan): small tiles if over budget */
+    for (int small = 0; small < 1 + allow_small; small++) { /* the backend's choice (cuda_mem_plan): small tiles if over budget or tiered */
         struct cuda_bufs bf;
         mp->w16_elems = small ? CUDA_W16_SMALL_ELEMS : CUDA_W16_MAX_ELEMS;
         cuda_bufs_of(hp, &ep, max_in, max_mat, mp->w16_elems, &bf);
@@ -175,10 +175,16 @@ static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const s
             }
         }
         total = other + kv;
-        if (allow_small && !small && mp->kv_dev_blocks < blocks && !p->kv_dev_blocks &&
-            mp->kv_dev_blocks < kv_hot_blocks(p->n_seq, p->kv_block_size, p->attn_window, p->attn_sinks, p->n_batch) +
-                                    memplan_sel_cache(p))
-            continue; /* as cuda_mem_plan: the small tiles leave the device tier room for the blocks every step reads */
+        /* A host tier sized by the budget takes the small tiles (as cuda_mem_plan): their 640 MiB hold
+         * device blocks, which decode reads at device speed instead of over the bus (the 27B at 65,536
+         * positions in 15.2 GiB with selection: 102 device blocks with the whole-matrix tiles, 561 with
+         * the small ones), and which prefill need not stage; the whole-matrix tiles gain about 6% of
+         * prefill's GEMM rate (docs/PERF.md). Whole-matrix tiles only (allow_small 0) fit no such tier. */
+        if (!small && mp->kv_dev_blocks < blocks && !p->kv_dev_blocks) {
+            if (allow_small) continue;
+            total = SIZE_MAX;
+            break;
+        }
         /* decided as the backend does, with its own cuBLAS workspace (--workspace only changes the account) */
         if (!p->budget || total - p->workspace + CUDA_CUBLAS_WS <= p->budget) break;
     }
@@ -343,7 +349,7 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
     snprintf(stage, sizeof stage, "the host tier's prefill staging (%zu MiB), ", CUDA_KV_STAGE_BYTES >> 20);
     fprintf(f, "  %-18s %12s  f16 prefill weight tiles (2 x %s%s), int8 activations, attention partials, %scuBLAS workspace\n",
             "workspace", hsize(a, sizeof a, (double)mp->workspace), hsize(b, sizeof b, (double)mp->w16_elems),
-            mp->w16_small ? ": the small tiles, whole-matrix ones exceed the budget" : "", /* halves of 2 B x w16/2 */
+            !mp->w16_small ? "" : mp->kv_dev_blocks < mp->kv_blocks && !p->kv_dev_blocks ? ": the small tiles, which leave the room to device-tier blocks" : ": the small tiles, whole-matrix ones exceed the budget", /* halves of 2 B x w16/2 */
             p->kv_offload ? stage : "");
     fprintf(f, "  %-18s %12s  %lld bytes (the arena: the terms above, less a host-resident token_embd)\n", "total", hsize(a, sizeof a, (double)mp->total),
             (long long)mp->total);

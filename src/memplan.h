@@ -90,7 +90,7 @@ struct memplan {
     size_t act_floats_per_token, act_bytes, logits_bytes;
     size_t workspace, cuda_context;
     size_t w16_elems;             /* the f16 prefill weight tile buffers (two halves), elements */
-    int w16_small;                /* 1: the small tiles (whole-matrix ones do not fit the budget) */
+    int w16_small;                /* 1: the small tiles (whole-matrix ones exceed the budget, or a host tier) */
     size_t total;                 /* the arena: weights + KV + state + activations + logits + workspace */
     size_t device_total;          /* total + cuda_context */
     size_t budget;

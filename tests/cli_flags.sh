@@ -123,6 +123,14 @@ for f in --block-size --kv-block-size; do
          printf "%s" "$out" | grep -q "^fits with the host tier" && printf "%s" "$out" | grep -q "rc=0"'
 done
 SEL="--load-format dummy --config presets/qwen3.5-27b.json --dtype q4_0 --gpu-mem 15.2GiB --kv-cache-type pxq --kv-offload --attention-window 4096 --attention-sinks 4 --kv-topk-blocks 64 --block-size 64"
+out=$($PXQ plan $SEL -c 65536; echo "rc=$?")
+check "plan ... at 65536 with a host tier: the small prefill tiles, their room in device blocks (567, not 102)" \
+    'printf "%s" "$out" | grep -q "2 x 64.00 MiB: the small tiles, which leave the room to device-tier blocks" &&
+     printf "%s" "$out" | grep -q "the device tier holds 567 blocks" && printf "%s" "$out" | grep -q "rc=0"'
+out=$($PXQ plan $SEL -c 8192; echo "rc=$?")
+check "plan ... at 8192, every block on the device: the whole-matrix tiles" \
+    'printf "%s" "$out" | grep -q "tiles (2 x 384.00 MiB)" && printf "%s" "$out" | grep -q "every one of the 128 blocks fits the device tier" &&
+     printf "%s" "$out" | grep -q "rc=0"'
 out=$($PXQ plan $SEL -c 65536 --kv-select-cache 64; echo "rc=$?")
 check "plan ... --kv-select-cache 64 at 65536: its 64 blocks counted in the device tier" \
     'printf "%s" "$out" | grep -q "64 of them the cache of chosen host blocks (--kv-select-cache)" && printf "%s" "$out" | grep -q "rc=0"'
