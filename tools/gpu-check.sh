@@ -180,7 +180,10 @@ for s in $steps; do
             sel64-24) args="--gpu-mem 24GiB $W --kv-topk-blocks 64 --block-size 64 -d 131072,262144" ;;
             sel64-deep) args="--gpu-mem 15.2GiB --kv-offload $W --kv-topk-blocks 64 --block-size 64 -d 131072,262144" ;;
             full-tier) args="--gpu-mem 15.2GiB --kv-offload -d 65536,131072" ;;
-            *) echo "depth: unknown mode $m (window sel16 sel64 sel64-24 sel64-deep full-tier)"; continue ;;
+            # the 262,144 fill in steps of 512 did not end within 590 s: steps of 1024 stage the host
+            # blocks half as often (the device tier: 799 blocks of 16, not 1800; `pxq plan -b 1024`)
+            full-tier-deep) args="--gpu-mem 15.2GiB --kv-offload -ub 1024 -d 262144" ;;
+            *) echo "depth: unknown mode $m (window sel16 sel64 sel64-24 sel64-deep full-tier full-tier-deep)"; continue ;;
             esac
             echo "== depth $m"
             timeout 600 $B $args 2>&1 | grep -E "tg|rror|fit" | tee -a "$OUT/depth.log"
