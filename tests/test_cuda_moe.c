@@ -17,7 +17,8 @@
  *     float64 on the dequantized weights <= 1e-5; the output's ldy > rows gap left untouched
  *   moe_q8_cuda (int8 activations, dp4a), Q8_0, Q4_0, Q4_1, Q4_K: vs matmul_q8_cuda on the expert's
  *     own rows per pair <= 1e-5 (same group arithmetic, another summation order), vs float64 <= 1e-2
- *     (at 2, 4 and 8 expert rows a block too, moe_q8_tune: the same bits as the built-in 16)
+ *     (at 2, 4 and 8 expert rows a block too, moe_q8_tune, and by expert, moe_q8_group_tune, with 5
+ *     tokens' pairs on expert 0: the same bits as the built-in 16)
  *   moe_sort_cuda + moe_gemv_tiles_cuda (prefill), 17..40 tokens, k 2..8, 4..128 experts (tiles full,
  *     partial and experts without pairs), F32, F16 (rows of 100), Q8_0, Q4_0, Q4_K, Q6_K: order a
  *     permutation grouped by expert, tiles covering it; outputs bit-exact vs moe_gemv_cuda, gap untouched
@@ -297,7 +298,22 @@ static void test_gathered(void) {
                             CHECK(!memcmp(first, got, ybytes), "moe_q8 %s: %d rows a block differ from 2",
                                   type_name(type), rows_tunes[ri]);
                     }
-                    free(first);
+                    /* by expert (moe_q8_group_tune): every token routes its first slot to expert 0, so
+                     * one block runs all 5 tokens' pairs of it, in two chunks; the same bits, the same
+                     * gap; then one token alone (3 pairs), which stays by pair */
+                    float *grouped = xmalloc(ybytes);
+                    moe_q8_group_tune(1);
+                    CK(cudaMemset(dy, 0xff, ybytes));
+                    moe_q8_cuda(dy, ldy, &w, rpe, dids, dxq, dxds, by_pair, n_pairs, k, 0);
+                    dev_get(grouped, dy, ybytes);
+                    CHECK(!memcmp(first, grouped, ybytes), "moe_q8 %s by expert: differs from by pair", type_name(type));
+                    CK(cudaMemset(dy, 0xff, ybytes));
+                    moe_q8_cuda(dy, ldy, &w, rpe, dids, dxq, dxds, by_pair, k, k, 0);
+                    dev_get(grouped, dy, ybytes);
+                    CHECK(!memcmp(first, grouped, (size_t)k * ldy * sizeof(float)),
+                          "moe_q8 %s by expert, one token: differs from by pair", type_name(type));
+                    moe_q8_group_tune(0);
+                    free(first), free(grouped);
                     e = err_rows(got, ref, n_pairs, rpe, ldy, &gap_ok);
                     CHECK(gap_ok, "moe_q8 %s: wrote past the rows of a pair", type_name(type));
                     float *dd = dev_poison_bytes((size_t)n_pairs * rpe * sizeof(float));

@@ -186,6 +186,7 @@ extern "C" void cuda_tuning_from_env(struct cuda_tuning *t) {
     env_pair("PXQ_CUDA_MMA_TUNE", &t->mma_mr, &t->mma_kp);
     env_pair("PXQ_CUDA_MOE_MMA_TUNE", &t->moe_mma_mr, &t->moe_mma_kp);
     t->moe_q8_rows = env_int("PXQ_CUDA_MOE_Q8_R", 0);
+    t->moe_group = env_is("PXQ_CUDA_MOE_GROUP", "1");
     t->early_trigger = env_int("PXQ_CUDA_EARLY_TRIGGER", 11);
     t->mv_ahead = env_int("PXQ_CUDA_MV_AHEAD", 1);
     t->l2_pf_mib = 4; /* a sweep (H200, decode b1, t/s at 0/4/8/12 MiB): Qwen3-32B 154.5/155.8/155.7/152.2,
@@ -285,6 +286,7 @@ static void choose_paths(cuda_backend *b, const struct pxq_hparams *hp, const cu
     b->moe_mma = !exact && t->moe_mma; /* MoE prefill on int8 tensor cores (ffn_moe) */
     if (t->moe_mma_mr || t->moe_mma_kp) moe_q8_mma_tune(t->moe_mma_mr, t->moe_mma_kp);
     if (t->moe_q8_rows) moe_q8_tune(t->moe_q8_rows); /* decode experts' rows a block */
+    moe_q8_group_tune(t->moe_group);                 /* ... and several tokens' pairs by expert */
     if (t->decode_cfg >= 0) attention_decode_force_cfg(t->decode_cfg);
     {
         cuda_kv probe = {}; /* the kernels' gates look at the types and shapes only */

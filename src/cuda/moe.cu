@@ -284,11 +284,118 @@ static void q8_launch(float *y, int ldy, const cuda_weight &w, int rpe, const in
     }
 }
 
+/* ---- decode steps of several tokens: each distinct expert's rows read once ---- */
+
+/* moe_q8_kernel's result, bit for bit, with the pairs that share an expert done by one block. Block
+ * (p, rows) leaves at once unless p is the first pair of its expert (the whole block: no barrier is
+ * left waiting); warp 0 then lists, in increasing order, the pairs of that expert from p on
+ * (members: dynamic shared memory of n_pairs ints), and the block runs them MOE_GROUP_P at a time
+ * over the same expert rows, so that their weights come from DRAM once a step (a chunk after the
+ * first finds them in L1 or L2). A token routes to an expert at most once, so an expert has at most
+ * one pair a token: at 16 tokens 16 members, 4 chunks. Each (row, pair) sum is formed as
+ * moe_q8_kernel forms it: the same threads take the same groups in the same order, the same warp
+ * and block reductions. */
+#define MOE_GROUP_R 8 /* expert rows per block (16 took 255 registers and spilled) */
+#define MOE_GROUP_P 4  /* pairs a chunk */
+
+template <int F>
+__global__ void __launch_bounds__(MOE_WARPS * 32) moe_q8_group_kernel(float *__restrict__ y, int ldy, const cuda_weight w,
+                                                                      int rpe, const int32_t *__restrict__ ids,
+                                                                      int n_pairs, const int8_t *__restrict__ xq,
+                                                                      const float2 *__restrict__ xds, int x_div, int r_off) {
+    constexpr int R = MOE_GROUP_R, P = MOE_GROUP_P;
+    extern __shared__ int members[];
+    __shared__ int n_members;
+    __shared__ float red[MOE_WARPS][R][P];
+    const int p = blockIdx.x, r0 = r_off + blockIdx.y * R, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int id = __ldg(ids + p);
+    int earlier = 0;
+    for (int q = threadIdx.x; q < p; q += blockDim.x) earlier |= __ldg(ids + q) == id;
+    if (__syncthreads_or(earlier)) return;
+    if (warp == 0) {
+        int n = 0;
+        for (int b = p; b < n_pairs; b += 32) {
+            const int q = b + lane, mine = q < n_pairs && __ldg(ids + q) == id;
+            const unsigned m = __ballot_sync(0xffffffffu, mine);
+            if (mine) members[n + __popc(m & ((1u << lane) - 1u))] = q;
+            n += __popc(m);
+        }
+        if (lane == 0) n_members = n;
+    }
+    __syncthreads();
+    const int cnt = n_members, n_in = w.n_in, ng = n_in / 32, n_warps = blockDim.x >> 5;
+    const int64_t base = (int64_t)id * rpe;
+    for (int c0 = 0; c0 < cnt; c0 += P) {
+        const int nc = min(P, cnt - c0);
+        float acc[R][P];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int j = 0; j < P; j++) acc[r][j] = 0.0f;
+        for (int g = threadIdx.x; g < ng; g += blockDim.x) {
+#pragma unroll
+            for (int j = 0; j < P; j++) {
+                if (j < nc) {
+                    const size_t q = (size_t)(members[c0 + j] / x_div);
+                    const int4 *xp = (const int4 *)(xq + q * n_in + (size_t)g * 32);
+                    const int4 xa = __ldg(xp), xb = __ldg(xp + 1);
+                    const float2 ds = __ldg(xds + q * ng + g);
+#pragma unroll
+                    for (int r = 0; r < R; r++)
+                        acc[r][j] = dot_q8<F>(w, base + min(r0 + r, rpe - 1), g, ng, xa, xb, ds, acc[r][j]);
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int j = 0; j < P; j++) {
+                if (j < nc) { /* nc is the block's: every lane of a warp takes the same branch */
+                    const float s = warp_sum(acc[r][j]);
+                    if (lane == 0) red[warp][r][j] = s;
+                }
+            }
+        __syncthreads();
+        for (int i = threadIdx.x; i < R * P; i += blockDim.x) {
+            const int r = i / P, j = i - r * P;
+            if (j < nc && r0 + r < rpe) {
+                float s = 0.0f;
+                for (int k = 0; k < n_warps; k++) s += red[k][r][j];
+                y[(size_t)members[c0 + j] * ldy + r0 + r] = s;
+            }
+        }
+        __syncthreads(); /* red is written again by the next chunk */
+    }
+}
+
+template <int F>
+static void q8_group_launch(float *y, int ldy, const cuda_weight &w, int rpe, const int32_t *ids, const int8_t *xq,
+                            const float2 *xds, int x_div, int n_pairs, cudaStream_t st) {
+    const int threads = 32 * moe_warps(w.n_in / 32), rb = (rpe + MOE_GROUP_R - 1) / MOE_GROUP_R;
+    for (int b0 = 0; b0 < rb; b0 += MOE_MAX_BLOCKS_Y) {
+        dim3 grid(n_pairs, rb - b0 < MOE_MAX_BLOCKS_Y ? rb - b0 : MOE_MAX_BLOCKS_Y);
+        moe_q8_group_kernel<F><<<grid, threads, (size_t)n_pairs * sizeof(int), st>>>(y, ldy, w, rpe, ids, n_pairs, xq,
+                                                                                     xds, x_div, b0 * MOE_GROUP_R);
+    }
+}
+
+/* Off by default: its speed against moe_q8_kernel's is not measured yet (PXQ_CUDA_MOE_GROUP=1). */
+static int g_moe_group = 0;
+
+extern "C" void moe_q8_group_tune(int on) { g_moe_group = on != 0; }
+
 extern "C" void moe_q8_cuda(float *y, int ldy, const struct cuda_weight *w, int rows_per_expert, const int32_t *ids,
                             const int8_t *xq, const float *xds, int x_per_pair, int n_pairs, int k, cudaStream_t st) {
     if (n_pairs <= 0) return;
     const int x_div = x_per_pair ? 1 : k;
     const float2 *ds = (const float2 *)xds;
+    if (g_moe_group && n_pairs > k) { /* several tokens */
+        switch (w->fmt) {
+        case WFMT_Q4_0: q8_group_launch<WFMT_Q4_0>(y, ldy, *w, rows_per_expert, ids, xq, ds, x_div, n_pairs, st); return;
+        case WFMT_Q8_0: q8_group_launch<WFMT_Q8_0>(y, ldy, *w, rows_per_expert, ids, xq, ds, x_div, n_pairs, st); return;
+        case WFMT_Q4M: q8_group_launch<WFMT_Q4M>(y, ldy, *w, rows_per_expert, ids, xq, ds, x_div, n_pairs, st); return;
+        }
+    }
     switch (w->fmt) {
     case WFMT_Q4_0: q8_launch<WFMT_Q4_0>(y, ldy, *w, rows_per_expert, ids, xq, ds, x_div, n_pairs, st); break;
     case WFMT_Q8_0: q8_launch<WFMT_Q8_0>(y, ldy, *w, rows_per_expert, ids, xq, ds, x_div, n_pairs, st); break;

@@ -56,6 +56,10 @@ void moe_q8_cuda(float *y, int ldy, const struct cuda_weight *w, int rows_per_ex
 /* Benchmarks and tests: moe_q8_cuda's expert rows per block (2, 4, 8; anything else: the built-in
  * 16). Process-wide. */
 void moe_q8_tune(int rows);
+/* moe_q8_cuda for steps of several tokens (n_pairs > k) by expert, not by pair (on != 0): a block
+ * runs every pair of its expert, so that each distinct expert's rows are read once a step; the
+ * same bits as by pair. Off by default (PXQ_CUDA_MOE_GROUP=1). Process-wide. */
+void moe_q8_group_tune(int on);
 
 /* Prefill: the pairs grouped by expert so that each expert's rows are read once per CUDA_MOE_TILE
  * pairs. moe_sort_cuda: ids [n_pairs] -> order [n_pairs] (pair indices, experts in increasing id),

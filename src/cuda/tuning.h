@@ -36,6 +36,7 @@ struct cuda_tuning {
     int mma_mr, mma_kp;         /* PXQ_CUDA_MMA_TUNE=MR,KP: the int8 mma mat-vec's tiling; 0, 0: by shape */
     int moe_mma_mr, moe_mma_kp; /* PXQ_CUDA_MOE_MMA_TUNE=MR,KP: the MoE prefill tiles'; 0, 0: built-in */
     int moe_q8_rows;      /* PXQ_CUDA_MOE_Q8_R=R: expert rows a block of the MoE decode mat-vec; 0: built-in */
+    int moe_group;        /* PXQ_CUDA_MOE_GROUP=1: MoE decode steps of several tokens by expert; 0 */
     int early_trigger;    /* PXQ_CUDA_EARLY_TRIGGER: mask of the dp4a mat-vecs that launch the next kernel at
                            * their start (1 q|k|v, 2 DeltaNet in-projection, 8 gate|up, 16 lm_head); 11 */
     int mv_ahead;         /* PXQ_CUDA_MV_AHEAD: mask (the same bits) of those that keep two steps of
