@@ -116,9 +116,9 @@ size_t kv_layout_residual_bytes(const struct kv_layout *lay) {
 }
 
 int kv_attention_check(int n_ctx, int attn_window, int attn_sinks, int topk_blocks, char *err, size_t errlen) {
-    if (attn_window < 0 || attn_sinks < 0 || attn_window >= n_ctx || (attn_sinks && !attn_window))
+    if (attn_window < 0 || attn_sinks < 0 || attn_window >= n_ctx || attn_sinks >= n_ctx || (attn_sinks && !attn_window))
         return set_err(err, errlen, "--attention-window %d, --attention-sinks %d: the window must be in [1, the context "
-                       "%d) and sinks need a window", attn_window, attn_sinks, n_ctx);
+                       "%d), the sinks fewer than the context, and sinks need a window", attn_window, attn_sinks, n_ctx);
     if (topk_blocks < 0 || (topk_blocks && !attn_window))
         return set_err(err, errlen, "--kv-topk-blocks %d needs --attention-window W (the recent positions every query "
                        "sees)", topk_blocks);
@@ -126,9 +126,13 @@ int kv_attention_check(int n_ctx, int attn_window, int attn_sinks, int topk_bloc
 }
 
 int kv_select_cache_check(int n, int kv_offload, int topk_blocks, int cpu, char *err, size_t errlen) {
-    if (n && (n < 0 || n % 4 || n > PXQ_KV_SELECT_CACHE_MAX || !kv_offload || !topk_blocks || cpu))
-        return set_err(err, errlen, "--kv-select-cache %d: it takes a multiple of 4 up to %d, on CUDA, with --kv-offload "
-                       "and --kv-topk-blocks (it caches the chosen host-tier blocks)", n, PXQ_KV_SELECT_CACHE_MAX);
+    if (!n) return 0;
+    if (n < 0 || n % 4 || n > PXQ_KV_SELECT_CACHE_MAX)
+        return set_err(err, errlen, "--kv-select-cache %d: it takes a multiple of 4 up to %d", n, PXQ_KV_SELECT_CACHE_MAX);
+    if (!kv_offload || !topk_blocks)
+        return set_err(err, errlen, "--kv-select-cache %d needs --kv-offload and --kv-topk-blocks (it caches the chosen "
+                       "host-tier blocks)", n);
+    if (cpu) return set_err(err, errlen, "--kv-select-cache %d needs --device cuda (the CPU reads host blocks in place)", n);
     return 0;
 }
 

@@ -169,7 +169,7 @@ static inline int kv_exact(const struct kv_layout *lay, int p, int q) {
 #define PXQ_KV_SELECT_CACHE_MAX 1024
 int kv_select_cache_check(int n, int kv_offload, int topk_blocks, int cpu, char *err, size_t errlen);
 /* The attention mode's flags against a context of n_ctx positions: the window in [1, n_ctx) or 0,
- * sinks and block selection only with a window, none negative. Returns 0, or -1 with a message that
+ * fewer sinks than n_ctx, sinks and block selection only with a window, none negative. Returns 0, or -1 with a message that
  * names the flags (--attention-window, --attention-sinks, --kv-topk-blocks). */
 int kv_attention_check(int n_ctx, int attn_window, int attn_sinks, int topk_blocks, char *err, size_t errlen);
 

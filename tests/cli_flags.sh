@@ -143,7 +143,21 @@ for bad in "--kv-select-cache 6" "--kv-select-cache 2048"; do
 done
 out=$(run --kv-select-cache 8 2>&1; echo "rc=$?")
 check "run --kv-select-cache on the CPU without a tier: refused, naming it" \
-    'printf "%s" "$out" | grep -q "kv-select-cache 8: it takes a multiple of 4 up to 1024, on CUDA" && printf "%s" "$out" | grep -q "rc=1"'
+    'printf "%s" "$out" | grep -q "kv-select-cache 8 needs --kv-offload and --kv-topk-blocks" && printf "%s" "$out" | grep -q "rc=1"'
+out=$(run --kv-offload --kv-device-blocks 4 --attention-window 64 --attention-sinks 4 --kv-topk-blocks 4 --kv-select-cache 8 2>&1; echo "rc=$?")
+check "run --kv-select-cache 8 on the CPU with a tier and selection: refused, naming the device" \
+    'printf "%s" "$out" | grep -q "kv-select-cache 8 needs --device cuda" && printf "%s" "$out" | grep -q "rc=1"'
+out=$(run -c 16 --attention-window 8 --attention-sinks 100 2>&1; echo "rc=$?")
+check "run --attention-sinks 100 in a context of 16: refused" \
+    'printf "%s" "$out" | grep -q "the sinks fewer than the context" && printf "%s" "$out" | grep -q "rc=1"'
+out=$(run --rope-scaling yarn 2>&1; echo "rc=$?")
+check "run --rope-scaling yarn without a factor: refused, naming --rope-factor" \
+    'printf "%s" "$out" | grep -q "rope-scaling yarn needs --rope-factor F" && printf "%s" "$out" | grep -q "rc=2"'
+for f in --rope-freq-scale --rope-freq-base --yarn-ext-factor; do
+    out=$(run $f 0.5 2>&1; echo "rc=$?")
+    check "run $f (llama.cpp's): refused with what PXQ does instead" \
+        'printf "%s" "$out" | grep -q -- "$f: PXQ" && printf "%s" "$out" | grep -q "rc=2"'
+done
 out=$(run --kv-select-cache 5 2>&1; echo "rc=$?")
 check "run --kv-select-cache 5: refused" 'printf "%s" "$out" | grep -q "give a multiple of 4" && printf "%s" "$out" | grep -q "rc=2"'
 run --block-size 16 >"$T/bs16.out" 2>/dev/null

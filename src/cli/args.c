@@ -114,6 +114,13 @@ static const struct {
      " --dtype is pxq quantize's and, with --load-format dummy, bench's and plan's"},
     {"--gpu-memory-utilization", "that is pxq serve's; elsewhere --gpu-mem SIZE sizes the CUDA arena"},
     {"--numa", "PXQ does not place memory by NUMA node; run it under numactl"},
+    {"--rope-freq-scale", "PXQ spells it --rope-scaling linear --rope-factor F, with F = 1 / the scale"},
+    {"--rope-freq-base",
+     "PXQ takes RoPE's base from the model file, with no override; --rope-scaling yarn|linear|llama3 --rope-factor F"
+     " extends the context"},
+    {"--yarn-ext-factor",
+     "PXQ's YaRN mixes interpolation and extrapolation by HF's ramp (--yarn-beta-fast, --yarn-beta-slow), with no"
+     " separate factor"},
 };
 
 /* 1 if f is one of the space-separated words of list */
@@ -271,6 +278,8 @@ void cli_model_overrides(const struct args *a, struct pxq_model *m) {
     if (rs.type == ROPE_SCALING_LINEAR && rope_cli.orig_ctx >= 0)
         fail(a, 2, "--original-max-position-embeddings: linear RoPE scaling does not use it (yarn and llama3 do)");
     if (rope_cli.factor) rs.factor = rope_cli.factor;
+    if (rs.type != ROPE_SCALING_NONE && !rs.factor)
+        fail(a, 2, "--rope-scaling %s needs --rope-factor F (> 0): the model file gives no factor", rope_scaling_name(rs.type));
     if (rope_cli.orig_ctx >= 0) rs.orig_ctx = rope_cli.orig_ctx;
     if (rope_cli.attn_factor) rs.attn_factor = rope_cli.attn_factor;
     if (rope_cli.beta_fast) rs.beta_fast = rope_cli.beta_fast;
