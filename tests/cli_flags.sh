@@ -103,6 +103,10 @@ out=$(run -c 256 --swap-space 0.0009765625 --kv-device-blocks 2 2>&1; echo "rc=$
 check "run with a host tier over --swap-space: refused, naming it" 'printf "%s" "$out" | grep -q "swap-space 1.0 MiB: the host KV tier needs" && printf "%s" "$out" | grep -q "rc=1"'
 out=$(run --kv-device-blocks 4 2>&1 >/dev/null)
 check "run --kv-device-blocks without --kv-offload: a warning" 'printf "%s" "$out" | grep -q "kv-device-blocks has no effect without --kv-offload"'
+out=$($PXQ plan --load-format dummy --config presets/qwen3-32b.json -c 4096 --kv-device-blocks 4 --kv-sink 8 2>&1; echo "rc=$?")
+check "plan --kv-device-blocks without --kv-offload, --kv-sink with f16: warned, as run warns" \
+    'printf "%s" "$out" | grep -q "kv-device-blocks has no effect without --kv-offload" &&
+     printf "%s" "$out" | grep -q "kv-sink and --kv-window have no effect with the f16 KV cache" && printf "%s" "$out" | grep -q "rc=0"'
 out=$($PXQ plan --kv-offload 2>&1; echo "rc=$?")
 check "plan --kv-offload without --gpu-mem: refused" 'printf "%s" "$out" | grep -q "give --gpu-mem" && printf "%s" "$out" | grep -q "rc=2"'
 out=$($PXQ plan --load-format dummy --config presets/qwen3.5-27b.json --dtype q4_0 --gpu-mem 15.2GiB --kv-cache-type pxq -c 262144 --kv-offload; echo "rc=$?")

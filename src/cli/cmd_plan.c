@@ -110,6 +110,11 @@ int cmd_plan(int argc, char **argv) {
     if (kv_attention_check(p.n_ctx, p.attn_window, p.attn_sinks, p.topk_blocks, err, sizeof err) != 0) fail(&a, 2, "%s", err);
     if (kv_select_cache_check(p.kv_select_cache, p.kv_offload, p.topk_blocks, 0, err, sizeof err) != 0)
         fail(&a, 2, "%s", err);
+    if (p.kv_dev_blocks && !p.kv_offload) /* as run's common_warn_unused */
+        warn_user(&a, "--kv-device-blocks has no effect without --kv-offload (it sizes the device tier of the KV cache)");
+    if ((p.kv_sink || p.kv_window) && p.kv_type == KV_CACHE_F16)
+        warn_user(&a, "--kv-sink and --kv-window have no effect with the f16 KV cache (they keep positions exact in a "
+                      "quantized one: --kv-cache-type q8_0 or pxq)");
     if (p.kv_offload && !p.budget && !p.kv_dev_blocks)
         fail(&a, 2, "--kv-offload: give --gpu-mem (the device tier is what it leaves room for) or --kv-device-blocks");
     if (memplan_compute(&mp, &hp, &p, err, sizeof err) != 0) fail(&a, 1, "%s", err);
