@@ -230,7 +230,9 @@ int kv_cache_init(struct kv_cache *c, const struct kv_layout *lay, int n_blocks,
             }
             if (!(c->pool[pool] = malloc(per_block * (size_t)n_blocks))) {
                 kv_cache_free(c);
-                return set_err(err, errlen, "KV cache: cannot allocate %.1f MiB", (double)per_block * n_blocks / (1 << 20));
+                return set_err(err, errlen, "KV cache: cannot allocate %.2f GiB of host memory for %d blocks of %d positions "
+                               "(lower -c, --max-num-seqs or --num-gpu-blocks-override, or a smaller --kv-cache-type)",
+                               (double)per_block * n_blocks / 1073741824.0, n_blocks, lay->block_size);
             }
         }
     }
