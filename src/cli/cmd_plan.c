@@ -50,6 +50,7 @@ int cmd_plan(int argc, char **argv) {
     struct load_opts lo;
     load_opts_init(&lo);
     struct memplan_params p = memplan_default_params();
+    int kv_exact_given = 0; /* --kv-sink or --kv-window was given (they act on quantized caches only) */
     for (a.i = 1; a.i < argc; a.i++) {
         const char *f = argv[a.i];
         if (load_opts_parse(&a, &lo)) continue;
@@ -66,8 +67,8 @@ int cmd_plan(int argc, char **argv) {
             p.kv_f32 = !strcmp(t, "f32");
             p.kv_type = p.kv_f32 ? KV_CACHE_F16 : arg_kv_cache_type(&a, f, t);
         }
-        else if (!strcmp(f, "--kv-sink")) p.kv_sink = (int)arg_int(&a, 0, 1 << 20);
-        else if (!strcmp(f, "--kv-window")) p.kv_window = (int)arg_int(&a, 0, 1 << 20);
+        else if (!strcmp(f, "--kv-sink")) p.kv_sink = (int)arg_int(&a, 0, 1 << 20), kv_exact_given = 1;
+        else if (!strcmp(f, "--kv-window")) p.kv_window = (int)arg_int(&a, 0, 1 << 20), kv_exact_given = 1;
         else if (!strcmp(f, "--block-size") || !strcmp(f, "--kv-block-size")) p.kv_block_size = (int)arg_int(&a, 1, 4096);
         else if (!strcmp(f, "--attention-window")) p.attn_window = (int)arg_int(&a, 0, 1 << 30);
         else if (!strcmp(f, "--attention-sinks")) p.attn_sinks = (int)arg_int(&a, 0, 1 << 30);
@@ -112,7 +113,7 @@ int cmd_plan(int argc, char **argv) {
         fail(&a, 2, "%s", err);
     if (p.kv_dev_blocks && !p.kv_offload) /* as run's common_warn_unused */
         warn_user(&a, "--kv-device-blocks has no effect without --kv-offload (it sizes the device tier of the KV cache)");
-    if ((p.kv_sink || p.kv_window) && p.kv_type == KV_CACHE_F16)
+    if (kv_exact_given && p.kv_type == KV_CACHE_F16)
         warn_user(&a, "--kv-sink and --kv-window have no effect with the f16 KV cache (they keep positions exact in a "
                       "quantized one: --kv-cache-type q8_0 or pxq)");
     if (p.kv_offload && !p.budget && !p.kv_dev_blocks)
