@@ -41,7 +41,9 @@ export PXQ_TEST_CPUS="$cpus" PXQ_TEST_PER=$per
 # Started longest first, so the last to finish is a short one: the suites of over 10 CPU seconds in
 # the order of their cost (CPU seconds on one core, 2026-12-07: cli_server 118, cli_kvcache 74,
 # cli_qwen35 69, test_spec 68, cli_core 68, cli_quantize 14, cli_messages 12), then the other
-# scripts, then the other binaries. Each writes N.log and then N.rc (its exit status and seconds).
+# scripts, then the other binaries. Each writes N.log and then N.rc (its exit status and seconds),
+# by a rename: the printer below reads N.rc as soon as it exists, and a file written in place could
+# be read empty (a pass printed as "FAILED: ... (exit )").
 n=0
 while read -r s; do
     n=$((n + 1))
@@ -68,7 +70,8 @@ done <"$out/list" | sort -n -k1,1 -k2,2 | while read -r _ i s; do printf '%s\0%s
         t0=$(date +%s.%N)
         case "$s" in *.sh) "$@" sh "$s" ;; *) "$@" "$s" ;; esac >"$o/$i.log" 2>&1 </dev/null
         rc=$?
-        echo "$rc $(awk -v a="$t0" -v b="$(date +%s.%N)" "BEGIN { printf \"%.1f\", b - a }")" >"$o/$i.rc"' "$out" &
+        echo "$rc $(awk -v a="$t0" -v b="$(date +%s.%N)" "BEGIN { printf \"%.1f\", b - a }")" >"$o/$i.rc.part" &&
+            mv "$o/$i.rc.part" "$o/$i.rc"' "$out" &
 runner=$!
 
 # print in order as the suites finish
