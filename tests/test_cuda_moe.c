@@ -19,6 +19,8 @@
  *     own rows per pair <= 1e-5 (same group arithmetic, another summation order), vs float64 <= 1e-2
  *     (at 2, 4 and 8 expert rows a block too, moe_q8_tune, and by expert, moe_q8_group_tune, with 5
  *     tokens' pairs on expert 0: the same bits as the built-in 16)
+ *   moe_q8_cuda by expert at a decode step's size (16 tokens x top-8 of 32, n_in 8192, Q4_0, Q8_0,
+ *     Q4M): the same bits as by pair, gap included, and the path taken (moe_q8_by_expert)
  *   moe_sort_cuda + moe_gemv_tiles_cuda (prefill), 17..40 tokens, k 2..8, 4..128 experts (tiles full,
  *     partial and experts without pairs), F32, F16 (rows of 100), Q8_0, Q4_0, Q4_K, Q6_K: order a
  *     permutation grouped by expert, tiles covering it; outputs bit-exact vs moe_gemv_cuda, gap untouched
@@ -348,6 +350,57 @@ static void test_gathered(void) {
     }
 }
 
+/* MoE decode by expert at a real step's size: 16 tokens x 8 of 32 experts (128 pairs: the list of
+ * an expert's pairs takes 4 ballots), n_in 8192 (4 warps a block, 2 groups a thread: the g loop's
+ * second pass and the cross-warp sum), 40 rows an expert (a partial block of 16 and of 8). Expert 0
+ * has a pair of every token (16 members: 4 chunks), and others are shared at random. The same bits
+ * as by pair, the ldy gap included. */
+static void test_by_expert(void) {
+    const enum pxq_type types[] = {PXQ_TYPE_Q4_0, PXQ_TYPE_Q8_0, PXQ_TYPE_Q4_1};
+    const int ne = 32, k = 8, n_tok = 16, n_pairs = n_tok * k, n_in = 8192, rpe = 40, ldy = rpe + 3;
+    int32_t ids[16 * 8];
+    random_ids(ids, n_tok, k, ne);
+    int most = 0;
+    for (int x = 0; x < ne; x++) {
+        int c = 0;
+        for (int p = 0; p < n_pairs; p++) c += ids[p] == x;
+        most = c > most ? c : most;
+    }
+    int32_t *dids = dev_put(ids, sizeof ids);
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
+        for (int by_pair = 0; by_pair < 2; by_pair++) {
+            struct pxq_tensor t;
+            void *data = make_tensor(&t, types[ti], n_in, ne * rpe);
+            size_t row_q, row_s;
+            struct cuda_weight w = upload_sizes(&t, &row_q, &row_s);
+            const int n_x = by_pair ? n_pairs : n_tok;
+            float *x = xmalloc((size_t)n_x * n_in * sizeof(float));
+            fill(x, (size_t)n_x * n_in, 1.0f);
+            float *dx = dev_put(x, (size_t)n_x * n_in * sizeof(float));
+            int8_t *dxq = dev_poison_bytes((size_t)n_x * n_in);
+            float *dxds = dev_poison_bytes((size_t)n_x * n_in / 32 * 2 * sizeof(float));
+            quantize_q8_cuda(dxq, dxds, dx, (int64_t)n_x * n_in, 0);
+            const size_t ybytes = (size_t)n_pairs * ldy * sizeof(float);
+            float *a = xmalloc(ybytes), *b = xmalloc(ybytes), *dy = dev_poison_bytes(ybytes);
+            moe_q8_cuda(dy, ldy, &w, rpe, dids, dxq, dxds, by_pair, n_pairs, k, 0);
+            dev_get(a, dy, ybytes);
+            moe_q8_group_tune(1);
+            const int on = moe_q8_by_expert(&w, n_pairs, k);
+            CK(cudaMemset(dy, 0xff, ybytes));
+            moe_q8_cuda(dy, ldy, &w, rpe, dids, dxq, dxds, by_pair, n_pairs, k, 0);
+            dev_get(b, dy, ybytes);
+            moe_q8_group_tune(0);
+            const int same = !memcmp(a, b, ybytes);
+            printf("moe_q8 by expert %-5s n_in %d, %d pairs (an expert's most %d) x by %-5s: %s\n", type_name(types[ti]),
+                   n_in, n_pairs, most, by_pair ? "pair" : "token", !on ? "NOT RUN" : same ? "bit-exact vs by pair" : "DIFFERS");
+            CHECK(on && same && most >= 5, "moe_q8 by expert %s: run %d, same %d, most %d", type_name(types[ti]), on, same, most);
+            cudaFree(dx), cudaFree(dxq), cudaFree(dxds), cudaFree(dy), cudaFree((void *)w.q);
+            if (w.s) cudaFree((void *)w.s);
+            free(x), free(a), free(b), free(data);
+        }
+    cudaFree(dids);
+}
+
 /* ---- prefill: sorted by expert ---- */
 
 /* moe_sort_cuda's order is a permutation of the pairs grouped by increasing expert, its tiles cover
@@ -512,6 +565,7 @@ int main(void) {
     if (gate >= 0) return test_summary("test_cuda_moe") || gate;
     test_route();
     test_gathered();
+    test_by_expert();
     test_sorted();
     test_combine();
     return test_summary("test_cuda_moe");

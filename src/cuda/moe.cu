@@ -166,40 +166,65 @@ __global__ void __launch_bounds__(MOE_WARPS * 32) moe_gemv_kernel(float *__restr
     moe_store(acc, y + (size_t)p * ldy, r0, rpe);
 }
 
-/* One group of 32: weights of F against 32 int8 activations (xa: elements 0..15, xb: 16..31). */
-template <int F>
-static __device__ __forceinline__ float dot_q8(const cuda_weight &w, int64_t row, int g, int ng, const int4 xa,
-                                               const int4 xb, const float2 ds, float acc) {
-    const int n_in = w.n_in;
-    int sumi = 0;
+/* One group of 32 of a weight row of F, loaded: the codes (Q8_0: a, b; Q4_0 and Q4M: a's 16 bytes,
+ * byte j holding element j in its low nibble and j + 16 in its high) and the group's d and m (the
+ * element is d q + m; Q8_0 m = 0, Q4_0 m = -8 d). */
+struct q8_group {
+    int4 a, b;
     float d, m;
+};
+
+template <int F>
+static __device__ __forceinline__ q8_group load_q8_group(const cuda_weight &w, int64_t row, int g, int ng) {
+    const int n_in = w.n_in;
+    q8_group v;
     if (F == WFMT_Q8_0) {
         const int4 *wp = (const int4 *)((const int8_t *)w.q + row * n_in + g * 32);
-        const int4 a = __ldg(wp), b = __ldg(wp + 1);
-        sumi = __dp4a(a.x, xa.x, sumi), sumi = __dp4a(a.y, xa.y, sumi);
-        sumi = __dp4a(a.z, xa.z, sumi), sumi = __dp4a(a.w, xa.w, sumi);
-        sumi = __dp4a(b.x, xb.x, sumi), sumi = __dp4a(b.y, xb.y, sumi);
-        sumi = __dp4a(b.z, xb.z, sumi), sumi = __dp4a(b.w, xb.w, sumi);
-        d = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * ng + g)), m = 0.0f;
-    } else { /* Q4_0, Q4M: byte j holds element j (low nibble) and j + 16 (high) */
-        const uint4 q = __ldg((const uint4 *)((const uint8_t *)w.q + row * (n_in / 2) + g * 16));
-        const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+        v.a = __ldg(wp), v.b = __ldg(wp + 1);
+        v.d = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * ng + g)), v.m = 0.0f;
+    } else {
+        v.a = __ldg((const int4 *)((const uint8_t *)w.q + row * (n_in / 2) + g * 16));
+        v.b = make_int4(0, 0, 0, 0);
+        if (F == WFMT_Q4_0) {
+            v.d = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * ng + g));
+            v.m = -8.0f * v.d;
+        } else {
+            const float2 dm = __ldg((const float2 *)w.s + row * ng + g);
+            v.d = dm.x, v.m = dm.y;
+        }
+    }
+    return v;
+}
+
+/* A loaded group against 32 int8 activations (xa: elements 0..15, xb: 16..31) with their (d, d sum)
+ * ds, added to acc. */
+template <int F>
+static __device__ __forceinline__ float dot_q8_group(const q8_group &v, const int4 xa, const int4 xb, const float2 ds,
+                                                     float acc) {
+    int sumi = 0;
+    if (F == WFMT_Q8_0) {
+        sumi = __dp4a(v.a.x, xa.x, sumi), sumi = __dp4a(v.a.y, xa.y, sumi);
+        sumi = __dp4a(v.a.z, xa.z, sumi), sumi = __dp4a(v.a.w, xa.w, sumi);
+        sumi = __dp4a(v.b.x, xb.x, sumi), sumi = __dp4a(v.b.y, xb.y, sumi);
+        sumi = __dp4a(v.b.z, xb.z, sumi), sumi = __dp4a(v.b.w, xb.w, sumi);
+    } else {
+        const uint32_t u[4] = {(uint32_t)v.a.x, (uint32_t)v.a.y, (uint32_t)v.a.z, (uint32_t)v.a.w};
         const int xl[4] = {xa.x, xa.y, xa.z, xa.w}, xh[4] = {xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             sumi = __dp4a((int)(u[i] & 0x0f0f0f0fu), xl[i], sumi);
             sumi = __dp4a((int)((u[i] >> 4) & 0x0f0f0f0fu), xh[i], sumi);
         }
-        if (F == WFMT_Q4_0) {
-            d = half_bits_to_f32(__ldg((const unsigned short *)w.s + row * ng + g));
-            m = -8.0f * d;
-        } else {
-            const float2 dm = __ldg((const float2 *)w.s + row * ng + g);
-            d = dm.x, m = dm.y;
-        }
     }
     /* sum_i (d q_i + m) d_x x_i = d d_x sum q x + m (d_x sum x): matmul_q8_kernel's formula */
-    return fmaf(d * ds.x, (float)sumi, fmaf(m, ds.y, acc));
+    return fmaf(v.d * ds.x, (float)sumi, fmaf(v.m, ds.y, acc));
+}
+
+/* One group of 32 of row `row` against 32 int8 activations: load_q8_group, then dot_q8_group. */
+template <int F>
+static __device__ __forceinline__ float dot_q8(const cuda_weight &w, int64_t row, int g, int ng, const int4 xa,
+                                               const int4 xb, const float2 ds, float acc) {
+    return dot_q8_group<F>(load_q8_group<F>(w, row, g, ng), xa, xb, ds, acc);
 }
 
 template <int F, int R>
@@ -290,8 +315,8 @@ static void q8_launch(float *y, int ldy, const cuda_weight &w, int rpe, const in
  * (p, rows) leaves at once unless p is the first pair of its expert (the whole block: no barrier is
  * left waiting); warp 0 then lists, in increasing order, the pairs of that expert from p on
  * (members: dynamic shared memory of n_pairs ints), and the block runs them MOE_GROUP_P at a time
- * over the same expert rows, so that their weights come from DRAM once a step (a chunk after the
- * first finds them in L1 or L2). A token routes to an expert at most once, so an expert has at most
+ * over the same expert rows: each weight group is loaded once for a chunk's pairs, so an expert's
+ * weights come from DRAM once a step (a chunk after the first finds them in L1 or L2). A token routes to an expert at most once, so an expert has at most
  * one pair a token: at 16 tokens 16 members, 4 chunks. Each (row, pair) sum is formed as
  * moe_q8_kernel forms it: the same threads take the same groups in the same order, the same warp
  * and block reductions. */
@@ -333,17 +358,23 @@ __global__ void __launch_bounds__(MOE_WARPS * 32) moe_q8_group_kernel(float *__r
 #pragma unroll
             for (int j = 0; j < P; j++) acc[r][j] = 0.0f;
         for (int g = threadIdx.x; g < ng; g += blockDim.x) {
+            int4 xa[P], xb[P]; /* the chunk's activations of group g */
+            float2 ds[P];
 #pragma unroll
             for (int j = 0; j < P; j++) {
                 if (j < nc) {
                     const size_t q = (size_t)(members[c0 + j] / x_div);
                     const int4 *xp = (const int4 *)(xq + q * n_in + (size_t)g * 32);
-                    const int4 xa = __ldg(xp), xb = __ldg(xp + 1);
-                    const float2 ds = __ldg(xds + q * ng + g);
-#pragma unroll
-                    for (int r = 0; r < R; r++)
-                        acc[r][j] = dot_q8<F>(w, base + min(r0 + r, rpe - 1), g, ng, xa, xb, ds, acc[r][j]);
+                    xa[j] = __ldg(xp), xb[j] = __ldg(xp + 1);
+                    ds[j] = __ldg(xds + q * ng + g);
                 }
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) { /* each weight group loaded once for the chunk's pairs */
+                const q8_group v = load_q8_group<F>(w, base + min(r0 + r, rpe - 1), g, ng);
+#pragma unroll
+                for (int j = 0; j < P; j++)
+                    if (j < nc) acc[r][j] = dot_q8_group<F>(v, xa[j], xb[j], ds[j], acc[r][j]);
             }
         }
 #pragma unroll
@@ -384,12 +415,16 @@ static int g_moe_group = 0;
 
 extern "C" void moe_q8_group_tune(int on) { g_moe_group = on != 0; }
 
+extern "C" int moe_q8_by_expert(const struct cuda_weight *w, int n_pairs, int k) {
+    return g_moe_group && n_pairs > k && (w->fmt == WFMT_Q4_0 || w->fmt == WFMT_Q8_0 || w->fmt == WFMT_Q4M);
+}
+
 extern "C" void moe_q8_cuda(float *y, int ldy, const struct cuda_weight *w, int rows_per_expert, const int32_t *ids,
                             const int8_t *xq, const float *xds, int x_per_pair, int n_pairs, int k, cudaStream_t st) {
     if (n_pairs <= 0) return;
     const int x_div = x_per_pair ? 1 : k;
     const float2 *ds = (const float2 *)xds;
-    if (g_moe_group && n_pairs > k) { /* several tokens */
+    if (moe_q8_by_expert(w, n_pairs, k)) { /* several tokens */
         switch (w->fmt) {
         case WFMT_Q4_0: q8_group_launch<WFMT_Q4_0>(y, ldy, *w, rows_per_expert, ids, xq, ds, x_div, n_pairs, st); return;
         case WFMT_Q8_0: q8_group_launch<WFMT_Q8_0>(y, ldy, *w, rows_per_expert, ids, xq, ds, x_div, n_pairs, st); return;

@@ -60,6 +60,8 @@ void moe_q8_tune(int rows);
  * runs every pair of its expert, so that each distinct expert's rows are read once a step; the
  * same bits as by pair. Off by default (PXQ_CUDA_MOE_GROUP=1). Process-wide. */
 void moe_q8_group_tune(int on);
+/* 1 where moe_q8_cuda runs by expert: the switch on, n_pairs > k, w Q4_0, Q8_0 or Q4M. */
+int moe_q8_by_expert(const struct cuda_weight *w, int n_pairs, int k);
 
 /* Prefill: the pairs grouped by expert so that each expert's rows are read once per CUDA_MOE_TILE
  * pairs. moe_sort_cuda: ids [n_pairs] -> order [n_pairs] (pair indices, experts in increasing id),
