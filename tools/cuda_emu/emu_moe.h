@@ -25,6 +25,13 @@ static inline int __dp4a(int a, int b, int c) { /* signed bytes */
     for (int i = 0; i < 4; i++) c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
     return c;
 }
+/* bytes of the 8-byte {y, x} (x the low word) picked by s's low 3 bits a nibble (no sign mode) */
+static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const unsigned long long v = (unsigned long long)y << 32 | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++) r |= (unsigned)(v >> (8 * ((s >> (4 * i)) & 7)) & 0xff) << (8 * i);
+    return r;
+}
 static inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
 static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
 /* xform.py splits launch configurations on commas outside < >: no comparison in a grid size */
