@@ -177,7 +177,7 @@ static size_t arena_at(struct memplan *mp, const struct pxq_hparams *hp, const s
         total = other + kv;
         /* A host tier sized by the budget takes the small tiles (as cuda_mem_plan): their 640 MiB hold
          * device blocks, which decode reads at device speed instead of over the bus (the 27B at 65,536
-         * positions in 15.2 GiB with selection: 102 device blocks with the whole-matrix tiles, 561 with
+         * positions in 15.2 GiB with selection: 102 device blocks with the whole-matrix tiles, 567 with
          * the small ones), and which prefill need not stage; the whole-matrix tiles gain about 6% of
          * prefill's GEMM rate (docs/PERF.md). Whole-matrix tiles only (allow_small 0) fit no such tier. */
         if (!small && mp->kv_dev_blocks < blocks && !p->kv_dev_blocks) {
@@ -349,7 +349,9 @@ void memplan_print(FILE *f, const struct memplan *mp, const struct pxq_hparams *
     snprintf(stage, sizeof stage, "the host tier's prefill staging (%zu MiB), ", CUDA_KV_STAGE_BYTES >> 20);
     fprintf(f, "  %-18s %12s  f16 prefill weight tiles (2 x %s%s), int8 activations, attention partials, %scuBLAS workspace\n",
             "workspace", hsize(a, sizeof a, (double)mp->workspace), hsize(b, sizeof b, (double)mp->w16_elems),
-            !mp->w16_small ? "" : mp->kv_dev_blocks < mp->kv_blocks && !p->kv_dev_blocks ? ": the small tiles, which leave the room to device-tier blocks" : ": the small tiles, whole-matrix ones exceed the budget", /* halves of 2 B x w16/2 */
+            !mp->w16_small                                      ? "" /* halves of 2 B x w16/2 */
+            : mp->kv_dev_blocks < mp->kv_blocks && !p->kv_dev_blocks ? ": the small tiles, which leave the room to device-tier blocks"
+                                                                     : ": the small tiles, whole-matrix ones exceed the budget",
             p->kv_offload ? stage : "");
     fprintf(f, "  %-18s %12s  %lld bytes (the arena: the terms above, less a host-resident token_embd)\n", "total", hsize(a, sizeof a, (double)mp->total),
             (long long)mp->total);
