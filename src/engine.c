@@ -402,7 +402,7 @@ int pxq_kv_blocks_for_seq(const struct pxq_engine *e, int n_pos) {
 }
 
 int pxq_kv_seq_positions(const struct pxq_engine *e) {
-    const int n = e->kv.n_blocks - e->kv.n_reserved; /* the selection cache's slots hold no sequence */
+    const int n = pxq_kv_blocks_total(e); /* the selection cache's slots hold no sequence */
     if (e->kv.seq_blocks_max > 0 && n >= e->kv.seq_blocks_max) return e->p.n_ctx;
     return n * e->kv.lay.block_size;
 }
