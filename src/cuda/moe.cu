@@ -419,22 +419,24 @@ extern "C" int moe_q8_by_expert(const struct cuda_weight *w, int n_pairs, int k)
     return g_moe_group && n_pairs > k && (w->fmt == WFMT_Q4_0 || w->fmt == WFMT_Q8_0 || w->fmt == WFMT_Q4M);
 }
 
+/* moe_q8_cuda for format F: by expert (grouped) or by pair */
+template <int F>
+static void q8_run(int grouped, float *y, int ldy, const cuda_weight &w, int rpe, const int32_t *ids, const int8_t *xq,
+                   const float2 *xds, int x_div, int n_pairs, cudaStream_t st) {
+    if (grouped) q8_group_launch<F>(y, ldy, w, rpe, ids, xq, xds, x_div, n_pairs, st);
+    else q8_launch<F>(y, ldy, w, rpe, ids, xq, xds, x_div, n_pairs, st);
+}
+
 extern "C" void moe_q8_cuda(float *y, int ldy, const struct cuda_weight *w, int rows_per_expert, const int32_t *ids,
                             const int8_t *xq, const float *xds, int x_per_pair, int n_pairs, int k, cudaStream_t st) {
     if (n_pairs <= 0) return;
     const int x_div = x_per_pair ? 1 : k;
     const float2 *ds = (const float2 *)xds;
-    if (moe_q8_by_expert(w, n_pairs, k)) { /* several tokens */
-        switch (w->fmt) {
-        case WFMT_Q4_0: q8_group_launch<WFMT_Q4_0>(y, ldy, *w, rows_per_expert, ids, xq, ds, x_div, n_pairs, st); return;
-        case WFMT_Q8_0: q8_group_launch<WFMT_Q8_0>(y, ldy, *w, rows_per_expert, ids, xq, ds, x_div, n_pairs, st); return;
-        case WFMT_Q4M: q8_group_launch<WFMT_Q4M>(y, ldy, *w, rows_per_expert, ids, xq, ds, x_div, n_pairs, st); return;
-        }
-    }
+    const int grouped = moe_q8_by_expert(w, n_pairs, k); /* several tokens */
     switch (w->fmt) {
-    case WFMT_Q4_0: q8_launch<WFMT_Q4_0>(y, ldy, *w, rows_per_expert, ids, xq, ds, x_div, n_pairs, st); break;
-    case WFMT_Q8_0: q8_launch<WFMT_Q8_0>(y, ldy, *w, rows_per_expert, ids, xq, ds, x_div, n_pairs, st); break;
-    case WFMT_Q4M: q8_launch<WFMT_Q4M>(y, ldy, *w, rows_per_expert, ids, xq, ds, x_div, n_pairs, st); break;
+    case WFMT_Q4_0: q8_run<WFMT_Q4_0>(grouped, y, ldy, *w, rows_per_expert, ids, xq, ds, x_div, n_pairs, st); break;
+    case WFMT_Q8_0: q8_run<WFMT_Q8_0>(grouped, y, ldy, *w, rows_per_expert, ids, xq, ds, x_div, n_pairs, st); break;
+    case WFMT_Q4M: q8_run<WFMT_Q4M>(grouped, y, ldy, *w, rows_per_expert, ids, xq, ds, x_div, n_pairs, st); break;
     }
 }
 
